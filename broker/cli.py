@@ -1,0 +1,182 @@
+"""The ``baton`` command: serve a broker, and publish / consume / list queues by hand."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from broker.config import DEFAULT_PORT, BrokerConfig, parse_address
+from clients.errors import BatonError
+
+__all__ = ["main"]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    host, port = parse_address(args.listen)
+    config = BrokerConfig(
+        data_dir=args.data_dir,
+        host=host,
+        port=port,
+        log_url=args.log,
+        node_id=args.node_id,
+        max_message=args.max_message,
+    )
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        runner = asyncio.run
+    return runner(_serve_async(config))
+
+
+async def _serve_async(config: BrokerConfig) -> int:
+    from broker.server import Broker
+
+    broker = Broker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await broker.start()
+    except BatonError as exc:
+        print(f"baton: cannot start: {exc.message}", file=sys.stderr)
+        await broker.stop()
+        return 2
+    # One machine-readable line so scripts and tests know we are serving.
+    print(f"baton ready: listening on {broker.address} node {broker.node.node_id}", flush=True)
+    await stop.wait()
+    print("baton: shutting down", flush=True)
+    await broker.stop()
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    import clients
+
+    bodies: list[bytes]
+    if args.message:
+        bodies = [m.encode() for m in args.message]
+    else:
+        bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
+    headers = dict(h.split("=", 1) for h in args.header)
+    with clients.sync.connect(args.broker) as conn:
+        if args.declare:
+            conn.declare_queue(args.queue)
+        if args.count > 1 and len(bodies) == 1:
+            bodies = bodies * args.count
+        positions = conn.publish_batch(args.queue, [(b, headers) for b in bodies])
+    print(f"published {len(positions)} message(s) to {args.queue}", file=sys.stderr)
+    return 0
+
+
+def _consume(args: argparse.Namespace) -> int:
+    import clients
+    from clients.errors import Timeout
+
+    got = 0
+    with clients.sync.connect(args.broker) as conn:
+        with conn.consume(args.queue, prefetch=args.prefetch) as consumer:
+            deadline = time.monotonic() + args.timeout if args.timeout else None
+            while args.count == 0 or got < args.count:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                try:
+                    msg = consumer.next(timeout=left)
+                except Timeout:
+                    break
+                line = msg.body.decode(errors="replace")
+                if args.verbose:
+                    line = f"{msg.position}\t{msg.delivery_count}\t{json.dumps(msg.headers)}\t{line}"
+                print(line, flush=True)
+                if args.no_ack:
+                    msg.release()
+                else:
+                    msg.ack()
+                got += 1
+    print(f"consumed {got} message(s) from {args.queue}", file=sys.stderr)
+    return 0
+
+
+def _queues(args: argparse.Namespace) -> int:
+    import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        rows = conn.list_queues()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'queue':30} {'ready':>10} {'acquired':>9} {'consumers':>9} {'enqueued':>10}")
+    for r in rows:
+        print(
+            f"{r['queue']:30} {r['ready']:>10} {r['acquired']:>9} "
+            f"{r.get('consumers', 0):>9} {r['enqueued']:>10}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="baton", description="Baton message broker")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run a broker")
+    s.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", help="HOST:PORT for clients")
+    s.add_argument("--data-dir", required=True, help="the broker's own directory")
+    s.add_argument("--log", default=None, help="log URL (default: file:<data-dir>/log)")
+    s.add_argument("--node-id", default=None, help="persistent node id (default: generated)")
+    s.add_argument("--max-message", type=int, default=8 * 1024 * 1024, help="bytes")
+    s.set_defaults(func=_serve)
+
+    broker_help = "broker address(es), HOST:PORT[,HOST:PORT]"
+    pub = sub.add_parser("publish", help="publish messages (arguments, or stdin lines)")
+    pub.add_argument("queue")
+    pub.add_argument("message", nargs="*")
+    pub.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    pub.add_argument("--header", action="append", default=[], help="KEY=VALUE, repeatable")
+    pub.add_argument("--count", type=int, default=1, help="repeat a single message N times")
+    pub.add_argument("--declare", action="store_true", help="declare the queue first")
+    pub.set_defaults(func=_publish)
+
+    con = sub.add_parser("consume", help="print and ack messages")
+    con.add_argument("queue")
+    con.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    con.add_argument("--count", type=int, default=0, help="stop after N (0: no limit)")
+    con.add_argument("--timeout", type=float, default=5.0, help="stop after idle seconds (0: never)")
+    con.add_argument("--prefetch", type=int, default=100)
+    con.add_argument("--no-ack", action="store_true", help="release instead of ack")
+    con.add_argument("-v", "--verbose", action="store_true", help="position, count, headers too")
+    con.set_defaults(func=_consume)
+
+    q = sub.add_parser("queues", help="list queues and their counters")
+    q.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_queues)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except BatonError as exc:
+        print(f"baton: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

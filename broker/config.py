@@ -1,0 +1,66 @@
+"""Broker settings, with the defaults a single-host user wants."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from clients.errors import InvalidArgument
+
+__all__ = ["BrokerConfig", "parse_address", "DEFAULT_PORT"]
+
+DEFAULT_PORT = 5671
+
+
+def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """Parse ``HOST:PORT`` (or ``:PORT``, or ``PORT``).
+
+    Raises:
+        InvalidArgument: not a valid address.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = default_host, text
+    try:
+        number = int(port)
+    except ValueError:
+        raise InvalidArgument(f"bad address {text!r}: port must be a number") from None
+    if not 0 <= number <= 65535:
+        raise InvalidArgument(f"bad address {text!r}: port out of range")
+    return (host or default_host).strip("[]"), number
+
+
+@dataclass(slots=True)
+class BrokerConfig:
+    """Everything ``baton serve`` can be told.
+
+    Attributes:
+        host, port: where clients connect (port 0 picks a free port).
+        data_dir: the broker's own directory (store, identity, default log).
+        log_url: the ordered log; default ``file:<data_dir>/log``.
+        node_id: persistent id; default made at first start and kept in the store.
+        max_message: largest message body accepted, bytes.
+        max_frame: largest wire frame, bytes.
+        max_prefetch: largest prefetch a consumer may ask for.
+        expiry_interval: seconds between TTL checks of queues with a message TTL.
+    """
+
+    data_dir: str
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    log_url: str | None = None
+    node_id: str | None = None
+    max_message: int = 8 * 1024 * 1024
+    max_frame: int = 32 * 1024 * 1024
+    max_prefetch: int = 10_000
+    expiry_interval: float = 0.25
+
+    def resolved_log_url(self) -> str:
+        return self.log_url or f"file:{os.path.join(self.data_dir, 'log')}"
+
+    def validate(self) -> None:
+        """Raises InvalidArgument on inconsistent settings."""
+        if self.max_message > self.max_frame // 2:
+            raise InvalidArgument("max_message must be at most half of max_frame")
+        if self.max_prefetch < 1:
+            raise InvalidArgument("max_prefetch must be at least 1")

@@ -1,0 +1,131 @@
+"""The broker process: store + log + node + delivery + the client listener."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from typing import Any
+
+from broker.config import BrokerConfig
+from broker.delivery import Delivery
+from broker.session import Session
+from clients.errors import InvalidArgument, QueueNotFound
+from cluster.log import Log, open_log
+from cluster.node import Node
+from store.rocks import RocksStore
+
+__all__ = ["Broker", "VERSION"]
+
+VERSION = "0.1.0"
+
+log = logging.getLogger("baton.broker")
+
+
+class Broker:
+    """A running broker. ``await start()``, then ``await stop()``.
+
+    Raises (from start):
+        StoreError: the data dir's store cannot be opened (another broker uses it).
+        InvalidArgument: bad configuration, or a node id that does not match the data dir.
+        LogUnavailable: the log cannot be opened.
+    """
+
+    version = VERSION
+
+    def __init__(self, config: BrokerConfig) -> None:
+        config.validate()
+        self.config = config
+        self.sessions: set[Session] = set()
+        self.address = ""
+        self._server: asyncio.base_events.Server | None = None
+        self._log: Log | None = None
+        self._store: RocksStore | None = None
+        self._node: Node | None = None
+        self._delivery: Delivery | None = None
+
+    @property
+    def node(self) -> Node:
+        assert self._node is not None, "broker not started"
+        return self._node
+
+    @property
+    def delivery(self) -> Delivery:
+        assert self._delivery is not None, "broker not started"
+        return self._delivery
+
+    async def start(self) -> None:
+        cfg = self.config
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        self._store = RocksStore(os.path.join(cfg.data_dir, "store"))
+        node_id = self._node_id(self._store)
+        self._log = await open_log(cfg.resolved_log_url())
+        self._node = Node(node_id, self._log, self._store)
+        self._delivery = Delivery(self._node, chunk_bytes=cfg.max_frame // 4)
+        self._node.listener = self._delivery.on_effects
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Session(self), cfg.host, cfg.port, reuse_address=True
+        )
+        sock = self._server.sockets[0].getsockname()
+        self.address = f"{sock[0]}:{sock[1]}"
+        await self._node.start(self.address)
+        self._delivery.start_expiry(cfg.expiry_interval)
+        log.info(
+            "broker %s listening on %s, log %s", node_id, self.address, cfg.resolved_log_url()
+        )
+
+    def _node_id(self, store: RocksStore) -> str:
+        """The persistent node id: kept in the store, made at first start (DESIGN §7)."""
+        kept = store.get_ident("node_id")
+        wanted = self.config.node_id
+        if kept is not None and wanted is not None and kept != wanted:
+            raise InvalidArgument(
+                f"data dir {self.config.data_dir} belongs to node {kept!r}, not {wanted!r}"
+            )
+        node_id = kept or wanted or uuid.uuid4().hex[:12]
+        if "/" in node_id or not node_id.isprintable():
+            raise InvalidArgument(f"node id {node_id!r} must be printable and contain no '/'")
+        if kept is None:
+            store.put_ident("node_id", node_id)
+        return node_id
+
+    async def stop(self) -> None:
+        """Stop accepting, end every session (consumers' messages are released), close."""
+        if self._server is not None:
+            self._server.close()
+        pending = []
+        for s in list(self.sessions):
+            for c in list(s.consumers.values()):
+                fut = self.delivery.remove(c)
+                if fut is not None:
+                    pending.append(fut)
+            s.consumers.clear()
+        if pending:
+            await asyncio.wait(pending, timeout=3)
+        for s in list(self.sessions):
+            if s.transport is not None:
+                s.transport.close()
+        if self._delivery is not None:
+            await self._delivery.stop()
+        if self._node is not None:
+            await self._node.stop()
+        if self._log is not None:
+            await self._log.close()
+        if self._store is not None:
+            self._store.close()
+        log.info("broker stopped")
+
+    # -- queries (answered from the state applied here) ---------------------------------
+
+    def queue_stats(self, name: str) -> dict[str, Any]:
+        q = self.node.state.queues.get(name)
+        if q is None:
+            raise QueueNotFound(f"queue {name!r} does not exist")
+        stats = q.stats()
+        stats["consumers"] = len(self.delivery.by_queue.get(name, ()))
+        return stats
+
+    def list_queues(self) -> list[dict[str, Any]]:
+        return [self.queue_stats(name) for name in sorted(self.node.state.queues)]

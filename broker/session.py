@@ -1,0 +1,361 @@
+"""One client connection: a thin asyncio Protocol around the sans-IO FrameCodec.
+
+Every command completes asynchronously (a future from the node); the session
+answers with Ok or Error when it does, so many commands can be in flight on one
+connection and their completions may come in any order. A malformed or oversized
+frame closes this connection only (with an Error frame, corr 0, first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from clients import wire
+from clients.errors import (
+    BatonError,
+    InternalError,
+    InvalidArgument,
+    MessageTooLarge,
+    NotAcquired,
+    ProtocolError,
+    UnknownConsumer,
+    UnsupportedVersion,
+)
+from cluster.events import (
+    DEFAULT_DELIVERY_LIMIT,
+    Accept,
+    DeclareQueue,
+    DeleteQueue,
+    Enqueue,
+    Event,
+    PurgeQueue,
+    Reject,
+    Release,
+)
+
+if TYPE_CHECKING:
+    from broker.delivery import Consumer
+    from broker.server import Broker
+
+__all__ = ["Session"]
+
+log = logging.getLogger("baton.session")
+
+#: Stop reading a connection's frames while this many of its commands are in flight.
+MAX_IN_FLIGHT = 20_000
+
+_DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
+    "durable": (bool,),
+    "max_length": (int, type(None)),
+    "overflow": (str,),
+    "delivery_limit": (int,),
+    "dead_letter": (str, type(None)),
+    "message_ttl_ms": (int, type(None)),
+}
+
+
+class Session(asyncio.Protocol):
+    """Serves one client connection."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.codec = wire.FrameCodec(broker.config.max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.client_name = ""
+        self.greeted = False
+        self.closed = False
+        self.paused = False  # the client is not reading: stop delivering
+        self.in_flight = 0
+        self._reading_paused = False
+        self.consumers: dict[int, "Consumer"] = {}
+        self._next_tag = 0
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.broker.sessions.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        codec = self.codec
+        codec.receive_data(data)
+        while not self.closed:
+            try:
+                frame = codec.next_frame()
+            except ProtocolError as exc:
+                self._fail(exc)
+                return
+            if frame is wire.NEED_DATA:
+                return
+            assert isinstance(frame, wire.Frame)
+            try:
+                self._handle(frame)
+            except BatonError as exc:
+                self._error(getattr(frame, "corr", 0), exc)
+            except Exception as exc:  # a bug: answer, log, keep the broker alive
+                log.exception("error handling %s from %s", type(frame).__name__, self.peer)
+                self._error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.broker.sessions.discard(self)
+        for c in list(self.consumers.values()):
+            self.broker.delivery.remove(c)
+        self.consumers.clear()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        for c in list(self.consumers.values()):
+            self.broker.delivery.pump(c.queue)
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, frame: wire.Frame) -> None:
+        if self.closed or self.transport is None:
+            return
+        self.transport.write(self.codec.send(frame))
+
+    def _error(self, corr: int, exc: BatonError) -> None:
+        self.send(wire.Error(corr, exc.code, exc.message))
+
+    def _fail(self, exc: BatonError) -> None:
+        """Close this connection after telling the client why."""
+        log.info("closing connection from %s: %s", self.peer, exc.message)
+        self.send(wire.Error(0, exc.code, exc.message))
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        self.connection_lost(None)
+
+    def deliver(self, c: "Consumer", messages: list[list[Any]]) -> None:
+        self.send(wire.Deliver(c.tag, messages))
+
+    def consumer_cancelled(self, c: "Consumer", exc: BatonError) -> None:
+        self.consumers.pop(c.tag, None)
+        self.send(wire.ConsumerCancelled(c.tag, exc.code, exc.message))
+
+    def _reply(
+        self, corr: int, fut: asyncio.Future[dict[str, Any]],
+        shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        """Answer ``corr`` with the future's outcome when it completes."""
+        self.in_flight += 1
+        if self.in_flight >= MAX_IN_FLIGHT and not self._reading_paused and self.transport:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+        def done(f: asyncio.Future[dict[str, Any]]) -> None:
+            self.in_flight -= 1
+            if self._reading_paused and self.in_flight < MAX_IN_FLIGHT // 2 and self.transport:
+                self._reading_paused = False
+                if not self.closed:
+                    self.transport.resume_reading()
+            if f.cancelled():
+                self._error(corr, InternalError("command cancelled"))
+                return
+            exc = f.exception()
+            if exc is None:
+                result = f.result()
+                try:
+                    self.send(wire.Ok(corr, shape(result) if shape else result))
+                except BatonError as shaped:
+                    self._error(corr, shaped)
+            elif isinstance(exc, BatonError):
+                self._error(corr, exc)
+            else:
+                log.error("command %d failed: %r", corr, exc)
+                self._error(corr, InternalError(repr(exc)))
+
+        fut.add_done_callback(done)
+
+    def _submit(self, corr: int, event: Event,
+                shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        self._reply(corr, self.broker.node.submit(event), shape)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def _handle(self, f: wire.Frame) -> None:
+        t = type(f)
+        if not self.greeted:
+            if t is not wire.Hello:
+                self._fail(ProtocolError("the first frame must be Hello"))
+                return
+            assert isinstance(f, wire.Hello)
+            self._hello(f)
+            return
+        if t is wire.Publish:
+            assert isinstance(f, wire.Publish)
+            self._check_body(f.body)
+            self._submit(
+                f.corr,
+                Enqueue(f.queue, ((f.body, f.headers),)),
+                lambda r: {"position": r["first_position"]},
+            )
+        elif t is wire.PublishBatch:
+            assert isinstance(f, wire.PublishBatch)
+            self._submit(f.corr, Enqueue(f.queue, self._batch(f.messages)))
+        elif t is wire.Ack:
+            assert isinstance(f, wire.Ack)
+            self._settle(f.corr, f.consumer, f.positions, Accept)
+        elif t is wire.Release:
+            assert isinstance(f, wire.Release)
+            self._settle(f.corr, f.consumer, f.positions, Release)
+        elif t is wire.Reject:
+            assert isinstance(f, wire.Reject)
+            self._settle(f.corr, f.consumer, f.positions, Reject)
+        elif t is wire.Subscribe:
+            assert isinstance(f, wire.Subscribe)
+            self._subscribe(f)
+        elif t is wire.Cancel:
+            assert isinstance(f, wire.Cancel)
+            self._cancel(f)
+        elif t is wire.DeclareQueue:
+            assert isinstance(f, wire.DeclareQueue)
+            self._submit(f.corr, _declare_event(f.queue, f.options))
+        elif t is wire.DeleteQueue:
+            assert isinstance(f, wire.DeleteQueue)
+            self._submit(f.corr, DeleteQueue(f.queue))
+        elif t is wire.PurgeQueue:
+            assert isinstance(f, wire.PurgeQueue)
+            self._submit(f.corr, PurgeQueue(f.queue))
+        elif t is wire.QueueStats:
+            assert isinstance(f, wire.QueueStats)
+            self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
+        elif t is wire.ListQueues:
+            assert isinstance(f, wire.ListQueues)
+            self.send(wire.Ok(f.corr, {"queues": self.broker.list_queues()}))
+        elif t is wire.Ping:
+            assert isinstance(f, wire.Ping)
+            self.send(wire.Ok(f.corr, {}))
+        elif t is wire.Hello:
+            raise ProtocolError("Hello was already sent on this connection")
+        else:
+            raise ProtocolError(f"{t.__name__} is not a client command")
+
+    def _hello(self, f: wire.Hello) -> None:
+        if f.version != wire.PROTOCOL_VERSION:
+            self._fail(
+                UnsupportedVersion(
+                    f"protocol version {f.version} is not supported (this broker speaks "
+                    f"{wire.PROTOCOL_VERSION})"
+                )
+            )
+            return
+        self.greeted = True
+        self.client_name = f.client_name
+        cfg = self.broker.config
+        self.send(
+            wire.HelloOk(
+                f.corr,
+                wire.PROTOCOL_VERSION,
+                f"baton/{self.broker.version}",
+                self.broker.node.node_id,
+                cfg.max_frame,
+                cfg.max_message,
+            )
+        )
+
+    def _check_body(self, body: bytes) -> None:
+        limit = self.broker.config.max_message
+        if len(body) > limit:
+            raise MessageTooLarge(f"message of {len(body)} bytes is above the maximum of {limit}")
+
+    def _batch(self, messages: list[Any]) -> tuple[tuple[bytes, dict[str, Any]], ...]:
+        if not messages:
+            raise InvalidArgument("publish_batch needs at least one message")
+        out = []
+        for m in messages:
+            if (
+                not isinstance(m, list)
+                or len(m) != 2
+                or not isinstance(m[0], bytes)
+                or not isinstance(m[1], dict)
+            ):
+                raise InvalidArgument("each batch message must be [body: bytes, headers: map]")
+            self._check_body(m[0])
+            out.append((m[0], m[1]))
+        return tuple(out)
+
+    def _subscribe(self, f: wire.Subscribe) -> None:
+        limit = self.broker.config.max_prefetch
+        if not 1 <= f.prefetch <= limit:
+            raise InvalidArgument(f"prefetch must be 1..{limit}")
+        self._next_tag += 1
+        tag = self._next_tag
+        c = self.broker.delivery.add(f.queue, f.prefetch, self, tag)
+        self.consumers[tag] = c
+        self.send(wire.Ok(f.corr, {"consumer": tag}))
+        self.broker.delivery.pump(f.queue)
+
+    def _cancel(self, f: wire.Cancel) -> None:
+        c = self.consumers.pop(f.consumer, None)
+        if c is None:
+            raise UnknownConsumer(f"no consumer {f.consumer} on this connection")
+        fut = self.broker.delivery.remove(c)
+        if fut is None:
+            self.send(wire.Ok(f.corr, {"released": 0}))
+        else:
+            self._reply(f.corr, fut, lambda r: {"released": r.get("count", 0)})
+
+    def _settle(
+        self, corr: int, tag: int, positions: list[int], kind: type[Accept | Release | Reject]
+    ) -> None:
+        c = self.consumers.get(tag)
+        if c is None:
+            raise UnknownConsumer(f"no consumer {tag} on this connection")
+        held = c.held
+        missing = [p for p in positions if p not in held]
+        if missing or len(set(positions)) != len(positions):
+            raise NotAcquired(
+                f"consumer {tag} does not hold positions {missing[:20] or 'given twice'}"
+                " (already settled, or never delivered to it)"
+            )
+        held.difference_update(positions)
+        c.settling += len(positions)
+        fut = self.broker.node.submit(kind(c.queue, c.cid, tuple(positions)))
+        delivery = self.broker.delivery
+
+        def settled(f: asyncio.Future[dict[str, Any]]) -> None:
+            c.settling -= len(positions)
+            if f.cancelled() or f.exception() is not None:
+                held.update(positions)  # still ours: released if we disconnect
+            delivery.settled(c)
+
+        fut.add_done_callback(settled)
+
+        def shape(r: dict[str, Any]) -> dict[str, Any]:
+            if r.get("not_acquired"):
+                raise NotAcquired(f"positions {r['not_acquired'][:20]} were not held any more")
+            return {"count": r["count"]}
+
+        self._reply(corr, fut, shape)
+
+
+def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
+    for key, value in options.items():
+        allowed = _DECLARE_OPTIONS.get(key)
+        if allowed is None:
+            raise InvalidArgument(
+                f"unknown queue option {key!r} (known: {', '.join(_DECLARE_OPTIONS)})"
+            )
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise InvalidArgument(f"queue option {key!r} has the wrong type")
+    return DeclareQueue(
+        queue,
+        durable=options.get("durable", True),
+        max_length=options.get("max_length"),
+        overflow=options.get("overflow", "reject-publish"),
+        delivery_limit=options.get("delivery_limit", DEFAULT_DELIVERY_LIMIT),
+        dead_letter=options.get("dead_letter"),
+        message_ttl_ms=options.get("message_ttl_ms"),
+    )

@@ -1,0 +1,434 @@
+"""Baton's wire protocol: frames and a sans-IO codec shared by broker and client.
+
+A frame on the wire is a 4-byte big-endian length followed by that many bytes of
+msgpack: an array ``[op, field1, field2, ...]``. ``op`` is the frame's op-code from
+the table below; the fields follow the frame dataclass's field order. The full
+reference with every field is docs/protocol.md.
+
+This module does no I/O (the h11 style): feed bytes in with
+:meth:`FrameCodec.receive_data`, take frames out with :meth:`FrameCodec.next_frame`,
+and turn frames into bytes with :meth:`FrameCodec.send`. The asyncio sides in
+``broker/`` and ``clients/`` are thin loops around it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Final, Union, get_type_hints
+
+import msgpack
+
+from clients.errors import FrameTooLarge, ProtocolError, UnknownCommand
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "DEFAULT_MAX_FRAME",
+    "NEED_DATA",
+    "Frame",
+    "Hello",
+    "HelloOk",
+    "Ok",
+    "Error",
+    "Ping",
+    "DeclareQueue",
+    "DeleteQueue",
+    "PurgeQueue",
+    "QueueStats",
+    "ListQueues",
+    "Publish",
+    "PublishBatch",
+    "Subscribe",
+    "Deliver",
+    "Ack",
+    "Release",
+    "Reject",
+    "Cancel",
+    "ConsumerCancelled",
+    "FRAME_TYPES",
+    "FrameCodec",
+]
+
+PROTOCOL_VERSION: Final = 1
+#: Default cap on one frame (and on an incomplete frame held in the buffer).
+DEFAULT_MAX_FRAME: Final = 16 * 1024 * 1024
+
+_LEN = struct.Struct(">I")
+
+
+class _NeedData:
+    """Sentinel type: the buffer does not hold a whole frame yet."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+Headers = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """Base of every frame. ``OP`` is the frame's op-code on the wire."""
+
+    OP: ClassVar[int] = 0
+
+
+# --- session -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(Frame):
+    """C->S, first frame of a connection. Answered by HelloOk or Error."""
+
+    OP: ClassVar[int] = 1
+    corr: int
+    version: int
+    client_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class HelloOk(Frame):
+    """S->C: the broker accepts the session."""
+
+    OP: ClassVar[int] = 2
+    corr: int
+    version: int
+    server: str
+    node_id: str
+    max_frame: int
+    max_message: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ok(Frame):
+    """S->C: command ``corr`` completed; ``result`` holds its named results."""
+
+    OP: ClassVar[int] = 3
+    corr: int
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Error(Frame):
+    """S->C: command ``corr`` failed (corr 0: the connection itself failed)."""
+
+    OP: ClassVar[int] = 4
+    corr: int
+    code: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping(Frame):
+    """C->S: answered by Ok; for liveness checks and latency probes."""
+
+    OP: ClassVar[int] = 5
+    corr: int
+
+
+# --- queues --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareQueue(Frame):
+    """C->S: create a queue, or check that it exists with these settings.
+
+    ``options`` keys: durable (bool), max_length (int|None), overflow
+    ("reject-publish"|"drop-head"), delivery_limit (int), dead_letter (str|None),
+    message_ttl_ms (int|None).
+    """
+
+    OP: ClassVar[int] = 10
+    corr: int
+    queue: str
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueue(Frame):
+    """C->S: delete a queue and every message in it."""
+
+    OP: ClassVar[int] = 11
+    corr: int
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeQueue(Frame):
+    """C->S: drop every ready message of a queue (acquired ones stay)."""
+
+    OP: ClassVar[int] = 12
+    corr: int
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats(Frame):
+    """C->S: answered by Ok with the queue's counters."""
+
+    OP: ClassVar[int] = 13
+    corr: int
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListQueues(Frame):
+    """C->S: answered by Ok({"queues": [stats, ...]})."""
+
+    OP: ClassVar[int] = 14
+    corr: int
+
+
+# --- messages ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Publish(Frame):
+    """C->S: enqueue one message; Ok({"position": p}) once durable on the log."""
+
+    OP: ClassVar[int] = 20
+    corr: int
+    queue: str
+    body: bytes
+    headers: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishBatch(Frame):
+    """C->S: enqueue messages atomically; Ok({"first_position": p, "count": n}).
+
+    ``messages`` is a list of ``[body, headers]`` pairs.
+    """
+
+    OP: ClassVar[int] = 21
+    corr: int
+    queue: str
+    messages: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe(Frame):
+    """C->S: start a consumer; Ok({"consumer": tag}). ``prefetch`` caps unsettled deliveries."""
+
+    OP: ClassVar[int] = 30
+    corr: int
+    queue: str
+    prefetch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver(Frame):
+    """S->C: messages for consumer ``consumer``.
+
+    ``messages`` is a list of ``[position, delivery_count, body, headers,
+    publish_time_ms]``.
+    """
+
+    OP: ClassVar[int] = 31
+    consumer: int
+    messages: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(Frame):
+    """C->S: accept delivered messages; Ok once the accept is applied."""
+
+    OP: ClassVar[int] = 32
+    corr: int
+    consumer: int
+    positions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Frame):
+    """C->S: give delivered messages back to the queue (delivery count + 1)."""
+
+    OP: ClassVar[int] = 33
+    corr: int
+    consumer: int
+    positions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Reject(Frame):
+    """C->S: reject delivered messages (dead-lettered, or dropped without a DLQ)."""
+
+    OP: ClassVar[int] = 34
+    corr: int
+    consumer: int
+    positions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(Frame):
+    """C->S: stop a consumer; its unsettled messages are released."""
+
+    OP: ClassVar[int] = 35
+    corr: int
+    consumer: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerCancelled(Frame):
+    """S->C: the broker ended a consumer (e.g. its queue was deleted)."""
+
+    OP: ClassVar[int] = 36
+    consumer: int
+    code: int
+    message: str
+
+
+FRAME_TYPES: Final[dict[int, type[Frame]]] = {
+    cls.OP: cls
+    for cls in (
+        Hello,
+        HelloOk,
+        Ok,
+        Error,
+        Ping,
+        DeclareQueue,
+        DeleteQueue,
+        PurgeQueue,
+        QueueStats,
+        ListQueues,
+        Publish,
+        PublishBatch,
+        Subscribe,
+        Deliver,
+        Ack,
+        Release,
+        Reject,
+        Cancel,
+        ConsumerCancelled,
+    )
+}
+
+
+def _runtime_type(hint: Any) -> Union[type, tuple[type, ...]]:
+    origin = getattr(hint, "__origin__", None)
+    if origin is not None:
+        return origin  # dict[str, Any] -> dict, list[int] -> list
+    return hint  # type: ignore[no-any-return]
+
+
+# Field names and the runtime type each must have, per op-code; read once from the
+# dataclass definitions above so the table cannot drift from them.
+_SCHEMA: Final[dict[int, tuple[tuple[str, Any], ...]]] = {
+    op: tuple(
+        (f.name, _runtime_type(get_type_hints(cls)[f.name])) for f in fields(cls)
+    )
+    for op, cls in FRAME_TYPES.items()
+}
+
+
+class FrameCodec:
+    """Sans-IO framing: bytes in, frames out; frames in, bytes out.
+
+    Args:
+        max_frame: the largest frame accepted or sent. A length prefix above it
+            raises FrameTooLarge at once, so an incomplete frame never holds more
+            than ``max_frame`` bytes of buffer.
+    """
+
+    __slots__ = ("_buf", "_max_frame", "_packer")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self._max_frame = max_frame
+        self._packer = msgpack.Packer(use_bin_type=True)
+
+    @property
+    def max_frame(self) -> int:
+        return self._max_frame
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buf)
+
+    def receive_data(self, data: bytes) -> None:
+        """Add bytes read from the transport."""
+        self._buf += data
+
+    def next_frame(self) -> Frame | _NeedData:
+        """Return the next complete frame, or NEED_DATA.
+
+        Raises:
+            FrameTooLarge: the next frame's length is above ``max_frame``.
+            UnknownCommand: the op-code is not in the table.
+            ProtocolError: the payload is not a well-formed frame.
+        """
+        buf = self._buf
+        if len(buf) < 4:
+            return NEED_DATA
+        (length,) = _LEN.unpack_from(buf, 0)
+        if length > self._max_frame:
+            raise FrameTooLarge(
+                f"frame of {length} bytes is above the maximum of {self._max_frame}"
+            )
+        end = 4 + length
+        if len(buf) < end:
+            return NEED_DATA
+        payload = bytes(buf[4:end])
+        del buf[:end]
+        return decode_payload(payload)
+
+    def send(self, frame: Frame) -> bytes:
+        """Encode one frame to bytes (length prefix included).
+
+        Raises:
+            FrameTooLarge: the encoded frame is above ``max_frame``.
+        """
+        payload = self._packer.pack(encode_fields(frame))
+        if len(payload) > self._max_frame:
+            raise FrameTooLarge(
+                f"frame of {len(payload)} bytes is above the maximum of {self._max_frame}"
+            )
+        return _LEN.pack(len(payload)) + payload
+
+
+def encode_fields(frame: Frame) -> list[Any]:
+    """The msgpack array for a frame: ``[op, *fields]``."""
+    out: list[Any] = [frame.OP]
+    for name in frame.__slots__:  # slots of a slotted dataclass are its fields, in order
+        out.append(getattr(frame, name))
+    return out
+
+
+def decode_payload(payload: bytes) -> Frame:
+    """Decode one frame's msgpack payload (without the length prefix).
+
+    Raises:
+        UnknownCommand: the op-code is not in the table.
+        ProtocolError: anything else malformed.
+    """
+    try:
+        items = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
+    if not isinstance(items, list) or not items or not isinstance(items[0], int):
+        raise ProtocolError("frame must be a msgpack array starting with an op-code")
+    op = items[0]
+    schema = _SCHEMA.get(op)
+    if schema is None:
+        raise UnknownCommand(f"unknown op-code {op}")
+    values = items[1:]
+    if len(values) != len(schema):
+        raise ProtocolError(
+            f"{FRAME_TYPES[op].__name__} needs {len(schema)} fields, got {len(values)}"
+        )
+    for (name, typ), value in zip(schema, values):
+        if typ is Any:
+            continue
+        if typ is int and isinstance(value, bool):
+            raise ProtocolError(f"{FRAME_TYPES[op].__name__}.{name} must be int")
+        if not isinstance(value, typ):
+            raise ProtocolError(
+                f"{FRAME_TYPES[op].__name__}.{name} must be {getattr(typ, '__name__', typ)},"
+                f" got {type(value).__name__}"
+            )
+    return FRAME_TYPES[op](*values)

@@ -1,0 +1,207 @@
+"""Replicated events: what goes on the ordered log (DESIGN §4, docs/events.md).
+
+Every record on the log is one event with an envelope (:class:`Origin`): the node
+that appended it, that node's runtime id (one per process), its origin sequence
+number and its wall-clock time in ms. (origin node, runtime, seq) identifies an
+event, so a retried append is applied once; the time is the only way time enters
+the state machine.
+
+Events are frozen, slotted dataclasses with an explicit op-code; the msgpack codec
+is :mod:`cluster.codec`. No ad-hoc dicts in the logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+__all__ = [
+    "Origin",
+    "Event",
+    "DeclareQueue",
+    "DeleteQueue",
+    "PurgeQueue",
+    "Enqueue",
+    "Acquire",
+    "Accept",
+    "Release",
+    "Reject",
+    "ReleaseAll",
+    "Expire",
+    "NodeStarted",
+    "EVENT_TYPES",
+    "OVERFLOW_POLICIES",
+    "DEFAULT_DELIVERY_LIMIT",
+]
+
+OVERFLOW_POLICIES: Final = ("reject-publish", "drop-head")
+DEFAULT_DELIVERY_LIMIT: Final = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who appended an event, and when (by the appender's clock, ms since the epoch)."""
+
+    node: str
+    runtime: str
+    seq: int
+    ts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Base of every event; ``OP`` is its op-code on the log."""
+
+    OP: ClassVar[int] = 0
+
+
+# --- wiring ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareQueue(Event):
+    """Create a queue, or check an existing one has the same settings.
+
+    ``delivery_limit``: a message is delivered at most this many times; the
+    release that would exceed it dead-letters the message instead.
+    """
+
+    OP: ClassVar[int] = 1
+    queue: str
+    durable: bool = True
+    max_length: int | None = None
+    overflow: str = "reject-publish"
+    delivery_limit: int = DEFAULT_DELIVERY_LIMIT
+    dead_letter: str | None = None
+    message_ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueue(Event):
+    """Delete a queue and all its messages; its consumers are cancelled."""
+
+    OP: ClassVar[int] = 2
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeQueue(Event):
+    """Drop every ready message; acquired ones stay with their consumers."""
+
+    OP: ClassVar[int] = 3
+    queue: str
+
+
+# --- messages ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue(Event):
+    """Append messages to a queue, atomically; positions are assigned at apply time.
+
+    ``messages`` is a tuple of ``(body, headers)`` pairs.
+    """
+
+    OP: ClassVar[int] = 10
+    queue: str
+    messages: tuple[tuple[bytes, dict[str, Any]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire(Event):
+    """Acquire up to ``count`` of the queue's next ready messages for ``consumer``.
+
+    The applier picks the positions (lowest ready first), so two acquires can
+    never name the same message: the log order decides.
+    """
+
+    OP: ClassVar[int] = 11
+    queue: str
+    consumer: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accept(Event):
+    """The consumer accepted these messages: forget them (guarantee 3)."""
+
+    OP: ClassVar[int] = 12
+    queue: str
+    consumer: str
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Event):
+    """Give messages back to the queue; their delivery count goes up (guarantee 4)."""
+
+    OP: ClassVar[int] = 13
+    queue: str
+    consumer: str
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reject(Event):
+    """Dead-letter these messages, or drop them if the queue has no DLQ (guarantee 5)."""
+
+    OP: ClassVar[int] = 14
+    queue: str
+    consumer: str
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseAll(Event):
+    """Release every message ``consumer`` holds on ``queue`` (cancel, disconnect)."""
+
+    OP: ClassVar[int] = 15
+    queue: str
+    consumer: str
+
+
+@dataclass(frozen=True, slots=True)
+class Expire(Event):
+    """Ready messages at positions <= ``through`` have passed the queue's TTL.
+
+    Appended by a broker that read the messages' enqueue times; the applier does
+    not read a clock (DESIGN §2). Expired messages are dead-lettered if the queue
+    has a DLQ.
+    """
+
+    OP: ClassVar[int] = 16
+    queue: str
+    through: int
+
+
+# --- node lifecycle ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStarted(Event):
+    """A broker process started (its runtime id is in the envelope).
+
+    Everything consumers of earlier runtimes of this node held is released
+    (guarantee 6), and non-durable queues that node declared are deleted.
+    """
+
+    OP: ClassVar[int] = 30
+    address: str = ""
+
+
+EVENT_TYPES: Final[dict[int, type[Event]]] = {
+    cls.OP: cls
+    for cls in (
+        DeclareQueue,
+        DeleteQueue,
+        PurgeQueue,
+        Enqueue,
+        Acquire,
+        Accept,
+        Release,
+        Reject,
+        ReleaseAll,
+        Expire,
+        NodeStarted,
+    )
+}

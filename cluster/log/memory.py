@@ -1,0 +1,80 @@
+"""The in-process log: the reference backend for the conformance suite and unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import ClassVar
+
+from clients.errors import InvalidArgument, LogTruncated, LogUnavailable
+from cluster.log import Log, Record
+
+__all__ = ["MemoryLog"]
+
+
+class MemoryLog(Log):
+    """A list in memory. ``memory:NAME`` logs are shared by name within one process."""
+
+    _named: ClassVar[dict[str, "MemoryLog"]] = {}
+
+    def __init__(self, name: str = "") -> None:
+        self.url = f"memory:{name}"
+        self._records: list[bytes] = []
+        self._start = 0  # offset of self._records[0]
+        self._grew = asyncio.Condition()
+        self._closed = False
+
+    @classmethod
+    def named(cls, name: str) -> "MemoryLog":
+        """The process-wide log of this name (created on first use)."""
+        log = cls._named.get(name)
+        if log is None or log._closed:
+            log = cls._named[name] = cls(name)
+        return log
+
+    async def append(self, records: Sequence[bytes]) -> int:
+        if self._closed:
+            raise LogUnavailable(f"log {self.url} is closed")
+        if not records:
+            raise InvalidArgument("append needs at least one record")
+        first = self._start + len(self._records)
+        self._records.extend(bytes(r) for r in records)
+        async with self._grew:
+            self._grew.notify_all()
+        return first
+
+    async def read(self, start: int, *, max_batch: int = 1024) -> AsyncIterator[list[Record]]:
+        pos = start
+        while True:
+            if pos < self._start:
+                raise LogTruncated(f"offset {pos} is below the log's start {self._start}")
+            end = self._start + len(self._records)
+            if pos < end:
+                stop = min(end, pos + max_batch)
+                lo = pos - self._start
+                batch = [(pos + i, r) for i, r in enumerate(self._records[lo : lo + stop - pos])]
+                pos = stop
+                yield batch
+                continue
+            if self._closed:
+                return
+            async with self._grew:
+                await self._grew.wait_for(
+                    lambda: self._closed or self._start + len(self._records) > pos
+                )
+
+    async def start_offset(self) -> int:
+        return self._start
+
+    async def end_offset(self) -> int:
+        return self._start + len(self._records)
+
+    async def truncate_before(self, offset: int) -> None:
+        drop = min(max(0, offset - self._start), len(self._records))
+        del self._records[:drop]
+        self._start += drop
+
+    async def close(self) -> None:
+        self._closed = True
+        async with self._grew:
+            self._grew.notify_all()

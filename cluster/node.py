@@ -1,0 +1,277 @@
+"""The replica driver: the I/O edge around the pure :class:`cluster.state.State`.
+
+A :class:`Node` does three things, and nothing else:
+
+* **append** — :meth:`Node.submit` stamps an event with this process's origin
+  (node id, runtime id, next sequence number, wall-clock ms) and queues it; one
+  appender task writes whatever has queued up as one log batch (group commit), so
+  one round trip to the log carries many events and origin sequences reach the
+  log in order.
+* **apply** — one reader task tails the log from the applied offset, applies each
+  record to the state, writes the batch's effects and snapshots to the store in
+  one write batch together with the batch's last offset, then hands the effects to
+  the listener (the broker).
+* **complete** — a submitted event's future resolves with its result when the
+  event is *both* durable on the log (its append returned) and applied here. That
+  is the moment a command takes effect (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from clients.errors import BatonError, LogUnavailable, ShuttingDown, StoreError
+from cluster.codec import EventEncoder, MalformedEvent, decode
+from cluster.events import Event, NodeStarted, Origin
+from cluster.log import Log
+from cluster.state import (
+    Completed,
+    Effect,
+    Moved,
+    QueueGone,
+    QueueState,
+    Removed,
+    RemovedRange,
+    State,
+    Stored,
+)
+from store import Store
+
+__all__ = ["Node"]
+
+log = logging.getLogger("baton.node")
+
+EffectListener = Callable[[list[Effect]], None]
+
+
+class Node:
+    """One broker's replica of the cluster state.
+
+    Args:
+        node_id: this broker's persistent id.
+        log: the ordered log (shared by every replica).
+        store: this broker's local store.
+        clock: wall-clock milliseconds (injectable for tests).
+        max_append: most events per log append.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        log: Log,
+        store: Store,
+        *,
+        clock: Callable[[], int] | None = None,
+        max_append: int = 2048,
+    ) -> None:
+        self.node_id = node_id
+        self.runtime_id = uuid.uuid4().hex[:12]
+        self.log = log
+        self.store = store
+        self.state = State()
+        self.listener: EffectListener | None = None
+        self._clock = clock or (lambda: int(time.time() * 1000))
+        self._max_append = max_append
+        self._encoder = EventEncoder()
+        self._seq = 0
+        self._outbox: list[tuple[int, bytes]] = []
+        self._outbox_ready = asyncio.Event()
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._durable_seq = 0  # every own seq <= this is durable on the log
+        self._stashed: dict[int, Completed] = {}  # applied before their append returned
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self.applied_event = asyncio.Event()  # set after every applied batch (tests, tools)
+        self.healthy = True
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self, address: str = "") -> None:
+        """Load the store, start appending and applying, and announce this runtime.
+
+        Returns once this runtime's NodeStarted is applied, i.e. the state has
+        caught up with the log as it was at start and everything earlier runtimes'
+        consumers held has been released.
+        """
+        loaded = self.store.load()
+        if loaded.meta is not None:
+            self.state.restore_meta(loaded.meta)
+        for name, snap in loaded.queues.items():
+            self.state.queues[name] = QueueState.restore(snap)
+        self.state.applied = loaded.applied
+        log.info(
+            "node %s runtime %s: %d queues, resuming after log offset %d",
+            self.node_id,
+            self.runtime_id,
+            len(self.state.queues),
+            loaded.applied,
+        )
+        self._tasks = [
+            asyncio.create_task(self._append_loop(), name="baton-append"),
+            asyncio.create_task(self._apply_loop(loaded.applied + 1), name="baton-apply"),
+        ]
+        await self.submit(NodeStarted(address))
+
+    async def stop(self) -> None:
+        """Finish pending appends, stop the tasks. Pending commands fail with ShuttingDown."""
+        self._closing = True
+        deadline = time.monotonic() + 5
+        while self._outbox and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(ShuttingDown("the broker is shutting down"))
+        self._waiting.clear()
+
+    # -- appending -----------------------------------------------------------------
+
+    def submit(self, event: Event) -> asyncio.Future[dict[str, Any]]:
+        """Append ``event``; the future resolves with its result once durable and applied.
+
+        The future fails with the event's BatonError (e.g. QueueNotFound) if
+        applying it failed, or LogUnavailable if it could not be appended.
+        """
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        if self._closing:
+            fut.set_exception(ShuttingDown("the broker is shutting down"))
+            return fut
+        self._seq += 1
+        seq = self._seq
+        record = self._encoder.encode(
+            Origin(self.node_id, self.runtime_id, seq, self._clock()), event
+        )
+        self._outbox.append((seq, record))
+        self._waiting[seq] = fut
+        self._outbox_ready.set()
+        return fut
+
+    async def _append_loop(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            batch = self._outbox[: self._max_append]
+            del self._outbox[: self._max_append]
+            if not self._outbox:
+                self._outbox_ready.clear()
+            if not batch:
+                continue
+            try:
+                await self.log.append([r for _, r in batch])
+            except BatonError as exc:
+                self._fail_batch(batch, exc)
+                continue
+            except Exception as exc:  # a backend bug must not kill the appender
+                log.exception("log append failed")
+                self._fail_batch(batch, LogUnavailable(f"log append failed: {exc}"))
+                continue
+            self._durable_seq = batch[-1][0]
+            for seq, _ in batch:
+                done = self._stashed.pop(seq, None)
+                if done is not None:
+                    self._complete(done)
+
+    def _fail_batch(self, batch: list[tuple[int, bytes]], exc: BatonError) -> None:
+        log.warning("append of %d events failed: %s", len(batch), exc)
+        for seq, _ in batch:
+            fut = self._waiting.pop(seq, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+
+    # -- applying ------------------------------------------------------------------
+
+    async def _apply_loop(self, start: int) -> None:
+        state = self.state
+        async for records in self.log.read(start):
+            out: list[Effect] = []
+            for offset, record in records:
+                try:
+                    origin, event = decode(record)
+                except MalformedEvent as exc:
+                    log.warning("log offset %d: malformed record ignored: %s", offset, exc)
+                    state.skip_malformed(offset)
+                    continue
+                state.apply(offset, origin, event, out)
+            await self._persist(out, records[-1][0])
+            self._dispatch(out)
+            self.applied_event.set()
+            self.applied_event.clear()
+
+    async def _persist(self, effects: list[Effect], offset: int) -> None:
+        """Write the batch's effects and snapshots atomically with ``offset``.
+
+        A failing store (disk full) stalls applying — retried with back-off — but
+        never crashes the broker or skips a batch.
+        """
+        meta, queues = self.state.take_dirty()
+        delay = 0.1
+        while True:
+            batch = self.store.batch()
+            for e in effects:
+                t = type(e)
+                if t is Stored:
+                    assert isinstance(e, Stored)
+                    batch.put_messages(e.qid, e.first, e.messages, e.enqueued_at, e.publish_time)
+                elif t is Removed:
+                    assert isinstance(e, Removed)
+                    batch.remove(e.qid, e.positions)
+                elif t is RemovedRange:
+                    assert isinstance(e, RemovedRange)
+                    batch.remove_range(e.qid, e.lo, e.hi)
+                elif t is Moved:
+                    assert isinstance(e, Moved)
+                    batch.move(e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at)
+                elif t is QueueGone:
+                    assert isinstance(e, QueueGone)
+                    batch.drop_queue(e.qid)
+            for name, snap in queues.items():
+                batch.put_queue(name, snap)
+            if meta is not None:
+                batch.put_meta(meta)
+            try:
+                self.store.commit(batch, offset)
+            except StoreError as exc:
+                if self.healthy:
+                    log.error("store write failed, retrying (applying is stalled): %s", exc)
+                self.healthy = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if not self.healthy:
+                log.warning("store writes work again")
+            self.healthy = True
+            return
+
+    def _dispatch(self, effects: list[Effect]) -> None:
+        node, runtime = self.node_id, self.runtime_id
+        for e in effects:
+            if type(e) is Completed and e.node == node and e.runtime == runtime:
+                assert isinstance(e, Completed)
+                if e.seq <= self._durable_seq:
+                    self._complete(e)
+                else:
+                    self._stashed[e.seq] = e
+        if self.listener is not None:
+            try:
+                self.listener(effects)
+            except Exception:
+                log.exception("effect listener failed")
+
+    def _complete(self, done: Completed) -> None:
+        fut = self._waiting.pop(done.seq, None)
+        if fut is None or fut.done():
+            return
+        if done.error is not None:
+            fut.set_exception(done.error)
+        else:
+            fut.set_result(done.result or {})

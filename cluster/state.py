@@ -1,0 +1,641 @@
+"""The replicated state machine: queues applied from the ordered log (DESIGN §2, §4, §5).
+
+``State.apply(offset, origin, event, out)`` is deterministic: no I/O, no clock, no
+randomness. Every broker that applies the same log prefix holds the same state and
+the same :meth:`State.digest`. Time enters only through the events' envelopes
+(``State.clock`` is the largest envelope time seen, in log order).
+
+What the state keeps in memory is an *index*, not the messages: for each queue, the
+next position, the cursor below which every message has been handed out at least
+once, the heap of released positions, who holds each acquired message, and the
+delivery counts of redelivered ones. A queue of two million fresh messages costs a
+few integers here; the bodies live in the store, written from the effects that
+``apply`` emits (:class:`Stored`, :class:`Removed`, :class:`Moved`, ...).
+
+This file owns every message transition; :data:`TRANSITIONS` is the table the
+docs' state diagram is generated from, and the property tests check the code
+against it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import heapq
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack
+
+from clients.errors import BatonError, InvalidArgument, QueueExists, QueueFull, QueueNotFound
+from cluster.events import (
+    OVERFLOW_POLICIES,
+    Accept,
+    Acquire,
+    DeclareQueue,
+    DeleteQueue,
+    Enqueue,
+    Event,
+    Expire,
+    NodeStarted,
+    Origin,
+    PurgeQueue,
+    Reject,
+    Release,
+    ReleaseAll,
+)
+
+__all__ = [
+    "MessageState",
+    "TRANSITIONS",
+    "State",
+    "QueueState",
+    "Effect",
+    "Completed",
+    "Stored",
+    "Removed",
+    "RemovedRange",
+    "Moved",
+    "Acquired",
+    "ReadyMore",
+    "QueueGone",
+    "MAX_QUEUE_NAME",
+]
+
+MAX_QUEUE_NAME: Final = 255
+
+
+class MessageState(enum.Enum):
+    """Where a message is in its life. Terminal states are not kept: the message is gone."""
+
+    READY = "ready"
+    ACQUIRED = "acquired"
+    ACCEPTED = "accepted"
+    DEAD_LETTERED = "dead-lettered"
+    DROPPED = "dropped"
+
+
+#: (state, operation) -> next state. "release*" is a release that reaches the
+#: delivery limit; "drop" is drop-head overflow, purge or expiry. DEAD_LETTERED
+#: becomes DROPPED when the queue has no (existing) dead-letter queue.
+TRANSITIONS: Final[dict[tuple[MessageState | None, str], MessageState]] = {
+    (None, "enqueue"): MessageState.READY,
+    (MessageState.READY, "acquire"): MessageState.ACQUIRED,
+    (MessageState.ACQUIRED, "accept"): MessageState.ACCEPTED,
+    (MessageState.ACQUIRED, "release"): MessageState.READY,
+    (MessageState.ACQUIRED, "release*"): MessageState.DEAD_LETTERED,
+    (MessageState.ACQUIRED, "reject"): MessageState.DEAD_LETTERED,
+    (MessageState.READY, "expire"): MessageState.DEAD_LETTERED,
+    (MessageState.READY, "drop-head"): MessageState.DEAD_LETTERED,
+    (MessageState.READY, "purge"): MessageState.DROPPED,
+}
+
+
+# --- effects -------------------------------------------------------------------------
+
+
+class Effect:
+    """Base of what ``apply`` asks the edges (store, broker) to do."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Completed(Effect):
+    """The event (node, runtime, seq) was applied: its command's completion."""
+
+    node: str
+    runtime: str
+    seq: int
+    result: dict[str, Any] | None
+    error: BatonError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stored(Effect):
+    """Store new messages at positions ``first ..`` of queue ``qid``."""
+
+    qid: int
+    first: int
+    messages: tuple[tuple[bytes, dict[str, Any]], ...]
+    enqueued_at: int
+    publish_time: int
+
+
+@dataclass(frozen=True, slots=True)
+class Removed(Effect):
+    """Forget these messages of queue ``qid``."""
+
+    qid: int
+    positions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class RemovedRange(Effect):
+    """Forget messages ``lo <= position < hi`` of queue ``qid``."""
+
+    qid: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True, slots=True)
+class Moved(Effect):
+    """Move a message to another queue (dead-lettering), adding ``headers``."""
+
+    src_qid: int
+    src_pos: int
+    dst_qid: int
+    dst_pos: int
+    headers: dict[str, Any]
+    enqueued_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired(Effect):
+    """``consumer`` now holds these messages; ``counts[i]`` is positions[i]'s delivery count."""
+
+    queue: str
+    qid: int
+    consumer: str
+    positions: list[int]
+    counts: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyMore(Effect):
+    """The queue's ready count went up (enqueue or release): consumers may get more."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGone(Effect):
+    """The queue was deleted; its consumers end."""
+
+    queue: str
+    qid: int
+
+
+# --- queues --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class QueueState:
+    """One queue's replicated index. Positions ``cursor <= p < next_pos`` are ready
+    and never yet delivered; ``returned`` holds released (ready again) positions,
+    all below ``cursor``; ``acquired`` maps held positions to their consumer."""
+
+    name: str
+    qid: int
+    durable: bool
+    max_length: int | None
+    overflow: str
+    delivery_limit: int
+    dead_letter: str | None
+    message_ttl_ms: int | None
+    declared_by: str
+    next_pos: int = 0
+    cursor: int = 0
+    returned: list[int] = field(default_factory=list)  # a heap
+    acquired: dict[int, str] = field(default_factory=dict)
+    counts: dict[int, int] = field(default_factory=dict)
+    body_crc: int = 0
+    enqueued: int = 0
+    accepted: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    dropped: int = 0
+    expired: int = 0
+    purged: int = 0
+
+    @property
+    def ready(self) -> int:
+        return self.next_pos - self.cursor + len(self.returned)
+
+    @property
+    def length(self) -> int:
+        """Messages counted against max_length: ready + acquired."""
+        return self.ready + len(self.acquired)
+
+    def settings(self) -> tuple[Any, ...]:
+        return (
+            self.durable,
+            self.max_length,
+            self.overflow,
+            self.delivery_limit,
+            self.dead_letter,
+            self.message_ttl_ms,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for queue_stats (all replicated, equal on every broker)."""
+        return {
+            "queue": self.name,
+            "ready": self.ready,
+            "acquired": len(self.acquired),
+            "next_position": self.next_pos,
+            "enqueued": self.enqueued,
+            "accepted": self.accepted,
+            "redelivered": self.redelivered,
+            "dead_lettered": self.dead_lettered,
+            "dropped": self.dropped,
+            "expired": self.expired,
+            "purged": self.purged,
+            "durable": self.durable,
+            "max_length": self.max_length,
+            "overflow": self.overflow,
+            "delivery_limit": self.delivery_limit,
+            "dead_letter": self.dead_letter,
+            "message_ttl_ms": self.message_ttl_ms,
+        }
+
+    def take_ready(self, count: int) -> list[int]:
+        """Remove and return up to ``count`` ready positions, lowest first (guarantee 7)."""
+        out: list[int] = []
+        returned = self.returned
+        while returned and len(out) < count:
+            out.append(heapq.heappop(returned))
+        k = min(count - len(out), self.next_pos - self.cursor)
+        if k > 0:
+            out.extend(range(self.cursor, self.cursor + k))
+            self.cursor += k
+        return out
+
+    def snapshot(self) -> list[Any]:
+        """Canonical, msgpack-able form: equal states give equal snapshots."""
+        return [
+            self.name,
+            self.qid,
+            list(self.settings()),
+            self.declared_by,
+            self.next_pos,
+            self.cursor,
+            sorted(self.returned),
+            sorted(self.acquired.items()),
+            sorted(self.counts.items()),
+            self.body_crc,
+            [
+                self.enqueued,
+                self.accepted,
+                self.redelivered,
+                self.dead_lettered,
+                self.dropped,
+                self.expired,
+                self.purged,
+            ],
+        ]
+
+    @classmethod
+    def restore(cls, snap: list[Any]) -> "QueueState":
+        name, qid, settings, declared_by, next_pos, cursor, returned, acquired, counts, crc, st = snap
+        q = cls(name, qid, *settings, declared_by=declared_by)
+        q.next_pos, q.cursor = next_pos, cursor
+        q.returned = list(returned)  # sorted, hence a valid heap
+        q.acquired = {p: c for p, c in acquired}
+        q.counts = {p: c for p, c in counts}
+        q.body_crc = crc
+        (q.enqueued, q.accepted, q.redelivered, q.dead_lettered, q.dropped, q.expired, q.purged) = st
+        return q
+
+
+# --- the state machine ---------------------------------------------------------------
+
+
+class State:
+    """All replicated state of one cluster, advanced only by :meth:`apply`."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, QueueState] = {}
+        self.clock = 0  # largest envelope time applied, ms
+        self.applied = -1  # offset of the last applied record
+        self.last_seq: dict[str, int] = {}  # "node/runtime" -> last applied origin seq
+        self.ignored: dict[str, int] = {}  # reason -> count of deterministically ignored events
+        self.dirty: set[str] = set()  # queues changed since the last take_dirty()
+        self._meta_dirty = True
+
+    # -- driving ------------------------------------------------------------------
+
+    def apply(self, offset: int, origin: Origin, event: Event, out: list[Effect]) -> None:
+        """Apply one event at log ``offset``, appending its effects to ``out``."""
+        self.applied = offset
+        self._meta_dirty = True
+        key = f"{origin.node}/{origin.runtime}"
+        last = self.last_seq.get(key, -1)
+        if origin.seq <= last:
+            self._ignore("duplicate")  # a retried append: applied once (DESIGN §3)
+            return
+        self.last_seq[key] = origin.seq
+        if origin.ts > self.clock:
+            self.clock = origin.ts
+        try:
+            result = self._dispatch(origin, event, out)
+        except BatonError as exc:
+            out.append(Completed(origin.node, origin.runtime, origin.seq, None, exc))
+            return
+        out.append(Completed(origin.node, origin.runtime, origin.seq, result))
+
+    def skip_malformed(self, offset: int) -> None:
+        """Count a record that could not be decoded (the same on every replica)."""
+        self.applied = offset
+        self._meta_dirty = True
+        self._ignore("malformed")
+
+    def _ignore(self, reason: str, n: int = 1) -> None:
+        self.ignored[reason] = self.ignored.get(reason, 0) + n
+
+    def _dispatch(self, origin: Origin, ev: Event, out: list[Effect]) -> dict[str, Any]:
+        # Ordered by frequency on the hot path.
+        if type(ev) is Enqueue:
+            return self._enqueue(origin, ev, out)
+        if type(ev) is Acquire:
+            return self._acquire(ev, out)
+        if type(ev) is Accept:
+            return self._accept(ev, out)
+        if type(ev) is Release:
+            return self._release(ev.queue, ev.consumer, ev.positions, out)
+        if type(ev) is Reject:
+            return self._reject(ev, out)
+        if type(ev) is ReleaseAll:
+            q = self._queue(ev.queue)
+            held = [p for p, c in q.acquired.items() if c == ev.consumer]
+            return self._release(ev.queue, ev.consumer, held, out)
+        if type(ev) is Expire:
+            return self._expire(ev, out)
+        if type(ev) is DeclareQueue:
+            return self._declare(origin, ev)
+        if type(ev) is DeleteQueue:
+            return self._delete(ev.queue, out)
+        if type(ev) is PurgeQueue:
+            return self._purge(ev, out)
+        if type(ev) is NodeStarted:
+            return self._node_started(origin, out)
+        raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
+
+    def _queue(self, name: str) -> QueueState:
+        q = self.queues.get(name)
+        if q is None:
+            raise QueueNotFound(f"queue {name!r} does not exist")
+        self.dirty.add(name)
+        return q
+
+    # -- wiring -------------------------------------------------------------------
+
+    def _declare(self, origin: Origin, ev: DeclareQueue) -> dict[str, Any]:
+        _validate_declare(ev)
+        settings = (
+            ev.durable,
+            ev.max_length,
+            ev.overflow,
+            ev.delivery_limit,
+            ev.dead_letter,
+            ev.message_ttl_ms,
+        )
+        q = self.queues.get(ev.queue)
+        if q is not None:
+            if q.settings() != settings:
+                raise QueueExists(
+                    f"queue {ev.queue!r} exists with other settings: {q.stats()}"
+                )
+            return {"created": False}
+        self.queues[ev.queue] = QueueState(
+            ev.queue, self.applied, *settings, declared_by=origin.node
+        )
+        self.dirty.add(ev.queue)
+        return {"created": True}
+
+    def _delete(self, name: str, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(name)
+        del self.queues[name]
+        out.append(QueueGone(name, q.qid))
+        return {"deleted": q.length}
+
+    def _purge(self, ev: PurgeQueue, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        returned = sorted(q.returned)
+        n = len(returned) + q.next_pos - q.cursor
+        if q.cursor < q.next_pos:
+            out.append(RemovedRange(q.qid, q.cursor, q.next_pos))
+            q.cursor = q.next_pos
+        if returned:
+            out.append(Removed(q.qid, returned))
+            for p in returned:
+                q.counts.pop(p, None)
+            q.returned = []
+        q.purged += n
+        return {"purged": n}
+
+    # -- messages -----------------------------------------------------------------
+
+    def _enqueue(self, origin: Origin, ev: Enqueue, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        n = len(ev.messages)
+        if q.max_length is not None and q.length + n > q.max_length:
+            excess = q.length + n - q.max_length
+            if q.overflow == "reject-publish" or n > q.max_length or excess > q.ready:
+                raise QueueFull(
+                    f"queue {q.name!r} holds {q.length} of max_length {q.max_length};"
+                    f" {n} more do not fit (overflow={q.overflow})"
+                )
+            for p in q.take_ready(excess):  # drop-head: oldest ready messages go
+                self._dead_letter(q, p, "maxlen", out)
+        first = q.next_pos
+        q.next_pos += n
+        q.enqueued += n
+        crc = q.body_crc
+        for body, _headers in ev.messages:
+            crc = zlib.crc32(body, crc)
+        q.body_crc = crc
+        out.append(Stored(q.qid, first, ev.messages, self.clock, origin.ts))
+        out.append(ReadyMore(q.name))
+        return {"first_position": first, "count": n}
+
+    def _acquire(self, ev: Acquire, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        if ev.count <= 0:
+            return {"count": 0}
+        positions = q.take_ready(ev.count)
+        if positions:
+            acquired, counts, consumer = q.acquired, q.counts, ev.consumer
+            for p in positions:
+                acquired[p] = consumer
+            out.append(
+                Acquired(q.name, q.qid, consumer, positions, [counts.get(p, 0) for p in positions])
+            )
+        return {"count": len(positions)}
+
+    def _held(self, q: QueueState, consumer: str, positions: tuple[int, ...] | list[int]) -> tuple[list[int], list[int]]:
+        """Split positions into those ``consumer`` holds and the rest (ignored, counted)."""
+        held: list[int] = []
+        other: list[int] = []
+        acquired = q.acquired
+        for p in positions:
+            if acquired.get(p) == consumer:
+                del acquired[p]
+                held.append(p)
+            else:
+                other.append(p)
+        if other:
+            self._ignore("not-acquired", len(other))
+        return held, other
+
+    def _accept(self, ev: Accept, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        held, other = self._held(q, ev.consumer, ev.positions)
+        if held:
+            counts = q.counts
+            if counts:
+                for p in held:
+                    counts.pop(p, None)
+            q.accepted += len(held)
+            out.append(Removed(q.qid, held))
+        return {"count": len(held), "not_acquired": other}
+
+    def _release(
+        self, name: str, consumer: str, positions: tuple[int, ...] | list[int], out: list[Effect]
+    ) -> dict[str, Any]:
+        q = self._queue(name)
+        held, other = self._held(q, consumer, positions)
+        back = 0
+        for p in held:
+            c = q.counts.get(p, 0) + 1
+            if c >= q.delivery_limit:  # at most delivery_limit deliveries (guarantee 5)
+                self._dead_letter(q, p, "delivery-limit", out)
+            else:
+                q.counts[p] = c
+                heapq.heappush(q.returned, p)
+                back += 1
+        q.redelivered += back
+        if back:
+            out.append(ReadyMore(q.name))
+        return {"count": len(held), "not_acquired": other}
+
+    def _reject(self, ev: Reject, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        held, other = self._held(q, ev.consumer, ev.positions)
+        for p in held:
+            self._dead_letter(q, p, "rejected", out)
+        return {"count": len(held), "not_acquired": other}
+
+    def _expire(self, ev: Expire, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        gone: list[int] = []
+        while q.returned and q.returned[0] <= ev.through:
+            gone.append(heapq.heappop(q.returned))
+        k = min(ev.through + 1, q.next_pos) - q.cursor
+        if k > 0:
+            gone.extend(range(q.cursor, q.cursor + k))
+            q.cursor += k
+        q.expired += len(gone)
+        if q.dead_letter is not None and q.dead_letter in self.queues:
+            for p in gone:
+                self._dead_letter(q, p, "expired", out, count=False)
+        elif gone:
+            for p in gone:
+                q.counts.pop(p, None)
+            out.append(Removed(q.qid, gone))
+        return {"count": len(gone)}
+
+    def _dead_letter(
+        self, q: QueueState, pos: int, reason: str, out: list[Effect], count: bool = True
+    ) -> None:
+        """Move one message (no longer ready nor acquired) to q's DLQ, or drop it."""
+        delivered = q.counts.pop(pos, 0)
+        dlq = self.queues.get(q.dead_letter) if q.dead_letter is not None else None
+        if dlq is not None and (dlq.max_length is None or dlq.length < dlq.max_length):
+            dst = dlq.next_pos
+            dlq.next_pos += 1
+            dlq.enqueued += 1
+            self.dirty.add(dlq.name)
+            headers = {
+                "x-death-reason": reason,
+                "x-death-queue": q.name,
+                "x-death-position": pos,
+                "x-death-delivery-count": delivered,
+            }
+            out.append(Moved(q.qid, pos, dlq.qid, dst, headers, self.clock))
+            out.append(ReadyMore(dlq.name))
+            if count:
+                q.dead_lettered += 1
+        else:
+            out.append(Removed(q.qid, [pos]))
+            if count:
+                q.dropped += 1
+
+    # -- node lifecycle -------------------------------------------------------------
+
+    def _node_started(self, origin: Origin, out: list[Effect]) -> dict[str, Any]:
+        """A new runtime of ``origin.node``: what its earlier runtimes held goes back."""
+        prefix = f"{origin.node}/"
+        released = 0
+        gone_queues = 0
+        for name in sorted(self.queues):
+            q = self.queues[name]
+            if not q.durable and q.declared_by == origin.node:
+                self._delete(name, out)
+                gone_queues += 1
+                continue
+            by_consumer: dict[str, list[int]] = {}
+            for p, c in q.acquired.items():
+                if c.startswith(prefix):
+                    by_consumer.setdefault(c, []).append(p)
+            for consumer in sorted(by_consumer):
+                released += self._release(name, consumer, sorted(by_consumer[consumer]), out)[
+                    "count"
+                ]
+        return {"released": released, "deleted_queues": gone_queues}
+
+    # -- persistence and digests ----------------------------------------------------
+
+    def meta_snapshot(self) -> list[Any]:
+        """The non-queue part of the state, canonical."""
+        return [
+            self.applied,
+            self.clock,
+            sorted(self.last_seq.items()),
+            sorted(self.ignored.items()),
+        ]
+
+    def restore_meta(self, snap: list[Any]) -> None:
+        self.applied, self.clock = snap[0], snap[1]
+        self.last_seq = {k: v for k, v in snap[2]}
+        self.ignored = {k: v for k, v in snap[3]}
+
+    def take_dirty(self) -> tuple[list[Any] | None, dict[str, list[Any] | None]]:
+        """Snapshots of what changed since the last call: (meta or None, {queue: snap or None
+        if deleted}). The driver writes them with the batch's offset."""
+        meta = self.meta_snapshot() if self._meta_dirty else None
+        queues = {
+            name: (self.queues[name].snapshot() if name in self.queues else None)
+            for name in self.dirty
+        }
+        self.dirty = set()
+        self._meta_dirty = False
+        return meta, queues
+
+    def digest(self) -> str:
+        """SHA-256 over the whole replicated state (hex); equal on replicas of one prefix."""
+        h = hashlib.sha256()
+        packer = msgpack.Packer(use_bin_type=True)
+        h.update(packer.pack(self.meta_snapshot()))
+        for name in sorted(self.queues):
+            h.update(packer.pack(self.queues[name].snapshot()))
+        return h.hexdigest()
+
+
+def _validate_declare(ev: DeclareQueue) -> None:
+    if not ev.queue or len(ev.queue) > MAX_QUEUE_NAME:
+        raise InvalidArgument(f"queue name must be 1..{MAX_QUEUE_NAME} characters")
+    if not ev.queue.isprintable():
+        raise InvalidArgument("queue name must be printable")
+    if ev.overflow not in OVERFLOW_POLICIES:
+        raise InvalidArgument(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}")
+    if ev.delivery_limit < 1:
+        raise InvalidArgument("delivery_limit must be at least 1")
+    if ev.max_length is not None and ev.max_length < 1:
+        raise InvalidArgument("max_length must be at least 1 (or None for no limit)")
+    if ev.message_ttl_ms is not None and ev.message_ttl_ms < 1:
+        raise InvalidArgument("message_ttl must be positive (or None)")
+    if ev.dead_letter is not None and (ev.dead_letter == ev.queue or not ev.dead_letter):
+        raise InvalidArgument("a queue cannot be its own dead-letter queue")

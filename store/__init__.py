@@ -1,0 +1,126 @@
+"""The broker's local durable state (DESIGN §9).
+
+A store holds, per broker: message bodies by (queue id, position), the snapshots of
+the replicated queue indexes, the applied log offset, and small identity values.
+Everything one applied log batch changes is written in ONE atomic batch together
+with that batch's last offset, so a crash leaves a consistent prefix and a restart
+resumes right after the offset (the eventsourcing "tracking" pattern).
+
+The store knows nothing of events; the cluster driver translates the state
+machine's effects into :class:`Batch` calls. The backend is
+:class:`store.rocks.RocksStore` (rocksdict); tests use it too, in a temporary dir.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Store", "Batch", "Loaded", "StoredMessage"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One message as the store returns it."""
+
+    body: bytes
+    headers: dict[str, Any]
+    publish_time: int
+    enqueued_at: int
+
+
+@dataclass(slots=True)
+class Loaded:
+    """What a store holds at open: resume applying at ``applied + 1``."""
+
+    applied: int = -1
+    meta: list[Any] | None = None
+    queues: dict[str, list[Any]] = field(default_factory=dict)
+
+
+class Batch(abc.ABC):
+    """Changes written atomically by :meth:`Store.commit`."""
+
+    @abc.abstractmethod
+    def put_messages(
+        self,
+        qid: int,
+        first: int,
+        messages: tuple[tuple[bytes, dict[str, Any]], ...],
+        enqueued_at: int,
+        publish_time: int,
+    ) -> None:
+        """Store messages at positions first, first+1, ..."""
+
+    @abc.abstractmethod
+    def remove(self, qid: int, positions: list[int]) -> None:
+        """Forget these messages."""
+
+    @abc.abstractmethod
+    def remove_range(self, qid: int, lo: int, hi: int) -> None:
+        """Forget messages lo <= position < hi."""
+
+    @abc.abstractmethod
+    def move(
+        self,
+        src_qid: int,
+        src_pos: int,
+        dst_qid: int,
+        dst_pos: int,
+        headers: dict[str, Any],
+        enqueued_at: int,
+    ) -> None:
+        """Move a message to another queue, merging ``headers`` into its own."""
+
+    @abc.abstractmethod
+    def drop_queue(self, qid: int) -> None:
+        """Forget every message of a queue."""
+
+    @abc.abstractmethod
+    def put_queue(self, name: str, snapshot: list[Any] | None) -> None:
+        """Save (or, with None, delete) a queue's index snapshot."""
+
+    @abc.abstractmethod
+    def put_meta(self, snapshot: list[Any]) -> None:
+        """Save the non-queue replicated state."""
+
+
+class Store(abc.ABC):
+    """A broker's local store."""
+
+    @abc.abstractmethod
+    def load(self) -> Loaded:
+        """Read the applied offset and every snapshot (at start-up)."""
+
+    @abc.abstractmethod
+    def batch(self) -> Batch:
+        """A new, empty batch."""
+
+    @abc.abstractmethod
+    def commit(self, batch: Batch, applied: int) -> None:
+        """Write ``batch`` and the applied offset atomically.
+
+        Raises:
+            StoreError: the write failed (e.g. disk full); nothing of it is visible.
+        """
+
+    @abc.abstractmethod
+    def get_messages(self, qid: int, positions: list[int]) -> list[StoredMessage | None]:
+        """Messages at these positions (None where there is none)."""
+
+    @abc.abstractmethod
+    def scan(self, qid: int, start: int, limit: int) -> list[tuple[int, int]]:
+        """Up to ``limit`` (position, enqueued_at) pairs from ``start`` on, in order."""
+
+    @abc.abstractmethod
+    def get_ident(self, key: str) -> str | None:
+        """A small identity value (node id, cluster id)."""
+
+    @abc.abstractmethod
+    def put_ident(self, key: str, value: str) -> None:
+        """Set an identity value, durably (synced)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Flush and close."""

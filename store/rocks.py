@@ -1,0 +1,229 @@
+"""The rocksdict store: one database per broker, raw bytes keys and values.
+
+Keys:
+  ``m`` + qid (8 bytes BE) + position (8 bytes BE) -> msgpack [enqueued_at, publish_time, headers, body]
+  ``q`` + queue name (utf-8)                        -> msgpack queue-index snapshot
+  ``s``                                              -> msgpack meta snapshot
+  ``a``                                              -> applied offset (8 bytes BE, signed)
+  ``i`` + key                                        -> identity value (utf-8)
+
+Fixed-width big-endian qid/position keys sort in position order, so a queue's
+messages are one contiguous key range (range deletes, ordered scans).
+
+Writes are not fsynced: the ordered log is the durable record, and a crash that
+loses the tail of rocksdb's WAL loses the offset with it (same write batch), so
+the broker replays those records from the log.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import msgpack
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from clients.errors import StoreError
+from store import Batch, Loaded, Store, StoredMessage
+
+__all__ = ["RocksStore"]
+
+_QP = struct.Struct(">QQ")
+_OFF = struct.Struct(">q")
+_APPLIED = b"a"
+_META = b"s"
+
+
+def _mkey(qid: int, pos: int) -> bytes:
+    return b"m" + _QP.pack(qid, pos)
+
+
+def _qprefix(qid: int) -> bytes:
+    """The key prefix of every message of queue ``qid``."""
+    return _mkey(qid, 0)[:9]
+
+
+class _RocksBatch(Batch):
+    __slots__ = ("wb", "pending", "store", "_packer")
+
+    def __init__(self, store: "RocksStore") -> None:
+        self.wb = WriteBatch(raw_mode=True)
+        self.store = store
+        # Values put in this batch, so a move of a message enqueued in the same
+        # batch finds it before it reaches the database.
+        self.pending: dict[bytes, bytes | None] = {}
+        self._packer = store._packer
+
+    def put_messages(
+        self,
+        qid: int,
+        first: int,
+        messages: tuple[tuple[bytes, dict[str, Any]], ...],
+        enqueued_at: int,
+        publish_time: int,
+    ) -> None:
+        pack, put, pending = self._packer.pack, self.wb.put, self.pending
+        pos = first
+        for body, headers in messages:
+            key = b"m" + _QP.pack(qid, pos)
+            value = pack((enqueued_at, publish_time, headers, body))
+            put(key, value)
+            pending[key] = value
+            pos += 1
+
+    def remove(self, qid: int, positions: list[int]) -> None:
+        delete, pending = self.wb.delete, self.pending
+        for p in positions:
+            key = b"m" + _QP.pack(qid, p)
+            delete(key)
+            pending[key] = None
+
+    def remove_range(self, qid: int, lo: int, hi: int) -> None:
+        self.wb.delete_range(_mkey(qid, lo), _mkey(qid, hi))
+        prefix = _qprefix(qid)
+        for key in [k for k in self.pending if k[:9] == prefix]:
+            (_, pos) = _QP.unpack(key[1:])
+            if lo <= pos < hi:
+                self.pending[key] = None
+
+    def move(
+        self,
+        src_qid: int,
+        src_pos: int,
+        dst_qid: int,
+        dst_pos: int,
+        headers: dict[str, Any],
+        enqueued_at: int,
+    ) -> None:
+        src = _mkey(src_qid, src_pos)
+        raw = self.pending[src] if src in self.pending else self.store._db.get(src)
+        self.remove(src_qid, [src_pos])
+        if raw is None:
+            return  # nothing to move (cannot happen unless the store lost data)
+        _, publish_time, old_headers, body = msgpack.unpackb(raw, raw=False)
+        merged = {**old_headers, **headers}
+        dst = _mkey(dst_qid, dst_pos)
+        value = self._packer.pack((enqueued_at, publish_time, merged, body))
+        self.wb.put(dst, value)
+        self.pending[dst] = value
+
+    def drop_queue(self, qid: int) -> None:
+        self.wb.delete_range(_mkey(qid, 0), _mkey(qid + 1, 0))
+        prefix = _qprefix(qid)
+        for key in [k for k in self.pending if k[:9] == prefix]:
+            self.pending[key] = None
+
+    def put_queue(self, name: str, snapshot: list[Any] | None) -> None:
+        key = b"q" + name.encode()
+        if snapshot is None:
+            self.wb.delete(key)
+        else:
+            self.wb.put(key, self._packer.pack(snapshot))
+
+    def put_meta(self, snapshot: list[Any]) -> None:
+        self.wb.put(_META, self._packer.pack(snapshot))
+
+
+class RocksStore(Store):
+    """A rocksdict database in ``path`` (created if missing).
+
+    Raises:
+        StoreError: the database cannot be opened (e.g. locked by another process).
+    """
+
+    def __init__(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        try:
+            self._db = Rdict(path, opts)
+        except Exception as exc:  # rocksdict raises plain Exception subclasses
+            raise StoreError(f"cannot open store at {path}: {exc}") from exc
+        self._packer = msgpack.Packer(use_bin_type=True)
+        self._wo = WriteOptions()
+        self._wo.sync = False
+        self._sync = WriteOptions()
+        self._sync.sync = True
+        self.path = path
+
+    def load(self) -> Loaded:
+        out = Loaded()
+        raw = self._db.get(_APPLIED)
+        if raw is not None:
+            (out.applied,) = _OFF.unpack(raw)
+        meta = self._db.get(_META)
+        if meta is not None:
+            out.meta = msgpack.unpackb(meta, raw=False, strict_map_key=False)
+        it = self._db.iter()
+        it.seek(b"q")
+        while it.valid():
+            key = it.key()
+            if not key.startswith(b"q"):
+                break
+            out.queues[key[1:].decode()] = msgpack.unpackb(
+                it.value(), raw=False, strict_map_key=False
+            )
+            it.next()
+        return out
+
+    def batch(self) -> Batch:
+        return _RocksBatch(self)
+
+    def commit(self, batch: Batch, applied: int) -> None:
+        assert isinstance(batch, _RocksBatch)
+        batch.wb.put(_APPLIED, _OFF.pack(applied))
+        try:
+            self._db.write(batch.wb, self._wo)
+        except Exception as exc:
+            raise StoreError(f"store write failed: {exc}") from exc
+
+    def get_messages(self, qid: int, positions: list[int]) -> list[StoredMessage | None]:
+        if not positions:
+            return []
+        raws = self._db.get([_mkey(qid, p) for p in positions])
+        out: list[StoredMessage | None] = []
+        unpackb = msgpack.unpackb
+        for raw in raws:
+            if raw is None:
+                out.append(None)
+                continue
+            enq, pub, headers, body = unpackb(raw, raw=False)
+            out.append(StoredMessage(body, headers, pub, enq))
+        return out
+
+    def scan(self, qid: int, start: int, limit: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        it = self._db.iter()
+        it.seek(_mkey(qid, start))
+        end = _mkey(qid + 1, 0)
+        while it.valid() and len(out) < limit:
+            key = it.key()
+            if key >= end:
+                break
+            _, pos = _QP.unpack(key[1:])
+            # The enqueue time is the first msgpack item; read just that.
+            unpacker = msgpack.Unpacker(raw=False)
+            unpacker.feed(it.value()[:16])
+            unpacker.read_array_header()
+            out.append((pos, unpacker.unpack()))
+            it.next()
+        return out
+
+    def get_ident(self, key: str) -> str | None:
+        raw = self._db.get(b"i" + key.encode())
+        return None if raw is None else bytes(raw).decode()
+
+    def put_ident(self, key: str, value: str) -> None:
+        wb = WriteBatch(raw_mode=True)
+        wb.put(b"i" + key.encode(), value.encode())
+        try:
+            self._db.write(wb, self._sync)
+        except Exception as exc:
+            raise StoreError(f"store write failed: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self._db.flush()
+        finally:
+            self._db.close()
