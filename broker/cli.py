@@ -27,13 +27,9 @@ def _serve(args: argparse.Namespace) -> int:
         node_id=args.node_id,
         max_message=args.max_message,
     )
-    try:
-        import uvloop
+    import uvloop
 
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        runner = asyncio.run
-    return runner(_serve_async(config))
+    return uvloop.run(_serve_async(config))
 
 
 async def _serve_async(config: BrokerConfig) -> int:

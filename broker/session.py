@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from clients import wire
 from clients.errors import (
@@ -19,7 +19,6 @@ from clients.errors import (
     InternalError,
     InvalidArgument,
     MessageTooLarge,
-    NotAcquired,
     ProtocolError,
     UnknownConsumer,
     UnsupportedVersion,
@@ -77,8 +76,8 @@ class Session(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports do not subclass asyncio.Transport, hence a cast.
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.sessions.add(self)
@@ -310,35 +309,42 @@ class Session(asyncio.Protocol):
     def _settle(
         self, corr: int, tag: int, positions: list[int], kind: type[Accept | Release | Reject]
     ) -> None:
+        """Settle what the consumer holds; report the rest as ``not_acquired``.
+
+        Clients coalesce many callers' settlements into one frame, so one stale
+        position must not fail the others: Ok({"count": n, "not_acquired": [...]}).
+        """
         c = self.consumers.get(tag)
         if c is None:
             raise UnknownConsumer(f"no consumer {tag} on this connection")
         held = c.held
-        missing = [p for p in positions if p not in held]
-        if missing or len(set(positions)) != len(positions):
-            raise NotAcquired(
-                f"consumer {tag} does not hold positions {missing[:20] or 'given twice'}"
-                " (already settled, or never delivered to it)"
-            )
-        held.difference_update(positions)
-        c.settling += len(positions)
-        fut = self.broker.node.submit(kind(c.queue, c.cid, tuple(positions)))
+        mine: list[int] = []
+        missing: list[int] = []
+        for p in positions:
+            if p in held:
+                held.discard(p)
+                mine.append(p)
+            else:
+                missing.append(p)  # never delivered to it, settled already, or twice here
+        if not mine:
+            self.send(wire.Ok(corr, {"count": 0, "not_acquired": missing}))
+            return
+        c.settling += len(mine)
+        fut = self.broker.node.submit(kind(c.queue, c.cid, tuple(mine)))
         delivery = self.broker.delivery
 
         def settled(f: asyncio.Future[dict[str, Any]]) -> None:
-            c.settling -= len(positions)
+            c.settling -= len(mine)
             if f.cancelled() or f.exception() is not None:
-                held.update(positions)  # still ours: released if we disconnect
+                held.update(mine)  # still ours: released if we disconnect
             delivery.settled(c)
 
         fut.add_done_callback(settled)
-
-        def shape(r: dict[str, Any]) -> dict[str, Any]:
-            if r.get("not_acquired"):
-                raise NotAcquired(f"positions {r['not_acquired'][:20]} were not held any more")
-            return {"count": r["count"]}
-
-        self._reply(corr, fut, shape)
+        self._reply(
+            corr,
+            fut,
+            lambda r: {"count": r["count"], "not_acquired": missing + r["not_acquired"]},
+        )
 
 
 def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Final, Union, get_type_hints
+from typing import Any, ClassVar, Final, Union, cast, get_type_hints
 
 import msgpack
 
@@ -311,8 +311,8 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
 def _runtime_type(hint: Any) -> Union[type, tuple[type, ...]]:
     origin = getattr(hint, "__origin__", None)
     if origin is not None:
-        return origin  # dict[str, Any] -> dict, list[int] -> list
-    return hint  # type: ignore[no-any-return]
+        return cast(type, origin)  # dict[str, Any] -> dict, list[int] -> list
+    return cast(type, hint)
 
 
 # Field names and the runtime type each must have, per op-code; read once from the
@@ -373,9 +373,12 @@ class FrameCodec:
         end = 4 + length
         if len(buf) < end:
             return NEED_DATA
-        payload = bytes(buf[4:end])
-        del buf[:end]
-        return decode_payload(payload)
+        payload = memoryview(buf)[4:end]
+        try:
+            return decode_payload(payload)
+        finally:
+            payload.release()  # the buffer cannot be resized while a view exists
+            del buf[:end]
 
     def send(self, frame: Frame) -> bytes:
         """Encode one frame to bytes (length prefix included).
@@ -394,12 +397,13 @@ class FrameCodec:
 def encode_fields(frame: Frame) -> list[Any]:
     """The msgpack array for a frame: ``[op, *fields]``."""
     out: list[Any] = [frame.OP]
+    name: str
     for name in frame.__slots__:  # slots of a slotted dataclass are its fields, in order
         out.append(getattr(frame, name))
     return out
 
 
-def decode_payload(payload: bytes) -> Frame:
+def decode_payload(payload: bytes | memoryview) -> Frame:
     """Decode one frame's msgpack payload (without the length prefix).
 
     Raises:
@@ -410,7 +414,7 @@ def decode_payload(payload: bytes) -> Frame:
         items = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
-    if not isinstance(items, list) or not items or not isinstance(items[0], int):
+    if not isinstance(items, list) or not items or type(items[0]) is not int:
         raise ProtocolError("frame must be a msgpack array starting with an op-code")
     op = items[0]
     schema = _SCHEMA.get(op)

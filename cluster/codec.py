@@ -48,6 +48,7 @@ class EventEncoder:
 
     def encode(self, origin: Origin, event: Event) -> bytes:
         items: list[Any] = [origin.node, origin.runtime, origin.seq, origin.ts, event.OP]
+        name: str
         for name in event.__slots__:  # a slotted dataclass's slots are its fields
             items.append(getattr(event, name))
         return self._packer.pack(items)
@@ -138,6 +139,7 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
 
 
 def _check_scalars(event: Event) -> None:
+    name: str
     for name in event.__slots__:
         allowed = _SCALAR_CHECKS.get(name)
         if allowed is None:

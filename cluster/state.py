@@ -290,7 +290,18 @@ class QueueState:
     @classmethod
     def restore(cls, snap: list[Any]) -> "QueueState":
         name, qid, settings, declared_by, next_pos, cursor, returned, acquired, counts, crc, st = snap
-        q = cls(name, qid, *settings, declared_by=declared_by)
+        durable, max_length, overflow, delivery_limit, dead_letter, ttl = settings
+        q = cls(
+            name,
+            qid,
+            durable=durable,
+            max_length=max_length,
+            overflow=overflow,
+            delivery_limit=delivery_limit,
+            dead_letter=dead_letter,
+            message_ttl_ms=ttl,
+            declared_by=declared_by,
+        )
         q.next_pos, q.cursor = next_pos, cursor
         q.returned = list(returned)  # sorted, hence a valid heap
         q.acquired = {p: c for p, c in acquired}
@@ -400,7 +411,15 @@ class State:
                 )
             return {"created": False}
         self.queues[ev.queue] = QueueState(
-            ev.queue, self.applied, *settings, declared_by=origin.node
+            ev.queue,
+            self.applied,
+            durable=ev.durable,
+            max_length=ev.max_length,
+            overflow=ev.overflow,
+            delivery_limit=ev.delivery_limit,
+            dead_letter=ev.dead_letter,
+            message_ttl_ms=ev.message_ttl_ms,
+            declared_by=origin.node,
         )
         self.dirty.add(ev.queue)
         return {"created": True}

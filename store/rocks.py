@@ -139,7 +139,8 @@ class RocksStore(Store):
         try:
             self._db = Rdict(path, opts)
         except Exception as exc:  # rocksdict raises plain Exception subclasses
-            raise StoreError(f"cannot open store at {path}: {exc}") from exc
+            hint = " (is another broker using this data dir?)" if "lock" in str(exc).lower() else ""
+            raise StoreError(f"cannot open store at {path}: {exc}{hint}") from exc
         self._packer = msgpack.Packer(use_bin_type=True)
         self._wo = WriteOptions()
         self._wo.sync = False
@@ -181,7 +182,7 @@ class RocksStore(Store):
     def get_messages(self, qid: int, positions: list[int]) -> list[StoredMessage | None]:
         if not positions:
             return []
-        raws = self._db.get([_mkey(qid, p) for p in positions])
+        raws: list[bytes | None] = self._db.get([_mkey(qid, p) for p in positions]) or []
         out: list[StoredMessage | None] = []
         unpackb = msgpack.unpackb
         for raw in raws:

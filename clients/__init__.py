@@ -1,0 +1,74 @@
+"""Baton's Python client library.
+
+Async::
+
+    import clients
+
+    async with await clients.connect("127.0.0.1:5671") as conn:
+        await conn.publish("orders", b"body")
+
+Blocking: ``clients.sync.connect(...)`` with the same calls. See docs/client.md.
+
+This package is also imported by the broker and the cluster core for
+:mod:`clients.wire` and :mod:`clients.errors`, so importing it must stay cheap and
+must not import anything outside ``clients/``.
+"""
+
+from __future__ import annotations
+
+from clients import errors, sync, wire
+from clients.client import Connection, Consumer, Message, connect
+from clients.errors import (
+    BatonError,
+    ConnectionClosed,
+    FrameTooLarge,
+    InternalError,
+    InvalidArgument,
+    LogCorrupt,
+    LogTruncated,
+    LogUnavailable,
+    MessageTooLarge,
+    NotAcquired,
+    ProtocolError,
+    QueueExists,
+    QueueFull,
+    QueueNotFound,
+    ShuttingDown,
+    StoreError,
+    Timeout,
+    UnknownCommand,
+    UnknownConsumer,
+    UnsupportedVersion,
+)
+from clients.wire import PROTOCOL_VERSION
+
+__all__ = [
+    "connect",
+    "Connection",
+    "Consumer",
+    "Message",
+    "sync",
+    "errors",
+    "wire",
+    "PROTOCOL_VERSION",
+    "BatonError",
+    "ProtocolError",
+    "FrameTooLarge",
+    "UnsupportedVersion",
+    "UnknownCommand",
+    "InvalidArgument",
+    "QueueNotFound",
+    "QueueExists",
+    "QueueFull",
+    "MessageTooLarge",
+    "UnknownConsumer",
+    "NotAcquired",
+    "LogUnavailable",
+    "LogCorrupt",
+    "LogTruncated",
+    "StoreError",
+    "ShuttingDown",
+    "Timeout",
+    "ConnectionClosed",
+    "InternalError",
+]

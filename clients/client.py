@@ -1,0 +1,1203 @@
+"""The asyncio client: one TCP connection to a broker, commands, consumers, messages.
+
+Layout (STYLE.md "Client layout", after aiokafka ``conn.py``):
+
+* :class:`_BatonProtocol` is the I/O edge: an :class:`asyncio.Protocol` that feeds bytes into
+  the sans-IO :class:`~clients.wire.FrameCodec` and hands whole frames to the connection.
+  No StreamReader: one ``data_received`` call decodes every frame in the chunk.
+* :class:`Connection` maps correlation ids to futures. ``Ok`` resolves a future with its
+  result dict, ``Error`` rejects it with :func:`clients.errors.for_code`. When the
+  connection ends, every pending future fails with :class:`ConnectionClosed` chained from
+  the cause, and every consumer's iterator raises it too.
+* Writes are coalesced: frames written in one event-loop tick go out in one
+  ``transport.write`` (DESIGN §13 "batch at every boundary").
+* :class:`Consumer` buffers deliveries; :class:`Message` settles itself. Settlements of one
+  kind issued in the same tick for the same consumer share one Ack/Release/Reject frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final, cast
+
+from clients import errors
+from clients.errors import (
+    BatonError,
+    ConnectionClosed,
+    FrameTooLarge,
+    InvalidArgument,
+    MessageTooLarge,
+    NotAcquired,
+    ProtocolError,
+    UnknownConsumer,
+    UnsupportedVersion,
+)
+from clients.wire import (
+    DEFAULT_MAX_FRAME,
+    PROTOCOL_VERSION,
+    Ack,
+    Cancel,
+    ConsumerCancelled,
+    DeclareQueue,
+    DeleteQueue,
+    Deliver,
+    Error,
+    Frame,
+    FrameCodec,
+    Hello,
+    HelloOk,
+    ListQueues,
+    Ok,
+    Ping,
+    Publish,
+    PublishBatch,
+    PurgeQueue,
+    QueueStats,
+    Reject,
+    Release,
+    Subscribe,
+)
+
+__all__ = [
+    "DEFAULT_PORT",
+    "connect",
+    "parse_addresses",
+    "Connection",
+    "Consumer",
+    "Message",
+]
+
+#: Port used when an address has no ``:PORT``.
+DEFAULT_PORT: Final = 5671
+
+# Write-coalescing: frames are gathered until the end of the loop tick, but a buffer this
+# large is written at once so that pause_writing() is noticed during big publishes.
+_FLUSH_AT: Final = 256 * 1024
+# How long close() waits for the transport to report connection_lost before aborting it.
+_CLOSE_WAIT: Final = 2.0
+
+# Settlement kinds: index into Consumer._batches and the frame class that carries them.
+_ACK: Final = 0
+_RELEASE: Final = 1
+_REJECT: Final = 2
+_SETTLE_FRAMES: Final[tuple[type[Ack], type[Release], type[Reject]]] = (Ack, Release, Reject)
+
+_EMPTY_HEADERS: Final[dict[str, Any]] = {}
+
+
+def parse_addresses(addresses: str | Sequence[str]) -> list[tuple[str, int]]:
+    """Turn ``"HOST:PORT"`` strings into ``(host, port)`` pairs.
+
+    Args:
+        addresses: one address, a comma-separated list, or a sequence of either.
+            IPv6 hosts are written in brackets: ``"[::1]:5671"``. A missing port
+            means :data:`DEFAULT_PORT`.
+
+    Returns:
+        The addresses in the order given.
+
+    Raises:
+        InvalidArgument: no address, or one that cannot be parsed.
+    """
+    items = [addresses] if isinstance(addresses, str) else list(addresses)
+    out: list[tuple[str, int]] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidArgument(f"address must be a str, got {type(item).__name__}")
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            host, port = part, DEFAULT_PORT
+            if part.startswith("["):
+                end = part.find("]")
+                if end < 0:
+                    raise InvalidArgument(f"bad address {part!r}: missing ']'")
+                host, rest = part[1:end], part[end + 1 :]
+                if rest:
+                    if not rest.startswith(":"):
+                        raise InvalidArgument(f"bad address {part!r}")
+                    port = _parse_port(part, rest[1:])
+            elif part.count(":") == 1:
+                host, port_text = part.split(":")
+                port = _parse_port(part, port_text)
+            elif ":" in part:
+                raise InvalidArgument(f"bad address {part!r}: write IPv6 hosts as [HOST]:PORT")
+            if not host:
+                raise InvalidArgument(f"bad address {part!r}: empty host")
+            out.append((host, port))
+    if not out:
+        raise InvalidArgument("no broker address given")
+    return out
+
+
+def _parse_port(address: str, text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise InvalidArgument(f"bad address {address!r}: port is not a number") from None
+    if not 0 < port < 65536:
+        raise InvalidArgument(f"bad address {address!r}: port out of range")
+    return port
+
+
+def _format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def connect(
+    addresses: str | Sequence[str],
+    *,
+    client_name: str = "baton-python",
+    timeout: float = 10.0,
+) -> Connection:
+    """Open a connection to the first broker that accepts TCP and answers Hello.
+
+    Args:
+        addresses: ``"HOST:PORT"``, a comma-separated list of them, or a sequence.
+            They are tried in order. The connection keeps the whole list (for
+            failover, a later feature).
+        client_name: sent in Hello; shows up in the broker's session list.
+        timeout: seconds allowed per address for TCP connect plus the Hello exchange.
+
+    Returns:
+        An open :class:`Connection`. Use it as ``async with await connect(...) as conn``.
+
+    Raises:
+        InvalidArgument: an address cannot be parsed.
+        ConnectionClosed: no address worked; the message names every address tried
+            and why, and the exception is chained from the last failure.
+    """
+    parsed = parse_addresses(addresses)
+    failures: list[str] = []
+    last: BaseException | None = None
+    for host, port in parsed:
+        conn = Connection(parsed, client_name=client_name)
+        try:
+            async with asyncio.timeout(timeout):
+                await conn._open(host, port)
+        except (OSError, BatonError, TimeoutError) as exc:
+            conn._abort(exc)
+            last = exc
+            why = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            failures.append(f"{_format_address(host, port)} ({why})")
+            continue
+        except BaseException as exc:  # cancelled: do not leak the transport
+            conn._abort(exc)
+            raise
+        return conn
+    raise ConnectionClosed("could not connect to any broker: " + "; ".join(failures)) from last
+
+
+class _BatonProtocol(asyncio.Protocol):
+    """The I/O edge of a :class:`Connection`: bytes in -> frames, frames -> bytes out."""
+
+    __slots__ = ("_conn", "transport", "codec", "_new_max_frame")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self.transport: asyncio.Transport | None = None
+        self.codec = FrameCodec(DEFAULT_MAX_FRAME)
+        # Set by HelloOk; the codec is swapped for one with the server's limit once
+        # its buffer is empty (FrameCodec has no setter for max_frame).
+        self._new_max_frame = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's TCPTransport implements asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        conn = self._conn
+        try:
+            self.codec.receive_data(data)
+            while True:
+                frame = self.codec.next_frame()
+                if not isinstance(frame, Frame):
+                    break
+                conn._dispatch(frame)
+            if self._new_max_frame and not self.codec.buffered:
+                self.codec = FrameCodec(self._new_max_frame)
+                self._new_max_frame = 0
+        except BatonError as exc:
+            conn._abort(exc)
+        except (TypeError, ValueError, KeyError) as exc:  # malformed field contents
+            err = ProtocolError(f"malformed frame from the broker: {exc}")
+            err.__cause__ = exc
+            conn._abort(err)
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._conn._connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._conn._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._conn._writable.set()
+
+
+class Connection:
+    """One session with one broker. Create it with :func:`connect`.
+
+    Every method is a command: it gets the next correlation id, is written (coalesced
+    with the other frames of this loop tick) and returns when the broker's ``Ok``
+    arrives. An ``Error`` reply raises the matching :mod:`clients.errors` class. If
+    the connection ends first the call raises :class:`ConnectionClosed` (the command's
+    outcome is then unknown).
+
+    Attributes:
+        addresses: every ``(host, port)`` the connection may use, in order.
+        address: ``"HOST:PORT"`` of the broker this connection is open to.
+        server: the broker's name/version string from HelloOk.
+        node_id: the broker's node id from HelloOk.
+        max_frame: the largest frame the broker accepts, in bytes.
+        max_message: the largest message body the broker accepts, in bytes.
+    """
+
+    def __init__(self, addresses: Sequence[tuple[str, int]], *, client_name: str) -> None:
+        self.addresses: list[tuple[str, int]] = list(addresses)
+        self.client_name = client_name
+        self.address = ""
+        self.server = ""
+        self.node_id = ""
+        self.max_frame = DEFAULT_MAX_FRAME
+        self.max_message = DEFAULT_MAX_FRAME
+        self._loop = asyncio.get_running_loop()
+        self._protocol: _BatonProtocol | None = None
+        self._transport: asyncio.Transport | None = None
+        self._corr = 0
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._subscribing: dict[int, Consumer] = {}
+        self._consumers: dict[int, Consumer] = {}
+        self._wbuf: list[bytes] = []
+        self._wbuf_size = 0
+        self._flush_scheduled = False
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._lost = asyncio.Event()
+        self._closed: ConnectionClosed | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._hello: asyncio.Future[HelloOk] | None = None
+
+    # --- life cycle -------------------------------------------------------------------
+
+    async def _open(self, host: str, port: int) -> None:
+        self.address = _format_address(host, port)
+        transport, protocol = await self._loop.create_connection(
+            lambda: _BatonProtocol(self), host, port
+        )
+        self._protocol = protocol
+        self._transport = transport
+        self._hello = self._loop.create_future()
+        self._write(self._encode(Hello(self._next_corr(), PROTOCOL_VERSION, self.client_name)))
+        hello = await self._hello
+        if hello.version != PROTOCOL_VERSION:
+            raise UnsupportedVersion(
+                f"broker speaks protocol {hello.version}, this client {PROTOCOL_VERSION}"
+            )
+        self.server = hello.server
+        self.node_id = hello.node_id
+        self.max_frame = hello.max_frame
+        self.max_message = hello.max_message
+        protocol._new_max_frame = hello.max_frame
+        if not protocol.codec.buffered:
+            protocol.codec = FrameCodec(hello.max_frame)
+            protocol._new_max_frame = 0
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection has ended (closed here, by the broker, or lost)."""
+        return self._closed is not None
+
+    async def close(self) -> None:
+        """Close the connection.
+
+        Frames already written (e.g. acks issued this tick) are flushed; then every
+        pending command fails with :class:`ConnectionClosed` and every consumer's
+        iterator ends with it. Closing twice is harmless.
+        """
+        if self._closed is None:
+            self._flush_writes()
+            self._abort(None, "closed by the client")
+        if self._transport is not None and not self._lost.is_set():
+            try:
+                async with asyncio.timeout(_CLOSE_WAIT):
+                    await self._lost.wait()
+            except TimeoutError:
+                self._transport.abort()
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed is not None else "open"
+        return f"<Connection {self.address} node={self.node_id!r} {state}>"
+
+    def _abort(self, cause: BaseException | None, reason: str = "") -> None:
+        """End the connection: fail everything pending, close the transport."""
+        if self._closed is None:
+            text = reason or (f"{type(cause).__name__}: {cause}" if cause else "closed")
+            self._closed = self._closed_error(text, cause)
+            self._fail_all(text, cause)
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            if cause is None:
+                transport.close()
+            else:
+                transport.abort()
+        elif transport is None:
+            self._lost.set()
+
+    def _closed_again(self) -> ConnectionClosed:
+        """A fresh ConnectionClosed like the one the connection ended with."""
+        closed = self._closed
+        if closed is None:
+            return ConnectionClosed("not connected")
+        err = ConnectionClosed(closed.message)
+        err.__cause__ = closed.__cause__
+        return err
+
+    def _background(self, coro: Any) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_consume_result)
+
+    def _closed_error(self, text: str, cause: BaseException | None) -> ConnectionClosed:
+        err = ConnectionClosed(f"connection to {self.address or 'broker'} closed: {text}")
+        err.__cause__ = cause
+        return err
+
+    def _fail_all(self, text: str, cause: BaseException | None) -> None:
+        pending, self._pending = self._pending, {}
+        self._subscribing.clear()
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(self._closed_error(text, cause))
+        hello = self._hello
+        if hello is not None and not hello.done():
+            hello.set_exception(
+                cause if isinstance(cause, BatonError) else self._closed_error(text, cause)
+            )
+        consumers, self._consumers = self._consumers, {}
+        for consumer in consumers.values():
+            consumer._end(self._closed_error(text, cause))
+        self._writable.set()  # wake writers so that they see the closed state
+
+    def _connection_lost(self, exc: Exception | None) -> None:
+        self._lost.set()
+        if self._closed is None:
+            self._abort(exc, "" if exc is not None else "closed by the broker")
+        self._wbuf.clear()
+        self._wbuf_size = 0
+
+    # --- frames in --------------------------------------------------------------------
+
+    def _dispatch(self, frame: Frame) -> None:
+        """Route one frame from the broker (called from data_received)."""
+        kind = type(frame)
+        if kind is Ok:
+            assert isinstance(frame, Ok)
+            if self._subscribing:
+                consumer = self._subscribing.pop(frame.corr, None)
+                if consumer is not None:
+                    # Register before the caller resumes: Deliver may follow in this chunk.
+                    consumer._subscribed(frame.result)
+            fut = self._pending.pop(frame.corr, None)
+            if fut is not None and not fut.done():
+                fut.set_result(frame.result)
+        elif kind is Deliver:
+            assert isinstance(frame, Deliver)
+            consumer = self._consumers.get(frame.consumer)
+            if consumer is not None:
+                consumer._deliver(frame.messages)
+            # else: a delivery that crossed our Cancel; the broker releases it.
+        elif kind is Error:
+            assert isinstance(frame, Error)
+            err = errors.for_code(frame.code, frame.message)
+            if frame.corr == 0:
+                self._abort(err)
+                return
+            if frame.corr == 1 and self._hello is not None and not self._hello.done():
+                self._hello.set_exception(err)
+                return
+            self._subscribing.pop(frame.corr, None)
+            fut = self._pending.pop(frame.corr, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(err)
+        elif kind is ConsumerCancelled:
+            assert isinstance(frame, ConsumerCancelled)
+            consumer = self._consumers.pop(frame.consumer, None)
+            if consumer is not None:
+                consumer._end(errors.for_code(frame.code, frame.message))
+        elif kind is HelloOk:
+            assert isinstance(frame, HelloOk)
+            if self._hello is None or self._hello.done():
+                raise ProtocolError("unexpected HelloOk")
+            self._hello.set_result(frame)
+        else:
+            raise ProtocolError(f"the broker sent a client-side frame: {kind.__name__}")
+
+    # --- frames out -------------------------------------------------------------------
+
+    def _next_corr(self) -> int:
+        self._corr += 1
+        return self._corr
+
+    def _encode(self, frame: Frame) -> bytes:
+        protocol = self._protocol
+        if protocol is None or self._closed is not None:
+            raise self._closed_again()
+        try:
+            data = protocol.codec.send(frame)
+        except FrameTooLarge:
+            raise
+        except (TypeError, ValueError, OverflowError) as exc:  # msgpack cannot pack it
+            raise InvalidArgument(f"cannot encode {type(frame).__name__}: {exc}") from exc
+        if len(data) - 4 > self.max_frame:
+            raise FrameTooLarge(
+                f"frame of {len(data) - 4} bytes is above the broker's maximum of "
+                f"{self.max_frame}"
+            )
+        return data
+
+    def _write(self, data: bytes) -> None:
+        self._wbuf.append(data)
+        self._wbuf_size += len(data)
+        if self._wbuf_size >= _FLUSH_AT:
+            self._flush_writes()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_writes)
+
+    def _flush_writes(self) -> None:
+        self._flush_scheduled = False
+        buf = self._wbuf
+        if not buf:
+            return
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        buf.clear()
+        self._wbuf_size = 0
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def _send_encoded(self, corr: int, data: bytes) -> asyncio.Future[dict[str, Any]]:
+        if self._closed is not None:
+            raise self._closed_again()
+        fut: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        self._pending[corr] = fut
+        self._write(data)
+        return fut
+
+    def _request(self, frame: Frame, corr: int) -> asyncio.Future[dict[str, Any]]:
+        """Write a command frame; return the future its Ok/Error settles."""
+        return self._send_encoded(corr, self._encode(frame))
+
+    async def _wait_writable(self) -> None:
+        """Flow control: wait while the transport's buffer is above its high-water mark."""
+        if not self._writable.is_set():
+            await self._writable.wait()
+        if self._closed is not None:
+            raise self._closed_again()
+
+    # --- commands ---------------------------------------------------------------------
+
+    async def ping(self) -> float:
+        """Round trip to the broker.
+
+        Returns:
+            Seconds between sending Ping and receiving its Ok.
+
+        Raises:
+            ConnectionClosed: the connection ended first.
+        """
+        start = time.perf_counter()
+        corr = self._next_corr()
+        await self._request(Ping(corr), corr)
+        return time.perf_counter() - start
+
+    async def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool = True,
+        max_length: int | None = None,
+        overflow: str = "reject-publish",
+        delivery_limit: int = 20,
+        dead_letter: str | None = None,
+        message_ttl: float | None = None,
+    ) -> dict[str, Any]:
+        """Create a queue, or check that it exists with these settings.
+
+        Args:
+            name: the queue's name.
+            durable: keep the queue across broker restarts.
+            max_length: cap on ready messages (None: no cap).
+            overflow: at ``max_length``: ``"reject-publish"`` (publish fails with
+                QueueFull) or ``"drop-head"`` (the oldest ready message is dropped).
+            delivery_limit: a message delivered this many times and released again is
+                dead-lettered (or dropped without a dead-letter queue).
+            dead_letter: queue that receives rejected and over-limit messages.
+            message_ttl: seconds a message may wait before it expires (None: forever).
+
+        Returns:
+            The broker's result, e.g. ``{"created": True}``.
+
+        Raises:
+            QueueExists: the queue exists with different settings.
+            InvalidArgument: a setting is out of range.
+        """
+        ttl_ms = None if message_ttl is None else int(round(message_ttl * 1000))
+        options = {
+            "durable": durable,
+            "max_length": max_length,
+            "overflow": overflow,
+            "delivery_limit": delivery_limit,
+            "dead_letter": dead_letter,
+            "message_ttl_ms": ttl_ms,
+        }
+        corr = self._next_corr()
+        return await self._request(DeclareQueue(corr, name, options), corr)
+
+    async def delete_queue(self, name: str) -> int:
+        """Delete a queue with every message in it; its consumers are cancelled.
+
+        Returns:
+            The number of messages dropped.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        corr = self._next_corr()
+        return _int_field(await self._request(DeleteQueue(corr, name), corr), "deleted")
+
+    async def purge_queue(self, name: str) -> int:
+        """Drop every ready message of a queue (acquired ones stay with their consumers).
+
+        Returns:
+            The number of messages dropped.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        corr = self._next_corr()
+        return _int_field(await self._request(PurgeQueue(corr, name), corr), "purged")
+
+    async def queue_stats(self, name: str) -> dict[str, Any]:
+        """A queue's counters.
+
+        Returns:
+            The broker's stats mapping; it has at least ``"ready"`` and ``"acquired"``.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        corr = self._next_corr()
+        return await self._request(QueueStats(corr, name), corr)
+
+    async def list_queues(self) -> list[dict[str, Any]]:
+        """Every queue's stats (the same mappings as :meth:`queue_stats`)."""
+        corr = self._next_corr()
+        result = await self._request(ListQueues(corr), corr)
+        queues = result.get("queues")
+        if not isinstance(queues, list):
+            raise ProtocolError("ListQueues result has no 'queues' list")
+        return queues
+
+    async def publish(
+        self, queue: str, body: bytes | bytearray | memoryview, headers: Mapping[str, Any] | None = None
+    ) -> int:
+        """Publish one message and wait until the broker confirms it.
+
+        A confirmed message is durable on the log: it is never lost afterwards.
+
+        Args:
+            queue: the queue's name.
+            body: opaque bytes (bytes, bytearray or memoryview).
+            headers: string-keyed mapping of msgpack-encodable values.
+
+        Returns:
+            The message's position in the queue.
+
+        Raises:
+            MessageTooLarge: the body is above the broker's ``max_message`` (nothing sent).
+            InvalidArgument: body or headers of the wrong type (nothing sent).
+            QueueNotFound, QueueFull: from the broker.
+            ConnectionClosed: the connection ended before the confirmation; the message
+                may or may not have been enqueued.
+        """
+        data = _body(body)
+        if len(data) > self.max_message:
+            raise MessageTooLarge(
+                f"body of {len(data)} bytes is above the broker's maximum of {self.max_message}"
+            )
+        hdrs = _headers(headers)
+        if not self._writable.is_set():
+            await self._wait_writable()
+        corr = self._next_corr()
+        result = await self._request(Publish(corr, queue, data, hdrs), corr)
+        return _int_field(result, "position")
+
+    async def publish_batch(
+        self,
+        queue: str,
+        messages: Iterable[bytes | bytearray | memoryview | tuple[bytes, Mapping[str, Any]]],
+    ) -> list[int]:
+        """Publish many messages and wait until all are confirmed.
+
+        The messages are sent in as few PublishBatch frames as fit (each frame holds at
+        most about ``max_frame / 2`` bytes of bodies). **Each frame is atomic on the
+        broker, the batch as a whole is not**: if this raises, the messages of some
+        frames may have been enqueued.
+
+        Args:
+            queue: the queue's name.
+            messages: bodies, or ``(body, headers)`` pairs.
+
+        Returns:
+            The positions of the messages, in order.
+
+        Raises:
+            MessageTooLarge: a body is above ``max_message`` (nothing sent).
+            InvalidArgument: a body or headers of the wrong type (nothing sent).
+            QueueNotFound, QueueFull: from the broker.
+            ConnectionClosed: the connection ended before every confirmation arrived.
+        """
+        limit = max(1, self.max_frame // 2)
+        max_message = self.max_message
+        chunks: list[list[list[Any]]] = []
+        chunk: list[list[Any]] = []
+        size = 0
+        for item in messages:
+            if isinstance(item, tuple):
+                if len(item) != 2:
+                    raise InvalidArgument("a batch item must be a body or a (body, headers) pair")
+                data, hdrs = _body(item[0]), _headers(item[1])
+            else:
+                data, hdrs = _body(item), _EMPTY_HEADERS
+            if len(data) > max_message:
+                raise MessageTooLarge(
+                    f"body of {len(data)} bytes is above the broker's maximum of {max_message}"
+                )
+            cost = len(data) + (16 + 64 * len(hdrs) if hdrs else 8)
+            if chunk and size + cost > limit:
+                chunks.append(chunk)
+                chunk, size = [], 0
+            chunk.append([data, hdrs])
+            size += cost
+        if chunk:
+            chunks.append(chunk)
+        if not chunks:
+            return []
+        # Encode every frame first, so that a bad header fails before anything is sent.
+        encoded: list[tuple[int, bytes]] = []
+        for part in chunks:
+            corr = self._next_corr()
+            encoded.append((corr, self._encode(PublishBatch(corr, queue, part))))
+        futures: list[asyncio.Future[dict[str, Any]]] = []
+        try:
+            for corr, data in encoded:
+                if not self._writable.is_set():
+                    await self._wait_writable()
+                futures.append(self._send_encoded(corr, data))
+        finally:
+            if len(futures) < len(encoded):
+                for fut in futures:  # we will not await them: keep their errors quiet
+                    fut.add_done_callback(_consume_result)
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        positions: list[int] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            first = _int_field(result, "first_position")
+            positions.extend(range(first, first + _int_field(result, "count")))
+        return positions
+
+    def consume(self, queue: str, *, prefetch: int = 100) -> Consumer:
+        """A consumer of ``queue``; subscribe by entering it (``async with``).
+
+        Args:
+            queue: the queue's name.
+            prefetch: the most messages the broker delivers before they are settled.
+
+        Returns:
+            A :class:`Consumer` (not yet subscribed).
+        """
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
+            raise InvalidArgument(f"prefetch must be a positive int, got {prefetch!r}")
+        return Consumer(self, queue, prefetch)
+
+
+def _consume_result(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _body(body: object) -> bytes:
+    if type(body) is bytes:
+        return body
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)
+    raise InvalidArgument(f"message body must be bytes, got {type(body).__name__}")
+
+
+def _headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    if headers is None:
+        return _EMPTY_HEADERS
+    if type(headers) is dict:
+        return headers
+    if isinstance(headers, Mapping):
+        return dict(headers)
+    raise InvalidArgument(f"headers must be a mapping, got {type(headers).__name__}")
+
+
+def _int_field(result: dict[str, Any], key: str) -> int:
+    value = result.get(key)
+    if not isinstance(value, int):
+        raise ProtocolError(f"the broker's result has no int {key!r}: {result!r}")
+    return value
+
+
+class _SettleBatch:
+    """Positions of one kind settled in one loop tick, and the callers waiting on them."""
+
+    __slots__ = ("positions", "waiters")
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+        self.waiters: list[asyncio.Future[None]] = []
+
+
+_NEW: Final = 0
+_ACTIVE: Final = 1
+_ENDED: Final = 2
+
+
+class Consumer:
+    """A subscription to one queue: an async context manager and an async iterator.
+
+    ``async with conn.consume("q") as consumer`` sends Subscribe; ``async for msg in
+    consumer`` yields :class:`Message` objects as the broker delivers them (at most
+    ``prefetch`` unsettled at a time); leaving the block sends Cancel. Messages still
+    buffered here when the consumer is cancelled are dropped: the broker releases
+    them, like every other unsettled message of the consumer.
+
+    Iteration ends normally after :meth:`cancel`, raises the broker's error (e.g.
+    QueueNotFound) when the broker cancels the consumer, and raises
+    :class:`ConnectionClosed` when the connection ends.
+    """
+
+    __slots__ = (
+        "_conn",
+        "queue",
+        "prefetch",
+        "tag",
+        "_state",
+        "_buffer",
+        "_ready",
+        "_error",
+        "_batches",
+        "_abandoned",
+    )
+
+    def __init__(self, conn: Connection, queue: str, prefetch: int) -> None:
+        self._conn = conn
+        self.queue = queue
+        self.prefetch = prefetch
+        #: The broker's consumer tag (0 until subscribed).
+        self.tag = 0
+        self._state = _NEW
+        self._buffer: deque[Message] = deque()
+        self._ready = asyncio.Event()
+        self._error: BaseException | None = None
+        self._batches: list[_SettleBatch | None] = [None, None, None]
+        self._abandoned = False
+
+    def __repr__(self) -> str:
+        state = ("new", "active", "ended")[self._state]
+        return f"<Consumer {self.queue!r} tag={self.tag} {state} buffered={len(self._buffer)}>"
+
+    @property
+    def buffered(self) -> int:
+        """Messages delivered but not yet taken by the iterator."""
+        return len(self._buffer)
+
+    async def start(self) -> None:
+        """Subscribe (what ``async with`` does on enter).
+
+        Raises:
+            QueueNotFound: no such queue.
+            InvalidArgument: already started.
+            ConnectionClosed: the connection ended.
+        """
+        if self._state != _NEW:
+            raise InvalidArgument("consumer already started")
+        conn = self._conn
+        corr = conn._next_corr()
+        fut = conn._request(Subscribe(corr, self.queue, self.prefetch), corr)
+        conn._subscribing[corr] = self
+        try:
+            await fut
+        except asyncio.CancelledError:
+            # Do not leave a subscription behind on the broker: cancel it now, or as
+            # soon as its Ok arrives (see _subscribed).
+            self._abandoned = True
+            if self._state == _ACTIVE:
+                conn._background(self.cancel())
+            raise
+
+    def _subscribed(self, result: dict[str, Any]) -> None:
+        tag = result.get("consumer")
+        if not isinstance(tag, int):
+            raise ProtocolError(f"Subscribe result has no int 'consumer': {result!r}")
+        self.tag = tag
+        self._state = _ACTIVE
+        self._conn._consumers[tag] = self
+        if self._abandoned:
+            self._conn._background(self.cancel())
+
+    def _deliver(self, messages: list[Any]) -> None:
+        """Buffer one Deliver frame's messages (hot path: one Message per message)."""
+        if self._state != _ACTIVE:
+            return
+        append = self._buffer.append
+        queue = self.queue
+        for position, delivery_count, body, headers, publish_time in messages:
+            append(Message(self, queue, position, body, headers, delivery_count, publish_time))
+        self._ready.set()
+
+    def _end(self, error: BaseException | None) -> None:
+        """Stop iteration: normally (error None) or by raising ``error``."""
+        if self._state == _ENDED:
+            return
+        self._state = _ENDED
+        self._error = error
+        self._buffer.clear()
+        self._ready.set()
+
+    async def cancel(self) -> int:
+        """Stop the consumer: send Cancel and wait for the broker's Ok.
+
+        Buffered, unsettled messages are dropped here; the broker releases every
+        message of this consumer that was not settled. Cancelling an ended consumer
+        does nothing.
+
+        Returns:
+            How many messages the broker released (0 if nothing was sent).
+
+        Raises:
+            ConnectionClosed: the connection ended while cancelling.
+        """
+        if self._state != _ACTIVE:
+            self._end(None)
+            return 0
+        self._end(None)
+        conn = self._conn
+        if conn._closed is not None:
+            return 0
+        # Flush settlements issued before the cancel so that they are not released.
+        for kind in (_ACK, _RELEASE, _REJECT):
+            if self._batches[kind] is not None:
+                self._flush(kind)
+        corr = conn._next_corr()
+        try:
+            result = await conn._request(Cancel(corr, self.tag), corr)
+        except UnknownConsumer:
+            return 0  # the broker ended it first (ConsumerCancelled crossed our Cancel)
+        finally:
+            conn._consumers.pop(self.tag, None)
+        released = result.get("released", 0)
+        return released if isinstance(released, int) else 0
+
+    async def __aenter__(self) -> Consumer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.cancel()
+        except BatonError:
+            if exc is None:
+                raise
+            # else: keep the exception that left the block
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        buffer = self._buffer
+        while not buffer:
+            if self._state != _ACTIVE:
+                if self._error is not None:
+                    raise _fresh(self._error)
+                if self._state == _NEW:
+                    raise InvalidArgument("consumer not started: use 'async with conn.consume(...)'")
+                raise StopAsyncIteration
+            self._ready.clear()
+            await self._ready.wait()
+        return buffer.popleft()
+
+    async def get(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None if none arrives within ``timeout`` seconds.
+
+        Raises:
+            StopAsyncIteration: the consumer was cancelled.
+            ConnectionClosed: the connection ended.
+            BatonError: the broker's error, if it cancelled the consumer.
+        """
+        if self._buffer or timeout is None:
+            return await self.__anext__()
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
+        except TimeoutError:
+            return None
+
+    async def get_many(self, max_count: int, timeout: float | None = None) -> list[Message]:
+        """Wait for at least one message (up to ``timeout``), then take up to ``max_count``.
+
+        Returns:
+            The messages taken; empty on timeout or once the consumer has ended
+            normally.
+
+        Raises:
+            ConnectionClosed, or the broker's error if it cancelled the consumer.
+        """
+        try:
+            first = await self.get(timeout)
+        except StopAsyncIteration:
+            return []
+        if first is None:
+            return []
+        out = [first]
+        buffer = self._buffer
+        while buffer and len(out) < max_count:
+            out.append(buffer.popleft())
+        return out
+
+    # --- settlement (coalesced per loop tick) -----------------------------------------
+
+    def _settle(self, kind: int, position: int) -> asyncio.Future[None]:
+        conn = self._conn
+        fut: asyncio.Future[None] = conn._loop.create_future()
+        if self._state != _ACTIVE:
+            if conn._closed is not None:
+                fut.set_exception(conn._closed_again())
+            else:
+                fut.set_exception(
+                    UnknownConsumer(
+                        f"consumer {self.tag} of {self.queue!r} was cancelled; "
+                        "its unsettled messages were released"
+                    )
+                )
+            return fut
+        batch = self._batches[kind]
+        if batch is None:
+            batch = self._batches[kind] = _SettleBatch()
+            conn._loop.call_soon(self._flush, kind)
+        batch.positions.append(position)
+        batch.waiters.append(fut)
+        return fut
+
+    def _flush(self, kind: int) -> None:
+        batch = self._batches[kind]
+        if batch is None:
+            return
+        self._batches[kind] = None
+        conn = self._conn
+        corr = conn._next_corr()
+        try:
+            fut = conn._request(_SETTLE_FRAMES[kind](corr, self.tag, batch.positions), corr)
+        except BatonError as exc:
+            for waiter in batch.waiters:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            return
+        waiters, positions = batch.waiters, batch.positions
+        fut.add_done_callback(lambda done: _fan_out(done, waiters, positions))
+
+    async def ack_many(self, messages: Iterable[Message]) -> None:
+        """Accept several messages with one frame (see :meth:`Message.ack`)."""
+        await self._settle_many(_ACK, messages)
+
+    async def release_many(self, messages: Iterable[Message]) -> None:
+        """Release several messages with one frame (see :meth:`Message.release`)."""
+        await self._settle_many(_RELEASE, messages)
+
+    async def reject_many(self, messages: Iterable[Message]) -> None:
+        """Reject several messages with one frame (see :meth:`Message.reject`)."""
+        await self._settle_many(_REJECT, messages)
+
+    async def _settle_many(self, kind: int, messages: Iterable[Message]) -> None:
+        items = list(messages)
+        for msg in items:
+            if msg._consumer is not self:
+                raise InvalidArgument(f"message {msg.position} is not from this consumer")
+            if msg._settled:
+                raise InvalidArgument(f"message {msg.position} is already settled")
+        futures = []
+        for msg in items:
+            msg._settled = True
+            futures.append(self._settle(kind, msg.position))
+        for fut in futures:
+            await fut
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A new instance of a stored error, so that raising it in many tasks does not
+    pile every task's traceback onto one exception object."""
+    if isinstance(error, BatonError):
+        fresh = type(error)(error.message)
+        fresh.__cause__ = error.__cause__
+        return fresh
+    return error
+
+
+def _fan_out(
+    done: asyncio.Future[dict[str, Any]],
+    waiters: list[asyncio.Future[None]],
+    positions: list[int],
+) -> None:
+    """Complete each settlement of one frame; the broker names the positions it
+    did not hold (``not_acquired``), and only those callers fail."""
+    exc = None if done.cancelled() else done.exception()
+    missing: set[int] = set()
+    if exc is None and not done.cancelled():
+        missing = set(done.result().get("not_acquired") or ())
+    for waiter, position in zip(waiters, positions):
+        if waiter.done():
+            continue
+        if done.cancelled():
+            waiter.cancel()
+        elif exc is not None:
+            waiter.set_exception(_fresh(exc))
+        elif position in missing:
+            waiter.set_exception(
+                NotAcquired(
+                    f"message {position} was not held by this consumer any more"
+                    " (released after a disconnect or restart?)"
+                )
+            )
+        else:
+            waiter.set_result(None)
+
+
+class Message:
+    """One delivered message, acquired by its consumer until settled.
+
+    Settle it exactly once with :meth:`ack`, :meth:`release` or :meth:`reject`;
+    a second settlement raises InvalidArgument. Unsettled messages are released by
+    the broker when their consumer is cancelled or the connection ends.
+
+    Attributes:
+        queue: the queue's name.
+        position: the message's position in the queue (its id together with ``queue``).
+        body: the message body (bytes).
+        headers: the headers published with it.
+        delivery_count: earlier deliveries of this message that ended in a release
+            (0 on the first delivery; see docs/client.md).
+        publish_time: when the broker took the message, in ms since the epoch.
+    """
+
+    __slots__ = (
+        "_consumer",
+        "queue",
+        "position",
+        "body",
+        "headers",
+        "delivery_count",
+        "publish_time",
+        "_settled",
+    )
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        queue: str,
+        position: int,
+        body: bytes,
+        headers: dict[str, Any],
+        delivery_count: int,
+        publish_time: int,
+    ) -> None:
+        self._consumer = consumer
+        self.queue = queue
+        self.position = position
+        self.body = body
+        self.headers = headers
+        self.delivery_count = delivery_count
+        self.publish_time = publish_time
+        self._settled = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message {self.queue!r}@{self.position} delivery={self.delivery_count} "
+            f"{len(self.body)}B>"
+        )
+
+    @property
+    def consumer(self) -> Consumer:
+        """The consumer that holds this message."""
+        return self._consumer
+
+    @property
+    def settled(self) -> bool:
+        """True once ack/release/reject was called."""
+        return self._settled
+
+    def _begin_settle(self, kind: int) -> asyncio.Future[None]:
+        if self._settled:
+            raise InvalidArgument(f"message {self.queue!r}@{self.position} is already settled")
+        self._settled = True
+        return self._consumer._settle(kind, self.position)
+
+    async def ack(self) -> None:
+        """Accept the message: it is removed for good and never redelivered.
+
+        Returns once the broker applied the accept.
+
+        Raises:
+            InvalidArgument: the message was already settled (nothing sent).
+            NotAcquired: the broker no longer holds it for this consumer.
+            UnknownConsumer: the consumer was cancelled (its messages were released).
+            ConnectionClosed: the connection ended first (outcome unknown).
+        """
+        await self._begin_settle(_ACK)
+
+    async def release(self) -> None:
+        """Give the message back to its queue; its delivery count goes up by one.
+
+        Past the queue's ``delivery_limit`` it is dead-lettered instead.
+
+        Raises:
+            The same as :meth:`ack`.
+        """
+        await self._begin_settle(_RELEASE)
+
+    async def reject(self) -> None:
+        """Reject the message: it goes to the dead-letter queue (or is dropped).
+
+        Raises:
+            The same as :meth:`ack`.
+        """
+        await self._begin_settle(_REJECT)

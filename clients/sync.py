@@ -1,0 +1,440 @@
+"""The blocking client: the async client run on a private event loop in a daemon thread.
+
+Every call is ``asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)`` around the
+same :class:`~clients.client.Connection` method, so both clients share one
+implementation and one set of semantics. Deliveries are taken from the loop thread in
+batches (one cross-thread hop per batch, not per message).
+
+Example::
+
+    import clients
+
+    with clients.sync.connect("127.0.0.1:5671") as conn:
+        conn.publish("orders", b"body")
+        with conn.consume("orders", prefetch=100) as consumer:
+            for msg in consumer.iter(timeout=5.0):
+                msg.ack()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections import deque
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+from clients import client as _aio
+from clients.errors import ConnectionClosed, InvalidArgument, Timeout
+
+__all__ = ["connect", "SyncConnection", "SyncConsumer", "SyncMessage"]
+
+_T = TypeVar("_T")
+
+#: How many buffered deliveries one cross-thread hop takes at most.
+_TAKE_MAX: Final = 1024
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop  # imported lazily: importing clients must stay cheap
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+class _LoopThread:
+    """A private event loop running in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = _new_loop()
+        self._thread = threading.Thread(target=self._main, name="baton-client", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            try:
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                self.loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, _T], timeout: float | None) -> _T:
+        """Run ``coro`` on the loop and wait for it.
+
+        Raises:
+            Timeout: it did not finish within ``timeout`` seconds (it is cancelled;
+                its outcome is unknown).
+            Whatever ``coro`` raises.
+        """
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise InvalidArgument("a blocking call was made from the client's own loop thread")
+        if not self._thread.is_alive():
+            coro.close()
+            raise ConnectionClosed("the client is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise Timeout(f"no answer within {timeout} s; the outcome is unknown") from None
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            if threading.current_thread() is not self._thread:
+                self._thread.join()
+
+
+def connect(
+    addresses: str | Sequence[str],
+    *,
+    client_name: str = "baton-python",
+    timeout: float = 10.0,
+) -> SyncConnection:
+    """Open a blocking connection (see :func:`clients.client.connect`).
+
+    Args:
+        addresses: ``"HOST:PORT"``, a comma-separated list of them, or a sequence.
+        client_name: sent in Hello.
+        timeout: seconds per address for connecting, and the default time limit of
+            every later call on the connection.
+
+    Returns:
+        A :class:`SyncConnection`; use it as ``with clients.sync.connect(...) as conn``.
+
+    Raises:
+        InvalidArgument: an address cannot be parsed.
+        ConnectionClosed: no address worked.
+    """
+    thread = _LoopThread()
+    try:
+        conn = thread.run(
+            _aio.connect(addresses, client_name=client_name, timeout=timeout),
+            # connect applies the timeout per address; allow for all of them.
+            None,
+        )
+    except BaseException:
+        thread.stop()
+        raise
+    return SyncConnection(conn, thread, timeout)
+
+
+class SyncConnection:
+    """A blocking :class:`~clients.client.Connection`: the same calls, the same results.
+
+    Each call blocks until the broker answers or ``timeout`` seconds pass (then
+    :class:`~clients.errors.Timeout`, outcome unknown). It is safe to call from
+    several threads at once.
+
+    Attributes:
+        timeout: the default time limit of each call, in seconds (None: no limit).
+    """
+
+    def __init__(self, conn: _aio.Connection, thread: _LoopThread, timeout: float | None) -> None:
+        self._conn = conn
+        self._thread = thread
+        self.timeout = timeout
+
+    @property
+    def connection(self) -> _aio.Connection:
+        """The async connection underneath (use it only from its loop thread)."""
+        return self._conn
+
+    @property
+    def address(self) -> str:
+        """``"HOST:PORT"`` of the broker."""
+        return self._conn.address
+
+    @property
+    def node_id(self) -> str:
+        """The broker's node id from HelloOk."""
+        return self._conn.node_id
+
+    @property
+    def server(self) -> str:
+        """The broker's name/version string from HelloOk."""
+        return self._conn.server
+
+    @property
+    def max_message(self) -> int:
+        """The largest message body the broker accepts, in bytes."""
+        return self._conn.max_message
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection has ended."""
+        return self._conn.closed
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return self._thread.run(coro, self.timeout)
+
+    def close(self) -> None:
+        """Close the connection and stop its loop thread. Closing twice is harmless."""
+        try:
+            if not self._conn.closed or self._thread.loop.is_running():
+                self._thread.run(self._conn.close(), None)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> SyncConnection:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SyncConnection {self._conn!r}>"
+
+    def ping(self) -> float:
+        """Round trip to the broker in seconds (see :meth:`Connection.ping`)."""
+        return self._run(self._conn.ping())
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool = True,
+        max_length: int | None = None,
+        overflow: str = "reject-publish",
+        delivery_limit: int = 20,
+        dead_letter: str | None = None,
+        message_ttl: float | None = None,
+    ) -> dict[str, Any]:
+        """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
+        return self._run(
+            self._conn.declare_queue(
+                name,
+                durable=durable,
+                max_length=max_length,
+                overflow=overflow,
+                delivery_limit=delivery_limit,
+                dead_letter=dead_letter,
+                message_ttl=message_ttl,
+            )
+        )
+
+    def delete_queue(self, name: str) -> int:
+        """Delete a queue; returns how many messages were dropped."""
+        return self._run(self._conn.delete_queue(name))
+
+    def purge_queue(self, name: str) -> int:
+        """Drop a queue's ready messages; returns how many."""
+        return self._run(self._conn.purge_queue(name))
+
+    def queue_stats(self, name: str) -> dict[str, Any]:
+        """A queue's counters (at least ``"ready"`` and ``"acquired"``)."""
+        return self._run(self._conn.queue_stats(name))
+
+    def list_queues(self) -> list[dict[str, Any]]:
+        """Every queue's stats."""
+        return self._run(self._conn.list_queues())
+
+    def publish(
+        self,
+        queue: str,
+        body: bytes | bytearray | memoryview,
+        headers: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Publish one message; returns its position once confirmed.
+
+        Raises:
+            The same as :meth:`Connection.publish`, and Timeout.
+        """
+        return self._run(self._conn.publish(queue, body, headers))
+
+    def publish_batch(
+        self,
+        queue: str,
+        messages: Iterable[bytes | bytearray | memoryview | tuple[bytes, Mapping[str, Any]]],
+    ) -> list[int]:
+        """Publish many messages; returns their positions once all are confirmed.
+
+        Atomic per frame only, as :meth:`Connection.publish_batch`.
+        """
+        items = list(messages)  # consume the iterable in the caller's thread
+        return self._run(self._conn.publish_batch(queue, items))
+
+    def consume(self, queue: str, *, prefetch: int = 100) -> SyncConsumer:
+        """A blocking consumer of ``queue``; subscribe by entering it (``with``)."""
+        return SyncConsumer(self, self._conn.consume(queue, prefetch=prefetch))
+
+
+class SyncConsumer:
+    """A blocking :class:`~clients.client.Consumer`: a context manager and an iterator.
+
+    ``for msg in consumer`` blocks until the next message and ends when the consumer is
+    cancelled; ``consumer.iter(timeout=...)`` and ``consumer.next(timeout=...)`` raise
+    :class:`~clients.errors.Timeout` when no message arrives in time. Use one consumer
+    from one thread at a time.
+    """
+
+    def __init__(self, conn: SyncConnection, consumer: _aio.Consumer) -> None:
+        self._conn = conn
+        self._consumer = consumer
+        self._local: deque[SyncMessage] = deque()
+
+    @property
+    def queue(self) -> str:
+        """The queue's name."""
+        return self._consumer.queue
+
+    @property
+    def tag(self) -> int:
+        """The broker's consumer tag (0 until subscribed)."""
+        return self._consumer.tag
+
+    def __enter__(self) -> SyncConsumer:
+        self._conn._run(self._consumer.start())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.cancel()
+        except (ConnectionClosed, Timeout):
+            if exc is None:
+                raise
+
+    def cancel(self) -> int:
+        """Stop the consumer; returns how many messages the broker released."""
+        self._local.clear()
+        return self._conn._run(self._consumer.cancel())
+
+    def __iter__(self) -> Iterator[SyncMessage]:
+        return self.iter()
+
+    def iter(self, timeout: float | None = None) -> Iterator[SyncMessage]:
+        """Iterate over deliveries.
+
+        Args:
+            timeout: the longest wait for each message (None: wait forever).
+
+        Raises:
+            Timeout: no message arrived within ``timeout``.
+            ConnectionClosed, or the broker's error if it cancelled the consumer.
+        """
+        while True:
+            try:
+                yield self.next(timeout)
+            except StopIteration:
+                return
+
+    def __next__(self) -> SyncMessage:
+        return self.next()
+
+    def next(self, timeout: float | None = None) -> SyncMessage:
+        """The next message.
+
+        Args:
+            timeout: the longest wait in seconds (None: wait forever).
+
+        Raises:
+            Timeout: no message arrived in time.
+            StopIteration: the consumer was cancelled.
+            ConnectionClosed, or the broker's error if it cancelled the consumer.
+        """
+        if self._local:
+            return self._local.popleft()
+        batch, ended = self._conn._thread.run(_take(self._consumer, timeout), None)
+        if not batch:
+            if ended:
+                raise StopIteration
+            raise Timeout(f"no message within {timeout} s")
+        conn = self._conn
+        local = self._local
+        for msg in batch:
+            local.append(SyncMessage(conn, msg))
+        return local.popleft()
+
+    def ack_many(self, messages: Iterable[SyncMessage]) -> None:
+        """Accept several messages with one frame."""
+        self._conn._run(self._consumer.ack_many([m._msg for m in messages]))
+
+    def release_many(self, messages: Iterable[SyncMessage]) -> None:
+        """Release several messages with one frame."""
+        self._conn._run(self._consumer.release_many([m._msg for m in messages]))
+
+    def reject_many(self, messages: Iterable[SyncMessage]) -> None:
+        """Reject several messages with one frame."""
+        self._conn._run(self._consumer.reject_many([m._msg for m in messages]))
+
+
+async def _take(consumer: _aio.Consumer, timeout: float | None) -> tuple[list[_aio.Message], bool]:
+    """Runs on the loop: wait up to ``timeout`` for deliveries and take a batch.
+
+    The timeout is applied here, on the loop, and not to the cross-thread future, so a
+    batch taken from the consumer's buffer can never be lost to a timeout race.
+
+    Returns:
+        The messages (possibly none) and whether the consumer ended normally.
+    """
+    try:
+        return await consumer.get_many(_TAKE_MAX, timeout), False
+    except StopAsyncIteration:
+        return [], True
+
+
+class SyncMessage:
+    """A delivered message with blocking :meth:`ack`, :meth:`release` and :meth:`reject`.
+
+    Attributes: the same as :class:`clients.client.Message`.
+    """
+
+    __slots__ = (
+        "_conn",
+        "_msg",
+        "queue",
+        "position",
+        "body",
+        "headers",
+        "delivery_count",
+        "publish_time",
+    )
+
+    def __init__(self, conn: SyncConnection, msg: _aio.Message) -> None:
+        self._conn = conn
+        self._msg = msg
+        self.queue = msg.queue
+        self.position = msg.position
+        self.body = msg.body
+        self.headers = msg.headers
+        self.delivery_count = msg.delivery_count
+        self.publish_time = msg.publish_time
+
+    def __repr__(self) -> str:
+        return f"<SyncMessage {self.queue!r}@{self.position} delivery={self.delivery_count}>"
+
+    @property
+    def settled(self) -> bool:
+        """True once ack/release/reject was called."""
+        return self._msg.settled
+
+    def ack(self) -> None:
+        """Accept the message (see :meth:`clients.client.Message.ack`)."""
+        self._conn._run(self._msg.ack())
+
+    def release(self) -> None:
+        """Give the message back to its queue (see :meth:`clients.client.Message.release`)."""
+        self._conn._run(self._msg.release())
+
+    def reject(self) -> None:
+        """Reject the message (see :meth:`clients.client.Message.reject`)."""
+        self._conn._run(self._msg.reject())

@@ -1,0 +1,492 @@
+"""The file backend: segment files in one directory, shared by the processes of one host.
+
+Layout of directory PATH:
+
+* ``<base offset, 20 digits>.seg`` — segments; the name is the offset of the segment's
+  first record, so a reader finds an offset's segment from a directory listing alone.
+* ``LOCK`` — every writer (in any process) holds ``flock(LOCK_EX)`` on it for a whole
+  append batch, so batches never interleave and offsets stay dense.
+
+A segment is a run of frames: header ``>IQI`` = (payload length, offset, crc32(payload)),
+then the payload. Carrying the offset in each frame lets a scan tell a stale or foreign
+frame from the one it expects without any index.
+
+A batch is written in two steps: first with its first header's length set to
+``_PENDING`` (an impossible length), then the real header. Until the second step no
+frame of the batch is reachable, so readers (which never lock) cannot see half a batch,
+and a process killed mid-write leaves a tail that is recognisably torn. Writers cut a
+torn tail (incomplete frame, pending marker, or a bad last frame) before appending; a
+bad frame *followed by a valid one* is corruption and is reported, never skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import struct
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from clients.errors import InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
+from cluster.log import Log, Record
+
+__all__ = ["FileLog"]
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+_HEADER = struct.Struct(">IQI")
+_HDR = _HEADER.size
+_PENDING = 0xFFFFFFFF  # first header's length while its batch is still being written
+_MAX_FRAME = 1 << 30  # larger lengths are garbage; keeps a bad header from causing a huge read
+_SUFFIX = ".seg"
+_CHUNK = 1 << 20  # read size: one pread per ~1 MiB, never a syscall per record
+_GROUP_BYTES = 16 << 20  # one group commit takes queued batches up to about this size
+_CONFIRM = 3  # polls in a row a reader must see an anomaly before calling it corruption
+
+# _parse / _Cursor.advance outcomes
+_LIMIT, _SHORT, _INVALID, _END = range(4)
+# reader step outcomes
+_MORE, _TAIL, _SUSPECT = range(3)
+
+_datasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+
+
+def _pwrite_all(fd: int, data: bytes, pos: int) -> None:
+    """Write all of ``data`` at ``pos`` (pwrite may write less). Tests replace this to fill the disk."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, pos)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "short write")
+        view, pos = view[n:], pos + n
+
+
+def _seg_name(base: int) -> str:
+    return f"{base:020d}{_SUFFIX}"
+
+
+def _list_bases(path: str) -> list[int]:
+    names = (n[: -len(_SUFFIX)] for n in os.listdir(path) if n.endswith(_SUFFIX))
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def _sync_dir(path: str) -> None:
+    """Make a created or removed directory entry durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parse(
+    buf: bytes, at: int, offset: int, limit: int, out: list[Record] | None, skip_below: int
+) -> tuple[int, int, int, int, int]:
+    """Walk valid frames in ``buf`` from byte ``at``, expecting ``offset`` first.
+
+    Records at or above ``skip_below`` go to ``out`` (or are only checked when ``out`` is
+    None); below it only headers are checked. Stops after ``limit`` counted records.
+    Returns (byte position, next offset, records counted, outcome, bytes the frame at the
+    position needs when the outcome is _SHORT).
+    """
+    end = len(buf)
+    view = memoryview(buf)
+    unpack = _HEADER.unpack_from
+    crc32 = zlib.crc32
+    n = 0
+    while n < limit:
+        if end - at < _HDR:
+            return at, offset, n, _SHORT, _HDR
+        length, off, crc = unpack(buf, at)
+        if off != offset or length > _MAX_FRAME:
+            return at, offset, n, _INVALID, 0
+        stop = at + _HDR + length
+        if stop > end:
+            return at, offset, n, _SHORT, _HDR + length
+        if offset >= skip_below:
+            if out is None:
+                if crc32(view[at + _HDR : stop]) != crc:
+                    return at, offset, n, _INVALID, 0
+            else:
+                payload = buf[at + _HDR : stop]
+                if crc32(payload) != crc:
+                    return at, offset, n, _INVALID, 0
+                out.append((offset, payload))
+            n += 1
+        at, offset = stop, offset + 1
+    return at, offset, n, _LIMIT, 0
+
+
+class _Cursor:
+    """A position (byte and offset) in one open segment file, reading ahead in chunks."""
+
+    def __init__(self, fd: int, base: int) -> None:
+        self.fd, self.base, self.pos, self.next = fd, base, 0, base
+        self.buf, self.buf_pos = b"", 0
+
+    def advance(self, limit: int, out: list[Record] | None, skip_below: int = 0) -> int:
+        """Parse forward; returns _LIMIT, _INVALID (bad frame at pos) or _END (no whole frame left)."""
+        got, fresh = 0, False
+        while True:
+            at, self.next, n, status, need = _parse(
+                self.buf, self.pos - self.buf_pos, self.next, limit - got, out, skip_below
+            )
+            self.pos, got = self.buf_pos + at, got + n
+            if status == _LIMIT or (status == _INVALID and fresh):
+                return status
+            # Out of buffered bytes, or a bad frame in a buffer read earlier: the file may
+            # have changed since (a batch finished, a torn tail was cut), so read it again.
+            need = max(need, _HDR)
+            self.buf, self.buf_pos = os.pread(self.fd, max(_CHUNK, need), self.pos), self.pos
+            fresh = True
+            if len(self.buf) < need:
+                return _END
+
+    def seek(self, pos: int, offset: int) -> None:
+        """Move to a known frame boundary, dropping read-ahead."""
+        self.pos, self.next, self.buf, self.buf_pos = pos, offset, b"", pos
+
+    def switch(self, fd: int, base: int) -> None:
+        """Move to the start of another segment (closing this one's file)."""
+        self.close()
+        self.fd, self.base = fd, base
+        self.seek(0, base)
+
+    def followed_by_valid(self) -> bool:
+        """Whether the bad frame at pos is followed by the next valid record (corruption, not a torn tail)."""
+        head = os.pread(self.fd, _HDR, self.pos)
+        if len(head) < _HDR:
+            return False
+        length = _HEADER.unpack(head)[0]
+        if length > _MAX_FRAME:
+            return False
+        probe = _Cursor(self.fd, self.next + 1)
+        probe.pos = self.pos + _HDR + length
+        return probe.advance(1, None) == _LIMIT
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class FileLog(Log):
+    """Segment files in one directory; see the module docstring for the format and protocol."""
+
+    def __init__(self, path: str, segment_bytes: int, max_record: int, poll_interval: float) -> None:
+        self.url = f"file:{path}"
+        self._dir = path
+        self._segment_bytes = segment_bytes
+        self._max_record = max_record
+        self._poll = poll_interval
+        # Writer side: touched only by jobs on this one-thread executor, so never concurrently.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="baton-filelog")
+        self._lock_fd = -1
+        self._tail = _Cursor(-1, -1)  # the last segment; pos/next = end of its valid prefix
+        # Event-loop side.
+        self._queue: deque[tuple[Sequence[bytes], asyncio.Future[int]]] = deque()
+        self._writer: asyncio.Task[None] | None = None
+        self._grown = asyncio.Event()  # replaced on every commit; set wakes local readers
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        path: str,
+        *,
+        segment_bytes: int = 64 << 20,
+        max_record: int = 32 << 20,
+        poll_interval: float = 0.005,
+    ) -> FileLog:
+        """Open (creating if needed) the log in directory ``path`` and repair a torn tail.
+
+        Raises:
+            InvalidArgument: a setting out of range.
+            LogUnavailable: the directory cannot be created or opened.
+            LogCorrupt: the last segment is damaged other than at its tail.
+        """
+        if segment_bytes < 1 or not 0 < max_record <= _MAX_FRAME or poll_interval <= 0:
+            raise InvalidArgument("segment_bytes, max_record and poll_interval must be positive")
+        log = cls(path, segment_bytes, max_record, poll_interval)
+        try:
+            await log._call(log._open_files)
+        except BaseException:
+            await log.close()
+            raise
+        return log
+
+    # ---- event-loop side -------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogUnavailable(f"log {self.url} is closed")
+
+    async def append(self, records: Sequence[bytes]) -> int:
+        self._check_open()
+        if not records:
+            raise InvalidArgument("append needs at least one record")
+        records = [bytes(r) for r in records]  # no copy for bytes; freezes mutable buffers
+        if any(len(r) > self._max_record for r in records):
+            raise InvalidArgument(f"a record is larger than the log's max of {self._max_record} bytes")
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue.append((records, fut))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_loop())
+        return await fut
+
+    async def _write_loop(self) -> None:
+        """The single writer: each turn commits everything queued so far with one fsync."""
+        while self._queue and not self._closed:
+            group: list[tuple[Sequence[bytes], asyncio.Future[int]]] = []
+            size = 0
+            while self._queue and (not group or size < _GROUP_BYTES):
+                records, fut = self._queue.popleft()
+                if not fut.done():  # the caller may have been cancelled meanwhile
+                    group.append((records, fut))
+                    size += sum(map(len, records))
+            if not group:
+                continue
+            try:
+                firsts = await self._call(self._commit, [records for records, _ in group])
+            except Exception as exc:
+                for _, fut in group:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for (_, fut), first in zip(group, firsts):
+                if not fut.done():
+                    fut.set_result(first)
+            self._wake()
+
+    def _wake(self) -> None:
+        event, self._grown = self._grown, asyncio.Event()
+        event.set()
+
+    async def _call(self, fn: Callable[..., _T], *args: object) -> _T:
+        """Run a writer-side job on the log's thread, turning OSError into LogUnavailable."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, _guard, self.url, fn, *args)
+
+    async def read(self, start: int, *, max_batch: int = 1024) -> AsyncIterator[list[Record]]:
+        if max_batch < 1:
+            raise InvalidArgument("max_batch must be at least 1")
+        loop = asyncio.get_running_loop()
+        cursor = await loop.run_in_executor(None, _guard, self.url, self._seek, start)
+        step: asyncio.Future[tuple[list[Record], int]] | None = None
+        suspect = 0
+        try:
+            while not self._closed:
+                grown = self._grown
+                step = loop.run_in_executor(None, _guard, self.url, self._read_step, cursor, max_batch, start)
+                batch, status = await asyncio.shield(step)
+                if batch:
+                    suspect = 0
+                    yield batch
+                elif status == _SUSPECT:
+                    suspect += 1
+                    if suspect >= _CONFIRM:
+                        raise LogCorrupt(
+                            f"{os.path.join(self._dir, _seg_name(cursor.base))}: no valid record at "
+                            f"offset {cursor.next} (byte {cursor.pos}) although later records exist"
+                        )
+                    await asyncio.sleep(self._poll)
+                elif status == _TAIL:
+                    suspect = 0
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self._poll):
+                            await grown.wait()
+        finally:
+            if step is not None and not step.done():  # cancelled mid-read: close once the thread is done
+                step.add_done_callback(lambda f: _close_after(f, cursor))
+            else:
+                cursor.close()
+
+    async def start_offset(self) -> int:
+        self._check_open()
+        bases = await self._call(_list_bases, self._dir)
+        return bases[0] if bases else 0
+
+    async def end_offset(self) -> int:
+        self._check_open()
+        return await self._call(self._end_offset)
+
+    async def truncate_before(self, offset: int) -> None:
+        self._check_open()
+        await self._call(self._truncate_before, offset)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._wake()
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)  # lets a commit in flight finish
+        for _, fut in self._queue:
+            if not fut.done():
+                fut.set_exception(LogUnavailable(f"log {self.url} is closed"))
+        self._queue.clear()
+        with contextlib.suppress(LogUnavailable):
+            await self._call(self._close_files)
+        self._executor.shutdown(wait=False)
+
+    # ---- writer thread ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _open_files(self) -> None:
+        os.makedirs(self._dir, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self._dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+        with self._locked():
+            self._sync_tail(repair=True)
+
+    def _close_files(self) -> None:
+        self._tail.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _sync_tail(self, *, repair: bool) -> None:
+        """Bring the cached end up to the true end, which other processes may have moved.
+
+        With ``repair`` (caller holds the flock) a torn tail is cut off and damage before
+        the end raises LogCorrupt; without it the scan just stops at the first bad frame.
+        """
+        tail = self._tail
+        bases = _list_bases(self._dir)
+        if not bases:
+            if not repair:
+                return
+            first = max(tail.next, 0)  # a fresh log, or (oddly) every segment deleted
+            os.close(os.open(self._path(first), os.O_WRONLY | os.O_CREAT, 0o644))
+            _sync_dir(self._dir)
+            bases = _list_bases(self._dir)
+        if bases[-1] != tail.base:  # first call, or another process rolled a segment
+            tail.switch(os.open(self._path(bases[-1]), os.O_RDWR), bases[-1])
+        size = os.fstat(tail.fd).st_size
+        if size < tail.pos:  # someone rolled a failed batch back under us: rescan
+            tail.seek(0, tail.base)
+        if size == tail.pos:
+            return
+        tail.seek(tail.pos, tail.next)  # the bytes past our end are new: read them afresh
+        status = tail.advance(1 << 62, None)
+        if status == _LIMIT or tail.pos == size or not repair:
+            return
+        if status == _INVALID and tail.followed_by_valid():
+            raise LogCorrupt(f"{self._path(tail.base)}: bad record at offset {tail.next} (byte {tail.pos})")
+        _log.warning("%s: cutting torn tail of %d bytes at offset %d", self._path(tail.base), size - tail.pos, tail.next)
+        os.ftruncate(tail.fd, tail.pos)
+        _datasync(tail.fd)
+        tail.seek(tail.pos, tail.next)
+
+    def _commit(self, batches: list[Sequence[bytes]]) -> list[int]:
+        """Write a group of batches as one: flock, find the end, write, fsync, unlock."""
+        with self._locked():
+            self._sync_tail(repair=True)
+            tail = self._tail
+            if tail.pos >= self._segment_bytes:
+                fd = os.open(self._path(tail.next), os.O_RDWR | os.O_CREAT, 0o644)
+                _sync_dir(self._dir)
+                tail.switch(fd, tail.next)
+            pack, crc32 = _HEADER.pack, zlib.crc32
+            parts: list[bytes] = []
+            firsts: list[int] = []
+            offset = tail.next
+            for records in batches:
+                firsts.append(offset)
+                for r in records:
+                    parts += (pack(len(r), offset, crc32(r)), r)
+                    offset += 1
+            header, parts[0] = parts[0], pack(_PENDING, tail.next, 0)
+            data = b"".join(parts)
+            try:
+                _pwrite_all(tail.fd, data, tail.pos)
+                _pwrite_all(tail.fd, header, tail.pos)
+                _datasync(tail.fd)
+            except OSError as exc:
+                try:
+                    os.ftruncate(tail.fd, tail.pos)
+                    _datasync(tail.fd)
+                except OSError:
+                    tail.seek(0, tail.base)  # unsure what is on disk: rescan next time
+                raise LogUnavailable(f"append to {self._path(tail.base)} failed: {exc}") from exc
+            tail.seek(tail.pos + len(data), offset)
+            return firsts
+
+    def _end_offset(self) -> int:
+        self._sync_tail(repair=False)  # readers don't lock; neither does this
+        return self._tail.next
+
+    def _truncate_before(self, offset: int) -> None:
+        with self._locked():
+            bases = _list_bases(self._dir)
+            removed = False
+            for base, following in zip(bases, bases[1:]):  # never the last segment
+                if following > offset:
+                    break
+                os.unlink(self._path(base))
+                removed = True
+            if removed:
+                _sync_dir(self._dir)
+
+    # ---- reader threads (default executor; each reader owns its file descriptor) -----
+
+    def _seek(self, start: int) -> _Cursor:
+        bases = _list_bases(self._dir)
+        if not bases or start < bases[0]:
+            raise LogTruncated(f"offset {start} is below the log's start {bases[0] if bases else 0}")
+        base = bases[bisect.bisect_right(bases, start) - 1]
+        try:
+            return _Cursor(os.open(self._path(base), os.O_RDONLY), base)
+        except FileNotFoundError:
+            raise LogTruncated(f"offset {start} was truncated away while opening") from None
+
+    def _read_step(self, cursor: _Cursor, max_batch: int, start: int) -> tuple[list[Record], int]:
+        """Read up to ``max_batch`` records; if none, say whether to wait (_TAIL) or worry (_SUSPECT)."""
+        out: list[Record] = []
+        status = cursor.advance(max_batch, out, start)
+        if out or status == _LIMIT:
+            return out, _MORE
+        if status == _INVALID and cursor.followed_by_valid():
+            return out, _SUSPECT
+        # No whole record left here: the end of the log, a batch in progress, or a full segment.
+        if os.path.exists(self._path(cursor.next)):
+            try:
+                cursor.switch(os.open(self._path(cursor.next), os.O_RDONLY), cursor.next)
+            except FileNotFoundError:
+                raise LogTruncated(f"offset {cursor.next} was truncated away") from None
+            return out, _MORE
+        bases = _list_bases(self._dir)
+        if bases and bases[0] > cursor.next:
+            raise LogTruncated(f"offset {cursor.next} was truncated away")
+        return out, _SUSPECT if bases and bases[-1] > cursor.next else _TAIL
+
+    def _path(self, base: int) -> str:
+        return os.path.join(self._dir, _seg_name(base))
+
+
+def _close_after(step: asyncio.Future[tuple[list[Record], int]], cursor: _Cursor) -> None:
+    if not step.cancelled():
+        step.exception()  # retrieved, so an abandoned read's error isn't reported as unhandled
+    cursor.close()
+
+
+def _guard(url: str, fn: Callable[..., _T], *args: object) -> _T:
+    """Run ``fn`` in a worker thread; disk errors leave as LogUnavailable, never as bare OSError."""
+    try:
+        return fn(*args)
+    except OSError as exc:
+        raise LogUnavailable(f"log {url}: {exc}") from exc

@@ -1,0 +1,271 @@
+"""DESIGN §5 guarantees against a real ``baton serve`` process on the file log.
+
+1 publish confirmed => durable (kill -9 mid-stream), 3 accept => never again,
+4 release => back with count + 1, 5 reject / delivery limit => dead-lettered,
+6 consumer disconnect => its messages return, 7 per-queue order, 8 restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+import clients
+from clients.errors import BatonError, ConnectionClosed
+from tests.integration.conftest import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+
+async def next_msg(consumer: clients.Consumer, timeout: float = 10.0) -> clients.Message:
+    """The consumer's next message, or fail the test after ``timeout`` seconds."""
+    return await asyncio.wait_for(consumer.__aiter__().__anext__(), timeout)
+
+
+async def _drain(addr: str, queue: str, *, idle: float = 1.0, ack: bool = True) -> list[clients.Message]:
+    """Consume until nothing arrives for ``idle`` seconds."""
+    got: list[clients.Message] = []
+    async with await clients.connect(addr) as conn:
+        async with conn.consume(queue, prefetch=500) as consumer:
+            it = consumer.__aiter__()
+            while True:
+                try:
+                    msg = await asyncio.wait_for(it.__anext__(), idle)
+                except asyncio.TimeoutError:
+                    break
+                got.append(msg)
+                if ack:
+                    await msg.ack()
+    return got
+
+
+async def test_round_trip_and_stats(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("orders", delivery_limit=5, dead_letter="orders.dlq")
+        await conn.declare_queue("orders.dlq")
+        p = await conn.publish("orders", b"body", headers={"k": "v"})
+        ps = await conn.publish_batch("orders", [b"a", b"b"])
+        assert ps == [p + 1, p + 2]
+        stats = await conn.queue_stats("orders")
+        assert stats["ready"] == 3 and stats["acquired"] == 0
+        async with conn.consume("orders", prefetch=100) as consumer:
+            msg = await next_msg(consumer)
+            assert (msg.queue, msg.position, msg.body, msg.headers, msg.delivery_count) == (
+                "orders", p, b"body", {"k": "v"}, 0,
+            )
+            stats = await conn.queue_stats("orders")
+            assert stats["acquired"] == 3 and stats["ready"] == 0  # prefetch took all three
+            await msg.ack()
+        stats = await conn.queue_stats("orders")
+        assert stats["acquired"] == 0 and stats["ready"] == 2 and stats["accepted"] == 1
+
+
+async def test_guarantee_1_and_8_confirmed_publishes_survive_kill9(broker: BrokerProcess) -> None:
+    """Publish with confirms from several tasks, kill -9 mid-stream, restart: every
+    confirmed message is there."""
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("durable")
+    confirmed: set[bytes] = set()
+    stop = asyncio.Event()
+
+    async def producer(k: int) -> None:
+        try:
+            async with await clients.connect(broker.address) as conn:
+                i = 0
+                while not stop.is_set():
+                    body = b"p%d-%d" % (k, i)
+                    await conn.publish("durable", body)
+                    confirmed.add(body)
+                    i += 1
+        except BatonError:
+            pass  # the broker died under us: unconfirmed ones may or may not be there
+
+    tasks = [asyncio.create_task(producer(k)) for k in range(4)]
+    while len(confirmed) < 1500:
+        await asyncio.sleep(0.01)
+    broker.kill9()
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 20)
+    assert len(confirmed) >= 1500
+    broker.restart()
+    got = await _drain(broker.address, "durable")
+    bodies = [m.body for m in got]
+    assert confirmed <= set(bodies), f"{len(confirmed - set(bodies))} confirmed messages lost"
+    assert len(bodies) == len(set(bodies)), "a message was enqueued twice"
+
+
+async def test_guarantee_3_and_8_accepted_never_return_after_kill9(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("work")
+        await conn.publish_batch("work", [b"m%d" % i for i in range(3000)])
+    accepted: set[int] = set()
+    try:
+        async with await clients.connect(broker.address) as conn:
+            async with conn.consume("work", prefetch=200) as consumer:
+                while True:
+                    msg = await next_msg(consumer)
+                    await msg.ack()
+                    accepted.add(msg.position)
+                    if len(accepted) == 1000:
+                        broker.kill9()
+    except BatonError:
+        pass
+    assert len(accepted) >= 1000
+    broker.restart()
+    async with await clients.connect(broker.address) as conn:
+        stats = await conn.queue_stats("work")
+    assert stats["ready"] + stats["acquired"] == 3000 - len(accepted)
+    rest = await _drain(broker.address, "work")
+    positions = {m.position for m in rest}
+    assert not positions & accepted, "an accepted message was delivered again"
+    assert positions | accepted == set(range(3000)), "a message was lost"
+
+
+async def test_guarantee_4_release_raises_delivery_count(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("rel")
+        pos = await conn.publish("rel", b"again")
+        async with conn.consume("rel", prefetch=1) as consumer:
+            for expected in range(3):
+                msg = await next_msg(consumer)
+                assert (msg.position, msg.delivery_count) == (pos, expected)
+                await msg.release()
+            msg = await next_msg(consumer)
+            await msg.ack()
+        stats = await conn.queue_stats("rel")
+        assert stats["redelivered"] == 3 and stats["ready"] == 0
+
+
+async def test_guarantee_5_reject_and_delivery_limit_dead_letter(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("dlq")
+        await conn.declare_queue("jobs", delivery_limit=3, dead_letter="dlq")
+        await conn.declare_queue("nodlq", delivery_limit=2)
+        rejected = await conn.publish("jobs", b"bad")
+        poison = await conn.publish("jobs", b"poison")
+        await conn.publish("nodlq", b"dropped")
+        async with conn.consume("jobs", prefetch=10) as consumer:
+            deliveries = 0
+            while True:
+                msg = await next_msg(consumer)
+                deliveries += 1
+                if msg.position == rejected:
+                    await msg.reject()
+                else:
+                    assert msg.body == b"poison"
+                    await msg.release()  # a poison message: fails every time
+                stats = await conn.queue_stats("jobs")
+                if stats["ready"] + stats["acquired"] == 0:
+                    break
+        assert deliveries == 1 + 3  # the poison message is delivered exactly 3 times
+        dead = await _drain(broker.address, "dlq")
+        by_body = {m.body: m for m in dead}
+        assert set(by_body) == {b"bad", b"poison"}
+        assert by_body[b"bad"].headers["x-death-reason"] == "rejected"
+        assert by_body[b"poison"].headers["x-death-reason"] == "delivery-limit"
+        assert by_body[b"poison"].headers["x-death-position"] == poison
+        async with conn.consume("nodlq", prefetch=1) as consumer:
+            for _ in range(2):
+                await (await next_msg(consumer)).release()
+        stats = await conn.queue_stats("nodlq")
+        assert stats["dropped"] == 1 and stats["ready"] == 0
+
+
+async def test_guarantee_6_consumer_disconnect_releases(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("dc")
+        await conn.publish_batch("dc", [b"x%d" % i for i in range(10)])
+    # A consumer that takes messages and vanishes without a goodbye.
+    reader, writer = await asyncio.open_connection(*broker.address.split(":"))
+    doomed = await clients.connect(broker.address)
+    consumer = doomed.consume("dc", prefetch=5)
+    await consumer.__aenter__()
+    first = [await next_msg(consumer) for _ in range(5)]
+    async with await clients.connect(broker.address) as conn:
+        assert (await conn.queue_stats("dc"))["acquired"] == 5
+    writer.close()
+    await doomed.close()  # the socket closes; no Cancel was sent for the consumer
+    got = await _drain(broker.address, "dc")
+    assert sorted(m.position for m in got) == list(range(10))
+    counts = {m.position: m.delivery_count for m in got}
+    assert all(counts[m.position] == 1 for m in first)
+    assert all(counts[p] == 0 for p in range(10) if p not in {m.position for m in first})
+
+
+async def test_guarantee_7_order_and_redelivery_keeps_position(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("ordered")
+        await conn.publish_batch("ordered", [b"%d" % i for i in range(20)])
+        async with conn.consume("ordered", prefetch=5) as consumer:
+            batch = [await next_msg(consumer) for _ in range(5)]
+            assert [m.position for m in batch] == [0, 1, 2, 3, 4]
+            await batch[1].release()
+            for m in batch[:1] + batch[2:]:
+                await m.ack()
+            seen = []
+            while len(seen) < 16:
+                m = await next_msg(consumer)
+                seen.append((m.position, m.delivery_count))
+                await asyncio.wait_for(m.ack(), 10)
+        # Position 1 came back before everything behind it, keeping its position.
+        assert seen[0] == (1, 1)
+        assert [p for p, _ in seen[1:]] == list(range(5, 20))
+
+
+async def test_sigterm_is_clean_and_loses_nothing(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("t")
+        await conn.publish_batch("t", [b"a", b"b", b"c"])
+        with pytest.raises(ConnectionClosed):
+            async with conn.consume("t", prefetch=10) as consumer:
+                m = await next_msg(consumer)
+                await m.ack()
+                # SIGTERM while this consumer still holds two messages.
+                assert broker.terminate() == 0
+    assert "broker stopped" in broker.output()
+    broker.restart()
+    rest = await _drain(broker.address, "t")
+    assert sorted(m.body for m in rest) == [b"b", b"c"]
+
+
+async def test_bad_frames_close_only_that_connection(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as good:
+        await good.declare_queue("safe")
+        host, port = broker.address.split(":")
+        # Garbage, an oversized length prefix, and a frame before Hello.
+        for payload in (b"\x00\x00\x00\x05garbage!", b"\xff\xff\xff\xf0", b"\x00\x00\x00\x01\xc1"):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(payload)
+            await writer.drain()
+            data = await asyncio.wait_for(reader.read(), 10)  # the broker closes it
+            assert data, "expected an Error frame before the close"
+            writer.close()
+        await good.publish("safe", b"still fine")
+        assert (await good.queue_stats("safe"))["ready"] == 1
+        with pytest.raises(clients.MessageTooLarge):
+            await good.publish("safe", b"x" * (good_max(good) + 1))
+        with pytest.raises(clients.QueueNotFound):
+            await good.publish("nope", b"x")
+        with pytest.raises(clients.QueueExists):
+            await good.declare_queue("safe", delivery_limit=7)
+
+
+def good_max(conn: clients.Connection) -> int:
+    return int(conn.max_message)
+
+
+async def test_second_broker_on_same_data_dir_is_refused(broker: BrokerProcess) -> None:
+    twin = BrokerProcess(broker.data_dir)
+    try:
+        with pytest.raises(RuntimeError, match="cannot start"):
+            twin.start(timeout=15)
+    finally:
+        twin.stop()
+    assert broker.proc is not None and broker.proc.poll() is None
+    os.kill(broker.proc.pid, 0)  # still alive
+    _ = signal  # (imported for the reader: kill -9 tests live above)
+    with pytest.raises(ConnectionClosed):
+        await clients.connect("127.0.0.1:1", timeout=2)

@@ -1,0 +1,307 @@
+"""What only the file backend has: torn tails, corruption, several processes, segments, disk errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from clients.errors import LogCorrupt, LogTruncated, LogUnavailable
+from cluster.log import Log, Record
+from cluster.log import file as file_mod
+from cluster.log.file import FileLog
+
+TIMEOUT = 30.0
+ROOT = Path(__file__).resolve().parents[2]
+HEADER = struct.Struct(">IQI")
+
+
+async def collect(log: Log, start: int, count: int) -> list[Record]:
+    """Read exactly ``count`` records from ``start``."""
+
+    async def run() -> list[Record]:
+        got: list[Record] = []
+        reader = cast(AsyncGenerator[list[Record], None], log.read(start))
+        async with contextlib.aclosing(reader):
+            async for batch in reader:
+                got.extend(batch)
+                if len(got) >= count:
+                    break
+        assert len(got) == count
+        return got
+
+    return await asyncio.wait_for(run(), TIMEOUT)
+
+
+def segments(path: Path) -> list[Path]:
+    return sorted(path.glob("*.seg"))
+
+
+def frame(offset: int, payload: bytes) -> bytes:
+    return HEADER.pack(len(payload), offset, zlib.crc32(payload)) + payload
+
+
+async def filled(path: Path, count: int, **kw: Any) -> FileLog:
+    log = await FileLog.open(str(path), **kw)
+    await log.append([f"r{i}".encode() for i in range(count)])
+    return log
+
+
+async def test_layout_and_record_format(tmp_path: Path) -> None:
+    log = await filled(tmp_path, 2)
+    await log.close()
+    assert (tmp_path / "LOCK").exists()
+    assert [p.name for p in segments(tmp_path)] == ["00000000000000000000.seg"]
+    assert segments(tmp_path)[0].read_bytes() == frame(0, b"r0") + frame(1, b"r1")
+
+
+@pytest.mark.parametrize(
+    "torn",
+    [
+        pytest.param(HEADER.pack(100, 10, 0) + b"x" * 10, id="incomplete-record"),
+        pytest.param(HEADER.pack(3, 10, 12345) + b"abc", id="bad-crc-last-record"),
+        pytest.param(b"\x00\x00\x00", id="partial-header"),
+        pytest.param(HEADER.pack(0xFFFFFFFF, 10, 0) + frame(11, b"rest"), id="batch-in-progress"),
+    ],
+)
+async def test_torn_tail_is_cut_on_open(tmp_path: Path, torn: bytes) -> None:
+    await (await filled(tmp_path, 10)).close()
+    seg = segments(tmp_path)[0]
+    good = seg.stat().st_size
+    with seg.open("ab") as f:
+        f.write(torn)
+    log = await FileLog.open(str(tmp_path))
+    try:
+        assert seg.stat().st_size == good
+        assert await log.end_offset() == 10
+        assert await log.append([b"next"]) == 10
+        got = await collect(log, 0, 11)
+        assert got[9:] == [(9, b"r9"), (10, b"next")]
+    finally:
+        await log.close()
+
+
+async def test_torn_tail_written_by_another_process_is_cut_by_next_append(tmp_path: Path) -> None:
+    log = await filled(tmp_path, 3)
+    try:
+        with segments(tmp_path)[0].open("ab") as f:  # a crashed writer's half record
+            f.write(HEADER.pack(50, 3, 0) + b"half")
+        assert await log.append([b"after crash"]) == 3
+        assert await collect(log, 2, 2) == [(2, b"r2"), (3, b"after crash")]
+    finally:
+        await log.close()
+
+
+async def test_corruption_in_the_middle_fails_open(tmp_path: Path) -> None:
+    await (await filled(tmp_path, 10)).close()
+    seg = segments(tmp_path)[0]
+    data = bytearray(seg.read_bytes())
+    data[len(frame(0, b"r0")) * 3 + HEADER.size] ^= 0xFF  # a payload byte of record 3
+    seg.write_bytes(bytes(data))
+    with pytest.raises(LogCorrupt, match=r"00000000000000000000\.seg.*offset 3"):
+        await FileLog.open(str(tmp_path))
+
+
+async def test_reader_reports_corruption_in_an_older_segment(tmp_path: Path) -> None:
+    log = await filled(tmp_path, 1, segment_bytes=64)
+    try:
+        for i in range(1, 20):
+            await log.append([f"r{i}".encode()])
+        first = segments(tmp_path)[0]
+        data = bytearray(first.read_bytes())
+        assert len(data) > 2 * len(frame(0, b"r0"))
+        data[-1] ^= 0xFF  # the last record of a segment that is not the last one
+        first.write_bytes(bytes(data))
+        with pytest.raises(LogCorrupt, match="offset"):
+            await collect(log, 0, 20)
+    finally:
+        await log.close()
+
+
+async def test_segments_roll_and_truncate_before(tmp_path: Path) -> None:
+    log = await FileLog.open(str(tmp_path), segment_bytes=1024)
+    try:
+        for i in range(50):
+            await log.append([bytes([i]) * 100, bytes([i]) * 50])
+        segs = segments(tmp_path)
+        assert len(segs) > 5
+        for seg in segs:  # each segment is named by the offset of its first record
+            _, offset, _ = HEADER.unpack_from(seg.read_bytes())
+            assert seg.name == f"{offset:020d}.seg"
+        got = await collect(log, 0, 100)
+        assert [r for _, r in got[::2]] == [bytes([i]) * 100 for i in range(50)]
+
+        bases = [int(p.stem) for p in segs]
+        await log.truncate_before(45)
+        start = await log.start_offset()
+        assert start == max(b for b in bases if b <= 45) > 0
+        assert [int(p.stem) for p in segments(tmp_path)] == [b for b in bases if b >= start]
+        assert await collect(log, start, 100 - start) == got[start:]
+        with pytest.raises(LogTruncated):
+            await collect(log, start - 1, 1)
+
+        await log.truncate_before(10**9)  # never removes the last segment
+        assert [int(p.stem) for p in segments(tmp_path)] == [bases[-1]]
+        assert await log.start_offset() == bases[-1]
+        assert await log.end_offset() == 100
+        assert await log.append([b"more"]) == 100
+    finally:
+        await log.close()
+
+
+async def test_reader_in_a_truncated_segment_gets_truncated(tmp_path: Path) -> None:
+    log = await FileLog.open(str(tmp_path), segment_bytes=200)
+    try:
+        for i in range(30):
+            await log.append([bytes(60)])
+        reader = cast(AsyncGenerator[list[Record], None], log.read(0, max_batch=1))
+        async with contextlib.aclosing(reader):
+            assert await asyncio.wait_for(reader.__anext__(), TIMEOUT) == [(0, bytes(60))]
+            await log.truncate_before(29)  # the reader still holds segment 0 open: it may finish it
+            with pytest.raises(LogTruncated):
+                async with asyncio.timeout(TIMEOUT):
+                    async for _ in reader:
+                        pass
+    finally:
+        await log.close()
+
+
+async def test_concurrent_appends_share_one_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = await FileLog.open(str(tmp_path))
+    syncs = 0
+    real = file_mod._datasync
+
+    def counting(fd: int) -> None:
+        nonlocal syncs
+        syncs += 1
+        real(fd)
+
+    monkeypatch.setattr(file_mod, "_datasync", counting)
+    try:
+        firsts = await asyncio.wait_for(
+            asyncio.gather(*(log.append([f"{i}a".encode(), f"{i}b".encode()]) for i in range(50))), TIMEOUT
+        )
+        assert sorted(firsts) == list(range(0, 100, 2))
+        assert syncs <= 2, f"50 concurrent appends took {syncs} fsyncs"
+        got = dict(await collect(log, 0, 100))
+        for i, first in enumerate(firsts):
+            assert (got[first], got[first + 1]) == (f"{i}a".encode(), f"{i}b".encode())
+    finally:
+        await log.close()
+
+
+@pytest.mark.parametrize("failing", ["_pwrite_all", "_datasync"])
+async def test_disk_error_fails_the_batch_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    log = await filled(tmp_path, 5)
+    seg = segments(tmp_path)[0]
+    size = seg.stat().st_size
+    real_write = file_mod._pwrite_all
+
+    def full_disk_write(fd: int, data: bytes, pos: int) -> None:
+        real_write(fd, data[: len(data) // 2], pos)  # part of it lands, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def failing_sync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    try:
+        monkeypatch.setattr(file_mod, failing, full_disk_write if failing == "_pwrite_all" else failing_sync)
+        with pytest.raises(LogUnavailable) as caught:
+            await log.append([b"lost-%d" % i * 100 for i in range(20)])
+        assert isinstance(caught.value.__cause__, OSError)
+        monkeypatch.undo()
+        assert seg.stat().st_size == size
+        assert await log.end_offset() == 5
+        assert await log.append([b"later"]) == 5
+        got = await collect(log, 0, 6)
+        assert got[-2:] == [(4, b"r4"), (5, b"later")]
+        assert await log.end_offset() == 6
+    finally:
+        await log.close()
+
+
+CHILD = """
+import asyncio, sys
+from cluster.log.file import FileLog
+
+async def main(path, name, count, batch):
+    log = await FileLog.open(path, segment_bytes=int(sys.argv[5]))
+    sent = 0
+    while sent < count:
+        n = min(batch, count - sent)
+        await log.append([f"{name}:{sent + i}".encode() for i in range(n)])
+        sent += n
+    await log.close()
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+"""
+
+
+def spawn(path: Path, name: str, count: int, batch: int, segment_bytes: int = 64 << 20) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-c", CHILD, str(path), name, str(count), str(batch), str(segment_bytes)]
+    return subprocess.Popen(args, env=env, cwd=ROOT, stderr=subprocess.PIPE)
+
+
+async def wait_ok(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        _, err = await asyncio.wait_for(asyncio.to_thread(proc.communicate), TIMEOUT)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err.decode()
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+async def test_two_processes_append_to_one_log(tmp_path: Path) -> None:
+    await (await FileLog.open(str(tmp_path))).close()
+    procs = [spawn(tmp_path, "A", 2000, 7, 16 << 10), spawn(tmp_path, "B", 2000, 3, 16 << 10)]
+    try:
+        for proc in procs:
+            await wait_ok(proc)
+    finally:
+        for proc in procs:
+            stop(proc)
+    assert len(segments(tmp_path)) > 1  # they also rolled segments under each other
+    log = await FileLog.open(str(tmp_path))
+    try:
+        assert await log.end_offset() == 4000
+        got = await collect(log, 0, 4000)
+        assert [o for o, _ in got] == list(range(4000))
+        for name in "AB":
+            mine = [r for _, r in got if r.startswith(f"{name}:".encode())]
+            assert mine == [f"{name}:{i}".encode() for i in range(2000)]
+    finally:
+        await log.close()
+
+
+async def test_reader_sees_appends_of_another_process(tmp_path: Path) -> None:
+    log = await filled(tmp_path, 2, poll_interval=0.01)
+    try:
+        reader = asyncio.create_task(collect(log, 2, 50))
+        await asyncio.sleep(0.05)
+        await wait_ok(spawn(tmp_path, "other", 50, 10))
+        got = await asyncio.wait_for(reader, TIMEOUT)
+        assert got == [(2 + i, f"other:{i}".encode()) for i in range(50)]
+        assert await log.end_offset() == 52  # the end reflects the other process too
+        assert await log.append([b"mine"]) == 52
+    finally:
+        await log.close()
