@@ -119,6 +119,12 @@ def _queues(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from broker.demo import run_demo
+
+    return run_demo(args.data_dir, args.count, args.size)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baton", description="Baton message broker")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -151,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     con.add_argument("--no-ack", action="store_true", help="release instead of ack")
     con.add_argument("-v", "--verbose", action="store_true", help="position, count, headers too")
     con.set_defaults(func=_consume)
+
+    d = sub.add_parser("demo", help="start a broker, round-trip messages, stop it")
+    d.add_argument("--data-dir", default=None, help="default: a new temporary directory")
+    d.add_argument("--count", type=int, default=20_000)
+    d.add_argument("--size", type=int, default=1024, help="body bytes")
+    d.set_defaults(func=_demo)
 
     q = sub.add_parser("queues", help="list queues and their counters")
     q.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
