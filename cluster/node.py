@@ -113,7 +113,7 @@ class Node:
         )
         self._tasks = [
             asyncio.create_task(self._append_loop(), name="baton-append"),
-            asyncio.create_task(self._apply_loop(loaded.applied + 1), name="baton-apply"),
+            asyncio.create_task(self._apply_loop(), name="baton-apply"),
         ]
         await self.submit(NodeStarted(address))
 
@@ -190,7 +190,28 @@ class Node:
 
     # -- applying ------------------------------------------------------------------
 
-    async def _apply_loop(self, start: int) -> None:
+    async def _apply_loop(self) -> None:
+        """Apply the log forever. A failing read (corrupt record, log unreachable) is
+        logged loudly and retried from the applied offset: the broker stays up, its
+        commands wait, and ``healthy`` is False until applying works again."""
+        delay = 0.5
+        while True:
+            try:
+                await self._apply_from(self.state.applied + 1)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.healthy = False
+                log.critical(
+                    "cannot read the log after offset %d (retrying in %.1fs): %s",
+                    self.state.applied,
+                    delay,
+                    exc,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _apply_from(self, start: int) -> None:
         state = self.state
         async for records in self.log.read(start):
             out: list[Effect] = []
@@ -203,6 +224,7 @@ class Node:
                     continue
                 state.apply(offset, origin, event, out)
             await self._persist(out, records[-1][0])
+            self.healthy = True
             self._dispatch(out)
             self.applied_event.set()
             self.applied_event.clear()

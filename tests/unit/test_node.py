@@ -119,3 +119,26 @@ async def test_effects_reach_the_listener_after_the_store(tmp_path: Path) -> Non
         assert bodies == [b"same-batch"]
     finally:
         await _close(node)
+
+
+async def test_a_failing_log_read_is_retried_not_fatal(tmp_path: Path) -> None:
+    """A read error (here: the log fails its first read) stalls applying; the node
+    reports unhealthy, retries from the applied offset, and completes the command."""
+    log = await open_log("memory:")
+    real_read = log.read
+    calls = {"n": 0}
+
+    def flaky_read(start: int, *, max_batch: int = 1024):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("disk went away")
+        return real_read(start, max_batch=max_batch)
+
+    log.read = flaky_read  # type: ignore[method-assign]
+    node = Node("a", log, RocksStore(str(tmp_path / "a")))
+    await asyncio.wait_for(node.start(), 10)
+    try:
+        assert calls["n"] == 2 and node.healthy
+        assert await node.submit(DeclareQueue("q")) == {"created": True}
+    finally:
+        await _close(node)
