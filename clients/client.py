@@ -18,6 +18,7 @@ Layout (STYLE.md "Client layout", after aiokafka ``conn.py``):
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,6 +26,8 @@ from types import TracebackType
 from typing import Any, Final, cast
 
 from clients import errors
+
+_log = logging.getLogger("baton.client")
 from clients.errors import (
     BatonError,
     ConnectionClosed,
@@ -813,6 +816,7 @@ class Consumer:
         "_error",
         "_batches",
         "_abandoned",
+        "settle_failures",
     )
 
     def __init__(self, conn: Connection, queue: str, prefetch: int) -> None:
@@ -827,6 +831,8 @@ class Consumer:
         self._error: BaseException | None = None
         self._batches: list[_SettleBatch | None] = [None, None, None]
         self._abandoned = False
+        #: Unconfirmed settlements the broker refused (each is also logged).
+        self.settle_failures = 0
 
     def __repr__(self) -> str:
         state = ("new", "active", "ended")[self._state]
@@ -1019,6 +1025,17 @@ class Consumer:
         batch.waiters.append(fut)
         return fut
 
+    def _unconfirmed_done(self, fut: asyncio.Future[None]) -> None:
+        """Outcome of an unconfirmed settlement: nobody awaits it, so count and log
+        failures (a closed connection shows up in the iterator anyway)."""
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is None or isinstance(exc, ConnectionClosed):
+            return
+        self.settle_failures += 1
+        _log.warning("settlement on consumer %s of %r failed: %s", self.tag, self.queue, exc)
+
     def _flush(self, kind: int) -> None:
         batch = self._batches[kind]
         if batch is None:
@@ -1036,19 +1053,19 @@ class Consumer:
         waiters, positions = batch.waiters, batch.positions
         fut.add_done_callback(lambda done: _fan_out(done, waiters, positions))
 
-    async def ack_many(self, messages: Iterable[Message]) -> None:
+    async def ack_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
         """Accept several messages with one frame (see :meth:`Message.ack`)."""
-        await self._settle_many(_ACK, messages)
+        await self._settle_many(_ACK, messages, confirm)
 
-    async def release_many(self, messages: Iterable[Message]) -> None:
+    async def release_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
         """Release several messages with one frame (see :meth:`Message.release`)."""
-        await self._settle_many(_RELEASE, messages)
+        await self._settle_many(_RELEASE, messages, confirm)
 
-    async def reject_many(self, messages: Iterable[Message]) -> None:
+    async def reject_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
         """Reject several messages with one frame (see :meth:`Message.reject`)."""
-        await self._settle_many(_REJECT, messages)
+        await self._settle_many(_REJECT, messages, confirm)
 
-    async def _settle_many(self, kind: int, messages: Iterable[Message]) -> None:
+    async def _settle_many(self, kind: int, messages: Iterable[Message], confirm: bool) -> None:
         items = list(messages)
         for msg in items:
             if msg._consumer is not self:
@@ -1060,7 +1077,10 @@ class Consumer:
             msg._settled = True
             futures.append(self._settle(kind, msg.position))
         for fut in futures:
-            await fut
+            if confirm:
+                await fut
+            else:
+                fut.add_done_callback(self._unconfirmed_done)
 
 
 def _fresh(error: BaseException) -> BaseException:
@@ -1165,39 +1185,51 @@ class Message:
         """True once ack/release/reject was called."""
         return self._settled
 
-    def _begin_settle(self, kind: int) -> asyncio.Future[None]:
+    async def _settle_as(self, kind: int, confirm: bool) -> None:
         if self._settled:
             raise InvalidArgument(f"message {self.queue!r}@{self.position} is already settled")
         self._settled = True
-        return self._consumer._settle(kind, self.position)
+        fut = self._consumer._settle(kind, self.position)
+        if confirm:
+            await fut
+        else:
+            fut.add_done_callback(self._consumer._unconfirmed_done)
 
-    async def ack(self) -> None:
+    async def ack(self, *, confirm: bool = False) -> None:
         """Accept the message: it is removed for good and never redelivered.
 
-        Returns once the broker applied the accept.
+        Without ``confirm`` the accept is queued (sent with the others of this
+        loop tick) and the call returns at once — a consumer loop then costs no
+        round trip per message. If the connection ends before the broker applied
+        it, the message is redelivered (at-least-once), as with any broker. With
+        ``confirm=True`` it returns once the broker applied the accept: from then
+        on the message can never come back (DESIGN §5, guarantee 3).
 
         Raises:
             InvalidArgument: the message was already settled (nothing sent).
-            NotAcquired: the broker no longer holds it for this consumer.
+            NotAcquired: (confirm) the broker no longer holds it for this consumer.
             UnknownConsumer: the consumer was cancelled (its messages were released).
-            ConnectionClosed: the connection ended first (outcome unknown).
+            ConnectionClosed: (confirm) the connection ended first (outcome unknown).
         """
-        await self._begin_settle(_ACK)
+        await self._settle_as(_ACK, confirm)
 
-    async def release(self) -> None:
+    async def release(self, *, confirm: bool = False) -> None:
         """Give the message back to its queue; its delivery count goes up by one.
 
-        Past the queue's ``delivery_limit`` it is dead-lettered instead.
+        At the queue's ``delivery_limit`` it is dead-lettered instead.
+        ``confirm`` as for :meth:`ack`.
 
         Raises:
             The same as :meth:`ack`.
         """
-        await self._begin_settle(_RELEASE)
+        await self._settle_as(_RELEASE, confirm)
 
-    async def reject(self) -> None:
+    async def reject(self, *, confirm: bool = False) -> None:
         """Reject the message: it goes to the dead-letter queue (or is dropped).
 
+        ``confirm`` as for :meth:`ack`.
+
         Raises:
             The same as :meth:`ack`.
         """
-        await self._begin_settle(_REJECT)
+        await self._settle_as(_REJECT, confirm)

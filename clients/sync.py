@@ -364,17 +364,23 @@ class SyncConsumer:
             local.append(SyncMessage(conn, msg))
         return local.popleft()
 
-    def ack_many(self, messages: Iterable[SyncMessage]) -> None:
+    def ack_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
         """Accept several messages with one frame."""
-        self._conn._run(self._consumer.ack_many([m._msg for m in messages]))
+        self._conn._run(
+            self._consumer.ack_many([m._msg for m in messages], confirm=confirm)
+        )
 
-    def release_many(self, messages: Iterable[SyncMessage]) -> None:
+    def release_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
         """Release several messages with one frame."""
-        self._conn._run(self._consumer.release_many([m._msg for m in messages]))
+        self._conn._run(
+            self._consumer.release_many([m._msg for m in messages], confirm=confirm)
+        )
 
-    def reject_many(self, messages: Iterable[SyncMessage]) -> None:
+    def reject_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
         """Reject several messages with one frame."""
-        self._conn._run(self._consumer.reject_many([m._msg for m in messages]))
+        self._conn._run(
+            self._consumer.reject_many([m._msg for m in messages], confirm=confirm)
+        )
 
 
 async def _take(consumer: _aio.Consumer, timeout: float | None) -> tuple[list[_aio.Message], bool]:
@@ -427,14 +433,14 @@ class SyncMessage:
         """True once ack/release/reject was called."""
         return self._msg.settled
 
-    def ack(self) -> None:
+    def ack(self, *, confirm: bool = False) -> None:
         """Accept the message (see :meth:`clients.client.Message.ack`)."""
-        self._conn._run(self._msg.ack())
+        self._conn._run(self._msg.ack(confirm=confirm))
 
-    def release(self) -> None:
+    def release(self, *, confirm: bool = False) -> None:
         """Give the message back to its queue (see :meth:`clients.client.Message.release`)."""
-        self._conn._run(self._msg.release())
+        self._conn._run(self._msg.release(confirm=confirm))
 
-    def reject(self) -> None:
+    def reject(self, *, confirm: bool = False) -> None:
         """Reject the message (see :meth:`clients.client.Message.reject`)."""
-        self._conn._run(self._msg.reject())
+        self._conn._run(self._msg.reject(confirm=confirm))

@@ -38,7 +38,7 @@ async def _drain(addr: str, queue: str, *, idle: float = 1.0, ack: bool = True) 
                     break
                 got.append(msg)
                 if ack:
-                    await msg.ack()
+                    await msg.ack(confirm=True)
     return got
 
 
@@ -58,7 +58,7 @@ async def test_round_trip_and_stats(broker: BrokerProcess) -> None:
             )
             stats = await conn.queue_stats("orders")
             assert stats["acquired"] == 3 and stats["ready"] == 0  # prefetch took all three
-            await msg.ack()
+            await msg.ack(confirm=True)
         stats = await conn.queue_stats("orders")
         assert stats["acquired"] == 0 and stats["ready"] == 2 and stats["accepted"] == 1
 
@@ -107,7 +107,7 @@ async def test_guarantee_3_and_8_accepted_never_return_after_kill9(broker: Broke
             async with conn.consume("work", prefetch=200) as consumer:
                 while True:
                     msg = await next_msg(consumer)
-                    await msg.ack()
+                    await msg.ack(confirm=True)
                     accepted.add(msg.position)
                     if len(accepted) == 1000:
                         broker.kill9()
@@ -132,9 +132,9 @@ async def test_guarantee_4_release_raises_delivery_count(broker: BrokerProcess) 
             for expected in range(3):
                 msg = await next_msg(consumer)
                 assert (msg.position, msg.delivery_count) == (pos, expected)
-                await msg.release()
+                await msg.release(confirm=True)
             msg = await next_msg(consumer)
-            await msg.ack()
+            await msg.ack(confirm=True)
         stats = await conn.queue_stats("rel")
         assert stats["redelivered"] == 3 and stats["ready"] == 0
 
@@ -153,10 +153,10 @@ async def test_guarantee_5_reject_and_delivery_limit_dead_letter(broker: BrokerP
                 msg = await next_msg(consumer)
                 deliveries += 1
                 if msg.position == rejected:
-                    await msg.reject()
+                    await msg.reject(confirm=True)
                 else:
                     assert msg.body == b"poison"
-                    await msg.release()  # a poison message: fails every time
+                    await msg.release(confirm=True)  # a poison message: fails every time
                 stats = await conn.queue_stats("jobs")
                 if stats["ready"] + stats["acquired"] == 0:
                     break
@@ -169,7 +169,7 @@ async def test_guarantee_5_reject_and_delivery_limit_dead_letter(broker: BrokerP
         assert by_body[b"poison"].headers["x-death-position"] == poison
         async with conn.consume("nodlq", prefetch=1) as consumer:
             for _ in range(2):
-                await (await next_msg(consumer)).release()
+                await (await next_msg(consumer)).release(confirm=True)
         stats = await conn.queue_stats("nodlq")
         assert stats["dropped"] == 1 and stats["ready"] == 0
 
@@ -202,14 +202,14 @@ async def test_guarantee_7_order_and_redelivery_keeps_position(broker: BrokerPro
         async with conn.consume("ordered", prefetch=5) as consumer:
             batch = [await next_msg(consumer) for _ in range(5)]
             assert [m.position for m in batch] == [0, 1, 2, 3, 4]
-            await batch[1].release()
+            await batch[1].release(confirm=True)
             for m in batch[:1] + batch[2:]:
-                await m.ack()
+                await m.ack(confirm=True)
             seen = []
             while len(seen) < 16:
                 m = await next_msg(consumer)
                 seen.append((m.position, m.delivery_count))
-                await asyncio.wait_for(m.ack(), 10)
+                await asyncio.wait_for(m.ack(confirm=True), 10)
         # Position 1 came back before everything behind it, keeping its position.
         assert seen[0] == (1, 1)
         assert [p for p, _ in seen[1:]] == list(range(5, 20))
@@ -222,7 +222,7 @@ async def test_sigterm_is_clean_and_loses_nothing(broker: BrokerProcess) -> None
         with pytest.raises(ConnectionClosed):
             async with conn.consume("t", prefetch=10) as consumer:
                 m = await next_msg(consumer)
-                await m.ack()
+                await m.ack(confirm=True)
                 # SIGTERM while this consumer still holds two messages.
                 assert broker.terminate() == 0
     assert "broker stopped" in broker.output()
@@ -269,3 +269,17 @@ async def test_second_broker_on_same_data_dir_is_refused(broker: BrokerProcess) 
     _ = signal  # (imported for the reader: kill -9 tests live above)
     with pytest.raises(ConnectionClosed):
         await clients.connect("127.0.0.1:1", timeout=2)
+
+
+async def test_unconfirmed_acks_before_cancel_are_applied(broker: BrokerProcess) -> None:
+    """``await msg.ack()`` without confirm returns at once; acks sent before the
+    consumer's Cancel reach the log before its release, so none comes back."""
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("fast")
+        await conn.publish_batch("fast", [b"%d" % i for i in range(500)])
+        async with conn.consume("fast", prefetch=100) as consumer:
+            for _ in range(300):
+                await (await next_msg(consumer)).ack()
+        stats = await conn.queue_stats("fast")
+        assert (stats["accepted"], stats["ready"], stats["acquired"]) == (300, 200, 0)
+        assert consumer.settle_failures == 0

@@ -1,0 +1,122 @@
+"""Throughput benchmark of the per-message paths on one broker (embedded file log).
+
+Phase 1: ``--tasks`` tasks share one connection, each doing ``await conn.publish()``
+for one message at a time (confirms), until ``--messages`` are confirmed.
+Phase 2: ``--consumers`` consumers (one connection each) with ``--prefetch`` do
+``async for msg in consumer: await msg.ack()`` until the queue is drained.
+Prints msgs/s and the confirm latency percentiles of phase 1.
+
+    python -m loadtest.bench_throughput --messages 100000 --size 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import clients
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+async def _run(address: str, args: argparse.Namespace) -> dict[str, float]:
+    body = b"x" * args.size
+    latencies: list[float] = []
+    async with await clients.connect(address) as conn:
+        await conn.declare_queue("bench")
+        await conn.purge_queue("bench")
+        left = args.messages
+
+        async def producer() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                t0 = time.perf_counter()
+                await conn.publish("bench", body)
+                latencies.append(time.perf_counter() - t0)
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(producer() for _ in range(args.tasks)))
+        pub_s = time.monotonic() - t0
+
+    got = 0
+
+    async def consumer() -> None:
+        nonlocal got
+        async with await clients.connect(address) as c:
+            async with c.consume("bench", prefetch=args.prefetch) as cons:
+                while got < args.messages:
+                    msg = await cons.get(timeout=2)
+                    if msg is None:
+                        return
+                    await msg.ack()
+                    got += 1
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(consumer() for _ in range(args.consumers)))
+    con_s = time.monotonic() - t0
+    latencies.sort()
+    return {
+        "messages": args.messages,
+        "size": args.size,
+        "publish_msgs_per_s": args.messages / pub_s,
+        "confirm_p50_ms": _pct(latencies, 0.5) * 1000,
+        "confirm_p99_ms": _pct(latencies, 0.99) * 1000,
+        "consumed": got,
+        "consume_ack_msgs_per_s": got / con_s,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=100_000)
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--tasks", type=int, default=200, help="concurrent publishing tasks")
+    p.add_argument("--consumers", type=int, default=2)
+    p.add_argument("--prefetch", type=int, default=1000)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    data_dir = tempfile.mkdtemp(prefix="baton-bench-")
+    address = f"127.0.0.1:{_free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve",
+         "--listen", address, "--data-dir", data_dir],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            if raw.startswith(b"baton ready"):
+                break
+        import uvloop
+
+        result = uvloop.run(_run(address, args))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0 if result["consumed"] == args.messages else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
