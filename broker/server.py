@@ -65,9 +65,14 @@ class Broker:
         self._delivery = Delivery(self._node, chunk_bytes=cfg.max_frame // 4)
         self._node.listener = self._delivery.on_effects
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: Session(self), cfg.host, cfg.port, reuse_address=True
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: Session(self), cfg.host, cfg.port, reuse_address=True
+            )
+        except OSError as exc:
+            raise InvalidArgument(
+                f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}"
+            ) from exc
         sock = self._server.sockets[0].getsockname()
         self.address = f"{sock[0]}:{sock[1]}"
         await self._node.start(self.address)

@@ -72,6 +72,9 @@ class Session(asyncio.Protocol):
         self._reading_paused = False
         self.consumers: dict[int, "Consumer"] = {}
         self._next_tag = 0
+        self._out: list[bytes] = []  # encoded frames waiting for this tick's write
+        # Single publishes read in one go, per queue, merged into one Enqueue event.
+        self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any]]]] = {}
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -92,7 +95,7 @@ class Session(asyncio.Protocol):
                 self._fail(exc)
                 return
             if frame is wire.NEED_DATA:
-                return
+                break
             assert isinstance(frame, wire.Frame)
             try:
                 self._handle(frame)
@@ -101,6 +104,7 @@ class Session(asyncio.Protocol):
             except Exception as exc:  # a bug: answer, log, keep the broker alive
                 log.exception("error handling %s from %s", type(frame).__name__, self.peer)
                 self._error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
+        self._flush_publishes()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -120,9 +124,22 @@ class Session(asyncio.Protocol):
     # -- sending ---------------------------------------------------------------------------
 
     def send(self, frame: wire.Frame) -> None:
+        """Queue a frame; all frames queued in one loop tick go out in one write."""
         if self.closed or self.transport is None:
             return
-        self.transport.write(self.codec.send(frame))
+        out = self._out
+        out.append(self.codec.send(frame))
+        if len(out) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out = self._out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
 
     def _error(self, corr: int, exc: BatonError) -> None:
         self.send(wire.Error(corr, exc.code, exc.message))
@@ -131,6 +148,7 @@ class Session(asyncio.Protocol):
         """Close this connection after telling the client why."""
         log.info("closing connection from %s: %s", self.peer, exc.message)
         self.send(wire.Error(0, exc.code, exc.message))
+        self._flush()
         self.closed = True
         if self.transport is not None:
             self.transport.close()
@@ -148,17 +166,10 @@ class Session(asyncio.Protocol):
         shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         """Answer ``corr`` with the future's outcome when it completes."""
-        self.in_flight += 1
-        if self.in_flight >= MAX_IN_FLIGHT and not self._reading_paused and self.transport:
-            self._reading_paused = True
-            self.transport.pause_reading()
+        self._started(1)
 
         def done(f: asyncio.Future[dict[str, Any]]) -> None:
-            self.in_flight -= 1
-            if self._reading_paused and self.in_flight < MAX_IN_FLIGHT // 2 and self.transport:
-                self._reading_paused = False
-                if not self.closed:
-                    self.transport.resume_reading()
+            self._finished(1)
             if f.cancelled():
                 self._error(corr, InternalError("command cancelled"))
                 return
@@ -195,12 +206,21 @@ class Session(asyncio.Protocol):
         if t is wire.Publish:
             assert isinstance(f, wire.Publish)
             self._check_body(f.body)
+            q = self.broker.node.state.queues.get(f.queue)
+            if q is not None and q.max_length is None:
+                self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers))
+                return
+            self._flush_publishes()
             self._submit(
                 f.corr,
                 Enqueue(f.queue, ((f.body, f.headers),)),
                 lambda r: {"position": r["first_position"]},
             )
-        elif t is wire.PublishBatch:
+            return
+        # Anything else is submitted after the publishes read before it (log order
+        # = the order the client sent them).
+        self._flush_publishes()
+        if t is wire.PublishBatch:
             assert isinstance(f, wire.PublishBatch)
             self._submit(f.corr, Enqueue(f.queue, self._batch(f.messages)))
         elif t is wire.Ack:
@@ -240,6 +260,51 @@ class Session(asyncio.Protocol):
             raise ProtocolError("Hello was already sent on this connection")
         else:
             raise ProtocolError(f"{t.__name__} is not a client command")
+
+    def _started(self, n: int) -> None:
+        """``n`` more commands in flight; past MAX_IN_FLIGHT stop reading frames."""
+        self.in_flight += n
+        if self.in_flight >= MAX_IN_FLIGHT and not self._reading_paused and self.transport:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _finished(self, n: int) -> None:
+        self.in_flight -= n
+        if self._reading_paused and self.in_flight < MAX_IN_FLIGHT // 2 and self.transport:
+            self._reading_paused = False
+            if not self.closed:
+                self.transport.resume_reading()
+
+    def _flush_publishes(self) -> None:
+        """Submit the merged publishes: one Enqueue per queue, one Ok per publish.
+
+        Only queues without max_length are merged: a merged Enqueue is atomic, and
+        merging must not make a publish that fits fail with QueueFull.
+        """
+        if not self._publishes:
+            return
+        pending, self._publishes = self._publishes, {}
+        for queue, items in pending.items():
+            fut = self.broker.node.submit(Enqueue(queue, tuple((b, h) for _, b, h in items)))
+            self._started(len(items))
+            fut.add_done_callback(self._merged_done(items))
+
+    def _merged_done(
+        self, items: list[tuple[int, bytes, dict[str, Any]]]
+    ) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
+        def done(f: asyncio.Future[dict[str, Any]]) -> None:
+            self._finished(len(items))
+            exc = f.exception() if not f.cancelled() else InternalError("command cancelled")
+            if exc is None:
+                first = f.result()["first_position"]
+                for i, (corr, _, _) in enumerate(items):
+                    self.send(wire.Ok(corr, {"position": first + i}))
+            else:
+                err = exc if isinstance(exc, BatonError) else InternalError(repr(exc))
+                for corr, _, _ in items:
+                    self._error(corr, err)
+
+        return done
 
     def _hello(self, f: wire.Hello) -> None:
         if f.version != wire.PROTOCOL_VERSION:
