@@ -40,10 +40,21 @@ async def _serve_async(config: BrokerConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        await broker.start()
-    except BatonError as exc:
-        print(f"baton: cannot start: {exc.message}", file=sys.stderr)
+    # Start-up (replaying the log) can take a while: a signal must still stop it.
+    starting = asyncio.create_task(broker.start())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        print("baton: stopped during start-up", flush=True)
+        await asyncio.gather(starting, return_exceptions=True)
+        await broker.stop()
+        return 0
+    stopping.cancel()
+    if starting.exception() is not None:
+        exc = starting.exception()
+        msg = exc.message if isinstance(exc, BatonError) else repr(exc)
+        print(f"baton: cannot start: {msg}", file=sys.stderr)
         await broker.stop()
         return 2
     # One machine-readable line so scripts and tests know we are serving.
@@ -79,7 +90,9 @@ def _consume(args: argparse.Namespace) -> int:
 
     got = 0
     with clients.sync.connect(args.broker) as conn:
-        with conn.consume(args.queue, prefetch=args.prefetch) as consumer:
+        # Take no more than will be printed: the rest would only sit in a buffer.
+        prefetch = min(args.prefetch, args.count) if args.count else args.prefetch
+        with conn.consume(args.queue, prefetch=prefetch) as consumer:
             deadline = time.monotonic() + args.timeout if args.timeout else None
             while args.count == 0 or got < args.count:
                 left = None if deadline is None else deadline - time.monotonic()

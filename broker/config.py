@@ -40,6 +40,7 @@ class BrokerConfig:
         log_url: the ordered log; default ``file:<data_dir>/log``.
         node_id: persistent id; default made at first start and kept in the store.
         max_message: largest message body accepted, bytes.
+        max_headers: largest message headers accepted (msgpack-encoded), bytes.
         max_frame: largest wire frame, bytes.
         max_prefetch: largest prefetch a consumer may ask for.
         expiry_interval: seconds between TTL checks of queues with a message TTL.
@@ -51,6 +52,7 @@ class BrokerConfig:
     log_url: str | None = None
     node_id: str | None = None
     max_message: int = 8 * 1024 * 1024
+    max_headers: int = 64 * 1024
     max_frame: int = 32 * 1024 * 1024
     max_prefetch: int = 10_000
     expiry_interval: float = 0.25

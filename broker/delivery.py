@@ -43,6 +43,7 @@ class Consumer:
         "settling",
         "acquiring",
         "closed",
+        "refill",
     )
 
     def __init__(self, tag: int, cid: str, queue: str, prefetch: int, session: "Session") -> None:
@@ -55,10 +56,14 @@ class Consumer:
         self.settling = 0  # positions in an ack/release/reject not yet applied
         self.acquiring = 0  # count asked for by the acquire in flight (0: none)
         self.closed = False
+        self.refill = max(1, prefetch // 2)  # acquire once this much credit is free
 
     @property
     def credit(self) -> int:
-        return self.prefetch - len(self.held) - self.settling - self.acquiring
+        # Messages being settled are not counted: the client has let go of them,
+        # and counting them would cost a second log round trip per refill (the
+        # next Acquire can ride in the same append as the Accept).
+        return self.prefetch - len(self.held) - self.acquiring
 
 
 class Delivery:
@@ -90,8 +95,11 @@ class Delivery:
         self.pump(queue)
         return c
 
-    def remove(self, c: Consumer) -> asyncio.Future[dict[str, Any]] | None:
-        """Stop a consumer; everything it holds goes back to the queue.
+    def remove(
+        self, c: Consumer, unread: list[int] | None = None
+    ) -> asyncio.Future[dict[str, Any]] | None:
+        """Stop a consumer; everything it holds goes back to the queue (those in
+        ``unread``, never handed to the application, without a delivery attempt).
 
         Returns the ReleaseAll's completion, or None if the queue is gone.
         """
@@ -106,7 +114,8 @@ class Delivery:
                 del self.by_queue[c.queue]
         if c.queue not in self.node.state.queues:
             return None
-        fut = self.node.submit(ReleaseAll(c.queue, c.cid))
+        positions = tuple(p for p in unread or () if type(p) is int and p in c.held)
+        fut = self.node.submit(ReleaseAll(c.queue, c.cid, positions))
         fut.add_done_callback(_quiet)
         return fut
 
@@ -150,7 +159,7 @@ class Delivery:
                 continue
             c.held.add(pos)
             out.append([pos, count, m.body, m.headers, m.publish_time])
-            size += len(m.body) + 64
+            size += m.size + 16
             if size >= self._chunk_bytes:
                 c.session.deliver(c, out)
                 out, size = [], 0
@@ -173,8 +182,14 @@ class Delivery:
                 break
             if c.acquiring or c.closed or c.session.paused:
                 continue
-            n = min(c.credit, budget)
+            credit = c.credit
+            n = min(credit, budget)
             if n <= 0:
+                continue
+            # Refill in batches (as AMQP 1.0 credit refresh does): a busy consumer
+            # waits until half its prefetch is free, so one acquire (one log round
+            # trip) brings many messages instead of one per ack.
+            if credit < c.refill <= budget and len(c.held) > 0:
                 continue
             c.acquiring = n
             budget -= n

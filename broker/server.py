@@ -66,8 +66,10 @@ class Broker:
         self._node.listener = self._delivery.on_effects
         loop = asyncio.get_running_loop()
         try:
+            # Bound now (the address goes into NodeStarted), serving only once the
+            # state has caught up with the log: no answers from a half-replayed state.
             self._server = await loop.create_server(
-                lambda: Session(self), cfg.host, cfg.port, reuse_address=True
+                lambda: Session(self), cfg.host, cfg.port, reuse_address=True, start_serving=False
             )
         except OSError as exc:
             raise InvalidArgument(
@@ -76,6 +78,7 @@ class Broker:
         sock = self._server.sockets[0].getsockname()
         self.address = f"{sock[0]}:{sock[1]}"
         await self._node.start(self.address)
+        await self._server.start_serving()
         self._delivery.start_expiry(cfg.expiry_interval)
         log.info(
             "broker %s listening on %s, log %s", node_id, self.address, cfg.resolved_log_url()

@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+import msgpack
+
 from clients import wire
 from clients.errors import (
     BatonError,
@@ -73,6 +75,7 @@ class Session(asyncio.Protocol):
         self.consumers: dict[int, "Consumer"] = {}
         self._next_tag = 0
         self._out: list[bytes] = []  # encoded frames waiting for this tick's write
+        self._packer = msgpack.Packer(use_bin_type=True)
         # Single publishes read in one go, per queue, merged into one Enqueue event.
         self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any]]]] = {}
 
@@ -155,7 +158,11 @@ class Session(asyncio.Protocol):
         self.connection_lost(None)
 
     def deliver(self, c: "Consumer", messages: list[list[Any]]) -> None:
-        self.send(wire.Deliver(c.tag, messages))
+        try:
+            self.send(wire.Deliver(c.tag, messages))
+        except BatonError as exc:  # cannot happen with the size limits; never wedge a consumer
+            log.error("cannot deliver to %s: %s", self.peer, exc)
+            self._fail(InternalError(f"delivery failed: {exc.message}"))
 
     def consumer_cancelled(self, c: "Consumer", exc: BatonError) -> None:
         self.consumers.pop(c.tag, None)
@@ -205,7 +212,7 @@ class Session(asyncio.Protocol):
             return
         if t is wire.Publish:
             assert isinstance(f, wire.Publish)
-            self._check_body(f.body)
+            self._check_body(f.body, f.headers)
             q = self.broker.node.state.queues.get(f.queue)
             if q is not None and q.max_length is None:
                 self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers))
@@ -329,10 +336,17 @@ class Session(asyncio.Protocol):
             )
         )
 
-    def _check_body(self, body: bytes) -> None:
+    def _check_body(self, body: bytes, headers: dict[str, Any]) -> None:
         limit = self.broker.config.max_message
         if len(body) > limit:
             raise MessageTooLarge(f"message of {len(body)} bytes is above the maximum of {limit}")
+        if headers:
+            size = len(self._packer.pack(headers))
+            if size > self.broker.config.max_headers:
+                raise MessageTooLarge(
+                    f"headers of {size} bytes are above the maximum of "
+                    f"{self.broker.config.max_headers}"
+                )
 
     def _batch(self, messages: list[Any]) -> tuple[tuple[bytes, dict[str, Any]], ...]:
         if not messages:
@@ -346,7 +360,7 @@ class Session(asyncio.Protocol):
                 or not isinstance(m[1], dict)
             ):
                 raise InvalidArgument("each batch message must be [body: bytes, headers: map]")
-            self._check_body(m[0])
+            self._check_body(m[0], m[1])
             out.append((m[0], m[1]))
         return tuple(out)
 
@@ -365,7 +379,7 @@ class Session(asyncio.Protocol):
         c = self.consumers.pop(f.consumer, None)
         if c is None:
             raise UnknownConsumer(f"no consumer {f.consumer} on this connection")
-        fut = self.broker.delivery.remove(c)
+        fut = self.broker.delivery.remove(c, f.unread)
         if fut is None:
             self.send(wire.Ok(f.corr, {"released": 0}))
         else:
@@ -382,6 +396,8 @@ class Session(asyncio.Protocol):
         c = self.consumers.get(tag)
         if c is None:
             raise UnknownConsumer(f"no consumer {tag} on this connection")
+        if not all(type(p) is int and p >= 0 for p in positions):
+            raise InvalidArgument("positions must be non-negative integers")
         held = c.held
         mine: list[int] = []
         missing: list[int] = []
@@ -405,6 +421,7 @@ class Session(asyncio.Protocol):
             delivery.settled(c)
 
         fut.add_done_callback(settled)
+        delivery.settled(c)  # credit is back now; see Consumer.credit
         self._reply(
             corr,
             fut,

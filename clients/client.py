@@ -817,6 +817,7 @@ class Consumer:
         "_batches",
         "_abandoned",
         "settle_failures",
+        "_flush_at",
     )
 
     def __init__(self, conn: Connection, queue: str, prefetch: int) -> None:
@@ -833,6 +834,7 @@ class Consumer:
         self._abandoned = False
         #: Unconfirmed settlements the broker refused (each is also logged).
         self.settle_failures = 0
+        self._flush_at = max(1, prefetch // 4)
 
     def __repr__(self) -> str:
         state = ("new", "active", "ended")[self._state]
@@ -896,12 +898,18 @@ class Consumer:
         self._buffer.clear()
         self._ready.set()
 
+    async def _cancel_with_unread(self, unread: list[Message]) -> int:
+        """Cancel, with ``unread`` (taken by a wrapper, never handed out) put back first."""
+        self._buffer.extendleft(reversed(unread))
+        return await self.cancel()
+
     async def cancel(self) -> int:
         """Stop the consumer: send Cancel and wait for the broker's Ok.
 
-        Buffered, unsettled messages are dropped here; the broker releases every
-        message of this consumer that was not settled. Cancelling an ended consumer
-        does nothing.
+        Buffered messages are dropped here; the broker releases every message of
+        this consumer that was not settled. Those still buffered (never handed to
+        the application) go back without raising their delivery count; the others
+        count as a failed delivery. Cancelling an ended consumer does nothing.
 
         Returns:
             How many messages the broker released (0 if nothing was sent).
@@ -912,6 +920,7 @@ class Consumer:
         if self._state != _ACTIVE:
             self._end(None)
             return 0
+        unread = [m.position for m in self._buffer]
         self._end(None)
         conn = self._conn
         if conn._closed is not None:
@@ -922,7 +931,7 @@ class Consumer:
                 self._flush(kind)
         corr = conn._next_corr()
         try:
-            result = await conn._request(Cancel(corr, self.tag), corr)
+            result = await conn._request(Cancel(corr, self.tag, unread), corr)
         except UnknownConsumer:
             return 0  # the broker ended it first (ConsumerCancelled crossed our Cancel)
         finally:
@@ -995,6 +1004,10 @@ class Consumer:
             return []
         if first is None:
             return []
+        return self._with_buffered(first, max_count)
+
+    def _with_buffered(self, first: Message, max_count: int) -> list[Message]:
+        """``first`` and then buffered messages, up to ``max_count`` in all."""
         out = [first]
         buffer = self._buffer
         while buffer and len(out) < max_count:
@@ -1023,6 +1036,10 @@ class Consumer:
             conn._loop.call_soon(self._flush, kind)
         batch.positions.append(position)
         batch.waiters.append(fut)
+        if len(batch.positions) >= self._flush_at:
+            # A consumer working through a full buffer never yields; sending part
+            # of its acks early lets the broker refill while it works on the rest.
+            self._flush(kind)
         return fut
 
     def _unconfirmed_done(self, fut: asyncio.Future[None]) -> None:

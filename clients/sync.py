@@ -314,9 +314,14 @@ class SyncConsumer:
                 raise
 
     def cancel(self) -> int:
-        """Stop the consumer; returns how many messages the broker released."""
+        """Stop the consumer; returns how many messages the broker released.
+
+        Messages taken from the broker but not yet returned by :meth:`next` go
+        back without raising their delivery count.
+        """
+        unread = [m._msg for m in self._local]
         self._local.clear()
-        return self._conn._run(self._consumer.cancel())
+        return self._conn._run(self._consumer._cancel_with_unread(unread))
 
     def __iter__(self) -> Iterator[SyncMessage]:
         return self.iter()
@@ -393,9 +398,12 @@ async def _take(consumer: _aio.Consumer, timeout: float | None) -> tuple[list[_a
         The messages (possibly none) and whether the consumer ended normally.
     """
     try:
-        return await consumer.get_many(_TAKE_MAX, timeout), False
+        first = await consumer.get(timeout)
     except StopAsyncIteration:
         return [], True
+    if first is None:
+        return [], False
+    return consumer._with_buffered(first, _TAKE_MAX), False
 
 
 class SyncMessage:

@@ -265,11 +265,17 @@ class Reject(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Cancel(Frame):
-    """C->S: stop a consumer; its unsettled messages are released."""
+    """C->S: stop a consumer; its unsettled messages are released.
+
+    ``unread`` lists delivered messages the client never handed to the application
+    (still in its buffer): they go back *without* raising their delivery count, as
+    AMQP 1.0's "released" outcome; the rest count as a failed delivery.
+    """
 
     OP: ClassVar[int] = 35
     corr: int
     consumer: int
+    unread: list[int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from cluster.events import (
     Origin,
     Reject,
     Release,
+    ReleaseAll,
 )
 
 __all__ = ["MalformedEvent", "encode", "decode", "EventEncoder"]
@@ -91,7 +92,7 @@ def decode(record: bytes) -> tuple[Origin, Event]:
         raise MalformedEvent(f"{EVENT_TYPES[op].__name__} needs {len(names)} fields")
     if op == Enqueue.OP:
         values[1] = _messages(values[1])
-    elif op in _POSITION_EVENTS:
+    elif op in _POSITION_EVENTS or op == ReleaseAll.OP:
         values[2] = _positions(values[2])
     try:
         event = EVENT_TYPES[op](*values)

@@ -153,11 +153,16 @@ class Reject(Event):
 
 @dataclass(frozen=True, slots=True)
 class ReleaseAll(Event):
-    """Release every message ``consumer`` holds on ``queue`` (cancel, disconnect)."""
+    """Release every message ``consumer`` holds on ``queue`` (cancel, disconnect).
+
+    Those in ``unread`` were never handed to the application: they go back with
+    their delivery count unchanged; the others count as a failed delivery.
+    """
 
     OP: ClassVar[int] = 15
     queue: str
     consumer: str
+    unread: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from clients.errors import BatonError, LogUnavailable, ShuttingDown, StoreError
+from clients.errors import (
+    BatonError,
+    LogTruncated,
+    LogUnavailable,
+    MessageTooLarge,
+    ShuttingDown,
+    StoreError,
+)
 from cluster.codec import EventEncoder, MalformedEvent, decode
 from cluster.events import Event, NodeStarted, Origin
 from cluster.log import Log
@@ -99,6 +106,19 @@ class Node:
         consumers held has been released.
         """
         loaded = self.store.load()
+        end = await self.log.end_offset()
+        if loaded.applied >= end:
+            raise LogTruncated(
+                f"this broker's store has applied {self.log.url} up to offset {loaded.applied},"
+                f" but that log ends at {end}: it is not the log this data dir was built"
+                " from (wrong --log URL, or the log was reset); use the right log or a new"
+                " data dir"
+            )
+        if loaded.applied + 1 < await self.log.start_offset():
+            raise LogTruncated(
+                f"the log was truncated past this broker's applied offset {loaded.applied};"
+                " start it with a new data dir"
+            )
         if loaded.meta is not None:
             self.state.restore_meta(loaded.meta)
         for name, snap in loaded.queues.items():
@@ -152,6 +172,15 @@ class Node:
         record = self._encoder.encode(
             Origin(self.node_id, self.runtime_id, seq, self._clock()), event
         )
+        if len(record) > self.log.max_record:
+            # Refused alone, so it cannot fail the other events of its append.
+            fut.set_exception(
+                MessageTooLarge(
+                    f"event of {len(record)} bytes is above the log's record limit of "
+                    f"{self.log.max_record}; publish smaller batches"
+                )
+            )
+            return fut
         self._outbox.append((seq, record))
         self._waiting[seq] = fut
         self._outbox_ready.set()

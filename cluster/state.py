@@ -369,9 +369,7 @@ class State:
         if type(ev) is Reject:
             return self._reject(ev, out)
         if type(ev) is ReleaseAll:
-            q = self._queue(ev.queue)
-            held = [p for p, c in q.acquired.items() if c == ev.consumer]
-            return self._release(ev.queue, ev.consumer, held, out)
+            return self._release_all(ev, out)
         if type(ev) is Expire:
             return self._expire(ev, out)
         if type(ev) is DeclareQueue:
@@ -520,7 +518,7 @@ class State:
         for p in held:
             c = q.counts.get(p, 0) + 1
             if c >= q.delivery_limit:  # at most delivery_limit deliveries (guarantee 5)
-                self._dead_letter(q, p, "delivery-limit", out)
+                self._dead_letter(q, p, "delivery-limit", out, was_acquired=True)
             else:
                 q.counts[p] = c
                 heapq.heappush(q.returned, p)
@@ -530,11 +528,24 @@ class State:
             out.append(ReadyMore(q.name))
         return {"count": len(held), "not_acquired": other}
 
+    def _release_all(self, ev: ReleaseAll, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        unread = set(ev.unread)
+        held = sorted(p for p, c in q.acquired.items() if c == ev.consumer)
+        back = [p for p in held if p in unread]
+        for p in back:  # never handed to the application: no delivery attempt
+            del q.acquired[p]
+            heapq.heappush(q.returned, p)
+        if back:
+            out.append(ReadyMore(q.name))
+        done = self._release(ev.queue, ev.consumer, [p for p in held if p not in unread], out)
+        return {"count": done["count"] + len(back), "not_acquired": []}
+
     def _reject(self, ev: Reject, out: list[Effect]) -> dict[str, Any]:
         q = self._queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
         for p in held:
-            self._dead_letter(q, p, "rejected", out)
+            self._dead_letter(q, p, "rejected", out, was_acquired=True)
         return {"count": len(held), "not_acquired": other}
 
     def _expire(self, ev: Expire, out: list[Effect]) -> dict[str, Any]:
@@ -557,11 +568,35 @@ class State:
         return {"count": len(gone)}
 
     def _dead_letter(
-        self, q: QueueState, pos: int, reason: str, out: list[Effect], count: bool = True
+        self,
+        q: QueueState,
+        pos: int,
+        reason: str,
+        out: list[Effect],
+        count: bool = True,
+        was_acquired: bool = False,
     ) -> None:
-        """Move one message (no longer ready nor acquired) to q's DLQ, or drop it."""
-        delivered = q.counts.pop(pos, 0)
+        """Move one message (no longer ready nor acquired) to q's DLQ, or drop it.
+
+        ``x-death-delivery-count`` is how many times it was delivered: the releases
+        so far, plus the delivery it was acquired for if it was.
+        """
+        delivered = q.counts.pop(pos, 0) + (1 if was_acquired else 0)
         dlq = self.queues.get(q.dead_letter) if q.dead_letter is not None else None
+        if (
+            dlq is not None
+            and dlq.max_length is not None
+            and dlq.length >= dlq.max_length
+            and dlq.overflow == "drop-head"
+            and dlq.ready > 0
+        ):
+            # A full drop-head DLQ makes room as it would for a publish; its oldest
+            # ready message is dropped (not dead-lettered on: DLQ chains may cycle).
+            for head in dlq.take_ready(1):
+                dlq.counts.pop(head, None)
+                dlq.dropped += 1
+                out.append(Removed(dlq.qid, [head]))
+            self.dirty.add(dlq.name)
         if dlq is not None and (dlq.max_length is None or dlq.length < dlq.max_length):
             dst = dlq.next_pos
             dlq.next_pos += 1

@@ -28,6 +28,7 @@ class StoredMessage:
     headers: dict[str, Any]
     publish_time: int
     enqueued_at: int
+    size: int  # bytes of the stored record: body, headers and a few more
 
 
 @dataclass(slots=True)

@@ -190,7 +190,7 @@ class RocksStore(Store):
                 out.append(None)
                 continue
             enq, pub, headers, body = unpackb(raw, raw=False)
-            out.append(StoredMessage(body, headers, pub, enq))
+            out.append(StoredMessage(body, headers, pub, enq, len(raw)))
         return out
 
     def scan(self, qid: int, start: int, limit: int) -> list[tuple[int, int]]:

@@ -35,6 +35,8 @@ class Log(abc.ABC):
     """The ordered log's interface. Every backend passes tests/contract/test_log.py."""
 
     url: str
+    #: The largest record this backend accepts, bytes.
+    max_record: int = 64 << 20
 
     @abc.abstractmethod
     async def append(self, records: Sequence[bytes]) -> int:

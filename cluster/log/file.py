@@ -187,6 +187,7 @@ class FileLog(Log):
         self._dir = path
         self._segment_bytes = segment_bytes
         self._max_record = max_record
+        self.max_record = max_record
         self._poll = poll_interval
         # Writer side: touched only by jobs on this one-thread executor, so never concurrently.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="baton-filelog")
@@ -204,7 +205,7 @@ class FileLog(Log):
         path: str,
         *,
         segment_bytes: int = 64 << 20,
-        max_record: int = 32 << 20,
+        max_record: int = 64 << 20,
         poll_interval: float = 0.005,
     ) -> FileLog:
         """Open (creating if needed) the log in directory ``path`` and repair a torn tail.

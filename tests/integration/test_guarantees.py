@@ -283,3 +283,95 @@ async def test_unconfirmed_acks_before_cancel_are_applied(broker: BrokerProcess)
         stats = await conn.queue_stats("fast")
         assert (stats["accepted"], stats["ready"], stats["acquired"]) == (300, 200, 0)
         assert consumer.settle_failures == 0
+
+
+async def test_cancel_returns_unread_messages_without_a_delivery_attempt(
+    broker: BrokerProcess,
+) -> None:
+    """Messages still in the client's buffer at cancel were never processed: their
+    delivery count stays; the one the application held counts as an attempt."""
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("buffered", delivery_limit=2)
+        await conn.publish_batch("buffered", [b"%d" % i for i in range(10)])
+        seen = []
+        for rnd in range(3):  # three consumers in a row take one message each
+            async with conn.consume("buffered", prefetch=10) as consumer:
+                first = await next_msg(consumer)
+                seen.append((first.position, first.delivery_count))
+                # Rounds 1 and 2 see all ten; position 0 is gone by round 3.
+                async with asyncio.timeout(10):
+                    while consumer.buffered < (9 if rnd < 2 else 8):
+                        await asyncio.sleep(0.01)
+        assert seen == [(0, 0), (0, 1), (1, 0)]
+        stats = await conn.queue_stats("buffered")
+        # Position 0 was handed out twice (delivery_limit 2): dead-lettered (dropped);
+        # the 9 buffered ones were never processed and are all still there.
+        assert (stats["ready"], stats["dropped"]) == (9, 1)
+        got = await _drain(broker.address, "buffered")
+        assert {m.delivery_count for m in got} <= {0, 1}
+        assert sorted(m.position for m in got) == list(range(1, 10))
+
+
+async def test_settle_with_bad_positions_is_an_error_not_a_hang(broker: BrokerProcess) -> None:
+    from clients import wire
+
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("raw")
+        await conn.publish("raw", b"x")
+    host, port = broker.address.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    codec = wire.FrameCodec()
+
+    delivered: list[wire.Deliver] = []
+
+    async def receive(want: type[wire.Frame]) -> wire.Frame:
+        while True:
+            got = codec.next_frame()
+            if got is wire.NEED_DATA:
+                codec.receive_data(await asyncio.wait_for(reader.read(65536), 10))
+                continue
+            if isinstance(got, wire.Deliver):
+                delivered.append(got)
+            assert isinstance(got, wire.Frame)
+            if isinstance(got, want):
+                return got
+
+    async def call(frame: wire.Frame) -> wire.Frame:
+        writer.write(codec.send(frame))
+        return await receive((wire.Ok, wire.Error, wire.HelloOk))  # type: ignore[arg-type]
+
+    assert isinstance(await call(wire.Hello(1, wire.PROTOCOL_VERSION, "raw")), wire.HelloOk)
+    sub = await call(wire.Subscribe(2, "raw", 10))
+    assert isinstance(sub, wire.Ok)
+    tag = sub.result["consumer"]
+    if not delivered:
+        await receive(wire.Deliver)
+    answer = await call(wire.Ack(3, tag, [True]))  # type: ignore[list-item]
+    assert isinstance(answer, wire.Error) and answer.code == clients.InvalidArgument.code
+    answer = await call(wire.Ack(4, tag, [0, 99]))
+    assert isinstance(answer, wire.Ok) and answer.result == {"count": 1, "not_acquired": [99]}
+    writer.close()
+
+
+async def test_headers_are_bounded_and_big_headers_are_delivered(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("hdr")
+        with pytest.raises(clients.MessageTooLarge):
+            await conn.publish("hdr", b"x", headers={"big": "h" * 70_000})
+        # 2,000 messages with 4 KiB headers at a big prefetch: delivered in several frames.
+        big = {"h": "v" * 4096}
+        await conn.publish_batch("hdr", [(b"m", big)] * 2000)
+        got = await _drain(broker.address, "hdr")
+        assert len(got) == 2000 and all(m.headers == big for m in got)
+
+
+async def test_store_ahead_of_the_log_is_refused_clearly(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("x")
+    assert broker.terminate() == 0
+    wrong = BrokerProcess(broker.data_dir, log_url="memory:")
+    try:
+        with pytest.raises(RuntimeError, match="not the log this data dir was built from"):
+            wrong.start(timeout=15)
+    finally:
+        wrong.stop()

@@ -181,11 +181,17 @@ class QueueModel(RuleBasedStateMachine):
                 self._dead_letter(p)
 
     @precondition(lambda self: "q" in self.state.queues)
-    @rule(consumer=st.sampled_from(CONSUMERS))
-    def release_all(self, consumer: str) -> None:
+    @rule(data=st.data())
+    def release_all(self, data: st.DataObject) -> None:
+        """Cancel/disconnect: all back; those never handed out keep their count."""
+        consumer = data.draw(st.sampled_from(CONSUMERS))
         held = self._held(consumer)
-        self._apply(ReleaseAll("q", consumer))
-        self._release_model(held)
+        unread = data.draw(st.lists(st.sampled_from(held), unique=True)) if held else []
+        done = self._completed(self._apply(ReleaseAll("q", consumer, tuple(unread))))
+        assert done.result is not None and done.result["count"] == len(held)
+        for p in unread:
+            self.msgs[p][0:2] = ["ready", None]
+        self._release_model([p for p in held if p not in unread])
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(data=st.data())
