@@ -1,0 +1,139 @@
+"""The ``baton`` command line (``python -m broker``) run as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import REPO, BrokerProcess, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def baton(*args: str, timeout: float = 20.0, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m broker ARGS`` and capture its output."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "broker", *args],
+        input=None if stdin is None else stdin.decode(),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+def _queues(address: str) -> dict[str, dict[str, Any]]:
+    r = baton("queues", "--broker", address, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert isinstance(rows, list)
+    return {row["queue"]: row for row in rows}
+
+
+def test_publish_queues_consume(broker: BrokerProcess) -> None:
+    addr = broker.address
+    r = baton("publish", "--broker", addr, "--declare", "q", "a", "b", "c")
+    assert r.returncode == 0, r.stderr
+    assert "published 3 message(s) to q" in r.stderr
+
+    q = _queues(addr)["q"]
+    assert (q["ready"], q["acquired"], q["enqueued"]) == (3, 0, 3)
+
+    r = baton("consume", "q", "--broker", addr, "--count", "3", "-v")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3, r.stdout
+    fields = [line.split("\t") for line in lines]
+    assert [f[3] for f in fields] == ["a", "b", "c"]
+    assert [int(f[0]) for f in fields] == [0, 1, 2]  # positions
+    assert [int(f[1]) for f in fields] == [0, 0, 0]  # delivery counts
+    assert [json.loads(f[2]) for f in fields] == [{}, {}, {}]
+    assert "consumed 3 message(s) from q" in r.stderr
+
+    q = _queues(addr)["q"]
+    assert (q["ready"], q["acquired"], q["accepted"]) == (0, 0, 3)
+
+
+def test_publish_headers_stdin_and_table(broker: BrokerProcess) -> None:
+    addr = broker.address
+    r = baton(
+        "publish", "--broker", addr, "--declare", "--header", "k=v", "--header", "n=1=2", "h",
+        stdin=b"line one\nline two\n",
+    )
+    assert r.returncode == 0, r.stderr
+    r = baton("publish", "--broker", addr, "h", "rep", "--count", "2")
+    assert r.returncode == 0, r.stderr
+    r = baton("queues", "--broker", addr)
+    assert r.returncode == 0, r.stderr
+    header, row = r.stdout.splitlines()
+    assert header.split() == ["queue", "ready", "acquired", "consumers", "enqueued"]
+    assert row.split() == ["h", "4", "0", "0", "4"]
+    # --no-ack releases: the messages stay, with a raised delivery count.
+    r = baton("consume", "h", "--broker", addr, "--count", "1", "-v", "--no-ack")
+    assert r.returncode == 0, r.stderr
+    pos, count, headers, body = r.stdout.rstrip("\n").split("\t")
+    assert (pos, count, json.loads(headers), body) == ("0", "0", {"k": "v", "n": "1=2"}, "line one")
+    r = baton("consume", "h", "--broker", addr, "--timeout", "0.5", "-v")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert [row[3] for row in rows] == ["line one", "line two", "rep", "rep"]
+    assert int(rows[0][1]) >= 1  # released once by --no-ack
+    q = _queues(addr)["h"]
+    # (The first consumer prefetched all four; cancelling it released the other three too.)
+    assert (q["ready"], q["acquired"], q["accepted"]) == (0, 0, 4)
+    assert q["redelivered"] >= 1
+
+
+def test_consume_missing_queue_fails_cleanly(broker: BrokerProcess) -> None:
+    r = baton("consume", "nope", "--broker", broker.address, "--timeout", "1")
+    assert r.returncode != 0
+    assert "nope" in r.stderr and "does not exist" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = baton("publish", "--broker", broker.address, "nope", "x")
+    assert r.returncode != 0
+    assert "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("listen", ["nonsense:abc", "127.0.0.1:99999", "127.0.0.1:"])
+def test_serve_bad_listen_address(tmp_path: Path, listen: str) -> None:
+    r = baton("serve", "--listen", listen, "--data-dir", str(tmp_path / "d"))
+    assert r.returncode != 0
+    assert "baton ready" not in r.stdout
+    assert "bad address" in r.stderr and repr(listen) in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_listen_address_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = "127.0.0.1:%d" % taken.getsockname()[1]
+        r = baton("serve", "--listen", addr, "--data-dir", str(tmp_path / "d"))
+    assert r.returncode != 0
+    assert "baton ready" not in r.stdout
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "cannot start" in r.stderr and "in use" in r.stderr
+
+
+def test_client_commands_without_broker_fail_cleanly() -> None:
+    addr = f"127.0.0.1:{free_port()}"  # nothing listens there
+    for args in (
+        ("publish", "--broker", addr, "q", "x"),
+        ("consume", "q", "--broker", addr, "--timeout", "1"),
+        ("queues", "--broker", addr),
+    ):
+        r = baton(*args)
+        assert r.returncode != 0, args
+        assert addr in r.stderr, r.stderr
+        assert "could not connect" in r.stderr
+        assert "Traceback" not in r.stderr
+        assert r.stdout == ""
