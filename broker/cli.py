@@ -17,6 +17,16 @@ from clients.errors import BatonError
 __all__ = ["main"]
 
 
+def _properties(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"baton: --property needs KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
 def _serve(args: argparse.Namespace) -> int:
     host, port = parse_address(args.listen)
     config = BrokerConfig(
@@ -26,6 +36,11 @@ def _serve(args: argparse.Namespace) -> int:
         log_url=args.log,
         node_id=args.node_id,
         max_message=args.max_message,
+        role=args.role,
+        properties=_properties(args.property),
+        heartbeat_ms=args.heartbeat_ms,
+        suspect_beats=args.suspect_beats,
+        time_slice_ms=args.time_slice_ms,
     )
     import uvloop
 
@@ -149,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log", default=None, help="log URL (default: file:<data-dir>/log)")
     s.add_argument("--node-id", default=None, help="persistent node id (default: generated)")
     s.add_argument("--max-message", type=int, default=8 * 1024 * 1024, help="bytes")
+    s.add_argument("--role", choices=("voter", "observer"), default="voter",
+                   help="observers replicate and serve clients, never vote or lead")
+    s.add_argument("--property", action="append", default=[],
+                   help="instance property KEY=VALUE for the topology, repeatable")
+    s.add_argument("--heartbeat-ms", type=int, default=500)
+    s.add_argument("--suspect-beats", type=int, default=6,
+                   help="another member's beats without ours before we are suspected")
+    s.add_argument("--time-slice-ms", type=int, default=200,
+                   help="how long an owner keeps a queue other brokers want")
     s.set_defaults(func=_serve)
 
     broker_help = "broker address(es), HOST:PORT[,HOST:PORT]"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clients.errors import InvalidArgument
 
@@ -44,6 +44,11 @@ class BrokerConfig:
         max_frame: largest wire frame, bytes.
         max_prefetch: largest prefetch a consumer may ask for.
         expiry_interval: seconds between TTL checks of queues with a message TTL.
+        role: "voter" (votes, may lead) or "observer" (replicates and serves only).
+        properties: instance properties shown in the topology (e.g. zone=a).
+        heartbeat_ms: heartbeat interval; a member is suspected after
+            ``suspect_beats`` beats of another member without its own (~3 s).
+        time_slice_ms: how long an owner keeps a queue others want (DESIGN §6).
     """
 
     data_dir: str
@@ -56,6 +61,11 @@ class BrokerConfig:
     max_frame: int = 32 * 1024 * 1024
     max_prefetch: int = 10_000
     expiry_interval: float = 0.25
+    role: str = "voter"
+    properties: dict[str, str] = field(default_factory=dict)
+    heartbeat_ms: int = 500
+    suspect_beats: int = 6
+    time_slice_ms: int = 200
 
     def resolved_log_url(self) -> str:
         return self.log_url or f"file:{os.path.join(self.data_dir, 'log')}"
@@ -66,3 +76,7 @@ class BrokerConfig:
             raise InvalidArgument("max_message must be at most half of max_frame")
         if self.max_prefetch < 1:
             raise InvalidArgument("max_prefetch must be at least 1")
+        if self.role not in ("voter", "observer"):
+            raise InvalidArgument("role must be 'voter' or 'observer'")
+        if self.heartbeat_ms < 10 or self.suspect_beats < 2 or self.time_slice_ms < 10:
+            raise InvalidArgument("heartbeat_ms, time_slice_ms >= 10 and suspect_beats >= 2")

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from clients.errors import BatonError, QueueNotFound
-from cluster.events import Acquire, Expire, ReleaseAll
+from cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
 from cluster.node import Node
-from cluster.state import Acquired, Effect, QueueGone, ReadyMore
+from cluster.state import Acquired, Effect, MembersChanged, OwnerChanged, QueueGone, ReadyMore
 
 if TYPE_CHECKING:
     from broker.session import Session
@@ -69,13 +69,18 @@ class Consumer:
 class Delivery:
     """All consumers of this broker; reacts to applied effects."""
 
-    def __init__(self, node: Node, chunk_bytes: int) -> None:
+    def __init__(self, node: Node, chunk_bytes: int, time_slice_ms: int = 200) -> None:
         self.node = node
         self._chunk_bytes = chunk_bytes
         self._next = 0
         self.by_queue: dict[str, list[Consumer]] = {}
         self.by_cid: dict[str, Consumer] = {}
-        self._expiry_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._time_slice = time_slice_ms / 1000
+        self._interest: set[str] = set()  # queues we declared interest in
+        self._owned_since: dict[str, float] = {}  # queues we own -> since (monotonic)
+        self._handing_off: set[str] = set()  # handoff appended, not applied yet
+        self.on_fenced: Callable[[], None] | None = None
 
     # -- consumers -------------------------------------------------------------------
 
@@ -92,8 +97,20 @@ class Delivery:
         c = Consumer(tag, cid, queue, prefetch, session)
         self.by_queue.setdefault(queue, []).append(c)
         self.by_cid[cid] = c
+        self._want(queue, True)
         self.pump(queue)
         return c
+
+    def _want(self, queue: str, on: bool) -> None:
+        """Declare (or withdraw) this broker's interest in a queue (DESIGN §6)."""
+        if on == (queue in self._interest):
+            return
+        if on:
+            self._interest.add(queue)
+        else:
+            self._interest.discard(queue)
+        if queue in self.node.state.queues:
+            self.node.submit(Interest(queue, on)).add_done_callback(_quiet)
 
     def remove(
         self, c: Consumer, unread: list[int] | None = None
@@ -112,6 +129,7 @@ class Delivery:
             peers.remove(c)
             if not peers:
                 del self.by_queue[c.queue]
+                self._want(c.queue, False)
         if c.queue not in self.node.state.queues:
             return None
         positions = tuple(p for p in unread or () if type(p) is int and p in c.held)
@@ -133,8 +151,22 @@ class Delivery:
                 assert isinstance(e, ReadyMore)
                 if e.queue in self.by_queue:
                     wake.add(e.queue)
+            elif t is OwnerChanged:
+                assert isinstance(e, OwnerChanged)
+                self._handing_off.discard(e.queue)
+                if e.owner == self.node.key:
+                    self._owned_since[e.queue] = time.monotonic()
+                    wake.add(e.queue)
+                else:
+                    self._owned_since.pop(e.queue, None)
+            elif t is MembersChanged:
+                assert isinstance(e, MembersChanged)
+                if self.node.key in e.removed:
+                    self._fenced()
             elif t is QueueGone:
                 assert isinstance(e, QueueGone)
+                self._interest.discard(e.queue)
+                self._owned_since.pop(e.queue, None)
                 for c in list(self.by_queue.get(e.queue, ())):
                     c.closed = True
                     self.by_cid.pop(c.cid, None)
@@ -142,6 +174,17 @@ class Delivery:
                 self.by_queue.pop(e.queue, None)
         for q in wake:
             self.pump(q)
+
+    def _fenced(self) -> None:
+        """The view dropped this runtime (paused, partitioned): what its consumers
+        held was released at that log position and may be with others now. Close
+        every client session so the applications stop; the node rejoins by itself."""
+        log.error("this broker was dropped from the cluster's view: closing client sessions")
+        self._interest.clear()
+        self._owned_since.clear()
+        self._handing_off.clear()
+        if self.on_fenced is not None:
+            self.on_fenced()
 
     def _deliver(self, e: Acquired) -> None:
         c = self.by_cid.get(e.consumer)
@@ -172,6 +215,8 @@ class Delivery:
         q = self.node.state.queues.get(queue)
         if not consumers or q is None:
             return
+        if q.owner != self.node.key or queue in self._handing_off:
+            return  # only the owner acquires (guarantee 2)
         budget = q.ready - sum(c.acquiring for c in consumers)
         if budget <= 0:
             return
@@ -204,16 +249,42 @@ class Delivery:
 
     # -- TTL -------------------------------------------------------------------------------
 
-    def start_expiry(self, interval: float) -> None:
-        self._expiry_task = asyncio.create_task(self._expiry_loop(interval), name="baton-expiry")
+    def start(self, expiry_interval: float) -> None:
+        self._tasks = [
+            asyncio.create_task(self._expiry_loop(expiry_interval), name="baton-expiry"),
+            asyncio.create_task(self._slice_loop(), name="baton-slices"),
+        ]
 
     async def stop(self) -> None:
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
             try:
-                await self._expiry_task
+                await t
             except asyncio.CancelledError:
                 pass
+
+    async def _slice_loop(self) -> None:
+        """Hand owned queues on when another broker wants them and our slice is over,
+        or at once when none of our consumers can take more. A queue whose consumers
+        are all here is never handed off (DESIGN §6)."""
+        while True:
+            await asyncio.sleep(min(0.05, self._time_slice / 4))
+            now = time.monotonic()
+            me = self.node.key
+            for name, since in list(self._owned_since.items()):
+                q = self.node.state.queues.get(name)
+                if q is None or q.owner != me or name in self._handing_off:
+                    continue
+                if not any(m != me for m in q.interested):
+                    continue
+                local = self.by_queue.get(name, ())
+                starving = not any(c.credit > 0 and not c.closed for c in local)
+                if starving or now - since >= self._time_slice:
+                    # Stop acquiring now (when we append); the next owner starts
+                    # when it applies the handoff.
+                    self._handing_off.add(name)
+                    self.node.submit(Handoff(name)).add_done_callback(_quiet)
 
     async def _expiry_loop(self, interval: float) -> None:
         """Append Expire for queues whose oldest ready messages passed their TTL.
@@ -224,9 +295,13 @@ class Delivery:
         while True:
             await asyncio.sleep(interval)
             now = int(time.time() * 1000)
+            me = self.node.key
+            leader = self.node.state.membership.leader()
             for q in list(self.node.state.queues.values()):
                 if q.message_ttl_ms is None or q.ready == 0:
                     continue
+                if q.owner != me and not (q.owner is None and leader == me):
+                    continue  # one broker per queue appends Expire
                 head = min(q.returned[0] if q.returned else q.cursor, q.cursor)
                 through = -1
                 for pos, enqueued_at in self.node.store.scan(q.qid, head, 10_000):

@@ -61,9 +61,20 @@ class Broker:
         self._store = RocksStore(os.path.join(cfg.data_dir, "store"))
         node_id = self._node_id(self._store)
         self._log = await open_log(cfg.resolved_log_url())
-        self._node = Node(node_id, self._log, self._store)
-        self._delivery = Delivery(self._node, chunk_bytes=cfg.max_frame // 4)
+        self._node = Node(
+            node_id,
+            self._log,
+            self._store,
+            role=cfg.role,
+            properties=cfg.properties,
+            heartbeat_ms=cfg.heartbeat_ms,
+            suspect_beats=cfg.suspect_beats,
+        )
+        self._delivery = Delivery(
+            self._node, chunk_bytes=cfg.max_frame // 4, time_slice_ms=cfg.time_slice_ms
+        )
         self._node.listener = self._delivery.on_effects
+        self._delivery.on_fenced = self._close_sessions
         loop = asyncio.get_running_loop()
         try:
             # Bound now (the address goes into NodeStarted), serving only once the
@@ -79,7 +90,7 @@ class Broker:
         self.address = f"{sock[0]}:{sock[1]}"
         await self._node.start(self.address)
         await self._server.start_serving()
-        self._delivery.start_expiry(cfg.expiry_interval)
+        self._delivery.start(cfg.expiry_interval)
         log.info(
             "broker %s listening on %s, log %s", node_id, self.address, cfg.resolved_log_url()
         )
@@ -99,8 +110,14 @@ class Broker:
             store.put_ident("node_id", node_id)
         return node_id
 
+    def _close_sessions(self) -> None:
+        for s in list(self.sessions):
+            if s.transport is not None:
+                s.transport.close()
+
     async def stop(self) -> None:
-        """Stop accepting, end every session (consumers' messages are released), close."""
+        """Stop accepting, end every session (consumers' messages are released),
+        leave the view, close."""
         if self._server is not None:
             self._server.close()
         pending = []
@@ -118,6 +135,7 @@ class Broker:
         if self._delivery is not None:
             await self._delivery.stop()
         if self._node is not None:
+            await self._node.leave()
             await self._node.stop()
         if self._log is not None:
             await self._log.close()

@@ -27,6 +27,8 @@ __all__ = [
     "LogCorrupt",
     "LogTruncated",
     "StoreError",
+    "Fenced",
+    "NotOwner",
     "ShuttingDown",
     "Timeout",
     "ConnectionClosed",
@@ -137,6 +139,23 @@ class LogTruncated(BatonError):
     code = 25
 
 
+class Fenced(BatonError):
+    """The broker is not in the cluster's established view: its events are ignored.
+
+    Retry on another broker; this one rejoins by itself.
+    """
+
+    code = 26
+    retriable = True
+
+
+class NotOwner(BatonError):
+    """Only the queue's current owner may acquire its messages (DESIGN §6)."""
+
+    code = 27
+    retriable = True
+
+
 class StoreError(BatonError):
     """The broker's local store (rocksdict) failed."""
 
@@ -187,6 +206,8 @@ _BY_CODE: dict[int, type[BatonError]] = {
         LogUnavailable,
         LogCorrupt,
         LogTruncated,
+        Fenced,
+        NotOwner,
         StoreError,
         ShuttingDown,
         Timeout,

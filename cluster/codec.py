@@ -19,6 +19,7 @@ from cluster.events import (
     Enqueue,
     Event,
     Origin,
+    Propose,
     Reject,
     Release,
     ReleaseAll,
@@ -94,6 +95,10 @@ def decode(record: bytes) -> tuple[Origin, Event]:
         values[1] = _messages(values[1])
     elif op in _POSITION_EVENTS or op == ReleaseAll.OP:
         values[2] = _positions(values[2])
+    elif op == Propose.OP:
+        if not isinstance(values[1], list) or not all(isinstance(m, str) for m in values[1]):
+            raise MalformedEvent("Propose.members must be a list of strings")
+        values[1] = tuple(values[1])
     try:
         event = EVENT_TYPES[op](*values)
     except TypeError as exc:
@@ -135,7 +140,14 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "delivery_limit": (int,),
     "dead_letter": (str, type(None)),
     "message_ttl_ms": (int, type(None)),
+    "on": (bool,),
+    "to": (str,),
+    "role": (str,),
     "address": (str,),
+    "properties": (dict,),
+    "view_seq": (int,),
+    "yes": (bool,),
+    "cluster_id": (str,),
 }
 
 

@@ -28,7 +28,13 @@ __all__ = [
     "Reject",
     "ReleaseAll",
     "Expire",
-    "NodeStarted",
+    "Interest",
+    "Handoff",
+    "Heartbeat",
+    "Propose",
+    "Vote",
+    "Leave",
+    "MEMBERSHIP_EVENTS",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
@@ -179,19 +185,69 @@ class Expire(Event):
     through: int
 
 
-# --- node lifecycle ------------------------------------------------------------------
+# --- ownership (DESIGN §6) ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class NodeStarted(Event):
-    """A broker process started (its runtime id is in the envelope).
+class Interest(Event):
+    """The origin broker has (``on``) or no longer has consumers for ``queue``.
 
-    Everything consumers of earlier runtimes of this node held is released
-    (guarantee 6), and non-durable queues that node declared are deleted.
+    With no owner, the first interest applied makes its broker the owner; an
+    owner losing interest passes the queue to the next interested broker.
     """
 
+    OP: ClassVar[int] = 20
+    queue: str
+    on: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff(Event):
+    """The owner passes ``queue`` on: to ``to`` if that broker is interested, else to
+    the next interested broker after it in view order (time slice, DESIGN §6)."""
+
+    OP: ClassVar[int] = 21
+    queue: str
+    to: str = ""
+
+
+# --- membership (DESIGN §7) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Event):
+    """The origin runtime is alive; its role, client address and properties."""
+
     OP: ClassVar[int] = 30
-    address: str = ""
+    role: str
+    address: str
+    properties: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Propose(Event):
+    """Propose view ``view_seq`` with these members ("node/runtime"), in order."""
+
+    OP: ClassVar[int] = 31
+    view_seq: int
+    members: tuple[str, ...]
+    cluster_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Vote(Event):
+    """A listed voter's answer to the open proposal for ``view_seq``."""
+
+    OP: ClassVar[int] = 32
+    view_seq: int
+    yes: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Leave(Event):
+    """The origin runtime shuts down cleanly: drop it from the next view at once."""
+
+    OP: ClassVar[int] = 33
 
 
 EVENT_TYPES: Final[dict[int, type[Event]]] = {
@@ -207,6 +263,14 @@ EVENT_TYPES: Final[dict[int, type[Event]]] = {
         Reject,
         ReleaseAll,
         Expire,
-        NodeStarted,
+        Interest,
+        Handoff,
+        Heartbeat,
+        Propose,
+        Vote,
+        Leave,
     )
 }
+
+#: Events a runtime may append before it is in the established view.
+MEMBERSHIP_EVENTS: Final = (Heartbeat, Propose, Vote, Leave)

@@ -30,11 +30,13 @@ from clients.errors import (
     LogTruncated,
     LogUnavailable,
     MessageTooLarge,
+    InvalidArgument,
     ShuttingDown,
+    Timeout,
     StoreError,
 )
 from cluster.codec import EventEncoder, MalformedEvent, decode
-from cluster.events import Event, NodeStarted, Origin
+from cluster.events import Event, Heartbeat, Leave, Origin, Propose, Vote
 from cluster.log import Log
 from cluster.state import (
     Completed,
@@ -65,6 +67,10 @@ class Node:
         store: this broker's local store.
         clock: wall-clock milliseconds (injectable for tests).
         max_append: most events per log append.
+        role: "voter" or "observer" (DESIGN §7).
+        properties: instance properties published with heartbeats (e.g. a zone).
+        heartbeat_ms: interval between heartbeats; suspicion comes after
+            ``suspect_beats`` of another member's beats (observers: 3x).
     """
 
     def __init__(
@@ -75,12 +81,25 @@ class Node:
         *,
         clock: Callable[[], int] | None = None,
         max_append: int = 2048,
+        role: str = "voter",
+        properties: dict[str, Any] | None = None,
+        heartbeat_ms: int = 500,
+        suspect_beats: int = 6,
     ) -> None:
         self.node_id = node_id
         self.runtime_id = uuid.uuid4().hex[:12]
+        self.key = f"{node_id}/{self.runtime_id}"  # this runtime's member key
+        self.role = role
+        self.properties = dict(properties or {})
+        self.address = ""
+        self.heartbeat_ms = heartbeat_ms
+        self.joined = asyncio.Event()  # set while this runtime is in the established view
+        self.refused: str | None = None
+        self._proposed: tuple[int, tuple[str, ...]] | None = None
+        self._voted: tuple[int, tuple[str, ...]] | None = None
         self.log = log
         self.store = store
-        self.state = State()
+        self.state = State(suspect_beats)
         self.listener: EffectListener | None = None
         self._clock = clock or (lambda: int(time.time() * 1000))
         self._max_append = max_append
@@ -98,13 +117,19 @@ class Node:
 
     # -- lifecycle -----------------------------------------------------------------
 
-    async def start(self, address: str = "") -> None:
-        """Load the store, start appending and applying, and announce this runtime.
+    async def start(self, address: str = "", timeout: float = 60.0) -> None:
+        """Load the store, start appending and applying, heartbeat, and join.
 
-        Returns once this runtime's NodeStarted is applied, i.e. the state has
-        caught up with the log as it was at start and everything earlier runtimes'
-        consumers held has been released.
+        Returns once this runtime is a member of the established view: the state
+        has caught up with the log, and what earlier runtimes of this node held was
+        released when the view dropped them.
+
+        Raises:
+            InvalidArgument: another running broker uses this node id.
+            Timeout: not a member within ``timeout`` seconds.
+            LogTruncated: the store does not fit the log.
         """
+        self.address = address
         loaded = self.store.load()
         end = await self.log.end_offset()
         if loaded.applied >= end:
@@ -134,8 +159,67 @@ class Node:
         self._tasks = [
             asyncio.create_task(self._append_loop(), name="baton-append"),
             asyncio.create_task(self._apply_loop(), name="baton-apply"),
+            asyncio.create_task(self._heartbeat_loop(), name="baton-heartbeat"),
         ]
-        await self.submit(NodeStarted(address))
+        try:
+            async with asyncio.timeout(timeout):
+                await self.joined.wait()
+        except TimeoutError:
+            raise Timeout(f"not admitted to the cluster's view within {timeout:.0f}s") from None
+        if self.refused is not None:
+            raise InvalidArgument(self.refused)
+        log.info(
+            "node %s joined view %d of cluster %s as %s",
+            self.key,
+            self.state.membership.view_seq,
+            self.state.membership.cluster_id,
+            self.role,
+        )
+
+    async def leave(self) -> None:
+        """Tell the cluster this runtime leaves (clean shutdown): no suspicion wait."""
+        if self.joined.is_set() and not self._closing:
+            try:
+                await asyncio.wait_for(self.submit(Leave()), 2)
+            except (BatonError, TimeoutError):
+                pass
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            self.submit(Heartbeat(self.role, self.address, self.properties)).add_done_callback(
+                _ignore_outcome
+            )
+            await asyncio.sleep(self.heartbeat_ms / 1000)
+
+    def _membership_duties(self) -> None:
+        """After each applied batch: propose, vote, and track our own membership."""
+        ms = self.state.membership
+        me = self.key
+        if me in ms.refused:
+            self.refused = ms.refused[me]
+            self.joined.set()  # wakes start(), which raises
+            return
+        if ms.is_member(me):
+            self.joined.set()
+        else:
+            self.joined.clear()
+        if self.role == "voter" and ms.proposer() == me and ms.needs_view():
+            wanted = (ms.view_seq + 1, tuple(ms.desired()))
+            if wanted != self._proposed and (
+                ms.proposal is None or any(ms.suspected(v) for v in ms.voters_pending())
+                or tuple(ms.proposal.members) != wanted[1]
+            ):
+                self._proposed = wanted
+                cluster_id = ms.cluster_id or uuid.uuid4().hex[:16]
+                self.submit(Propose(wanted[0], wanted[1], cluster_id)).add_done_callback(
+                    _ignore_outcome
+                )
+        p = ms.proposal
+        if p is not None and me in ms.voters_pending():
+            ballot = (p.seq, tuple(p.members))
+            if ballot != self._voted:
+                self._voted = ballot
+                self.submit(Vote(p.seq, True)).add_done_callback(_ignore_outcome)
 
     async def stop(self) -> None:
         """Finish pending appends, stop the tasks. Pending commands fail with ShuttingDown."""
@@ -255,6 +339,7 @@ class Node:
             await self._persist(out, records[-1][0])
             self.healthy = True
             self._dispatch(out)
+            self._membership_duties()
             self.applied_event.set()
             self.applied_event.clear()
 
@@ -326,3 +411,9 @@ class Node:
             fut.set_exception(done.error)
         else:
             fut.set_result(done.result or {})
+
+
+def _ignore_outcome(fut: asyncio.Future[dict[str, Any]]) -> None:
+    """Background membership events: their failures show in the state, not here."""
+    if not fut.cancelled():
+        fut.exception()

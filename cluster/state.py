@@ -28,8 +28,17 @@ from typing import Any, Final
 
 import msgpack
 
-from clients.errors import BatonError, InvalidArgument, QueueExists, QueueFull, QueueNotFound
+from clients.errors import (
+    BatonError,
+    Fenced,
+    InvalidArgument,
+    NotOwner,
+    QueueExists,
+    QueueFull,
+    QueueNotFound,
+)
 from cluster.events import (
+    MEMBERSHIP_EVENTS,
     OVERFLOW_POLICIES,
     Accept,
     Acquire,
@@ -38,13 +47,19 @@ from cluster.events import (
     Enqueue,
     Event,
     Expire,
-    NodeStarted,
+    Handoff,
+    Heartbeat,
+    Interest,
+    Leave,
     Origin,
+    Propose,
     PurgeQueue,
     Reject,
     Release,
     ReleaseAll,
+    Vote,
 )
+from cluster.membership import VOTER, Membership
 
 __all__ = [
     "MessageState",
@@ -60,6 +75,8 @@ __all__ = [
     "Acquired",
     "ReadyMore",
     "QueueGone",
+    "OwnerChanged",
+    "MembersChanged",
     "MAX_QUEUE_NAME",
 ]
 
@@ -178,6 +195,24 @@ class QueueGone(Effect):
     qid: int
 
 
+@dataclass(frozen=True, slots=True)
+class OwnerChanged(Effect):
+    """``queue`` has a new owner (a member key, or None)."""
+
+    queue: str
+    owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MembersChanged(Effect):
+    """A view was established (``removed`` left it), or a member's properties changed."""
+
+    view_seq: int
+    members: list[str]
+    removed: list[str]
+    properties: bool = False
+
+
 # --- queues --------------------------------------------------------------------------
 
 
@@ -195,7 +230,7 @@ class QueueState:
     delivery_limit: int
     dead_letter: str | None
     message_ttl_ms: int | None
-    declared_by: str
+    declared_by: str  # the member ("node/runtime") that declared it
     next_pos: int = 0
     cursor: int = 0
     returned: list[int] = field(default_factory=list)  # a heap
@@ -209,6 +244,8 @@ class QueueState:
     dropped: int = 0
     expired: int = 0
     purged: int = 0
+    owner: str | None = None  # the member that may acquire (DESIGN §6)
+    interested: list[str] = field(default_factory=list)  # members with consumers
 
     @property
     def ready(self) -> int:
@@ -249,6 +286,8 @@ class QueueState:
             "delivery_limit": self.delivery_limit,
             "dead_letter": self.dead_letter,
             "message_ttl_ms": self.message_ttl_ms,
+            "owner": self.owner,
+            "interested": list(self.interested),
         }
 
     def take_ready(self, count: int) -> list[int]:
@@ -285,11 +324,14 @@ class QueueState:
                 self.expired,
                 self.purged,
             ],
+            self.owner,
+            list(self.interested),
         ]
 
     @classmethod
     def restore(cls, snap: list[Any]) -> "QueueState":
-        name, qid, settings, declared_by, next_pos, cursor, returned, acquired, counts, crc, st = snap
+        (name, qid, settings, declared_by, next_pos, cursor, returned, acquired, counts, crc, st,
+         owner, interested) = snap
         durable, max_length, overflow, delivery_limit, dead_letter, ttl = settings
         q = cls(
             name,
@@ -308,6 +350,7 @@ class QueueState:
         q.counts = {p: c for p, c in counts}
         q.body_crc = crc
         (q.enqueued, q.accepted, q.redelivered, q.dead_lettered, q.dropped, q.expired, q.purged) = st
+        q.owner, q.interested = owner, list(interested)
         return q
 
 
@@ -317,8 +360,9 @@ class QueueState:
 class State:
     """All replicated state of one cluster, advanced only by :meth:`apply`."""
 
-    def __init__(self) -> None:
+    def __init__(self, suspect_beats: int = 6) -> None:
         self.queues: dict[str, QueueState] = {}
+        self.membership = Membership(suspect_beats)
         self.clock = 0  # largest envelope time applied, ms
         self.applied = -1  # offset of the last applied record
         self.last_seq: dict[str, int] = {}  # "node/runtime" -> last applied origin seq
@@ -341,7 +385,14 @@ class State:
         if origin.ts > self.clock:
             self.clock = origin.ts
         try:
-            result = self._dispatch(origin, event, out)
+            if type(event) in MEMBERSHIP_EVENTS:
+                result = self._membership_event(key, origin, event, out)
+            elif key not in self.membership.member_set:
+                # Fencing (DESIGN §4): only members of the established view act.
+                self._ignore("fenced")
+                raise Fenced(f"{key} is not in the established view {self.membership.view_seq}")
+            else:
+                result = self._dispatch(key, origin, event, out)
         except BatonError as exc:
             out.append(Completed(origin.node, origin.runtime, origin.seq, None, exc))
             return
@@ -356,31 +407,38 @@ class State:
     def _ignore(self, reason: str, n: int = 1) -> None:
         self.ignored[reason] = self.ignored.get(reason, 0) + n
 
-    def _dispatch(self, origin: Origin, ev: Event, out: list[Effect]) -> dict[str, Any]:
+    def _dispatch(self, key: str, origin: Origin, ev: Event, out: list[Effect]) -> dict[str, Any]:
         # Ordered by frequency on the hot path.
-        if type(ev) is Enqueue:
-            return self._enqueue(origin, ev, out)
-        if type(ev) is Acquire:
-            return self._acquire(ev, out)
-        if type(ev) is Accept:
-            return self._accept(ev, out)
-        if type(ev) is Release:
-            return self._release(ev.queue, ev.consumer, ev.positions, out)
-        if type(ev) is Reject:
-            return self._reject(ev, out)
-        if type(ev) is ReleaseAll:
-            return self._release_all(ev, out)
-        if type(ev) is Expire:
-            return self._expire(ev, out)
-        if type(ev) is DeclareQueue:
-            return self._declare(origin, ev)
-        if type(ev) is DeleteQueue:
-            return self._delete(ev.queue, out)
-        if type(ev) is PurgeQueue:
-            return self._purge(ev, out)
-        if type(ev) is NodeStarted:
-            return self._node_started(origin, out)
-        raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
+        t = type(ev)
+        if t is Enqueue:
+            return self._enqueue(origin, ev, out)  # type: ignore[arg-type]
+        if t is Acquire:
+            return self._acquire(key, ev, out)  # type: ignore[arg-type]
+        if t in (Accept, Release, Reject, ReleaseAll):
+            # Only a consumer's own broker settles its messages.
+            if not ev.consumer.startswith(key + "/"):  # type: ignore[attr-defined]
+                self._ignore("not-own-consumer")
+                raise InvalidArgument(f"{key} cannot settle for consumer {ev.consumer}")  # type: ignore[attr-defined]
+            if t is Accept:
+                return self._accept(ev, out)  # type: ignore[arg-type]
+            if t is Release:
+                return self._release(ev.queue, ev.consumer, ev.positions, out)  # type: ignore[attr-defined]
+            if t is Reject:
+                return self._reject(ev, out)  # type: ignore[arg-type]
+            return self._release_all(ev, out)  # type: ignore[arg-type]
+        if t is Expire:
+            return self._expire(ev, out)  # type: ignore[arg-type]
+        if t is Interest:
+            return self._interest(key, ev, out)  # type: ignore[arg-type]
+        if t is Handoff:
+            return self._handoff(key, ev, out)  # type: ignore[arg-type]
+        if t is DeclareQueue:
+            return self._declare(key, ev)  # type: ignore[arg-type]
+        if t is DeleteQueue:
+            return self._delete(ev.queue, out)  # type: ignore[attr-defined]
+        if t is PurgeQueue:
+            return self._purge(ev, out)  # type: ignore[arg-type]
+        raise InvalidArgument(f"event {t.__name__} is not applicable")
 
     def _queue(self, name: str) -> QueueState:
         q = self.queues.get(name)
@@ -391,7 +449,7 @@ class State:
 
     # -- wiring -------------------------------------------------------------------
 
-    def _declare(self, origin: Origin, ev: DeclareQueue) -> dict[str, Any]:
+    def _declare(self, key: str, ev: DeclareQueue) -> dict[str, Any]:
         _validate_declare(ev)
         settings = (
             ev.durable,
@@ -417,7 +475,7 @@ class State:
             delivery_limit=ev.delivery_limit,
             dead_letter=ev.dead_letter,
             message_ttl_ms=ev.message_ttl_ms,
-            declared_by=origin.node,
+            declared_by=key,
         )
         self.dirty.add(ev.queue)
         return {"created": True}
@@ -468,8 +526,12 @@ class State:
         out.append(ReadyMore(q.name))
         return {"first_position": first, "count": n}
 
-    def _acquire(self, ev: Acquire, out: list[Effect]) -> dict[str, Any]:
+    def _acquire(self, key: str, ev: Acquire, out: list[Effect]) -> dict[str, Any]:
         q = self._queue(ev.queue)
+        if q.owner != key or not ev.consumer.startswith(key + "/"):
+            # Guarantee 2: only the owner at this log position acquires, for itself.
+            self._ignore("not-owner")
+            raise NotOwner(f"{key} does not own queue {q.name!r} (owner: {q.owner})")
         if ev.count <= 0:
             return {"count": 0}
         positions = q.take_ready(ev.count)
@@ -617,28 +679,102 @@ class State:
             if count:
                 q.dropped += 1
 
-    # -- node lifecycle -------------------------------------------------------------
+    # -- ownership (DESIGN §6) ---------------------------------------------------------
 
-    def _node_started(self, origin: Origin, out: list[Effect]) -> dict[str, Any]:
-        """A new runtime of ``origin.node``: what its earlier runtimes held goes back."""
-        prefix = f"{origin.node}/"
-        released = 0
-        gone_queues = 0
+    def _next_interested(self, q: QueueState, after: str | None) -> str | None:
+        """The next interested member after ``after`` in view order (cyclic), not it."""
+        order = [m for m in self.membership.members if m in q.interested and m != after]
+        if not order:
+            return None
+        if after in self.membership.members:
+            pos = self.membership.members.index(after)
+            later = [m for m in order if self.membership.members.index(m) > pos]
+            if later:
+                return later[0]
+        return order[0]
+
+    def _set_owner(self, q: QueueState, owner: str | None, out: list[Effect]) -> None:
+        if q.owner != owner:
+            q.owner = owner
+            out.append(OwnerChanged(q.name, owner))
+
+    def _interest(self, key: str, ev: Interest, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        if ev.on:
+            if key not in q.interested:
+                q.interested.append(key)
+            if q.owner is None:
+                self._set_owner(q, key, out)
+        else:
+            if key in q.interested:
+                q.interested.remove(key)
+            if q.owner == key:
+                self._set_owner(q, self._next_interested(q, key), out)
+        return {"owner": q.owner}
+
+    def _handoff(self, key: str, ev: Handoff, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        if q.owner != key:
+            self._ignore("not-owner")
+            raise NotOwner(f"{key} does not own queue {q.name!r}")
+        to = ev.to if ev.to in q.interested and ev.to != key else self._next_interested(q, key)
+        if to is not None:
+            self._set_owner(q, to, out)
+        return {"owner": q.owner}
+
+    # -- membership (DESIGN §7) ---------------------------------------------------------
+
+    def _membership_event(
+        self, key: str, origin: Origin, ev: Event, out: list[Effect]
+    ) -> dict[str, Any]:
+        ms = self.membership
+        if type(ev) is Heartbeat:
+            assert isinstance(ev, Heartbeat)
+            if ev.role not in (VOTER, "observer"):
+                raise InvalidArgument(f"unknown role {ev.role!r}")
+            if ms.heartbeat(key, origin.node, origin.runtime, ev.role, ev.address, ev.properties):
+                out.append(MembersChanged(ms.view_seq, list(ms.members), [], properties=True))
+            return {}
+        if type(ev) is Leave:
+            ms.leave(key)
+            return {}
+        if type(ev) is Propose:
+            assert isinstance(ev, Propose)
+            why = ms.propose(key, ev.view_seq, list(ev.members), ev.cluster_id)
+            if why is not None:
+                self._ignore("bad-proposal")
+                raise InvalidArgument(why)
+            return {}
+        assert isinstance(ev, Vote)
+        established = ms.vote(key, ev.view_seq, ev.yes)
+        if established is not None:
+            members, removed = established
+            for gone in removed:
+                self._drop_member(gone, out)
+            out.append(MembersChanged(ms.view_seq, members, removed))
+        return {}
+
+    def _drop_member(self, key: str, out: list[Effect]) -> None:
+        """A runtime left the view: what its consumers held goes back (guarantee 6),
+        its queues pass on, and the non-durable queues it declared are deleted."""
+        prefix = key + "/"
         for name in sorted(self.queues):
             q = self.queues[name]
-            if not q.durable and q.declared_by == origin.node:
+            if not q.durable and q.declared_by == key:
                 self._delete(name, out)
-                gone_queues += 1
                 continue
             by_consumer: dict[str, list[int]] = {}
             for p, c in q.acquired.items():
                 if c.startswith(prefix):
                     by_consumer.setdefault(c, []).append(p)
             for consumer in sorted(by_consumer):
-                released += self._release(name, consumer, sorted(by_consumer[consumer]), out)[
-                    "count"
-                ]
-        return {"released": released, "deleted_queues": gone_queues}
+                self._release(name, consumer, sorted(by_consumer[consumer]), out)
+            if key in q.interested:
+                q.interested.remove(key)
+                self.dirty.add(name)
+            if q.owner == key:
+                self._set_owner(q, self._next_interested(q, key), out)
+                self.dirty.add(name)
 
     # -- persistence and digests ----------------------------------------------------
 
@@ -649,12 +785,14 @@ class State:
             self.clock,
             sorted(self.last_seq.items()),
             sorted(self.ignored.items()),
+            self.membership.snapshot(),
         ]
 
     def restore_meta(self, snap: list[Any]) -> None:
         self.applied, self.clock = snap[0], snap[1]
         self.last_seq = {k: v for k, v in snap[2]}
         self.ignored = {k: v for k, v in snap[3]}
+        self.membership.restore(snap[4])
 
     def take_dirty(self) -> tuple[list[Any] | None, dict[str, list[Any] | None]]:
         """Snapshots of what changed since the last call: (meta or None, {queue: snap or None

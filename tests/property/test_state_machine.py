@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from clients.errors import QueueFull
+from clients.errors import Fenced, NotOwner, QueueFull
 from cluster import codec
 from cluster.events import (
     Accept,
@@ -25,15 +25,25 @@ from cluster.events import (
     Enqueue,
     Event,
     Expire,
+    Handoff,
+    Heartbeat,
+    Interest,
     Origin,
+    Propose,
     PurgeQueue,
     Reject,
     Release,
     ReleaseAll,
+    Vote,
 )
 from cluster.state import Acquired, Completed, Effect, QueueState, State
 
 CONSUMERS = ("n1/r1/1", "n1/r1/2", "n2/r9/1")
+MEMBERS = ("n1/r1", "n2/r9")
+
+
+def runtime_of(consumer: str) -> str:
+    return consumer.rsplit("/", 1)[0]
 LIMIT = 2
 
 
@@ -42,6 +52,7 @@ class QueueModel(RuleBasedStateMachine):
         super().__init__()
         self.state = State()
         self.records: list[bytes] = []
+        self.seqs: dict[str, int] = {}
         self.seq = 0
         # model: position -> [state, consumer, count]
         self.msgs: dict[int, list[Any]] = {}
@@ -49,13 +60,23 @@ class QueueModel(RuleBasedStateMachine):
         self.dlq_len = 0
         self.max_length: int | None = None
         self.dropped = 0
+        # Two member runtimes: both beat, n1/r1 proposes, both vote (DESIGN §7).
+        for m in MEMBERS:
+            self._apply(Heartbeat("voter", "", {}), m)
+        self._apply(Propose(1, MEMBERS, "cluster"), "n1/r1")
+        for m in MEMBERS:
+            self._apply(Vote(1, True), m)
+        assert self.state.membership.members == list(MEMBERS)
         self._apply(DeclareQueue("dlq"))
+        self.owner = "n1/r1"
 
     # -- plumbing --------------------------------------------------------------------
 
-    def _apply(self, ev: Event) -> list[Effect]:
-        self.seq += 1
-        record = codec.encode(Origin("n1", "r1", self.seq, 1000 + self.seq), ev)
+    def _apply(self, ev: Event, who: str = "n1/r1") -> list[Effect]:
+        self.seq += 1  # a global clock for the envelope times
+        self.seqs[who] = seq = self.seqs.get(who, 0) + 1
+        node, runtime = who.split("/")
+        record = codec.encode(Origin(node, runtime, seq, 1000 + self.seq), ev)
         self.records.append(record)
         origin, decoded = codec.decode(record)
         assert decoded == ev
@@ -98,6 +119,27 @@ class QueueModel(RuleBasedStateMachine):
         )
         assert done.result == {"created": True}
         self.max_length, self.overflow = max_length, overflow
+        for m in MEMBERS:  # both have consumers; the first interest makes the owner
+            self._apply(Interest("q", True), m)
+        assert self.state.queues["q"].owner == "n1/r1"
+
+    @precondition(lambda self: "q" in self.state.queues)
+    @rule()
+    def handoff(self) -> None:
+        """Time slice: the owner passes the queue to the other interested member."""
+        self._apply(Handoff("q"), self.owner)
+        self.owner = MEMBERS[1] if self.owner == MEMBERS[0] else MEMBERS[0]
+        assert self.state.queues["q"].owner == self.owner
+
+    @rule(data=st.data())
+    def outsider(self, data: st.DataObject) -> None:
+        """Events from a runtime outside the view are fenced, changing nothing."""
+        before = {name: q.snapshot() for name, q in self.state.queues.items()}
+        ev = data.draw(st.sampled_from([PurgeQueue("q"), Enqueue("q", ((b"x", {}),)),
+                                        Acquire("q", "n3/r3/1", 5)]))
+        done = self._completed(self._apply(ev, "n3/r3"))
+        assert isinstance(done.error, Fenced)
+        assert {name: q.snapshot() for name, q in self.state.queues.items()} == before
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(n=st.integers(1, 4))
@@ -122,9 +164,13 @@ class QueueModel(RuleBasedStateMachine):
     @precondition(lambda self: "q" in self.state.queues)
     @rule(consumer=st.sampled_from(CONSUMERS), count=st.integers(0, 5))
     def acquire(self, consumer: str, count: int) -> None:
-        out = self._apply(Acquire("q", consumer, count))
-        expect = self._ready()[:count]  # lowest positions first (guarantee 7)
+        who = runtime_of(consumer)
+        out = self._apply(Acquire("q", consumer, count), who)
         got = [e for e in out if isinstance(e, Acquired)]
+        if who != self.owner:  # only the owner acquires (guarantee 2)
+            assert not got and isinstance(self._completed(out).error, NotOwner)
+            return
+        expect = self._ready()[:count]  # lowest positions first (guarantee 7)
         if not expect:
             assert not got
             return
@@ -145,7 +191,9 @@ class QueueModel(RuleBasedStateMachine):
     def accept(self, data: st.DataObject) -> None:
         consumer, positions = self._settle_args(data)
         held = set(self._held(consumer))
-        done = self._completed(self._apply(Accept("q", consumer, tuple(positions))))
+        done = self._completed(
+            self._apply(Accept("q", consumer, tuple(positions)), runtime_of(consumer))
+        )
         ok = [p for p in positions if p in held]
         assert done.result == {"count": len(ok), "not_acquired": [p for p in positions if p not in held]}
         for p in ok:
@@ -165,7 +213,9 @@ class QueueModel(RuleBasedStateMachine):
     def release(self, data: st.DataObject) -> None:
         consumer, positions = self._settle_args(data)
         held = set(self._held(consumer))
-        done = self._completed(self._apply(Release("q", consumer, tuple(positions))))
+        done = self._completed(
+            self._apply(Release("q", consumer, tuple(positions)), runtime_of(consumer))
+        )
         ok = [p for p in positions if p in held]
         assert done.result is not None and done.result["count"] == len(ok)
         self._release_model(ok)
@@ -175,7 +225,7 @@ class QueueModel(RuleBasedStateMachine):
     def reject(self, data: st.DataObject) -> None:
         consumer, positions = self._settle_args(data)
         held = set(self._held(consumer))
-        self._apply(Reject("q", consumer, tuple(positions)))
+        self._apply(Reject("q", consumer, tuple(positions)), runtime_of(consumer))
         for p in positions:
             if p in held:
                 self._dead_letter(p)
@@ -187,7 +237,9 @@ class QueueModel(RuleBasedStateMachine):
         consumer = data.draw(st.sampled_from(CONSUMERS))
         held = self._held(consumer)
         unread = data.draw(st.lists(st.sampled_from(held), unique=True)) if held else []
-        done = self._completed(self._apply(ReleaseAll("q", consumer, tuple(unread))))
+        done = self._completed(
+            self._apply(ReleaseAll("q", consumer, tuple(unread)), runtime_of(consumer))
+        )
         assert done.result is not None and done.result["count"] == len(held)
         for p in unread:
             self.msgs[p][0:2] = ["ready", None]
@@ -215,7 +267,8 @@ class QueueModel(RuleBasedStateMachine):
         """A retried append of an already applied event (same origin seq) is ignored."""
         before = {name: q.snapshot() for name, q in self.state.queues.items()}
         dups = self.state.ignored.get("duplicate", 0)
-        record = codec.encode(Origin("n1", "r1", max(0, self.seq - back), 1), PurgeQueue("q"))
+        seq = max(0, self.seqs["n1/r1"] - back)
+        record = codec.encode(Origin("n1", "r1", seq, 1), PurgeQueue("q"))
         self.records.append(record)
         origin, ev = codec.decode(record)
         out: list[Effect] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clients.errors import QueueNotFound
-from cluster.events import Accept, Acquire, DeclareQueue, Enqueue
+from cluster.events import Accept, Acquire, DeclareQueue, Enqueue, Interest
 from cluster.log import open_log
 from cluster.node import Node
 from cluster.state import Acquired, Effect
@@ -26,6 +26,7 @@ async def _node(tmp: Path, name: str, log_url: str) -> Node:
 
 
 async def _close(node: Node) -> None:
+    await node.leave()
     await node.stop()
     await node.log.close()
     node.store.close()
@@ -54,9 +55,11 @@ async def test_restart_resumes_from_applied_offset(tmp_path: Path) -> None:
         await node.submit(Enqueue("q", tuple((b"%d" % (i * 10 + j), {}) for j in range(10))))
     seen: list[Acquired] = []
     node.listener = lambda effects: seen.extend(e for e in effects if isinstance(e, Acquired))
-    await node.submit(Acquire("q", "a/x/1", 20))
+    consumer = node.key + "/1"
+    await node.submit(Interest("q", True))
+    await node.submit(Acquire("q", consumer, 20))
     held = seen[0].positions
-    await node.submit(Accept("q", "a/x/1", tuple(held[:10])))
+    await node.submit(Accept("q", consumer, tuple(held[:10])))
     digest, applied = node.state.digest(), node.state.applied
     await _close(node)
 
@@ -64,14 +67,16 @@ async def test_restart_resumes_from_applied_offset(tmp_path: Path) -> None:
     try:
         q = again.state.queues["q"]
         # Accepted messages stay gone; the 10 still held by the old runtime's
-        # consumer came back (NodeStarted) with a raised delivery count.
+        # consumer came back, with a raised delivery count, when the view dropped
+        # that runtime (it left cleanly, so at once).
         assert q.next_pos == 50 and len(q.acquired) == 0 and q.ready == 40
         assert q.counts == {p: 1 for p in held[10:]}
         assert again.state.applied > applied
         bodies = again.store.get_messages(q.qid, list(range(50)))
         assert [m is None for m in bodies[:10]] == [True] * 10
         assert all(m is not None for m in bodies[10:])
-        assert digest != again.state.digest()  # NodeStarted changed it
+        assert digest != again.state.digest()  # the view change changed it
+        assert again.state.membership.members == [again.key]
     finally:
         await _close(again)
 
@@ -86,7 +91,10 @@ async def test_two_replicas_on_one_log_have_equal_digests(tmp_path: Path) -> Non
             n.submit(Enqueue("q", ((b"m%d" % i, {}),))) for i in range(50) for n in (a, b)
         ]
         await asyncio.gather(*futs)
-        await b.submit(Acquire("q", "b/x/1", 7))
+        assert a.state.membership.members == [a.key, b.key]  # new members at the end
+        assert a.state.membership.leader() == a.key
+        await b.submit(Interest("q", True))
+        await b.submit(Acquire("q", b.key + "/1", 7))
         end = await a.log.end_offset()
         for n in (a, b):
             while n.state.applied < end - 1:
@@ -113,8 +121,9 @@ async def test_effects_reach_the_listener_after_the_store(tmp_path: Path) -> Non
         node.listener = listener
         await node.submit(DeclareQueue("q"))
         # Enqueue and acquire land in one log batch: the body must still be readable.
+        await node.submit(Interest("q", True))
         f1 = node.submit(Enqueue("q", ((b"same-batch", {}),)))
-        f2 = node.submit(Acquire("q", "a/x/1", 1))
+        f2 = node.submit(Acquire("q", node.key + "/1", 1))
         await asyncio.gather(f1, f2)
         assert bodies == [b"same-batch"]
     finally:

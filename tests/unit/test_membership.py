@@ -1,0 +1,183 @@
+"""Membership, views, leadership, fencing and ownership hand-over in the pure core.
+
+A small harness plays the brokers' duties deterministically (propose when the
+state names you proposer, vote when listed), as the node driver does.
+"""
+
+from __future__ import annotations
+
+from clients.errors import Fenced, InvalidArgument, NotOwner
+from cluster.events import (
+    Acquire,
+    DeclareQueue,
+    Enqueue,
+    Event,
+    Heartbeat,
+    Interest,
+    Leave,
+    Origin,
+    Propose,
+    Vote,
+)
+from cluster.state import Acquired, Completed, Effect, MembersChanged, OwnerChanged, State
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.state = State(suspect_beats=6)
+        self.seqs: dict[str, int] = {}
+        self.offset = -1
+        self.effects: list[Effect] = []
+
+    def apply(self, who: str, ev: Event) -> Completed:
+        self.seqs[who] = seq = self.seqs.get(who, 0) + 1
+        node, runtime = who.split("/")
+        self.offset += 1
+        out: list[Effect] = []
+        self.state.apply(self.offset, Origin(node, runtime, seq, 1000 + self.offset), ev, out)
+        self.effects.extend(out)
+        done = [e for e in out if isinstance(e, Completed)]
+        return done[0]
+
+    def beat(self, *who: str, role: str = "voter") -> None:
+        for w in who:
+            self.apply(w, Heartbeat(role, f"addr-{w}", {"zone": w[0]}))
+        self.duties()
+
+    def duties(self) -> None:
+        """Propose and vote until the view is what the state wants."""
+        ms = self.state.membership
+        for _ in range(10):
+            acted = False
+            proposer = ms.proposer()
+            if proposer is not None and ms.needs_view() and ms.proposal is None:
+                self.apply(proposer, Propose(ms.view_seq + 1, tuple(ms.desired()), "cid"))
+                acted = True
+            for voter in ms.voters_pending():
+                self.apply(voter, Vote(ms.proposal.seq if ms.proposal else 0, True))
+                acted = True
+            if not acted:
+                return
+
+
+def test_bootstrap_new_members_at_the_end_and_stable_leader() -> None:
+    c = Cluster()
+    c.beat("a/1")
+    ms = c.state.membership
+    assert ms.members == ["a/1"] and ms.view_seq == 1 and ms.cluster_id == "cid"
+    c.beat("b/1")
+    c.beat("c/1")
+    assert ms.members == ["a/1", "b/1", "c/1"] and ms.leader() == "a/1"
+    # c dies: a and b keep beating; after 6 of their beats c is suspected and dropped.
+    for _ in range(6):
+        c.beat("a/1", "b/1")
+    assert ms.members == ["a/1", "b/1"]
+    assert ms.leader() == "a/1"  # killing a non-leader does not move the leader
+    # a dies: b is leader.
+    for _ in range(6):
+        c.beat("b/1")
+    assert ms.members == ["b/1"] and ms.leader() == "b/1"
+    changes = [e for e in c.effects if isinstance(e, MembersChanged) and not e.properties]
+    assert [e.view_seq for e in changes] == [1, 2, 3, 4, 5]
+
+
+def test_suspicion_is_counted_in_log_order_not_by_clocks() -> None:
+    c = Cluster()
+    c.beat("a/1")
+    c.beat("b/1")
+    for _ in range(5):
+        c.beat("a/1")
+    assert not c.state.membership.suspected("b/1")  # 5 of a's beats: not yet
+    c.beat("b/1")  # b speaks again: its silence starts over
+    for _ in range(5):
+        c.beat("a/1")
+    assert c.state.membership.members == ["a/1", "b/1"]
+
+
+def test_observer_never_votes_never_leads_and_gets_laxer_timeouts() -> None:
+    c = Cluster()
+    c.beat("o/1", role="observer")
+    ms = c.state.membership
+    assert ms.members == [] and ms.proposer() is None  # an observer alone cannot form a view
+    c.beat("a/1")
+    assert ms.members == ["a/1", "o/1"] or ms.members == ["o/1", "a/1"]
+    assert ms.leader() == "a/1"
+    for _ in range(12):
+        c.beat("a/1")
+    assert "o/1" in ms.members  # 12 beats: an observer is not suspected before 18
+    for _ in range(6):
+        c.beat("a/1")
+    assert ms.members == ["a/1"]
+    # A vote from an observer is not counted.
+    assert ms.vote("o/1", ms.view_seq + 1, True) is None
+
+
+def test_view_change_releases_holdings_passes_ownership_and_fences() -> None:
+    c = Cluster()
+    c.beat("a/1")
+    c.beat("b/1")
+    assert c.apply("a/1", DeclareQueue("q")).error is None
+    c.apply("a/1", Enqueue("q", tuple((b"%d" % i, {}) for i in range(10))))
+    c.apply("b/1", Interest("q", True))  # b first: b owns
+    c.apply("a/1", Interest("q", True))
+    q = c.state.queues["q"]
+    assert q.owner == "b/1"
+    assert isinstance(c.apply("a/1", Acquire("q", "a/1/1", 3)).error, NotOwner)
+    assert c.apply("b/1", Acquire("q", "b/1/1", 4)).result == {"count": 4}
+    # b is paused (SIGSTOP): a keeps beating; the view drops b at one log position.
+    for _ in range(6):
+        c.beat("a/1")
+    assert c.state.membership.members == ["a/1"]
+    assert q.owner == "a/1" and not q.acquired and q.ready == 10
+    assert all(q.counts[p] == 1 for p in range(4))  # raised: they were delivered
+    assert OwnerChanged("q", "a/1") in c.effects
+    # b resumes: its late acquire is fenced and changes nothing.
+    late = c.apply("b/1", Acquire("q", "b/1/1", 4))
+    assert isinstance(late.error, Fenced) and q.ready == 10
+    assert c.state.ignored["fenced"] == 1
+    # ... and it rejoins as a new member at the end, no longer owner.
+    c.beat("b/1")
+    assert c.state.membership.members == ["a/1", "b/1"]
+    got = c.apply("a/1", Acquire("q", "a/1/1", 2))
+    acquired = [e for e in c.effects if isinstance(e, Acquired)][-1]
+    assert got.result == {"count": 2} and acquired.positions == [0, 1]
+
+
+def test_clean_leave_is_dropped_without_waiting() -> None:
+    c = Cluster()
+    c.beat("a/1")
+    c.beat("b/1")
+    c.apply("b/1", Leave())
+    c.duties()
+    assert c.state.membership.members == ["a/1"]
+
+
+def test_second_process_with_the_same_node_id_is_refused() -> None:
+    c = Cluster()
+    c.beat("a/1")
+    c.beat("a/2")  # same node id, new runtime, while a/1 lives
+    c.beat("a/1")
+    ms = c.state.membership
+    assert "a/2" in ms.refused and "in use" in ms.refused["a/2"]
+    assert ms.members == ["a/1"]
+
+
+def test_restart_after_a_crash_replaces_the_old_runtime() -> None:
+    c = Cluster()
+    c.beat("a/1")
+    c.beat("a/2")  # a/1 was killed; its successor beats
+    assert c.state.membership.members == ["a/1"]  # not yet: a/1 may be alive
+    for _ in range(6):
+        c.beat("a/2")
+    assert c.state.membership.members == ["a/2"]
+
+
+def test_proposals_from_non_proposers_and_stale_views_are_ignored() -> None:
+    c = Cluster()
+    c.beat("a/1")
+    c.beat("b/1")
+    bad = c.apply("b/1", Propose(3, ("b/1",), "x"))
+    assert isinstance(bad.error, InvalidArgument)
+    bad = c.apply("b/1", Propose(c.state.membership.view_seq + 1, ("b/1",), "x"))
+    assert isinstance(bad.error, InvalidArgument)  # b is not the proposer
+    assert c.state.ignored["bad-proposal"] == 2
