@@ -147,6 +147,31 @@ def _queues(args: argparse.Namespace) -> int:
     return 0
 
 
+def _topology(args: argparse.Namespace) -> int:
+    import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        topo = conn.topology()
+    if args.json:
+        print(json.dumps(topo, indent=2))
+        return 0
+    print(f"cluster {topo['cluster_id']}  view {topo['view']}"
+          f"{'  (changing)' if topo['changing'] else ''}")
+    for i in topo["instances"]:
+        flags = ("leader " if i["leader"] else "") + ("(this broker)" if i["local"] else "")
+        props = ",".join(f"{k}={v}" for k, v in sorted(i["properties"].items()))
+        print(f"  {i['node_id']:16} {i['role']:8} {i['address']:22} {props:20} {flags}")
+    print(f"this broker applied offset {topo['applied']}, digest {topo['digest'][:16]}")
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from broker.dev import run_dev
+
+    host, port = parse_address(args.listen)
+    return run_dev(args.nodes, args.data_dir, host, port, [])
+
+
 def _demo(args: argparse.Namespace) -> int:
     from broker.demo import run_demo
 
@@ -200,6 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--count", type=int, default=20_000)
     d.add_argument("--size", type=int, default=1024, help="body bytes")
     d.set_defaults(func=_demo)
+
+    t = sub.add_parser("topology", help="show the cluster's view as a broker applied it")
+    t.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_topology)
+
+    dv = sub.add_parser("dev", help="run a local cluster on one shared file: log")
+    dv.add_argument("--nodes", type=int, default=3)
+    dv.add_argument("--data-dir", default="./baton-dev", help="one sub-dir per broker")
+    dv.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}",
+                    help="HOST:PORT of the first broker; the others take the next ports")
+    dv.set_defaults(func=_dev)
 
     q = sub.add_parser("queues", help="list queues and their counters")
     q.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)

@@ -153,5 +153,40 @@ class Broker:
         stats["consumers"] = len(self.delivery.by_queue.get(name, ()))
         return stats
 
+    def topology(self) -> dict[str, Any]:
+        """The view as applied here (DESIGN §7), plus this replica's offset and digest."""
+        node = self.node
+        ms = node.state.membership
+        leader = ms.leader()
+        instances = []
+        for key in ms.members:
+            m = ms.known.get(key)
+            if m is None:
+                continue
+            instances.append(
+                {
+                    "node_id": m.node,
+                    "runtime": m.runtime,
+                    "role": m.role,
+                    "address": m.address,
+                    "leader": key == leader,
+                    "local": key == node.key,
+                    "properties": dict(m.properties),
+                }
+            )
+        return {
+            "cluster_id": ms.cluster_id,
+            "view": ms.view_seq,
+            "changing": ms.proposal is not None or ms.needs_view(),
+            "leader": leader,
+            "instances": instances,
+            "node_id": node.node_id,
+            "runtime": node.runtime_id,
+            "member": node.joined.is_set(),
+            "healthy": node.healthy,
+            "applied": node.state.applied,
+            "digest": node.state.digest(),
+        }
+
     def list_queues(self) -> list[dict[str, Any]]:
         return [self.queue_stats(name) for name in sorted(self.node.state.queues)]

@@ -260,6 +260,9 @@ class Session(asyncio.Protocol):
         elif t is wire.ListQueues:
             assert isinstance(f, wire.ListQueues)
             self.send(wire.Ok(f.corr, {"queues": self.broker.list_queues()}))
+        elif t is wire.Topology:
+            assert isinstance(f, wire.Topology)
+            self.send(wire.Ok(f.corr, self.broker.topology()))
         elif t is wire.Ping:
             assert isinstance(f, wire.Ping)
             self.send(wire.Ok(f.corr, {}))

@@ -56,6 +56,7 @@ from clients.wire import (
     ListQueues,
     Ok,
     Ping,
+    Topology,
     Publish,
     PublishBatch,
     PurgeQueue,
@@ -519,6 +520,23 @@ class Connection:
             raise self._closed_again()
 
     # --- commands ---------------------------------------------------------------------
+
+    async def topology(self) -> dict[str, Any]:
+        """The cluster as the connected broker has applied it (DESIGN §7).
+
+        Returns:
+            A mapping with ``cluster_id``, ``view`` (the view's sequence number),
+            ``changing`` (a new view is being agreed), ``leader`` and ``instances``:
+            the members in the cluster's stable order, each with ``node_id``,
+            ``runtime``, ``role`` ("voter" or "observer"), ``address``, ``leader``
+            (bool), ``local`` (the broker answering) and ``properties``. Also the
+            answering broker's ``applied`` log offset and state ``digest``.
+
+        Raises:
+            ConnectionClosed: the connection ended first.
+        """
+        corr = self._next_corr()
+        return await self._request(Topology(corr), corr)
 
     async def ping(self) -> float:
         """Round trip to the broker.

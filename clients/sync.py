@@ -203,6 +203,10 @@ class SyncConnection:
         """Round trip to the broker in seconds (see :meth:`Connection.ping`)."""
         return self._run(self._conn.ping())
 
+    def topology(self) -> dict[str, Any]:
+        """The cluster's view (see :meth:`Connection.topology`)."""
+        return self._run(self._conn.topology())
+
     def declare_queue(
         self,
         name: str,

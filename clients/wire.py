@@ -45,6 +45,7 @@ __all__ = [
     "Reject",
     "Cancel",
     "ConsumerCancelled",
+    "Topology",
     "FRAME_TYPES",
     "FrameCodec",
 ]
@@ -288,6 +289,20 @@ class ConsumerCancelled(Frame):
     message: str
 
 
+# --- cluster --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Topology(Frame):
+    """C->S: answered by Ok with the cluster's view as this broker applied it:
+    ``cluster_id``, ``view``, ``changing``, ``leader``, ``instances`` (stable order;
+    each with node_id, runtime, role, address, leader, local, properties) and this
+    broker's ``applied`` offset and state ``digest``."""
+
+    OP: ClassVar[int] = 40
+    corr: int
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -310,6 +325,7 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         Reject,
         Cancel,
         ConsumerCancelled,
+        Topology,
     )
 }
 

@@ -54,6 +54,7 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.Release: wire.Release(13, 3, [4]),
     wire.Reject: wire.Reject(14, 3, []),
     wire.Cancel: wire.Cancel(15, 3, [7, 8]),
+    wire.Topology: wire.Topology(16),
     wire.ConsumerCancelled: wire.ConsumerCancelled(3, errors.QueueNotFound.code, "queue deleted"),
 }
 
