@@ -11,6 +11,13 @@ Backends are chosen by URL with :func:`open_log`:
                    within the process (several broker objects in one test)
 ``file:PATH``      segment files in directory PATH, shared by processes on
                    one host (appends under ``flock``, group-commit ``fsync``)
+``kafka://...``    ``kafka://HOST:PORT[,HOST:PORT]/TOPIC[?PARAMS]``: partition 0
+                   of a single-partition Kafka topic via aiokafka, created if
+                   missing; idempotent producer, ``acks=all``. PARAMS
+                   ``replication_factor=N`` and ``min_insync_replicas=N`` (both
+                   default 1) apply when the topic is created;
+                   ``request_timeout_ms=N`` (default 30000) bounds every Kafka
+                   request (details in ``cluster.log.kafka``)
 =================  ==========================================================
 
 What a record means (an encoded event) is not the log's business; duplicate
@@ -95,7 +102,8 @@ async def open_log(url: str) -> Log:
     """Open the log a URL names.
 
     Args:
-        url: ``memory:``, ``memory:NAME`` or ``file:PATH``.
+        url: ``memory:``, ``memory:NAME``, ``file:PATH`` or
+            ``kafka://HOST:PORT[,HOST:PORT]/TOPIC[?replication_factor=N&min_insync_replicas=N]``.
 
     Returns:
         An open log.
@@ -106,7 +114,7 @@ async def open_log(url: str) -> Log:
     """
     scheme, sep, rest = url.partition(":")
     if not sep:
-        raise InvalidArgument(f"log URL {url!r} has no scheme (memory:, file:PATH)")
+        raise InvalidArgument(f"log URL {url!r} has no scheme (memory:, file:PATH, kafka://HOST:PORT/TOPIC)")
     if scheme == "memory":
         from cluster.log.memory import MemoryLog
 
@@ -117,4 +125,10 @@ async def open_log(url: str) -> Log:
         from cluster.log.file import FileLog
 
         return await FileLog.open(rest)
-    raise InvalidArgument(f"unknown log scheme {scheme!r} in {url!r} (memory:, file:PATH)")
+    if scheme == "kafka":
+        from cluster.log.kafka import KafkaLog
+
+        return await KafkaLog.open(url)
+    raise InvalidArgument(
+        f"unknown log scheme {scheme!r} in {url!r} (memory:, file:PATH, kafka://HOST:PORT/TOPIC)"
+    )

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import random
+import time
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import ClassVar, cast
@@ -18,7 +21,9 @@ import pytest
 from clients.errors import InvalidArgument, LogTruncated, LogUnavailable
 from cluster.log import Log, Record, open_log
 from cluster.log.file import FileLog
+from cluster.log.kafka import KafkaLog, KafkaURL, parse_kafka_url
 from cluster.log.memory import MemoryLog
+from tests.kafka_fixture import start_kafka, stop_kafka
 
 TIMEOUT = 20.0
 
@@ -238,3 +243,149 @@ class TestFileLogSmallSegments(LogContract):
 
     async def make(self, where: Path) -> Log:
         return await FileLog.open(str(where / "log"), segment_bytes=4096)
+
+
+# ---- Kafka -------------------------------------------------------------------------------
+
+_RUN = uuid.uuid4().hex[:8]  # topics of one run never meet those of an earlier one on a kept Kafka
+
+
+def kafka_topic(where: Path) -> str:
+    """One fresh topic per test (per ``where``): the same name when a test reopens its log."""
+    return f"baton-test-{_RUN}-{hashlib.sha1(str(where).encode()).hexdigest()[:16]}"
+
+
+class TestKafkaLog(LogContract):
+    """The conformance suite on a real Kafka broker (tests/kafka_fixture.py says which)."""
+
+    persistent = True
+    bootstrap = ""
+
+    @pytest.fixture(autouse=True)
+    def _kafka(self, kafka_bootstrap: str) -> None:
+        self.bootstrap = kafka_bootstrap
+
+    async def make(self, where: Path) -> Log:
+        return await open_log(f"kafka://{self.bootstrap}/{kafka_topic(where)}")
+
+    async def test_too_large_appends_are_refused_whole(self, log: Log) -> None:
+        assert isinstance(log, KafkaLog)
+        limit = log.max_batch_bytes
+        mib = 1 << 20
+        with pytest.raises(InvalidArgument, match="max.message.bytes"):  # each record fits, the batch not
+            await log.append([b"x" * mib] * (limit // mib + 1))
+        with pytest.raises(InvalidArgument):  # one record above the limit
+            await log.append([b"ok", b"y" * (log.max_record + 1)])
+        assert await log.end_offset() == 0  # nothing of either is visible
+        near = [bytes([i]) * (limit // 4 - 1024) for i in range(4)]  # just below the limit: one batch
+        assert await log.append(near) == 0
+        assert await log.append([b"after"]) == 4
+        assert [r for _, r in await collect(log, 0, 5)] == [*near, b"after"]
+
+    async def test_concurrent_large_appends_are_split_into_batches_whole(self, log: Log) -> None:
+        assert isinstance(log, KafkaLog)
+        third = log.max_batch_bytes // 3 - 1024  # two fit in one Kafka batch, three do not
+        batches = [[bytes([i]) * third, bytes([i])] for i in range(5)]
+        firsts = await asyncio.wait_for(asyncio.gather(*(log.append(b) for b in batches)), TIMEOUT)
+        assert sorted(firsts) == list(range(0, 10, 2))
+        got = dense(await collect(log, 0, 10), 0)
+        for first, batch in zip(firsts, batches):
+            assert got[first : first + 2] == batch
+
+    async def test_existing_topic_with_several_partitions_is_refused(self, tmp_path: Path) -> None:
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+        topic = kafka_topic(tmp_path)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 3, 1)])
+        finally:
+            await admin.close()
+        with pytest.raises(InvalidArgument, match="3 partitions"):
+            await open_log(f"kafka://{self.bootstrap}/{topic}")
+
+    async def test_replication_factor_above_the_brokers_is_invalid(self, tmp_path: Path) -> None:
+        with pytest.raises(InvalidArgument, match="(?i)replication"):
+            await open_log(f"kafka://{self.bootstrap}/{kafka_topic(tmp_path)}?replication_factor=7")
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("kafka://127.0.0.1:9092/baton", KafkaURL(("127.0.0.1:9092",), "baton")),
+        (
+            "kafka://k1:9092,k2:9093/baton.log_1?replication_factor=3&min_insync_replicas=2",
+            KafkaURL(("k1:9092", "k2:9093"), "baton.log_1", 3, 2),
+        ),
+        ("kafka://[::1]:9092/t?request_timeout_ms=5000", KafkaURL(("[::1]:9092",), "t", request_timeout_ms=5000)),
+    ],
+)
+def test_kafka_url_parsing(url: str, expected: KafkaURL) -> None:
+    parsed = parse_kafka_url(url)
+    assert parsed == expected
+    assert parse_kafka_url(str(parsed)) == parsed
+
+
+@pytest.mark.parametrize(
+    ("url", "complaint"),
+    [
+        ("kafka://127.0.0.1:9092", "names no topic"),
+        ("kafka://127.0.0.1:9092/", "names no topic"),
+        ("kafka:///t", "is not HOST:PORT"),
+        ("kafka://127.0.0.1/t", "is not HOST:PORT"),
+        ("kafka://127.0.0.1:x/t", "no valid port"),
+        ("kafka://127.0.0.1:70000/t", "no valid port"),
+        ("kafka://a:1,/t", "is not HOST:PORT"),
+        ("kafka://a:1/t/u", "not a valid Kafka topic name"),
+        ("kafka://a:1/t?replication_factor=0", "positive integer"),
+        ("kafka://a:1/t?replication_factor=two", "positive integer"),
+        ("kafka://a:1/t?replicas=3", "unknown parameter"),
+        ("kafka://a:1/t?replication_factor=1&replication_factor=2", "given twice"),
+        ("kafka://a:1/t?replication_factor=1&min_insync_replicas=2", "above"),
+        ("kafka://a:1/t?request_timeout_ms=10", "at least 1000"),
+        ("kafka://a:1/t?flag", "malformed query"),
+        ("kafka://user@a:1/t", "user"),
+        ("kafka:a:1/t", "not a Kafka log URL"),
+    ],
+)
+def test_bad_kafka_urls_are_invalid(url: str, complaint: str) -> None:
+    with pytest.raises(InvalidArgument, match=complaint):
+        parse_kafka_url(url)
+
+
+async def test_unreachable_kafka_is_unavailable_promptly() -> None:
+    started = time.monotonic()
+    with pytest.raises(LogUnavailable, match="127.0.0.1:1 unreachable"):
+        await asyncio.wait_for(open_log("kafka://127.0.0.1:1/baton?request_timeout_ms=3000"), TIMEOUT)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.slow
+async def test_kafka_down_is_unavailable_and_back_is_usable(tmp_path: Path) -> None:
+    """A Kafka of its own, stopped and restarted under an open log: errors are prompt, never hangs."""
+    bootstrap = await asyncio.to_thread(start_kafka, tmp_path / "kafka")
+    log = await open_log(f"kafka://{bootstrap}/down-and-back?request_timeout_ms=3000")
+    try:
+        assert await log.append([b"before"]) == 0
+        reader = asyncio.create_task(collect(log, 0, 2))  # will see one record, then Kafka dies
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(stop_kafka, tmp_path / "kafka")
+        started = time.monotonic()
+        with pytest.raises(LogUnavailable, match="Kafka at"):
+            await asyncio.wait_for(log.append([b"lost?"]), TIMEOUT)
+        with pytest.raises(LogUnavailable, match="Kafka at"):
+            await asyncio.wait_for(log.end_offset(), TIMEOUT)
+        with pytest.raises(LogUnavailable, match="Kafka at"):  # the idle reader notices, too
+            await asyncio.wait_for(reader, TIMEOUT)
+        assert time.monotonic() - started < TIMEOUT
+        assert await asyncio.to_thread(start_kafka, tmp_path / "kafka") == bootstrap  # same data, same port
+        # The append that failed had an unknown outcome: it may or may not be on the log.
+        end = await asyncio.wait_for(log.end_offset(), TIMEOUT)
+        assert end in (1, 2)
+        assert await asyncio.wait_for(log.append([b"after"]), TIMEOUT) == end
+        got = [r for _, r in await collect(log, 0, end + 1)]
+        assert got[0] == b"before" and got[-1] == b"after"
+    finally:
+        await asyncio.wait_for(log.close(), TIMEOUT)
+        await asyncio.to_thread(stop_kafka, tmp_path / "kafka")

@@ -1,0 +1,688 @@
+"""The Kafka backend: the log is partition 0 of a single-partition Kafka topic (DESIGN §3).
+
+URL: ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?PARAMS]``. The topic is created if missing, with
+
+* ``replication_factor=N`` (default 1): replicas of the partition. Use 3 in production.
+* ``min_insync_replicas=N`` (default 1): replicas that must have an append before it is
+  confirmed (the producer uses ``acks=all``). Use 2 with 3 replicas. At most replication_factor.
+* ``request_timeout_ms=N`` (default 30000): how long one Kafka request (an append, an offset
+  query, opening the log) may take before it fails with LogUnavailable. Longer than a leader
+  fail-over in the Kafka cluster, short enough that a dead Kafka is reported, not waited on.
+
+These only apply when the topic is created; an existing topic is used as it is (it must have
+exactly one partition). A created topic gets ``retention.ms=-1`` and ``retention.bytes=-1``:
+the log is the brokers' state, so Kafka must never expire records by itself; Baton removes a
+prefix with :meth:`KafkaLog.truncate_before` (Kafka's DeleteRecords) when it no longer needs it.
+
+How the contract maps onto Kafka:
+
+* Offsets are Kafka offsets: dense, because only idempotent, non-transactional producers write
+  the topic and it is never compacted. A gap is reported as LogCorrupt, never skipped.
+* ``append`` is atomic because every append is carried by exactly one Kafka *record batch*,
+  which the partition leader writes all or nothing; appends that wait while another is in
+  flight are grouped into the next batch (group commit), each still contiguous. A batch larger
+  than the topic's ``max.message.bytes`` is refused (InvalidArgument) instead of being split.
+* The producer is idempotent (``enable_idempotence=True``, hence ``acks=all``): a batch the
+  client resends after a lost answer is written once. One batch is in flight at a time, so
+  order on the partition is the order of the returned offsets.
+* An append that fails with LogUnavailable because Kafka did not answer in time has an
+  *unknown* outcome: it may still become visible (unlike the file backend, where a failed
+  append is never visible). Appliers drop the duplicates a retry can then produce (DESIGN §3).
+  After any failed append the producer is replaced, so its sequence numbers start afresh.
+* Readers are consumers without a group (``assign`` + ``seek``); they commit nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerStoppedError, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    CorruptRecordException,
+    KafkaConnectionError,
+    KafkaError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    for_code,
+)
+
+from clients.errors import BatonError, InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
+from cluster.log import Log, Record
+
+__all__ = ["KafkaLog", "KafkaURL", "parse_kafka_url"]
+
+_log = logging.getLogger(__name__)
+
+#: Largest Kafka record batch (so the largest append) on a topic Baton creates: the topic's
+#: ``max.message.bytes``. The producer's request size and the consumers' fetch sizes match it.
+#: An existing topic with a smaller ``max.message.bytes`` lowers it.
+MAX_BATCH_BYTES = 16 << 20
+# Upper bounds of what Kafka's record batch format (v2) adds, so a batch's size is known before
+# it is built: a 61-byte batch header, and per record at most 5 (length) + 1 (attributes) +
+# 10 (timestamp delta) + 5 (offset delta) + 1 (null key) + 5 (value length) + 1 (no headers).
+_BATCH_HEADER = 61
+_RECORD_OVERHEAD = 28
+
+_DEFAULT_TIMEOUT_MS = 30_000
+_IDLE_PROBE = 5.0  # a reader that got nothing for this long checks that Kafka still answers
+_CLOSE_GRACE = 5.0  # close() waits at most this long for an append in flight, and readers
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_PARAMS = ("replication_factor", "min_insync_replicas", "request_timeout_ms")
+_TOPIC_ALREADY_EXISTS = 36
+# CreateTopics errors that mean the URL asks for something this Kafka cannot do.
+_BAD_REQUEST_CODES = {17, 37, 38, 39, 40, 42, 44}  # invalid topic/partitions/RF/assignment/config/request, policy
+
+_client_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaURL:
+    """A parsed ``kafka://`` log URL."""
+
+    servers: tuple[str, ...]
+    topic: str
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+    request_timeout_ms: int = _DEFAULT_TIMEOUT_MS
+
+    @property
+    def bootstrap(self) -> str:
+        """The servers as aiokafka's ``bootstrap_servers`` (comma-separated)."""
+        return ",".join(self.servers)
+
+    def __str__(self) -> str:
+        params = [
+            f"{name}={getattr(self, name)}"
+            for name, default in zip(_PARAMS, (1, 1, _DEFAULT_TIMEOUT_MS))
+            if getattr(self, name) != default
+        ]
+        query = "?" + "&".join(params) if params else ""
+        return f"kafka://{self.bootstrap}/{self.topic}{query}"
+
+
+def parse_kafka_url(url: str) -> KafkaURL:
+    """Parse ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?replication_factor=N&...]``.
+
+    Args:
+        url: the log URL.
+
+    Returns:
+        Its parts, with defaults filled in.
+
+    Raises:
+        InvalidArgument: anything malformed, with what is wrong and the expected form.
+    """
+    form = "kafka://HOST:PORT[,HOST:PORT]/TOPIC[?replication_factor=N&min_insync_replicas=N]"
+    parts = urlsplit(url)
+    if parts.scheme != "kafka" or not url.startswith("kafka://"):
+        raise InvalidArgument(f"not a Kafka log URL: {url!r} (expected {form})")
+    if parts.fragment or "@" in parts.netloc:
+        raise InvalidArgument(f"Kafka log URL {url!r} may not have a user or a #fragment")
+    servers = tuple(_parse_server(s, url) for s in parts.netloc.split(","))
+    topic = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not topic:
+        raise InvalidArgument(f"Kafka log URL {url!r} names no topic (expected {form})")
+    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise InvalidArgument(
+            f"{topic!r} in {url!r} is not a valid Kafka topic name "
+            "(1 to 249 of the characters A-Z a-z 0-9 . _ -)"
+        )
+    values: dict[str, int] = {}
+    try:
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed query in Kafka log URL {url!r}: {exc}") from exc
+    for name, text in pairs:
+        if name not in _PARAMS:
+            raise InvalidArgument(
+                f"unknown parameter {name!r} in Kafka log URL {url!r} (known: {', '.join(_PARAMS)})"
+            )
+        if name in values:
+            raise InvalidArgument(f"parameter {name!r} given twice in Kafka log URL {url!r}")
+        if not text.isdigit() or int(text) < 1:
+            raise InvalidArgument(f"{name} must be a positive integer, not {text!r}, in {url!r}")
+        values[name] = int(text)
+    if values.get("request_timeout_ms", _DEFAULT_TIMEOUT_MS) < 1000:
+        raise InvalidArgument(f"request_timeout_ms must be at least 1000 in {url!r}")
+    parsed = KafkaURL(servers, topic, **values)
+    if parsed.min_insync_replicas > parsed.replication_factor:
+        raise InvalidArgument(
+            f"min_insync_replicas={parsed.min_insync_replicas} is above "
+            f"replication_factor={parsed.replication_factor} in {url!r}: no append could succeed"
+        )
+    return parsed
+
+
+def _parse_server(server: str, url: str) -> str:
+    host, sep, port = server.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):  # [IPv6]:PORT
+        bare = host[1:-1]
+    else:
+        bare = host
+    if not sep or not bare or "[" in bare or "]" in bare or (":" in bare and bare == host):
+        raise InvalidArgument(f"{server!r} in Kafka log URL {url!r} is not HOST:PORT")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"{server!r} in Kafka log URL {url!r} has no valid port")
+    return f"{host}:{int(port)}"
+
+
+def _batch_bound(records: Sequence[bytes]) -> int:
+    """An upper bound of the Kafka record batch holding exactly ``records``."""
+    return _BATCH_HEADER + sum(len(r) for r in records) + _RECORD_OVERHEAD * len(records)
+
+
+# (records, size bound of their batch, the appending caller's future)
+_Pending = tuple[list[bytes], int, "asyncio.Future[int]"]
+
+
+def _fail(group: list[_Pending], exc: BaseException) -> None:
+    for _, _, fut in group:
+        if not fut.done():
+            fut.set_exception(exc)
+
+
+class KafkaLog(Log):
+    """Partition 0 of a single-partition Kafka topic; see the module docstring. Use :meth:`open`."""
+
+    def __init__(self, url: str, where: KafkaURL) -> None:
+        self.url = url
+        self._where = where
+        self._tp = TopicPartition(where.topic, 0)
+        self._timeout = where.request_timeout_ms / 1000
+        self._max_batch = MAX_BATCH_BYTES
+        self.max_record = self._max_batch - _BATCH_HEADER - _RECORD_OVERHEAD
+        self._admin: Any = None
+        self._offsets: Any = None  # a consumer with no assignment, for offset queries
+        self._producer: Any = None  # started on first use; replaced after a failed append
+        # Running read() generators: their consumer -> a future done when the generator ends.
+        self._readers: dict[Any, asyncio.Future[None]] = {}
+        self._yielded: set[Any] = set()  # consumers of readers now suspended at a yield
+        self._known_end = 0  # the highest end offset this object has seen; readers drain to it at close
+        self._drain_deadline = 0.0  # (monotonic) when readers stop draining after close
+        self._queue: deque[_Pending] = deque()
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+        self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def open(cls, url: str) -> KafkaLog:
+        """Connect to Kafka, create the topic if it is missing, and start the producer.
+
+        Args:
+            url: ``kafka://HOST:PORT[,HOST:PORT]/TOPIC[?replication_factor=N&...]``.
+
+        Returns:
+            The open log.
+
+        Raises:
+            InvalidArgument: a malformed URL, or a topic or setting Kafka refuses
+                (e.g. a replication factor above the number of Kafka brokers).
+            LogUnavailable: Kafka is unreachable or does not answer in time.
+        """
+        log = cls(url, parse_kafka_url(url))
+        try:
+            await log._connect()
+        except BaseException:
+            await log.close()
+            raise
+        return log
+
+    @property
+    def max_batch_bytes(self) -> int:
+        """The largest append, in bytes of a Kafka record batch (see :func:`_batch_bound`)."""
+        return self._max_batch
+
+    # ---- appending ---------------------------------------------------------------------
+
+    async def append(self, records: Sequence[bytes]) -> int:
+        self._check_open()
+        if not records:
+            raise InvalidArgument("append needs at least one record")
+        batch = [bytes(r) for r in records]  # no copy for bytes; freezes mutable buffers
+        largest = max(map(len, batch))
+        if largest > self.max_record:
+            raise InvalidArgument(
+                f"a record of {largest} bytes is larger than the log's max of {self.max_record} bytes"
+            )
+        bound = _batch_bound(batch)
+        if bound > self._max_batch:
+            raise InvalidArgument(
+                f"an append of {len(batch)} records ({bound} bytes as a Kafka record batch) is "
+                f"above the {self._max_batch} bytes Kafka accepts in one batch on topic "
+                f"{self._where.topic!r} (max.message.bytes); append fewer records at a time"
+            )
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue.append((batch, bound, fut))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_loop())
+        return await fut
+
+    async def _write_loop(self) -> None:
+        """The single writer: each turn sends everything queued so far as one record batch."""
+        while self._queue and not self._closed:
+            group: list[_Pending] = []
+            size = _BATCH_HEADER
+            while self._queue:
+                records, bound, fut = self._queue[0]
+                if fut.done():  # the caller was cancelled meanwhile
+                    self._queue.popleft()
+                    continue
+                if group and size + bound - _BATCH_HEADER > self._max_batch:
+                    break
+                self._queue.popleft()
+                group.append((records, bound, fut))
+                size += bound - _BATCH_HEADER
+            if not group:
+                continue
+            try:
+                first = await self._send(group)
+            except asyncio.CancelledError:  # close() gave up on the append in flight
+                _fail(group, LogUnavailable(f"log {self.url} closed during the append; its outcome is unknown"))
+                raise
+            except Exception as exc:
+                if not isinstance(exc, BatonError):  # a bug, or an error aiokafka should not raise
+                    _log.exception("append to %s failed", self.url)
+                    exc = LogUnavailable(f"append to {self.url} failed: {exc!r}")
+                _fail(group, exc)
+                continue
+            for records, _, fut in group:
+                if not fut.done():
+                    fut.set_result(first)
+                first += len(records)
+            self._known_end = max(self._known_end, first)
+
+    async def _send(self, group: list[_Pending]) -> int:
+        """Append a group of batches as one Kafka record batch; returns its first offset."""
+        producer = await self._producer_ready()
+        batch = producer.create_batch()
+        stamp = int(time.time() * 1000)
+        for records, _, _ in group:
+            for record in records:
+                if batch.append(key=None, value=record, timestamp=stamp) is None:
+                    # Cannot happen while _batch_bound is an upper bound; never send half.
+                    raise LogUnavailable(f"append to {self.url}: batch size estimate was wrong")
+        batch.close()
+        try:
+            async with self._guard("an append (which may still become visible)"):
+                try:
+                    delivered = await producer.send_batch(batch, self._tp.topic, partition=0)
+                    meta = await delivered
+                except KafkaError as exc:
+                    if getattr(exc, "errno", None) in (10, 18):  # message/record list too large
+                        raise InvalidArgument(
+                            f"Kafka refused an append of {batch.size()} bytes to topic "
+                            f"{self._tp.topic!r} as too large: {exc}"
+                        ) from exc
+                    raise
+        except BaseException:
+            # The idempotent producer's sequence numbers now disagree with the broker's
+            # (or a batch of unknown fate is still queued in it): start afresh next time.
+            self._producer = None
+            await self._discard_producer(producer)
+            raise
+        offset = meta.offset
+        if not isinstance(offset, int) or offset < 0:
+            raise LogUnavailable(f"Kafka at {self._where.bootstrap} confirmed an append without its offset")
+        return offset
+
+    async def _producer_ready(self) -> Any:
+        if self._producer is None:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self._where.bootstrap,
+                client_id=f"baton-log-producer-{next(_client_ids)}",
+                enable_idempotence=True,
+                acks="all",
+                max_batch_size=self._max_batch,  # the size create_batch() builders accept
+                max_request_size=self._max_batch,
+                linger_ms=0,
+                request_timeout_ms=self._where.request_timeout_ms,
+            )
+            try:
+                async with self._guard("starting the producer"):
+                    await producer.start()
+            except BaseException:
+                await self._discard_producer(producer)
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def _discard_producer(self, producer: Any) -> None:
+        """Stop a producer that may hold a batch Kafka never confirmed, without waiting for it.
+
+        aiokafka's idempotent producer retries a batch until Kafka takes it, and its stop()
+        waits for that: with Kafka gone, forever. So stop its sender task (which sends and
+        retries), then close its connections; a batch not sent by then never is.
+        """
+        sender, client = getattr(producer, "_sender", None), getattr(producer, "client", None)
+        if sender is None or client is None or not hasattr(producer, "_closed"):
+            await self._quietly(producer.stop(), "stopping the producer")  # another aiokafka
+            return
+        producer._closed = True  # as stop() does first: later sends fail, and no "unclosed" warning
+        await self._quietly(sender.close(), "stopping the producer's sender")
+        await self._quietly(client.close(), "closing the producer's connections")
+
+    async def _stop_consumer(self, consumer: Any) -> None:
+        if not await self._quietly(consumer.stop(), "stopping a consumer"):
+            # aiokafka 0.14's fetcher lets a CancelledError out of stop() when a fetch was
+            # retrying a dead Kafka, before it closes the connections: close them here.
+            client = getattr(consumer, "_client", None)
+            if client is not None:
+                await self._quietly(client.close(), "closing a consumer's connections")
+
+    # ---- reading -----------------------------------------------------------------------
+
+    async def read(self, start: int, *, max_batch: int = 1024) -> AsyncIterator[list[Record]]:
+        if max_batch < 1:
+            raise InvalidArgument("max_batch must be at least 1")
+        if self._closed:
+            return
+        consumer = self._consumer()
+        self._readers[consumer] = ended = asyncio.get_running_loop().create_future()
+        try:
+            async with self._guard("starting a reader"):
+                await consumer.start()
+            first, end = await self._bounds(consumer)
+            if start < first:
+                raise LogTruncated(f"offset {start} is below the log's start {first}")
+            consumer.assign([self._tp])
+            # Kafka cannot fetch beyond the end: start there and skip up to `start` instead.
+            consumer.seek(self._tp, min(start, end))
+            pos = start
+            idle_since = time.monotonic()
+            # Once the log is closed, a reader still hands out what was appended before (as far
+            # as this object knows), then ends, like the other backends.
+            while not self._closed or pos < self._known_end:
+                fetched = await self._fetch(consumer, pos, max_batch)
+                if fetched is None:
+                    return
+                batch = [(r.offset, r.value if r.value is not None else b"") for r in fetched if r.offset >= pos]
+                if batch:
+                    if batch[0][0] != pos or batch[-1][0] != pos + len(batch) - 1:
+                        raise LogCorrupt(
+                            f"offsets on Kafka topic {self._tp.topic!r} jump from {pos} to "
+                            f"{batch[0][0]}: was it compacted, or written with transactions?"
+                        )
+                    pos += len(batch)
+                    idle_since = time.monotonic()
+                    self._yielded.add(consumer)
+                    try:
+                        yield batch
+                    finally:
+                        self._yielded.discard(consumer)
+                elif not self._closed and time.monotonic() - idle_since >= _IDLE_PROBE * 0.9:
+                    # Nothing new for a while: fine if Kafka answers, LogUnavailable if not
+                    # (the fetcher itself retries a dead Kafka forever, quietly).
+                    await self._bounds(consumer)
+                    idle_since = time.monotonic()
+        finally:
+            self._readers.pop(consumer, None)
+            await self._stop_consumer(consumer)
+            if not ended.done():
+                ended.set_result(None)
+
+    async def _fetch(self, consumer: Any, pos: int, max_batch: int) -> list[Any] | None:
+        """The next fetched records (possibly none); None when a closed log's reader should end."""
+        if self._closed:  # draining: wait only until the deadline close() set
+            wait = self._drain_deadline - time.monotonic()
+            if wait <= 0:
+                return None
+            fetch = asyncio.ensure_future(
+                consumer.getmany(self._tp, timeout_ms=int(wait * 1000), max_records=max_batch)
+            )
+            await asyncio.wait((fetch,))
+        else:
+            fetch = asyncio.ensure_future(
+                consumer.getmany(self._tp, timeout_ms=int(_IDLE_PROBE * 1000), max_records=max_batch)
+            )
+            try:
+                await asyncio.wait((fetch, self._closing), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not fetch.done():
+                    fetch.cancel()
+            if fetch.cancelled():
+                return []  # closed meanwhile: the caller decides whether to drain
+        try:
+            fetched = fetch.result()
+        except OffsetOutOfRangeError as exc:
+            first, end = await self._bounds(consumer)
+            if pos < first:
+                raise LogTruncated(f"offset {pos} was truncated away (the log starts at {first})") from exc
+            raise LogCorrupt(
+                f"Kafka says offset {pos} of topic {self._tp.topic!r} is out of range [{first}, {end}]: "
+                "was the topic deleted and created again?"
+            ) from exc
+        except (CorruptRecordException, RecordTooLargeError) as exc:
+            raise LogCorrupt(f"Kafka topic {self._tp.topic!r} at offset {pos}: {exc}") from exc
+        except ConsumerStoppedError as exc:
+            if self._closed:
+                return None
+            raise LogUnavailable(f"the reader of {self.url} was stopped") from exc
+        except KafkaError as exc:
+            raise LogUnavailable(f"Kafka at {self._where.bootstrap}: reading failed: {exc}") from exc
+        records: list[Any] = fetched.get(self._tp, [])
+        if self._closed and not records:
+            return None  # nothing came before the deadline
+        return records
+
+    def _consumer(self) -> Any:
+        return AIOKafkaConsumer(
+            bootstrap_servers=self._where.bootstrap,
+            client_id=f"baton-log-consumer-{next(_client_ids)}",
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="none",  # an offset out of range is an error, never a silent jump
+            isolation_level="read_uncommitted",
+            max_partition_fetch_bytes=self._max_batch,
+            fetch_max_bytes=max(self._max_batch, 50 << 20),
+            request_timeout_ms=self._where.request_timeout_ms,
+        )
+
+    async def _bounds(self, consumer: Any) -> tuple[int, int]:
+        """(log start offset, end offset) as ``consumer`` gets them from the partition leader."""
+        async with self._guard("reading the log's offsets"):
+            firsts = await consumer.beginning_offsets([self._tp])
+            ends = await consumer.end_offsets([self._tp])
+        end = int(ends[self._tp])
+        self._known_end = max(self._known_end, end)
+        return int(firsts[self._tp]), end
+
+    # ---- offsets, retention, closing ---------------------------------------------------
+
+    async def start_offset(self) -> int:
+        self._check_open()
+        return (await self._bounds(self._offsets))[0]
+
+    async def end_offset(self) -> int:
+        self._check_open()
+        async with self._guard("reading the log's end offset"):
+            ends = await self._offsets.end_offsets([self._tp])
+        end = int(ends[self._tp])
+        self._known_end = max(self._known_end, end)
+        return end
+
+    async def truncate_before(self, offset: int) -> None:
+        self._check_open()
+        if offset <= 0:
+            return
+        # DeleteRecords refuses offsets past the end; -1 would even mean "the end".
+        before = min(offset, await self.end_offset())
+        if before <= 0:
+            return
+        async with self._guard(f"deleting records before offset {before}"):
+            await self._admin.delete_records(
+                {self._tp: RecordsToDelete(before)}, timeout_ms=self._where.request_timeout_ms
+            )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._drain_deadline = time.monotonic() + _CLOSE_GRACE
+        if not self._closing.done():
+            self._closing.set_result(None)  # wakes readers: they hand out what is left, then end
+        for _, _, fut in self._queue:
+            if not fut.done():
+                fut.set_exception(LogUnavailable(f"log {self.url} is closed"))
+        self._queue.clear()
+        writer, idle = self._writer, True
+        if writer is not None and not writer.done():
+            await asyncio.wait((writer,), timeout=_CLOSE_GRACE)  # an append in flight may finish
+            if not writer.done():
+                idle = False
+                writer.cancel()
+                await asyncio.wait((writer,))
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            # An idle producer holds no batch, so its stop() returns at once.
+            if not idle or not await self._quietly(producer.stop(), "stopping the producer"):
+                await self._discard_producer(producer)
+        # Readers waiting for records drain and end by themselves, by the drain deadline; a
+        # reader suspended at a yield may never be resumed, so it is not waited for.
+        busy = [ended for consumer, ended in self._readers.items() if consumer not in self._yielded]
+        if busy:
+            await asyncio.wait(busy, timeout=max(0.0, self._drain_deadline - time.monotonic()))
+        for consumer in [*self._readers, self._offsets]:  # and the readers nobody iterates now
+            if consumer is not None:
+                await self._stop_consumer(consumer)
+        if self._admin is not None:
+            await self._quietly(self._admin.close(), "closing the admin client")
+
+    # ---- connecting --------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        where = self._where
+        self._admin = AIOKafkaAdminClient(
+            bootstrap_servers=where.bootstrap,
+            client_id=f"baton-log-admin-{next(_client_ids)}",
+            request_timeout_ms=where.request_timeout_ms,
+        )
+        async with self._guard("connecting"):
+            await self._admin.start()
+        async with self._guard(f"creating topic {where.topic!r}"):
+            created = await self._create_topic()
+        if not created:
+            async with self._guard(f"checking topic {where.topic!r}"):
+                await self._check_topic()
+        self._offsets = self._consumer()
+        async with self._guard("starting a consumer"):
+            await self._offsets.start()
+        await self._producer_ready()
+
+    async def _create_topic(self) -> bool:
+        """Create the topic; False if it exists already."""
+        where = self._where
+        configs = {
+            "max.message.bytes": str(MAX_BATCH_BYTES),
+            "min.insync.replicas": str(where.min_insync_replicas),
+            "retention.ms": "-1",  # Kafka never drops records by age or size; Baton truncates
+            "retention.bytes": "-1",
+            "cleanup.policy": "delete",  # never compact: offsets must stay dense
+            "unclean.leader.election.enable": "false",  # never lose acknowledged appends
+        }
+        topic = NewTopic(where.topic, 1, where.replication_factor, topic_configs=configs)
+        response = await self._admin.create_topics([topic], timeout_ms=where.request_timeout_ms)
+        for _name, code, *rest in response.topic_errors:
+            if code == 0:
+                _log.info(
+                    "created Kafka topic %r (replication factor %d, min ISR %d)",
+                    where.topic, where.replication_factor, where.min_insync_replicas,
+                )
+                return True
+            if code == _TOPIC_ALREADY_EXISTS:
+                return False
+            error = for_code(code)
+            detail = rest[0] if rest and rest[0] else error.description
+            kind = InvalidArgument if code in _BAD_REQUEST_CODES else LogUnavailable
+            raise kind(
+                f"Kafka at {where.bootstrap} refused to create topic {where.topic!r}: "
+                f"{detail} ({error.__name__})"
+            )
+        raise LogUnavailable(f"Kafka at {where.bootstrap} did not say whether it created {where.topic!r}")
+
+    async def _check_topic(self) -> None:
+        """An existing topic must be usable as a log: one partition, not compacted."""
+        topic = self._where.topic
+        while True:  # a topic another process just created may not be in the metadata yet
+            (described,) = await self._admin.describe_topics([topic])
+            if described["error_code"] not in (3, 5):  # unknown topic, leader not available
+                break
+            await asyncio.sleep(0.1)
+        if described["error_code"]:
+            error = for_code(described["error_code"])
+            raise LogUnavailable(f"Kafka cannot describe topic {topic!r}: {error.__name__}")
+        partitions = len(described["partitions"])
+        if partitions != 1:
+            raise InvalidArgument(
+                f"Kafka topic {topic!r} has {partitions} partitions; a Baton log needs exactly one"
+            )
+        (response,) = await self._admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        code, message, _type, _name, entries = response.resources[0][:5]
+        if code:
+            raise LogUnavailable(f"Kafka cannot describe the configuration of topic {topic!r}: {message}")
+        config = {entry[0]: entry[1] for entry in entries}
+        if "compact" in str(config.get("cleanup.policy", "")):
+            raise InvalidArgument(
+                f"Kafka topic {topic!r} is compacted (cleanup.policy={config['cleanup.policy']}); "
+                "a Baton log must keep every record"
+            )
+        limit = str(config.get("max.message.bytes", ""))
+        if limit.isdigit() and int(limit) < self._max_batch:
+            self._max_batch = int(limit)
+            self.max_record = max(1, self._max_batch - _BATCH_HEADER - _RECORD_OVERHEAD)
+        if config.get("retention.ms") not in (None, "-1") or config.get("retention.bytes") not in (None, "-1"):
+            _log.warning(
+                "Kafka topic %r has retention.ms=%s retention.bytes=%s: Kafka may delete records "
+                "that brokers still need; set both to -1",
+                topic, config.get("retention.ms"), config.get("retention.bytes"),
+            )
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogUnavailable(f"log {self.url} is closed")
+
+    @contextlib.asynccontextmanager
+    async def _guard(self, what: str) -> AsyncIterator[None]:
+        """Bound a Kafka call in time and turn what it raises into Baton's errors."""
+        where = self._where.bootstrap
+        try:
+            async with asyncio.timeout(self._timeout):
+                yield
+        except BatonError:
+            raise
+        except TimeoutError as exc:
+            raise LogUnavailable(f"Kafka at {where}: {what} got no answer within {self._timeout:g}s") from exc
+        except KafkaConnectionError as exc:
+            raise LogUnavailable(f"Kafka at {where} unreachable ({what}): {exc}") from exc
+        except (KafkaError, OSError) as exc:
+            raise LogUnavailable(f"Kafka at {where}: {what} failed: {exc}") from exc
+
+    async def _quietly(self, closing: Any, what: str) -> bool:
+        """Await a stop/close call, bounded; failing is only logged. True if it completed."""
+        try:
+            async with asyncio.timeout(_CLOSE_GRACE):
+                try:
+                    await closing
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # we are being cancelled (or timed out): not aiokafka's leak
+                    _log.debug("%s: %s let a CancelledError out", self.url, what)
+                    return False
+        except Exception as exc:
+            _log.debug("%s: %s failed: %r", self.url, what, exc)
+            return False
+        return True
