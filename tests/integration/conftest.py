@@ -25,10 +25,17 @@ def free_port() -> int:
 class BrokerProcess:
     """One ``baton serve`` process on 127.0.0.1, restartable on the same data dir and port."""
 
-    def __init__(self, data_dir: Path, log_url: str | None = None, node_id: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_url: str | None = None,
+        node_id: str | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.log_url = log_url
         self.node_id = node_id
+        self.extra = list(extra or [])
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}-{self.port}.out"
@@ -46,6 +53,7 @@ class BrokerProcess:
             cmd += ["--log", self.log_url]
         if self.node_id:
             cmd += ["--node-id", self.node_id]
+        cmd += self.extra
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         out = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -61,6 +69,14 @@ class BrokerProcess:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -80,6 +96,7 @@ class BrokerProcess:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused broker cannot stop
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(15)
@@ -97,3 +114,20 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         yield b
     finally:
         b.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Three brokers (node-1..3) on one shared file: log, started in order."""
+    log_url = f"file:{tmp_path / 'shared-log'}"
+    brokers = [
+        BrokerProcess(tmp_path / f"node-{i}", log_url=log_url, node_id=f"node-{i}")
+        for i in (1, 2, 3)
+    ]
+    try:
+        for b in brokers:
+            b.start()
+        yield brokers
+    finally:
+        for b in brokers:
+            b.stop()
