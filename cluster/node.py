@@ -36,7 +36,7 @@ from clients.errors import (
     StoreError,
 )
 from cluster.codec import EventEncoder, MalformedEvent, decode
-from cluster.events import Event, Heartbeat, Leave, Origin, Propose, Vote
+from cluster.events import Enqueue, Event, Heartbeat, Leave, Origin, Propose, Vote
 from cluster.log import Log
 from cluster.state import (
     Completed,
@@ -57,6 +57,9 @@ log = logging.getLogger("baton.node")
 
 EffectListener = Callable[[list[Effect]], None]
 
+#: Bytes a log backend may add per record, counted when cutting appends to size.
+_RECORD_OVERHEAD = 64
+
 
 class Node:
     """One broker's replica of the cluster state.
@@ -67,6 +70,8 @@ class Node:
         store: this broker's local store.
         clock: wall-clock milliseconds (injectable for tests).
         max_append: most events per log append.
+        max_outbox: most events waiting for the log (while it is unavailable);
+            beyond it commands fail with LogUnavailable at once.
         role: "voter" or "observer" (DESIGN §7).
         properties: instance properties published with heartbeats (e.g. a zone).
         heartbeat_ms: interval between heartbeats; suspicion comes after
@@ -81,6 +86,7 @@ class Node:
         *,
         clock: Callable[[], int] | None = None,
         max_append: int = 2048,
+        max_outbox: int = 200_000,
         role: str = "voter",
         properties: dict[str, Any] | None = None,
         heartbeat_ms: int = 500,
@@ -105,7 +111,12 @@ class Node:
         self._max_append = max_append
         self._encoder = EventEncoder()
         self._seq = 0
-        self._outbox: list[tuple[int, bytes]] = []
+        # (seq, record, keep): events not on the log yet, in seq order; "keep" ones
+        # (publishes) are also in the store's outbox while their append is pending.
+        self._outbox: list[tuple[int, bytes, bool]] = []
+        self._max_outbox = max_outbox
+        self._append_error: str | None = None  # why the last append failed, until one works
+        self._leftover: list[tuple[str, int, bytes]] = []
         self._outbox_ready = asyncio.Event()
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._durable_seq = 0  # every own seq <= this is durable on the log
@@ -131,6 +142,7 @@ class Node:
         """
         self.address = address
         loaded = self.store.load()
+        self._leftover = self.store.outbox_load()
         end = await self.log.end_offset()
         if loaded.applied >= end:
             raise LogTruncated(
@@ -168,6 +180,7 @@ class Node:
             raise Timeout(f"not admitted to the cluster's view within {timeout:.0f}s") from None
         if self.refused is not None:
             raise InvalidArgument(self.refused)
+        self._resubmit_leftover()
         log.info(
             "node %s joined view %d of cluster %s as %s",
             self.key,
@@ -185,10 +198,11 @@ class Node:
                 pass
 
     async def _heartbeat_loop(self) -> None:
+        beat: asyncio.Future[dict[str, Any]] | None = None
         while True:
-            self.submit(Heartbeat(self.role, self.address, self.properties)).add_done_callback(
-                _ignore_outcome
-            )
+            if beat is None or beat.done():  # no pile of beats while the log is down
+                beat = self.submit(Heartbeat(self.role, self.address, self.properties))
+                beat.add_done_callback(_ignore_outcome)
             await asyncio.sleep(self.heartbeat_ms / 1000)
 
     def _membership_duties(self) -> None:
@@ -245,11 +259,22 @@ class Node:
         """Append ``event``; the future resolves with its result once durable and applied.
 
         The future fails with the event's BatonError (e.g. QueueNotFound) if
-        applying it failed, or LogUnavailable if it could not be appended.
+        applying it failed; while the log cannot be written the event waits in the
+        outbox and its append is retried (a publish is also kept in the store, so a
+        broker that dies meanwhile appends it at its next start). It fails with
+        LogUnavailable only when the outbox is full.
         """
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         if self._closing:
             fut.set_exception(ShuttingDown("the broker is shutting down"))
+            return fut
+        if len(self._outbox) >= self._max_outbox:
+            fut.set_exception(
+                LogUnavailable(
+                    f"{len(self._outbox)} events wait for the log {self.log.url}, which cannot"
+                    f" be written now ({self._append_error or 'too slow'}); try again later"
+                )
+            )
             return fut
         self._seq += 1
         seq = self._seq
@@ -265,38 +290,118 @@ class Node:
                 )
             )
             return fut
-        self._outbox.append((seq, record))
+        self._outbox.append((seq, record, type(event) is Enqueue))
         self._waiting[seq] = fut
         self._outbox_ready.set()
         return fut
 
+    def _take_batch(self) -> list[tuple[int, bytes, bool]]:
+        """The next append: at most ``max_append`` events and the log's batch bytes."""
+        room = self.log.max_append_bytes
+        n = 0
+        for _, record, _ in self._outbox[: self._max_append]:
+            room -= len(record) + _RECORD_OVERHEAD
+            if room < 0 and n > 0:
+                break
+            n += 1
+        batch = self._outbox[:n]
+        del self._outbox[:n]
+        return batch
+
     async def _append_loop(self) -> None:
         while True:
             await self._outbox_ready.wait()
-            batch = self._outbox[: self._max_append]
-            del self._outbox[: self._max_append]
+            batch = self._take_batch()
             if not self._outbox:
                 self._outbox_ready.clear()
             if not batch:
                 continue
-            try:
-                await self.log.append([r for _, r in batch])
-            except BatonError as exc:
-                self._fail_batch(batch, exc)
-                continue
-            except Exception as exc:  # a backend bug must not kill the appender
-                log.exception("log append failed")
-                self._fail_batch(batch, LogUnavailable(f"log append failed: {exc}"))
+            kept = self._keep([(seq, r) for seq, r, keep in batch if keep])
+            records = [r for _, r, _ in batch]
+            appended = await self._append_retrying(records, batch)
+            if kept:  # on the log now, or refused for good (the client got the error)
+                self._unkeep(self.runtime_id, kept)
+            if not appended:
                 continue
             self._durable_seq = batch[-1][0]
-            for seq, _ in batch:
+            for seq, _, _ in batch:
                 done = self._stashed.pop(seq, None)
                 if done is not None:
                     self._complete(done)
 
-    def _fail_batch(self, batch: list[tuple[int, bytes]], exc: BatonError) -> None:
+    async def _append_retrying(self, records: list[bytes], batch: list[tuple[int, bytes, bool]]) -> bool:
+        """Append, retrying with back-off while the log is unavailable. Returns False
+        if the batch was refused for good (its futures failed)."""
+        delay = 0.05
+        while True:
+            try:
+                await self.log.append(records)
+            except LogUnavailable as exc:
+                # Kafka down, disk full: the events wait in order; appliers drop the
+                # duplicates a retry of an append with an unknown outcome may make.
+                if self._append_error is None:
+                    log.error("cannot append to the log, retrying: %s", exc)
+                self._append_error = str(exc)
+                self.healthy = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            except BatonError as exc:
+                self._fail_batch(batch, exc)
+                return False
+            except Exception as exc:  # a backend bug must not kill the appender
+                log.exception("log append failed")
+                self._fail_batch(batch, LogUnavailable(f"log append failed: {exc}"))
+                return False
+            if self._append_error is not None:
+                log.warning("appending to the log works again")
+                self._append_error = None
+            return True
+
+    def _keep(self, records: list[tuple[int, bytes]]) -> list[int]:
+        """Put publishes in the store's outbox before their append; returns their seqs."""
+        if not records:
+            return []
+        try:
+            self.store.outbox_put(self.runtime_id, records)
+        except StoreError as exc:  # the log may still work: go on, without the net
+            log.warning("cannot keep %d publishes in the store's outbox: %s", len(records), exc)
+            return []
+        return [seq for seq, _ in records]
+
+    def _unkeep(self, runtime: str, seqs: list[int]) -> None:
+        try:
+            self.store.outbox_remove(runtime, seqs)
+        except StoreError as exc:  # appended twice at the next start: dropped as duplicates
+            log.warning("cannot clear %d outbox entries: %s", len(seqs), exc)
+
+    def _resubmit_leftover(self) -> None:
+        """Publish again what an earlier run of this node kept but may not have got onto
+        the log (it died first). That run's events are fenced now, so they go out as
+        this runtime's; the publish's idempotency key stops a second enqueue if the
+        earlier append did land (or the client retried it elsewhere)."""
+        if not self._leftover:
+            return
+        by_runtime: dict[str, list[int]] = {}
+        again = 0
+        for runtime, seq, record in self._leftover:
+            by_runtime.setdefault(runtime, []).append(seq)
+            try:
+                _, event = decode(record)
+            except MalformedEvent as exc:
+                log.warning("outbox entry %s/%d unreadable, dropped: %s", runtime, seq, exc)
+                continue
+            if type(event) is Enqueue:
+                self.submit(event).add_done_callback(_ignore_outcome)
+                again += 1
+        log.info("publishing again %d publishes kept by an earlier run of this node", again)
+        for runtime, seqs in by_runtime.items():
+            self._unkeep(runtime, seqs)
+        self._leftover = []
+
+    def _fail_batch(self, batch: list[tuple[int, bytes, bool]], exc: BatonError) -> None:
         log.warning("append of %d events failed: %s", len(batch), exc)
-        for seq, _ in batch:
+        for seq, _, _ in batch:
             fut = self._waiting.pop(seq, None)
             if fut is not None and not fut.done():
                 fut.set_exception(exc)

@@ -1,7 +1,9 @@
 """The broker's local durable state (DESIGN §9).
 
 A store holds, per broker: message bodies by (queue id, position), the snapshots of
-the replicated queue indexes, the applied log offset, and small identity values.
+the replicated queue indexes, the applied log offset, small identity values, and the
+outbox: publishes taken from clients that are not on the log yet (re-appended by the
+next start if the broker dies first).
 Everything one applied log batch changes is written in ONE atomic batch together
 with that batch's last offset, so a crash leaves a consistent prefix and a restart
 resumes right after the offset (the eventsourcing "tracking" pattern).
@@ -113,6 +115,26 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def scan(self, qid: int, start: int, limit: int) -> list[tuple[int, int]]:
         """Up to ``limit`` (position, enqueued_at) pairs from ``start`` on, in order."""
+
+    @abc.abstractmethod
+    def outbox_put(self, runtime: str, records: list[tuple[int, bytes]]) -> None:
+        """Keep ``(origin seq, record)`` events of this runtime that are not on the log yet.
+
+        Raises:
+            StoreError: the write failed.
+        """
+
+    @abc.abstractmethod
+    def outbox_remove(self, runtime: str, seqs: list[int]) -> None:
+        """Forget outbox events once they are on the log.
+
+        Raises:
+            StoreError: the write failed.
+        """
+
+    @abc.abstractmethod
+    def outbox_load(self) -> list[tuple[str, int, bytes]]:
+        """Every kept outbox event as ``(runtime, seq, record)``, in seq order per runtime."""
 
     @abc.abstractmethod
     def get_ident(self, key: str) -> str | None:

@@ -6,6 +6,7 @@ Keys:
   ``s``                                              -> msgpack meta snapshot
   ``a``                                              -> applied offset (8 bytes BE, signed)
   ``i`` + key                                        -> identity value (utf-8)
+  ``o`` + runtime (utf-8) + ``/`` + seq (8 bytes BE)   -> an outbox event's log record
 
 Fixed-width big-endian qid/position keys sort in position order, so a queue's
 messages are one contiguous key range (range deletes, ordered scans).
@@ -31,6 +32,7 @@ __all__ = ["RocksStore"]
 
 _QP = struct.Struct(">QQ")
 _OFF = struct.Struct(">q")
+_SEQ = struct.Struct(">Q")
 _APPLIED = b"a"
 _META = b"s"
 
@@ -210,6 +212,40 @@ class RocksStore(Store):
             out.append((pos, unpacker.unpack()))
             it.next()
         return out
+
+    def outbox_put(self, runtime: str, records: list[tuple[int, bytes]]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        prefix = b"o" + runtime.encode() + b"/"
+        for seq, record in records:
+            wb.put(prefix + _SEQ.pack(seq), record)
+        self._write(wb)
+
+    def outbox_remove(self, runtime: str, seqs: list[int]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        prefix = b"o" + runtime.encode() + b"/"
+        for seq in seqs:
+            wb.delete(prefix + _SEQ.pack(seq))
+        self._write(wb)
+
+    def outbox_load(self) -> list[tuple[str, int, bytes]]:
+        out: list[tuple[str, int, bytes]] = []
+        it = self._db.iter()
+        it.seek(b"o")
+        while it.valid():
+            key = it.key()
+            if not key.startswith(b"o"):
+                break
+            # The seq is the fixed-width tail (its bytes may contain "/").
+            runtime, seq = key[1 : -_SEQ.size - 1], key[-_SEQ.size :]
+            out.append((runtime.decode(errors="replace"), _SEQ.unpack(seq)[0], bytes(it.value())))
+            it.next()
+        return out
+
+    def _write(self, wb: WriteBatch) -> None:
+        try:
+            self._db.write(wb, self._wo)
+        except Exception as exc:
+            raise StoreError(f"store write failed: {exc}") from exc
 
     def get_ident(self, key: str) -> str | None:
         raw = self._db.get(b"i" + key.encode())

@@ -44,6 +44,8 @@ class Log(abc.ABC):
     url: str
     #: The largest record this backend accepts, bytes.
     max_record: int = 64 << 20
+    #: The largest append this backend accepts, bytes of records plus 64 per record.
+    max_append_bytes: int = 1 << 30
 
     @abc.abstractmethod
     async def append(self, records: Sequence[bytes]) -> int:

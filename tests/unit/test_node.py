@@ -6,13 +6,15 @@ Not the pure core, so no fakes: real store in tmp_path, real log backends.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from clients.errors import QueueNotFound
+from clients.errors import LogUnavailable, QueueNotFound
 from cluster.events import Accept, Acquire, DeclareQueue, Enqueue, Interest
 from cluster.log import open_log
+from cluster.log.memory import MemoryLog
 from cluster.node import Node
 from cluster.state import Acquired, Effect
 from store.rocks import RocksStore
@@ -151,3 +153,95 @@ async def test_a_failing_log_read_is_retried_not_fatal(tmp_path: Path) -> None:
         assert await node.submit(DeclareQueue("q")) == {"created": True}
     finally:
         await _close(node)
+
+
+class _DownLog(MemoryLog):
+    """A memory log whose appends fail with LogUnavailable while ``down`` (Kafka gone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.failed = 0
+
+    async def append(self, records: Sequence[bytes]) -> int:
+        if self.down:
+            self.failed += 1
+            raise LogUnavailable("Kafka at 127.0.0.1:9 unreachable")
+        return await super().append(records)
+
+
+async def test_appends_wait_out_an_unavailable_log(tmp_path: Path) -> None:
+    """While the log cannot be written, commands wait in the outbox and are appended
+    once it works again: confirmed late, not failed, and applied once."""
+    log = _DownLog()
+    node = Node("a", log, RocksStore(str(tmp_path / "a")))
+    await asyncio.wait_for(node.start(), 10)
+    try:
+        await node.submit(DeclareQueue("q"))
+        log.down = True
+        futs = [node.submit(Enqueue("q", ((b"m%d" % i, {}),))) for i in range(20)]
+        while log.failed < 3:
+            await asyncio.sleep(0.01)
+        assert not any(f.done() for f in futs) and not node.healthy
+        assert [r for _, _, r in node.store.outbox_load()]  # the publishes are kept
+        log.down = False
+        results = await asyncio.wait_for(asyncio.gather(*futs), 10)
+        assert sorted(r["first_position"] for r in results) == list(range(20))
+        assert node.state.queues["q"].next_pos == 20
+        assert node.store.outbox_load() == []  # on the log now: no longer kept
+    finally:
+        await _close(node)
+
+
+async def test_a_full_outbox_refuses_at_once(tmp_path: Path) -> None:
+    log = _DownLog()
+    node = Node("a", log, RocksStore(str(tmp_path / "a")), max_outbox=5)
+    await asyncio.wait_for(node.start(), 10)
+    try:
+        await node.submit(DeclareQueue("q"))
+        log.down = True
+        futs = [node.submit(Enqueue("q", ((b"first", {}),)))]
+        while log.failed < 1:
+            await asyncio.sleep(0.01)
+        futs += [node.submit(Enqueue("q", ((b"m", {}),))) for _ in range(10)]
+        refused = [f for f in futs if f.done()]
+        assert refused and all(isinstance(f.exception(), LogUnavailable) for f in refused)
+        assert "Kafka at 127.0.0.1:9 unreachable" in str(refused[-1].exception())
+        log.down = False
+        await asyncio.wait_for(asyncio.gather(*(f for f in futs if f not in refused)), 10)
+    finally:
+        await _close(node)
+
+
+async def test_kept_publishes_are_published_at_the_next_start(tmp_path: Path) -> None:
+    """A broker dies while its publishes wait for the log: its next start publishes
+    them (the clients got no confirm, so this is at-least-once for them)."""
+    log = _DownLog()
+    store = RocksStore(str(tmp_path / "a"))
+    node = Node("a", log, store, heartbeat_ms=50)
+    await asyncio.wait_for(node.start(), 10)
+    await node.submit(DeclareQueue("q"))
+    log.down = True
+    pending = [node.submit(Enqueue("q", ((b"kept-%d" % i, {}),))) for i in range(3)]
+    while log.failed < 2:
+        await asyncio.sleep(0.01)
+    for t in node._tasks:  # the process dies: no leave, no stop
+        t.cancel()
+    await asyncio.gather(*node._tasks, return_exceptions=True)
+    for f in pending:
+        f.cancel()
+    store.close()
+    log.down = False
+
+    again = Node("a", log, RocksStore(str(tmp_path / "a")), heartbeat_ms=50)
+    await asyncio.wait_for(again.start(), 20)
+    try:
+        while again.state.queues["q"].next_pos < 3:
+            await asyncio.wait_for(again.applied_event.wait(), 5)
+        q = again.state.queues["q"]
+        bodies = [m.body for m in again.store.get_messages(q.qid, [0, 1, 2]) if m]
+        assert sorted(bodies) == [b"kept-0", b"kept-1", b"kept-2"]
+        await asyncio.sleep(0.2)
+        assert q.next_pos == 3 and again.store.outbox_load() == []
+    finally:
+        await _close(again)
