@@ -162,6 +162,11 @@ def _topology(args: argparse.Namespace) -> int:
         props = ",".join(f"{k}={v}" for k, v in sorted(i["properties"].items()))
         print(f"  {i['node_id']:16} {i['role']:8} {i['address']:22} {props:20} {flags}")
     print(f"this broker applied offset {topo['applied']}, digest {topo['digest'][:16]}")
+    if not topo.get("healthy", True):
+        print("this broker is UNHEALTHY: it cannot read or write the log, or write its store"
+              " (see its log)")
+    if not topo.get("member", True):
+        print("this broker is not a member of the established view (joining, or fenced)")
     return 0
 
 

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import uuid
 import sys
 import time
 from collections.abc import Iterator
@@ -116,10 +117,7 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         b.stop()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
-    """Three brokers (node-1..3) on one shared file: log, started in order."""
-    log_url = f"file:{tmp_path / 'shared-log'}"
+def _start_cluster(tmp_path: Path, log_url: str) -> Iterator[list[BrokerProcess]]:
     brokers = [
         BrokerProcess(tmp_path / f"node-{i}", log_url=log_url, node_id=f"node-{i}")
         for i in (1, 2, 3)
@@ -131,3 +129,20 @@ def cluster(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
     finally:
         for b in brokers:
             b.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Three brokers (node-1..3) on one shared file: log, started in order."""
+    yield from _start_cluster(tmp_path, f"file:{tmp_path / 'shared-log'}")
+
+
+@pytest.fixture(params=["file", "kafka"])
+def any_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Three brokers on one log: a shared file: log, then a topic on the test Kafka."""
+    if request.param == "kafka":
+        bootstrap = request.getfixturevalue("kafka_bootstrap")
+        url = f"kafka://{bootstrap}/baton-cluster-{uuid.uuid4().hex[:10]}"
+    else:
+        url = f"file:{tmp_path / 'shared-log'}"
+    yield from _start_cluster(tmp_path, url)

@@ -1,4 +1,5 @@
-"""A replicated cluster: three real brokers on one shared file: log (issue 3).
+"""A replicated cluster: three real brokers on one shared log (issue 3): a file: log, and
+for the tests on `any_cluster` also a topic on a real Kafka broker.
 
 Default timeouts (heartbeat 500 ms, suspicion after 6 beats of another member).
 """
@@ -130,7 +131,8 @@ async def hoard(address: str, queue: str, who: str, log: Deliveries, let_go: asy
         log.lost(who)
 
 
-async def test_consumers_on_two_brokers_share_a_queue(cluster: list[BrokerProcess]) -> None:
+async def test_consumers_on_two_brokers_share_a_queue(any_cluster: list[BrokerProcess]) -> None:
+    cluster = any_cluster
     n1, n2, n3 = cluster
     top = await topology(n1.address)
     assert [i["node_id"] for i in top["instances"]] == ["node-1", "node-2", "node-3"]
@@ -156,7 +158,10 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def test_kill9_of_the_owner_moves_the_queue_within_5s(cluster: list[BrokerProcess]) -> None:
+async def test_kill9_of_the_owner_moves_the_queue_within_5s(
+    any_cluster: list[BrokerProcess],
+) -> None:
+    cluster = any_cluster
     n1, n2, n3 = cluster
     total = 4000
     async with await clients.connect(n1.address) as conn:
