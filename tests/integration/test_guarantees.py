@@ -375,3 +375,59 @@ async def test_store_ahead_of_the_log_is_refused_clearly(broker: BrokerProcess) 
             wrong.start(timeout=15)
     finally:
         wrong.stop()
+
+
+async def test_fuzzed_frames_never_crash_the_broker(broker: BrokerProcess) -> None:
+    """Random bytes, random msgpack after a valid Hello, truncated frames and oversized
+    length prefixes, on many connections: each one is closed or answered, and the broker
+    keeps serving everyone else with nothing lost."""
+    import random
+
+    import msgpack
+
+    from clients import wire
+
+    rng = random.Random(20261122)
+    codec = wire.FrameCodec()
+    hello = codec.send(wire.Hello(1, wire.PROTOCOL_VERSION, "fuzz"))
+    publish = codec.send(wire.Publish(2, "fuzzed", b"x" * 100, {}))
+    host, port = broker.address.split(":")
+    async with await clients.connect(broker.address) as good:
+        await good.declare_queue("fuzzed")
+        await good.publish("fuzzed", b"before")
+
+        def case(i: int) -> bytes:
+            kind = i % 5
+            if kind == 0:  # random bytes
+                return rng.randbytes(rng.randint(1, 300))
+            if kind == 1:  # a valid hello, then random bytes
+                return hello + rng.randbytes(rng.randint(1, 300))
+            if kind == 2:  # a valid hello, then well-formed msgpack of a wrong shape
+                junk = [rng.randint(0, 40)] + [
+                    rng.choice([None, -1, 2**64 - 1 if rng.random() < 0.1 else 7, "s", b"b",
+                                [1, [2]], {"k": {}}, 1.5, True])
+                    for _ in range(rng.randint(0, 6))
+                ]
+                payload = msgpack.packb(junk)
+                return hello + len(payload).to_bytes(4, "big") + payload
+            if kind == 3:  # a publish cut short, then the connection closes
+                return hello + publish[: rng.randint(1, len(publish) - 1)]
+            return hello + rng.randbytes(1) + b"\xff\xff\xff"  # an oversized length prefix
+
+        for i in range(150):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(case(i))
+            try:
+                await writer.drain()
+                if i % 5 == 3:
+                    writer.write_eof()
+                await asyncio.wait_for(reader.read(1 << 16), 10)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass  # the broker closed on us first: fine
+            finally:
+                writer.close()
+        assert broker.proc is not None and broker.proc.poll() is None, broker.output()
+        await good.publish("fuzzed", b"after")
+        stats = await good.queue_stats("fuzzed")
+        # Only the valid publishes count: "before", "after", and none of the cut ones.
+        assert stats["ready"] == 2, stats
