@@ -76,8 +76,9 @@ class Session(asyncio.Protocol):
         self._next_tag = 0
         self._out: list[bytes] = []  # encoded frames waiting for this tick's write
         self._packer = msgpack.Packer(use_bin_type=True)
-        # Single publishes read in one go, per queue, merged into one Enqueue event.
-        self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any]]]] = {}
+        # Single publishes read in one go, per queue, merged into one Enqueue event:
+        # (corr, body, headers, idempotency key).
+        self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any], str]]] = {}
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -215,12 +216,14 @@ class Session(asyncio.Protocol):
             self._check_body(f.body, f.headers)
             q = self.broker.node.state.queues.get(f.queue)
             if q is not None and q.max_length is None:
-                self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers))
+                self._publishes.setdefault(f.queue, []).append(
+                    (f.corr, f.body, f.headers, f.key)
+                )
                 return
             self._flush_publishes()
             self._submit(
                 f.corr,
-                Enqueue(f.queue, ((f.body, f.headers),)),
+                Enqueue(f.queue, ((f.body, f.headers),), ((f.key, 1),) if f.key else ()),
                 lambda r: {"position": r["first_position"]},
             )
             return
@@ -229,7 +232,13 @@ class Session(asyncio.Protocol):
         self._flush_publishes()
         if t is wire.PublishBatch:
             assert isinstance(f, wire.PublishBatch)
-            self._submit(f.corr, Enqueue(f.queue, self._batch(f.messages)))
+            messages = self._batch(f.messages)
+            self._submit(
+                f.corr,
+                Enqueue(f.queue, messages, ((f.key, len(messages)),) if f.key else ()),
+                # A re-sent batch reports its original positions (cluster/state.py).
+                lambda r: {"first_position": r["first_position"], "count": r["count"]},
+            )
         elif t is wire.Ack:
             assert isinstance(f, wire.Ack)
             self._settle(f.corr, f.consumer, f.positions, Accept)
@@ -295,23 +304,33 @@ class Session(asyncio.Protocol):
             return
         pending, self._publishes = self._publishes, {}
         for queue, items in pending.items():
-            fut = self.broker.node.submit(Enqueue(queue, tuple((b, h) for _, b, h in items)))
+            # One key span per publish, so that the state can tell a re-sent one.
+            keys = tuple((k, 1) for _, _, _, k in items) if any(i[3] for i in items) else ()
+            fut = self.broker.node.submit(
+                Enqueue(queue, tuple((b, h) for _, b, h, _ in items), keys)
+            )
             self._started(len(items))
             fut.add_done_callback(self._merged_done(items))
 
     def _merged_done(
-        self, items: list[tuple[int, bytes, dict[str, Any]]]
+        self, items: list[tuple[int, bytes, dict[str, Any], str]]
     ) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
         def done(f: asyncio.Future[dict[str, Any]]) -> None:
             self._finished(len(items))
             exc = f.exception() if not f.cancelled() else InternalError("command cancelled")
             if exc is None:
-                first = f.result()["first_position"]
-                for i, (corr, _, _) in enumerate(items):
-                    self.send(wire.Ok(corr, {"position": first + i}))
+                result = f.result()
+                # With keys, each publish's own position (a re-sent one keeps its
+                # original); without, they are consecutive.
+                positions = result.get("positions")
+                if positions is None:
+                    first = result["first_position"]
+                    positions = range(first, first + len(items))
+                for (corr, _, _, _), position in zip(items, positions):
+                    self.send(wire.Ok(corr, {"position": position}))
             else:
                 err = exc if isinstance(exc, BatonError) else InternalError(repr(exc))
-                for corr, _, _ in items:
+                for corr, _, _, _ in items:
                     self._error(corr, err)
 
         return done

@@ -16,8 +16,8 @@ must not import anything outside ``clients/``.
 
 from __future__ import annotations
 
-from clients import errors, sync, wire
-from clients.client import Connection, Consumer, Message, connect
+from clients import errors, sync, topology, wire
+from clients.client import Connection, Consumer, Message, TopologyWatch, connect
 from clients.errors import (
     BatonError,
     ConnectionClosed,
@@ -40,6 +40,7 @@ from clients.errors import (
     UnknownConsumer,
     UnsupportedVersion,
 )
+from clients.topology import Topology, TopologyEvent, TopologyEventType
 from clients.wire import PROTOCOL_VERSION
 
 __all__ = [
@@ -50,6 +51,11 @@ __all__ = [
     "sync",
     "errors",
     "wire",
+    "topology",
+    "Topology",
+    "TopologyEvent",
+    "TopologyEventType",
+    "TopologyWatch",
     "PROTOCOL_VERSION",
     "BatonError",
     "ProtocolError",

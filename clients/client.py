@@ -18,10 +18,12 @@ Layout (STYLE.md "Client layout", after aiokafka ``conn.py``):
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import secrets
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, cast
 
@@ -65,6 +67,8 @@ from clients.wire import (
     Release,
     Subscribe,
 )
+from clients.topology import Topology as TopologySnapshot
+from clients.topology import TopologyEvent, TopologyTracker
 
 __all__ = [
     "DEFAULT_PORT",
@@ -73,6 +77,7 @@ __all__ = [
     "Connection",
     "Consumer",
     "Message",
+    "TopologyWatch",
 ]
 
 #: Port used when an address has no ``:PORT``.
@@ -83,6 +88,9 @@ DEFAULT_PORT: Final = 5671
 _FLUSH_AT: Final = 256 * 1024
 # How long close() waits for the transport to report connection_lost before aborting it.
 _CLOSE_WAIT: Final = 2.0
+# Failover back-off: after each round over every address, wait this long (doubling).
+_BACKOFF_FIRST: Final = 0.05
+_BACKOFF_MAX: Final = 1.0
 
 # Settlement kinds: index into Consumer._batches and the frame class that carries them.
 _ACK: Final = 0
@@ -158,15 +166,24 @@ async def connect(
     *,
     client_name: str = "baton-python",
     timeout: float = 10.0,
+    failover: bool | None = None,
+    failover_timeout: float = 30.0,
 ) -> Connection:
     """Open a connection to the first broker that accepts TCP and answers Hello.
 
     Args:
         addresses: ``"HOST:PORT"``, a comma-separated list of them, or a sequence.
-            They are tried in order. The connection keeps the whole list (for
-            failover, a later feature).
+            They are tried in order. The connection keeps the whole list for failover.
         client_name: sent in Hello; shows up in the broker's session list.
-        timeout: seconds allowed per address for TCP connect plus the Hello exchange.
+        timeout: seconds allowed per address for TCP connect plus the Hello exchange
+            (also per attempt during failover).
+        failover: when the connection to the broker is lost, reconnect to another
+            address (round-robin, the lost one last), re-subscribe the consumers and
+            re-send unconfirmed publishes (see docs/client.md, "Failover"). Default:
+            on with several addresses, off with one (``True`` with one address
+            retries that address).
+        failover_timeout: seconds a failover may take in all; then every pending
+            call fails with ConnectionClosed and the connection is closed.
 
     Returns:
         An open :class:`Connection`. Use it as ``async with await connect(...) as conn``.
@@ -177,10 +194,19 @@ async def connect(
             and why, and the exception is chained from the last failure.
     """
     parsed = parse_addresses(addresses)
+    if failover is None:
+        failover = len(parsed) > 1
     failures: list[str] = []
     last: BaseException | None = None
-    for host, port in parsed:
-        conn = Connection(parsed, client_name=client_name)
+    for index, (host, port) in enumerate(parsed):
+        conn = Connection(
+            parsed,
+            client_name=client_name,
+            failover=failover,
+            failover_timeout=failover_timeout,
+            connect_timeout=timeout,
+        )
+        conn._index = index
         try:
             async with asyncio.timeout(timeout):
                 await conn._open(host, port)
@@ -193,6 +219,7 @@ async def connect(
         except BaseException as exc:  # cancelled: do not leak the transport
             conn._abort(exc)
             raise
+        conn._opened = True
         return conn
     raise ConnectionClosed("could not connect to any broker: " + "; ".join(failures)) from last
 
@@ -200,7 +227,7 @@ async def connect(
 class _BatonProtocol(asyncio.Protocol):
     """The I/O edge of a :class:`Connection`: bytes in -> frames, frames -> bytes out."""
 
-    __slots__ = ("_conn", "transport", "codec", "_new_max_frame")
+    __slots__ = ("_conn", "transport", "codec", "_new_max_frame", "stale")
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -209,12 +236,17 @@ class _BatonProtocol(asyncio.Protocol):
         # Set by HelloOk; the codec is swapped for one with the server's limit once
         # its buffer is empty (FrameCodec has no setter for max_frame).
         self._new_max_frame = 0
+        # Set when the connection failed over away from this transport: whatever it
+        # still reports is ignored.
+        self.stale = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport implements asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if self.stale:
+            return
         conn = self._conn
         try:
             self.codec.receive_data(data)
@@ -237,13 +269,16 @@ class _BatonProtocol(asyncio.Protocol):
         return None  # close the transport; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._conn._connection_lost(exc)
+        if not self.stale:
+            self._conn._connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._conn._writable.clear()
+        if not self.stale:
+            self._conn._writable.clear()
 
     def resume_writing(self) -> None:
-        self._conn._writable.set()
+        if not self.stale:
+            self._conn._writable.set()
 
 
 class Connection:
@@ -253,7 +288,9 @@ class Connection:
     with the other frames of this loop tick) and returns when the broker's ``Ok``
     arrives. An ``Error`` reply raises the matching :mod:`clients.errors` class. If
     the connection ends first the call raises :class:`ConnectionClosed` (the command's
-    outcome is then unknown).
+    outcome is then unknown) — unless failover is on: then the connection moves to
+    another broker and publishes, subscriptions and read-only or idempotent commands
+    are sent again there (see :func:`connect` and docs/client.md, "Failover").
 
     Attributes:
         addresses: every ``(host, port)`` the connection may use, in order.
@@ -264,9 +301,35 @@ class Connection:
         max_message: the largest message body the broker accepts, in bytes.
     """
 
-    def __init__(self, addresses: Sequence[tuple[str, int]], *, client_name: str) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        *,
+        client_name: str,
+        failover: bool = False,
+        failover_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
         self.addresses: list[tuple[str, int]] = list(addresses)
         self.client_name = client_name
+        #: Reconnect to another address when the connection is lost (see connect()).
+        self.failover = failover
+        self.failover_timeout = failover_timeout
+        self.connect_timeout = connect_timeout
+        #: How many times this connection failed over to a broker.
+        self.failovers = 0
+        self._index = 0  # self.addresses[_index] is the broker connected to
+        self._opened = False  # the first Hello succeeded
+        self._reconnecting = False
+        self._failover_task: asyncio.Task[None] | None = None
+        # corr -> (encoded frame, retriable) of commands to send again after a
+        # failover (retriable) or not yet sent because a failover is under way.
+        self._resend: dict[int, tuple[bytes, bool]] = {}
+        self._resubscribe: list[Consumer] = []
+        # Idempotency keys: a random id per connection and a counter (docs/client.md).
+        self._key_prefix = secrets.token_hex(8) + ":"
+        self._key_seq = 0
+        self._hello_corr = 0
         self.address = ""
         self.server = ""
         self.node_id = ""
@@ -298,8 +361,10 @@ class Connection:
         )
         self._protocol = protocol
         self._transport = transport
+        self._lost = asyncio.Event()
         self._hello = self._loop.create_future()
-        self._write(self._encode(Hello(self._next_corr(), PROTOCOL_VERSION, self.client_name)))
+        self._hello_corr = self._next_corr()
+        self._write(self._encode(Hello(self._hello_corr, PROTOCOL_VERSION, self.client_name)))
         hello = await self._hello
         if hello.version != PROTOCOL_VERSION:
             raise UnsupportedVersion(
@@ -326,9 +391,12 @@ class Connection:
         pending command fails with :class:`ConnectionClosed` and every consumer's
         iterator ends with it. Closing twice is harmless.
         """
+        task = self._failover_task
+        if task is not None and not task.done():
+            task.cancel()
         if self._closed is None:
             self._flush_writes()
-            self._abort(None, "closed by the client")
+            self._abort(None, "closed by the client", final=True)
         if self._transport is not None and not self._lost.is_set():
             try:
                 async with asyncio.timeout(_CLOSE_WAIT):
@@ -351,8 +419,25 @@ class Connection:
         state = "closed" if self._closed is not None else "open"
         return f"<Connection {self.address} node={self.node_id!r} {state}>"
 
-    def _abort(self, cause: BaseException | None, reason: str = "") -> None:
-        """End the connection: fail everything pending, close the transport."""
+    def _abort(self, cause: BaseException | None, reason: str = "", *, final: bool = False) -> None:
+        """End the connection: fail everything pending, close the transport.
+
+        With failover on (and not ``final``), a lost broker is not the end: the
+        connection fails over instead (:meth:`_start_failover`).
+        """
+        if not final and self._closed is None and self._opened and self.failover:
+            if self._reconnecting:
+                # A failover attempt failed (e.g. Error corr 0 during Hello).
+                hello = self._hello
+                if hello is not None and not hello.done():
+                    hello.set_exception(
+                        cause if isinstance(cause, BaseException) else ConnectionClosed(reason)
+                    )
+                if self._transport is not None and not self._transport.is_closing():
+                    self._transport.abort()
+                return
+            self._start_failover(cause, reason)
+            return
         if self._closed is None:
             text = reason or (f"{type(cause).__name__}: {cause}" if cause else "closed")
             self._closed = self._closed_error(text, cause)
@@ -389,6 +474,11 @@ class Connection:
     def _fail_all(self, text: str, cause: BaseException | None) -> None:
         pending, self._pending = self._pending, {}
         self._subscribing.clear()
+        self._resend.clear()
+        self._reconnecting = False
+        resubscribe, self._resubscribe = self._resubscribe, []
+        for consumer in resubscribe:
+            consumer._end(self._closed_error(text, cause))
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(self._closed_error(text, cause))
@@ -404,6 +494,12 @@ class Connection:
 
     def _connection_lost(self, exc: Exception | None) -> None:
         self._lost.set()
+        if self._reconnecting and self._closed is None:
+            # A failover attempt's transport ended before its Hello completed.
+            hello = self._hello
+            if hello is not None and not hello.done():
+                hello.set_exception(self._closed_error("lost during Hello", exc))
+            return
         if self._closed is None:
             self._abort(exc, "" if exc is not None else "closed by the broker")
         self._wbuf.clear()
@@ -416,6 +512,8 @@ class Connection:
         kind = type(frame)
         if kind is Ok:
             assert isinstance(frame, Ok)
+            if self._resend:
+                self._resend.pop(frame.corr, None)
             if self._subscribing:
                 consumer = self._subscribing.pop(frame.corr, None)
                 if consumer is not None:
@@ -436,9 +534,15 @@ class Connection:
             if frame.corr == 0:
                 self._abort(err)
                 return
-            if frame.corr == 1 and self._hello is not None and not self._hello.done():
+            if (
+                frame.corr == self._hello_corr
+                and self._hello is not None
+                and not self._hello.done()
+            ):
                 self._hello.set_exception(err)
                 return
+            if self._resend:
+                self._resend.pop(frame.corr, None)
             self._subscribing.pop(frame.corr, None)
             fut = self._pending.pop(frame.corr, None)
             if fut is not None and not fut.done():
@@ -500,17 +604,152 @@ class Connection:
         if transport is not None and not transport.is_closing():
             transport.write(data)
 
-    def _send_encoded(self, corr: int, data: bytes) -> asyncio.Future[dict[str, Any]]:
+    def _send_encoded(
+        self, corr: int, data: bytes, retry: bool = False
+    ) -> asyncio.Future[dict[str, Any]]:
+        """Write an encoded command; return the future its Ok/Error settles.
+
+        ``retry``: the command may be sent again after a failover (idempotent). While
+        a failover is under way, every command waits for the new broker.
+        """
         if self._closed is not None:
             raise self._closed_again()
         fut: asyncio.Future[dict[str, Any]] = self._loop.create_future()
         self._pending[corr] = fut
+        if self._reconnecting:
+            self._resend[corr] = (data, retry)
+            return fut
+        if retry and self.failover:
+            self._resend[corr] = (data, True)
         self._write(data)
         return fut
 
-    def _request(self, frame: Frame, corr: int) -> asyncio.Future[dict[str, Any]]:
+    def _request(
+        self, frame: Frame, corr: int, retry: bool = False
+    ) -> asyncio.Future[dict[str, Any]]:
         """Write a command frame; return the future its Ok/Error settles."""
-        return self._send_encoded(corr, self._encode(frame))
+        return self._send_encoded(corr, self._encode(frame), retry)
+
+    def _new_key(self) -> str:
+        self._key_seq += 1
+        return f"{self._key_prefix}{self._key_seq:x}"
+
+    # --- failover ---------------------------------------------------------------------
+
+    def _start_failover(self, cause: BaseException | None, reason: str) -> None:
+        """The broker is gone: keep what can be sent again, fail the rest, reconnect.
+
+        Publishes (they carry idempotency keys), subscriptions and idempotent
+        commands stay pending and are sent again to the next broker; the others
+        fail with ConnectionClosed (retriable; their outcome is unknown). Consumers
+        drop their buffered messages (the broker released them) and are
+        re-subscribed; messages delivered before can no longer be settled.
+        """
+        if self._reconnecting:
+            return
+        self._reconnecting = True
+        text = reason or (f"{type(cause).__name__}: {cause}" if cause else "closed by the broker")
+        _log.warning("connection to %s lost (%s); failing over", self.address, text)
+        old = self._protocol
+        if old is not None:
+            old.stale = True
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.abort()
+        self._lost.set()
+        self._wbuf.clear()
+        self._wbuf_size = 0
+        for corr, fut in list(self._pending.items()):
+            entry = self._resend.get(corr)
+            if entry is not None and entry[1]:
+                continue
+            del self._pending[corr]
+            self._resend.pop(corr, None)
+            self._subscribing.pop(corr, None)
+            if not fut.done():
+                fut.set_exception(
+                    self._closed_error(
+                        f"{text}; failing over to another broker, so the outcome of this"
+                        " command is unknown (it is not sent again: it is not idempotent)",
+                        cause,
+                    )
+                )
+        consumers, self._consumers = self._consumers, {}
+        for consumer in consumers.values():
+            consumer._failed_over()
+            self._resubscribe.append(consumer)
+        self._writable.set()  # commands issued now wait in _resend, not on the transport
+        self._failover_task = self._loop.create_task(self._failover_loop(cause, text))
+        self._failover_task.add_done_callback(_consume_result)
+
+    async def _failover_loop(self, cause: BaseException | None, text: str) -> None:
+        loop = self._loop
+        deadline = loop.time() + self.failover_timeout
+        n = len(self.addresses)
+        start = (self._index + 1) % n  # the lost broker is tried last
+        delay = _BACKOFF_FIRST
+        failures: list[str] = []
+        last: BaseException | None = cause
+        attempt = 0
+        while self._closed is None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            index = (start + attempt) % n
+            host, port = self.addresses[index]
+            attempt += 1
+            try:
+                async with asyncio.timeout(min(self.connect_timeout, remaining)):
+                    await self._open(host, port)
+            except (OSError, BatonError, TimeoutError) as exc:
+                self._drop_attempt()
+                last = exc
+                why = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+                failures = failures[-(n - 1) :] if n > 1 else []
+                failures.append(f"{_format_address(host, port)} ({why})")
+                if attempt % n == 0:
+                    await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
+                    delay = min(delay * 2, _BACKOFF_MAX)
+                continue
+            except BaseException:
+                self._drop_attempt()
+                raise
+            self._index = index
+            self._reconnected()
+            return
+        if self._closed is None:
+            err = ConnectionClosed(
+                f"connection lost ({text}) and failover found no broker within"
+                f" {self.failover_timeout:g}s: " + "; ".join(failures)
+            )
+            err.__cause__ = last
+            self._abort(err, err.message, final=True)
+
+    def _drop_attempt(self) -> None:
+        """Forget a failed failover attempt's transport."""
+        protocol = self._protocol
+        if protocol is not None:
+            protocol.stale = True
+        self._lost.set()  # a stale protocol does not report connection_lost
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.abort()
+
+    def _reconnected(self) -> None:
+        """Hello succeeded on the new broker: re-subscribe, then send what waited."""
+        self._reconnecting = False
+        self.failovers += 1
+        _log.warning("failed over to %s (node %s)", self.address, self.node_id)
+        for corr, (data, _retry) in sorted(self._resend.items()):  # in the order issued
+            if corr in self._pending:
+                self._write(data)
+            else:
+                del self._resend[corr]
+        # After the re-sends: a re-subscribe is a new command (written once, here).
+        consumers, self._resubscribe = self._resubscribe, []
+        for consumer in consumers:
+            if consumer._state == _ACTIVE:
+                consumer._resubscribe()
 
     async def _wait_writable(self) -> None:
         """Flow control: wait while the transport's buffer is above its high-water mark."""
@@ -536,7 +775,37 @@ class Connection:
             ConnectionClosed: the connection ended first.
         """
         corr = self._next_corr()
-        return await self._request(Topology(corr), corr)
+        return await self._request(Topology(corr), corr, retry=True)
+
+    def watch_topology(
+        self,
+        listener: Callable[[TopologyEvent], Any],
+        *,
+        interval: float = 0.5,
+        min_event_delay: float = 0.2,
+    ) -> TopologyWatch:
+        """Call ``listener`` with topology events (DESIGN §7) until stopped.
+
+        Polls :meth:`topology` every ``interval`` seconds and feeds a
+        :class:`~clients.topology.TopologyTracker`: the first answer gives INIT, then
+        CHANGING (a view change is under way), CHANGED (a new view: other number or
+        members) and PROPERTIES_CHANGED (same members, an instance's properties,
+        role, address or the leader changed), at most one per ``min_event_delay``
+        seconds (changes in between are coalesced). The listener may be a plain
+        function or a coroutine function; its exceptions are logged and ignored.
+
+        Returns:
+            A :class:`TopologyWatch`; ``watch.stop()`` ends it. It also ends when the
+            connection closes.
+
+        Raises:
+            InvalidArgument: ``interval`` is not positive or ``min_event_delay`` < 0.
+        """
+        if not interval > 0:
+            raise InvalidArgument("interval must be positive")
+        if not min_event_delay >= 0:
+            raise InvalidArgument("min_event_delay must be >= 0")
+        return TopologyWatch(self, listener, interval, TopologyTracker(min_event_delay))
 
     async def ping(self) -> float:
         """Round trip to the broker.
@@ -549,7 +818,7 @@ class Connection:
         """
         start = time.perf_counter()
         corr = self._next_corr()
-        await self._request(Ping(corr), corr)
+        await self._request(Ping(corr), corr, retry=True)
         return time.perf_counter() - start
 
     async def declare_queue(
@@ -593,7 +862,8 @@ class Connection:
             "message_ttl_ms": ttl_ms,
         }
         corr = self._next_corr()
-        return await self._request(DeclareQueue(corr, name, options), corr)
+        # Idempotent (create, or check the settings), so sent again after a failover.
+        return await self._request(DeclareQueue(corr, name, options), corr, retry=True)
 
     async def delete_queue(self, name: str) -> int:
         """Delete a queue with every message in it; its consumers are cancelled.
@@ -629,28 +899,40 @@ class Connection:
             QueueNotFound: no such queue.
         """
         corr = self._next_corr()
-        return await self._request(QueueStats(corr, name), corr)
+        return await self._request(QueueStats(corr, name), corr, retry=True)
 
     async def list_queues(self) -> list[dict[str, Any]]:
         """Every queue's stats (the same mappings as :meth:`queue_stats`)."""
         corr = self._next_corr()
-        result = await self._request(ListQueues(corr), corr)
+        result = await self._request(ListQueues(corr), corr, retry=True)
         queues = result.get("queues")
         if not isinstance(queues, list):
             raise ProtocolError("ListQueues result has no 'queues' list")
         return queues
 
     async def publish(
-        self, queue: str, body: bytes | bytearray | memoryview, headers: Mapping[str, Any] | None = None
+        self,
+        queue: str,
+        body: bytes | bytearray | memoryview,
+        headers: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> int:
         """Publish one message and wait until the broker confirms it.
 
         A confirmed message is durable on the log: it is never lost afterwards.
+        Every publish carries an idempotency key; the cluster enqueues a publish
+        re-sent with a key it applied to the queue recently only once, and confirms
+        it with the original position. After a failover, unconfirmed publishes are
+        re-sent this way (exactly once on the queue).
 
         Args:
             queue: the queue's name.
             body: opaque bytes (bytes, bytearray or memoryview).
             headers: string-keyed mapping of msgpack-encodable values.
+            idempotency_key: your own key for this publish (e.g. to publish again
+                safely from a new connection after a crash); by default a key unique
+                to this connection and publish.
 
         Returns:
             The message's position in the queue.
@@ -668,16 +950,19 @@ class Connection:
                 f"body of {len(data)} bytes is above the broker's maximum of {self.max_message}"
             )
         hdrs = _headers(headers)
+        key = self._new_key() if idempotency_key is None else _key(idempotency_key)
         if not self._writable.is_set():
             await self._wait_writable()
         corr = self._next_corr()
-        result = await self._request(Publish(corr, queue, data, hdrs), corr)
+        result = await self._request(Publish(corr, queue, data, hdrs, key), corr, retry=True)
         return _int_field(result, "position")
 
     async def publish_batch(
         self,
         queue: str,
         messages: Iterable[bytes | bytearray | memoryview | tuple[bytes, Mapping[str, Any]]],
+        *,
+        idempotency_key: str | None = None,
     ) -> list[int]:
         """Publish many messages and wait until all are confirmed.
 
@@ -686,9 +971,13 @@ class Connection:
         broker, the batch as a whole is not**: if this raises, the messages of some
         frames may have been enqueued.
 
+        Each frame carries an idempotency key, as for :meth:`publish`.
+
         Args:
             queue: the queue's name.
             messages: bodies, or ``(body, headers)`` pairs.
+            idempotency_key: your own key for the batch; with several frames,
+                frame ``i`` uses ``f"{idempotency_key}#{i}"``.
 
         Returns:
             The positions of the messages, in order.
@@ -726,16 +1015,21 @@ class Connection:
         if not chunks:
             return []
         # Encode every frame first, so that a bad header fails before anything is sent.
+        base = None if idempotency_key is None else _key(idempotency_key)
         encoded: list[tuple[int, bytes]] = []
-        for part in chunks:
+        for i, part in enumerate(chunks):
             corr = self._next_corr()
-            encoded.append((corr, self._encode(PublishBatch(corr, queue, part))))
+            if base is None:
+                key = self._new_key()
+            else:
+                key = base if len(chunks) == 1 else f"{base}#{i}"
+            encoded.append((corr, self._encode(PublishBatch(corr, queue, part, key))))
         futures: list[asyncio.Future[dict[str, Any]]] = []
         try:
             for corr, data in encoded:
                 if not self._writable.is_set():
                     await self._wait_writable()
-                futures.append(self._send_encoded(corr, data))
+                futures.append(self._send_encoded(corr, data, retry=True))
         finally:
             if len(futures) < len(encoded):
                 for fut in futures:  # we will not await them: keep their errors quiet
@@ -764,6 +1058,68 @@ class Connection:
         return Consumer(self, queue, prefetch)
 
 
+class TopologyWatch:
+    """A running :meth:`Connection.watch_topology`: stop it with :meth:`stop`."""
+
+    __slots__ = ("_conn", "_listener", "_interval", "_tracker", "_task")
+
+    def __init__(
+        self,
+        conn: Connection,
+        listener: Callable[[TopologyEvent], Any],
+        interval: float,
+        tracker: TopologyTracker,
+    ) -> None:
+        self._conn = conn
+        self._listener = listener
+        self._interval = interval
+        self._tracker = tracker
+        self._task = conn._loop.create_task(self._run(), name="baton-topology-watch")
+        self._task.add_done_callback(_consume_result)
+
+    @property
+    def current(self) -> TopologySnapshot | None:
+        """The topology the last event reported (None before INIT)."""
+        return self._tracker.current
+
+    @property
+    def running(self) -> bool:
+        return not self._task.done()
+
+    def stop(self) -> None:
+        """Stop polling; no event is delivered after this returns."""
+        self._task.cancel()
+
+    async def aclose(self) -> None:
+        """Stop, and wait until the polling task has ended."""
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise  # our caller was cancelled
+
+    async def _run(self) -> None:
+        conn, loop = self._conn, self._conn._loop
+        while not conn.closed:
+            try:
+                snapshot = TopologySnapshot.from_mapping(await conn.topology())
+            except ConnectionClosed:
+                if conn.closed:
+                    return
+            except BatonError as exc:
+                _log.warning("topology poll failed: %s", exc)
+            else:
+                for event in self._tracker.observe(snapshot, loop.time()):
+                    try:
+                        result = self._listener(event)
+                        if inspect.isawaitable(result):
+                            await result
+                    except Exception:
+                        _log.exception("topology listener failed on %s", event.type.name)
+            await asyncio.sleep(self._interval)
+
+
 def _consume_result(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
@@ -785,6 +1141,12 @@ def _headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     if isinstance(headers, Mapping):
         return dict(headers)
     raise InvalidArgument(f"headers must be a mapping, got {type(headers).__name__}")
+
+
+def _key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise InvalidArgument("idempotency_key must be a non-empty str")
+    return key
 
 
 def _int_field(result: dict[str, Any], key: str) -> int:
@@ -836,6 +1198,7 @@ class Consumer:
         "_abandoned",
         "settle_failures",
         "_flush_at",
+        "_epoch",
     )
 
     def __init__(self, conn: Connection, queue: str, prefetch: int) -> None:
@@ -853,6 +1216,9 @@ class Consumer:
         #: Unconfirmed settlements the broker refused (each is also logged).
         self.settle_failures = 0
         self._flush_at = max(1, prefetch // 4)
+        # Subscriptions so far (one per broker, failover starts a new one): a
+        # Message of an earlier one cannot be settled.
+        self._epoch = 0
 
     def __repr__(self) -> str:
         state = ("new", "active", "ended")[self._state]
@@ -875,7 +1241,7 @@ class Consumer:
             raise InvalidArgument("consumer already started")
         conn = self._conn
         corr = conn._next_corr()
-        fut = conn._request(Subscribe(corr, self.queue, self.prefetch), corr)
+        fut = conn._request(Subscribe(corr, self.queue, self.prefetch), corr, retry=True)
         conn._subscribing[corr] = self
         try:
             await fut
@@ -892,6 +1258,8 @@ class Consumer:
         if not isinstance(tag, int):
             raise ProtocolError(f"Subscribe result has no int 'consumer': {result!r}")
         self.tag = tag
+        if self._state == _ENDED and not self._abandoned:
+            return  # ended while (re-)subscribing: e.g. closed
         self._state = _ACTIVE
         self._conn._consumers[tag] = self
         if self._abandoned:
@@ -903,9 +1271,45 @@ class Consumer:
             return
         append = self._buffer.append
         queue = self.queue
+        epoch = self._epoch
         for position, delivery_count, body, headers, publish_time in messages:
-            append(Message(self, queue, position, body, headers, delivery_count, publish_time))
+            append(
+                Message(self, queue, position, body, headers, delivery_count, publish_time, epoch)
+            )
         self._ready.set()
+
+    def _failed_over(self) -> None:
+        """The broker was lost: it released every message of this subscription.
+
+        Buffered messages are dropped (they will be redelivered), settlements not yet
+        sent fail, and messages handed out before can no longer be settled.
+        """
+        self._epoch += 1
+        self.tag = 0
+        self._buffer.clear()
+        for kind in (_ACK, _RELEASE, _REJECT):
+            batch = self._batches[kind]
+            if batch is None:
+                continue
+            self._batches[kind] = None
+            for waiter, position in zip(batch.waiters, batch.positions):
+                if not waiter.done():
+                    waiter.set_exception(_released_by_failover(self.queue, position))
+
+    def _resubscribe(self) -> None:
+        """Subscribe again (same queue and prefetch) on the broker failed over to."""
+        conn = self._conn
+        corr = conn._next_corr()
+        fut = conn._request(Subscribe(corr, self.queue, self.prefetch), corr, retry=True)
+        conn._subscribing[corr] = self
+
+        def done(f: asyncio.Future[dict[str, Any]]) -> None:
+            exc = None if f.cancelled() else f.exception()
+            if exc is not None:
+                _log.warning("re-subscribing to %r after failover failed: %s", self.queue, exc)
+                self._end(exc)
+
+        fut.add_done_callback(done)
 
     def _end(self, error: BaseException | None) -> None:
         """Stop iteration: normally (error None) or by raising ``error``."""
@@ -943,6 +1347,12 @@ class Consumer:
         conn = self._conn
         if conn._closed is not None:
             return 0
+        if self.tag == 0:
+            # Failing over, not subscribed on the new broker yet: the old broker
+            # released everything; a re-subscribe in flight is cancelled when its Ok
+            # arrives (see _subscribed).
+            self._abandoned = True
+            return 0
         # Flush settlements issued before the cancel so that they are not released.
         for kind in (_ACK, _RELEASE, _REJECT):
             if self._batches[kind] is not None:
@@ -952,6 +1362,10 @@ class Consumer:
             result = await conn._request(Cancel(corr, self.tag, unread), corr)
         except UnknownConsumer:
             return 0  # the broker ended it first (ConsumerCancelled crossed our Cancel)
+        except ConnectionClosed:
+            if conn._closed is None:
+                return 0  # failing over: the lost broker released everything
+            raise
         finally:
             conn._consumers.pop(self.tag, None)
         released = result.get("released", 0)
@@ -1107,6 +1521,8 @@ class Consumer:
                 raise InvalidArgument(f"message {msg.position} is not from this consumer")
             if msg._settled:
                 raise InvalidArgument(f"message {msg.position} is already settled")
+            if msg._epoch != self._epoch:
+                raise _released_by_failover(self.queue, msg.position)
         futures = []
         for msg in items:
             msg._settled = True
@@ -1116,6 +1532,14 @@ class Consumer:
                 await fut
             else:
                 fut.add_done_callback(self._unconfirmed_done)
+
+
+def _released_by_failover(queue: str, position: int) -> NotAcquired:
+    return NotAcquired(
+        f"message {queue!r}@{position} was delivered by a broker this connection has"
+        " failed over from: that broker released it, and it will be redelivered"
+        " (it cannot be settled any more)"
+    )
 
 
 def _fresh(error: BaseException) -> BaseException:
@@ -1183,6 +1607,7 @@ class Message:
         "delivery_count",
         "publish_time",
         "_settled",
+        "_epoch",
     )
 
     def __init__(
@@ -1194,6 +1619,7 @@ class Message:
         headers: dict[str, Any],
         delivery_count: int,
         publish_time: int,
+        epoch: int = 0,
     ) -> None:
         self._consumer = consumer
         self.queue = queue
@@ -1203,6 +1629,7 @@ class Message:
         self.delivery_count = delivery_count
         self.publish_time = publish_time
         self._settled = False
+        self._epoch = epoch
 
     def __repr__(self) -> str:
         return (
@@ -1223,6 +1650,8 @@ class Message:
     async def _settle_as(self, kind: int, confirm: bool) -> None:
         if self._settled:
             raise InvalidArgument(f"message {self.queue!r}@{self.position} is already settled")
+        if self._epoch != self._consumer._epoch:
+            raise _released_by_failover(self.queue, self.position)
         self._settled = True
         fut = self._consumer._settle(kind, self.position)
         if confirm:
@@ -1242,7 +1671,9 @@ class Message:
 
         Raises:
             InvalidArgument: the message was already settled (nothing sent).
-            NotAcquired: (confirm) the broker no longer holds it for this consumer.
+            NotAcquired: (confirm) the broker no longer holds it for this consumer;
+                or (always, nothing sent) it was delivered before the connection
+                failed over to another broker, which released it.
             UnknownConsumer: the consumer was cancelled (its messages were released).
             ConnectionClosed: (confirm) the connection ended first (outcome unknown).
         """

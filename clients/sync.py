@@ -97,6 +97,8 @@ def connect(
     *,
     client_name: str = "baton-python",
     timeout: float = 10.0,
+    failover: bool | None = None,
+    failover_timeout: float = 30.0,
 ) -> SyncConnection:
     """Open a blocking connection (see :func:`clients.client.connect`).
 
@@ -104,7 +106,10 @@ def connect(
         addresses: ``"HOST:PORT"``, a comma-separated list of them, or a sequence.
         client_name: sent in Hello.
         timeout: seconds per address for connecting, and the default time limit of
-            every later call on the connection.
+            every later call on the connection (a call that waits for a failover
+            may hit it first: raise it to ``failover_timeout`` or more if calls
+            should rather wait).
+        failover, failover_timeout: as for :func:`clients.client.connect`.
 
     Returns:
         A :class:`SyncConnection`; use it as ``with clients.sync.connect(...) as conn``.
@@ -116,7 +121,13 @@ def connect(
     thread = _LoopThread()
     try:
         conn = thread.run(
-            _aio.connect(addresses, client_name=client_name, timeout=timeout),
+            _aio.connect(
+                addresses,
+                client_name=client_name,
+                timeout=timeout,
+                failover=failover,
+                failover_timeout=failover_timeout,
+            ),
             # connect applies the timeout per address; allow for all of them.
             None,
         )
@@ -252,25 +263,33 @@ class SyncConnection:
         queue: str,
         body: bytes | bytearray | memoryview,
         headers: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> int:
         """Publish one message; returns its position once confirmed.
 
         Raises:
             The same as :meth:`Connection.publish`, and Timeout.
         """
-        return self._run(self._conn.publish(queue, body, headers))
+        return self._run(
+            self._conn.publish(queue, body, headers, idempotency_key=idempotency_key)
+        )
 
     def publish_batch(
         self,
         queue: str,
         messages: Iterable[bytes | bytearray | memoryview | tuple[bytes, Mapping[str, Any]]],
+        *,
+        idempotency_key: str | None = None,
     ) -> list[int]:
         """Publish many messages; returns their positions once all are confirmed.
 
         Atomic per frame only, as :meth:`Connection.publish_batch`.
         """
         items = list(messages)  # consume the iterable in the caller's thread
-        return self._run(self._conn.publish_batch(queue, items))
+        return self._run(
+            self._conn.publish_batch(queue, items, idempotency_key=idempotency_key)
+        )
 
     def consume(self, queue: str, *, prefetch: int = 100) -> SyncConsumer:
         """A blocking consumer of ``queue``; subscribe by entering it (``with``)."""

@@ -14,7 +14,7 @@ and turn frames into bytes with :meth:`FrameCodec.send`. The asyncio sides in
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Final, Union, cast, get_type_hints
 
 import msgpack
@@ -189,26 +189,34 @@ class ListQueues(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Publish(Frame):
-    """C->S: enqueue one message; Ok({"position": p}) once durable on the log."""
+    """C->S: enqueue one message; Ok({"position": p}) once durable on the log.
+
+    ``key`` is the publish's idempotency key (optional on the wire; "" = none): a
+    publish re-sent with a key the cluster already applied to the queue is not
+    enqueued again, and its Ok reports the original position.
+    """
 
     OP: ClassVar[int] = 20
     corr: int
     queue: str
     body: bytes
     headers: dict[str, Any]
+    key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class PublishBatch(Frame):
     """C->S: enqueue messages atomically; Ok({"first_position": p, "count": n}).
 
-    ``messages`` is a list of ``[body, headers]`` pairs.
+    ``messages`` is a list of ``[body, headers]`` pairs; ``key`` the batch's
+    idempotency key (optional, as for Publish).
     """
 
     OP: ClassVar[int] = 21
     corr: int
     queue: str
     messages: list[Any]
+    key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +353,12 @@ _SCHEMA: Final[dict[int, tuple[tuple[str, Any], ...]]] = {
     )
     for op, cls in FRAME_TYPES.items()
 }
+# How many leading fields a frame must have: trailing fields with a default were
+# added later and may be left out (an older peer's frame still decodes).
+_REQUIRED: Final[dict[int, int]] = {
+    op: sum(1 for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+    for op, cls in FRAME_TYPES.items()
+}
 
 
 class FrameCodec:
@@ -443,7 +457,7 @@ def decode_payload(payload: bytes | memoryview) -> Frame:
     if schema is None:
         raise UnknownCommand(f"unknown op-code {op}")
     values = items[1:]
-    if len(values) != len(schema):
+    if not _REQUIRED[op] <= len(values) <= len(schema):
         raise ProtocolError(
             f"{FRAME_TYPES[op].__name__} needs {len(schema)} fields, got {len(values)}"
         )

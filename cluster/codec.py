@@ -89,10 +89,13 @@ def decode(record: bytes) -> tuple[Origin, Event]:
     if names is None:
         raise MalformedEvent(f"unknown event op-code {op}")
     values = items[5:]
-    if len(values) != len(names):
+    if len(values) != len(names) and not (op == Enqueue.OP and len(values) == 2):
+        # An Enqueue without its keys field was written before idempotency keys.
         raise MalformedEvent(f"{EVENT_TYPES[op].__name__} needs {len(names)} fields")
     if op == Enqueue.OP:
         values[1] = _messages(values[1])
+        if len(values) == 3:
+            values[2] = _keys(values[2], len(values[1]))
     elif op in _POSITION_EVENTS or op == ReleaseAll.OP:
         values[2] = _positions(values[2])
     elif op == Propose.OP:
@@ -120,6 +123,29 @@ def _messages(raw: Any) -> tuple[tuple[bytes, dict[str, Any]], ...]:
         ):
             raise MalformedEvent("enqueue message must be [body: bin, headers: map]")
         out.append((m[0], m[1]))
+    return tuple(out)
+
+
+def _keys(raw: Any, n: int) -> tuple[tuple[str, int], ...]:
+    """Idempotency key spans: ``[[key: str, count: int > 0], ...]`` covering all
+    ``n`` messages, or empty."""
+    if not isinstance(raw, list):
+        raise MalformedEvent("enqueue keys must be a list")
+    out = []
+    total = 0
+    for span in raw:
+        if (
+            not isinstance(span, list)
+            or len(span) != 2
+            or not isinstance(span[0], str)
+            or type(span[1]) is not int
+            or span[1] < 1
+        ):
+            raise MalformedEvent("enqueue key span must be [key: str, count: int > 0]")
+        total += span[1]
+        out.append((span[0], span[1]))
+    if out and total != n:
+        raise MalformedEvent(f"enqueue key spans cover {total} messages, not {n}")
     return tuple(out)
 
 

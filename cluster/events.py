@@ -106,11 +106,20 @@ class Enqueue(Event):
     """Append messages to a queue, atomically; positions are assigned at apply time.
 
     ``messages`` is a tuple of ``(body, headers)`` pairs.
+
+    ``keys`` are the publishes' idempotency keys as ``(key, count)`` spans that
+    cover ``messages`` in order: one span per client publish (a batch publish is
+    one span of many messages, merged single publishes are one span each). ``""``
+    is a publish without a key; ``()`` means no keys at all (records written before
+    keys existed). A span whose key the state already applied to this queue is not
+    enqueued again; the result reports its original positions (client failover
+    re-sends unconfirmed publishes with the same key: exactly once on the queue).
     """
 
     OP: ClassVar[int] = 10
     queue: str
     messages: tuple[tuple[bytes, dict[str, Any]], ...]
+    keys: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

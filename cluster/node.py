@@ -117,6 +117,7 @@ class Node:
         self._max_outbox = max_outbox
         self._append_error: str | None = None  # why the last append failed, until one works
         self._leftover: list[tuple[str, int, bytes]] = []
+        self._keys_forgotten = 0  # publish keys below this seq are deleted from the store
         self._outbox_ready = asyncio.Event()
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._durable_seq = 0  # every own seq <= this is durable on the log
@@ -158,6 +159,8 @@ class Node:
             )
         if loaded.meta is not None:
             self.state.restore_meta(loaded.meta)
+            self.state.restore_keys(loaded.keys)
+            self._keys_forgotten = loaded.keys[0][0] if loaded.keys else 0
         for name, snap in loaded.queues.items():
             self.state.queues[name] = QueueState.restore(snap)
         self.state.applied = loaded.applied
@@ -455,6 +458,8 @@ class Node:
         never crashes the broker or skips a batch.
         """
         meta, queues = self.state.take_dirty()
+        keys, forget_below = self.state.take_keys()
+        forget = range(self._keys_forgotten, forget_below)
         delay = 0.1
         while True:
             batch = self.store.batch()
@@ -479,6 +484,8 @@ class Node:
                 batch.put_queue(name, snap)
             if meta is not None:
                 batch.put_meta(meta)
+            if keys or forget:
+                batch.put_keys(keys, forget)
             try:
                 self.store.commit(batch, offset)
             except StoreError as exc:
@@ -488,6 +495,7 @@ class Node:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            self._keys_forgotten = forget_below
             if not self.healthy:
                 log.warning("store writes work again")
             self.healthy = True

@@ -23,6 +23,7 @@ import enum
 import hashlib
 import heapq
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -78,9 +79,14 @@ __all__ = [
     "OwnerChanged",
     "MembersChanged",
     "MAX_QUEUE_NAME",
+    "KEY_MEMORY",
 ]
 
 MAX_QUEUE_NAME: Final = 255
+#: How many publish idempotency keys the state remembers, cluster-wide, in log order
+#: (the oldest is forgotten first). A client's re-sent publish is deduplicated if
+#: its first copy is among the last KEY_MEMORY keyed publishes applied.
+KEY_MEMORY: Final = 100_000
 
 
 class MessageState(enum.Enum):
@@ -360,8 +366,18 @@ class QueueState:
 class State:
     """All replicated state of one cluster, advanced only by :meth:`apply`."""
 
-    def __init__(self, suspect_beats: int = 6) -> None:
+    def __init__(self, suspect_beats: int = 6, key_memory: int = KEY_MEMORY) -> None:
         self.queues: dict[str, QueueState] = {}
+        # Publish idempotency keys (Enqueue.keys): (qid, key) -> the first position
+        # the publish got, plus the same keys in log order (three parallel deques,
+        # cheap to snapshot) so that the oldest is forgotten first.
+        self.key_memory = key_memory
+        self.keys: dict[tuple[int, str], int] = {}
+        self._key_qids: deque[int] = deque()
+        self._key_names: deque[str] = deque()
+        self._key_firsts: deque[int] = deque()
+        self._key_total = 0  # keys ever remembered: the next key's sequence number
+        self._keys_new: list[tuple[int, int, str, int]] = []  # (seq, qid, key, first) to store
         self.membership = Membership(suspect_beats)
         self.clock = 0  # largest envelope time applied, ms
         self.applied = -1  # offset of the last applied record
@@ -505,7 +521,18 @@ class State:
 
     def _enqueue(self, origin: Origin, ev: Enqueue, out: list[Effect]) -> dict[str, Any]:
         q = self._queue(ev.queue)
-        n = len(ev.messages)
+        messages = ev.messages
+        starts: list[int] | None = None  # each key span's first position
+        fresh: list[tuple[str, int]] = []  # keyed spans enqueued now: remember them
+        if ev.keys and self.key_memory > 0:
+            messages, starts, fresh = self._dedupe(q, ev)
+            if not messages:  # every span was applied before: a re-sent publish
+                return {
+                    "first_position": starts[0],
+                    "count": len(ev.messages),
+                    "positions": starts,
+                }
+        n = len(messages)
         if q.max_length is not None and q.length + n > q.max_length:
             excess = q.length + n - q.max_length
             if q.overflow == "reject-publish" or n > q.max_length or excess > q.ready:
@@ -519,12 +546,69 @@ class State:
         q.next_pos += n
         q.enqueued += n
         crc = q.body_crc
-        for body, _headers in ev.messages:
+        for body, _headers in messages:
             crc = zlib.crc32(body, crc)
         q.body_crc = crc
-        out.append(Stored(q.qid, first, ev.messages, self.clock, origin.ts))
+        out.append(Stored(q.qid, first, messages, self.clock, origin.ts))
         out.append(ReadyMore(q.name))
-        return {"first_position": first, "count": n}
+        if starts is None:
+            return {"first_position": first, "count": n}
+        for key, pos in fresh:
+            self._remember(q.qid, key, pos)
+        return {"first_position": first, "count": n, "positions": starts}
+
+    def _dedupe(
+        self, q: QueueState, ev: Enqueue
+    ) -> tuple[tuple[tuple[bytes, dict[str, Any]], ...], list[int], list[tuple[str, int]]]:
+        """Split an Enqueue's key spans into re-sent ones (already applied to ``q``)
+        and new ones: (the new spans' messages, each span's first position, the new
+        keyed spans with their positions). Changes nothing."""
+        known = self.keys
+        qid = q.qid
+        starts: list[int] = []
+        fresh: list[tuple[str, int]] = []
+        here: dict[str, int] = {}  # a key twice in one event: the second is a re-send
+        keep: list[tuple[int, int]] = []  # (start, end) slices of ev.messages to enqueue
+        nxt = q.next_pos
+        i = dups = 0
+        for key, count in ev.keys:
+            old: int | None = None
+            if key:
+                old = known.get((qid, key))
+                if old is None:
+                    old = here.get(key)
+            if old is not None:
+                starts.append(old)
+                dups += 1
+            else:
+                starts.append(nxt)
+                if key:
+                    here[key] = nxt
+                    fresh.append((key, nxt))
+                nxt += count
+                if keep and keep[-1][1] == i:
+                    keep[-1] = (keep[-1][0], i + count)
+                else:
+                    keep.append((i, i + count))
+            i += count
+        if not dups:
+            return ev.messages, starts, fresh
+        self._ignore("duplicate-publish", dups)
+        if len(keep) == 1:
+            return ev.messages[keep[0][0] : keep[0][1]], starts, fresh
+        return tuple(m for a, b in keep for m in ev.messages[a:b]), starts, fresh
+
+    def _remember(self, qid: int, key: str, first: int) -> None:
+        """Remember a keyed publish; forget the oldest past ``key_memory`` (log order)."""
+        self.keys[(qid, key)] = first
+        self._key_qids.append(qid)
+        self._key_names.append(key)
+        self._key_firsts.append(first)
+        self._keys_new.append((self._key_total, qid, key, first))
+        self._key_total += 1
+        while len(self._key_firsts) > self.key_memory:
+            self._key_firsts.popleft()
+            del self.keys[(self._key_qids.popleft(), self._key_names.popleft())]
 
     def _acquire(self, key: str, ev: Acquire, out: list[Effect]) -> dict[str, Any]:
         q = self._queue(ev.queue)
@@ -786,6 +870,9 @@ class State:
             sorted(self.last_seq.items()),
             sorted(self.ignored.items()),
             self.membership.snapshot(),
+            # How many publish keys were ever remembered; the keys themselves are
+            # stored one by one as they come (take_keys), not with every batch.
+            self._key_total,
         ]
 
     def restore_meta(self, snap: list[Any]) -> None:
@@ -793,6 +880,32 @@ class State:
         self.last_seq = {k: v for k, v in snap[2]}
         self.ignored = {k: v for k, v in snap[3]}
         self.membership.restore(snap[4])
+        self._key_total = snap[5]
+
+    def key_entries(self) -> list[tuple[int, int, str, int]]:
+        """The remembered publish keys as (seq, qid, key, first position), in log order."""
+        low = self._key_total - len(self._key_firsts)
+        return [
+            (low + i, qid, key, first)
+            for i, (qid, key, first) in enumerate(
+                zip(self._key_qids, self._key_names, self._key_firsts)
+            )
+        ]
+
+    def restore_keys(self, entries: list[tuple[int, int, str, int]]) -> None:
+        """Restore the key memory from :meth:`key_entries` (after :meth:`restore_meta`)."""
+        entries = sorted(entries)[-self.key_memory :] if self.key_memory > 0 else []
+        self._key_qids = deque(e[1] for e in entries)
+        self._key_names = deque(e[2] for e in entries)
+        self._key_firsts = deque(e[3] for e in entries)
+        self.keys = {(qid, key): first for _, qid, key, first in entries}
+        self._keys_new = []
+
+    def take_keys(self) -> tuple[list[tuple[int, int, str, int]], int]:
+        """Keys remembered since the last call, and the sequence number below which keys
+        are forgotten. The driver stores them with the batch's offset."""
+        new, self._keys_new = self._keys_new, []
+        return new, self._key_total - len(self._key_firsts)
 
     def take_dirty(self) -> tuple[list[Any] | None, dict[str, list[Any] | None]]:
         """Snapshots of what changed since the last call: (meta or None, {queue: snap or None
@@ -811,6 +924,8 @@ class State:
         h = hashlib.sha256()
         packer = msgpack.Packer(use_bin_type=True)
         h.update(packer.pack(self.meta_snapshot()))
+        # Publish keys in log order (the order decides what is forgotten first).
+        h.update(packer.pack([list(self._key_qids), list(self._key_names), list(self._key_firsts)]))
         for name in sorted(self.queues):
             h.update(packer.pack(self.queues[name].snapshot()))
         return h.hexdigest()

@@ -40,6 +40,7 @@ class Loaded:
     applied: int = -1
     meta: list[Any] | None = None
     queues: dict[str, list[Any]] = field(default_factory=dict)
+    keys: list[tuple[int, int, str, int]] = field(default_factory=list)  # publish keys
 
 
 class Batch(abc.ABC):
@@ -87,6 +88,11 @@ class Batch(abc.ABC):
     @abc.abstractmethod
     def put_meta(self, snapshot: list[Any]) -> None:
         """Save the non-queue replicated state."""
+
+    @abc.abstractmethod
+    def put_keys(self, entries: list[tuple[int, int, str, int]], forget: range) -> None:
+        """Save publish idempotency keys ``(seq, qid, key, first position)``; forget the
+        keys whose seq is in ``forget``."""
 
 
 class Store(abc.ABC):

@@ -6,6 +6,7 @@ Keys:
   ``s``                                              -> msgpack meta snapshot
   ``a``                                              -> applied offset (8 bytes BE, signed)
   ``i`` + key                                        -> identity value (utf-8)
+  ``k`` + seq (8 bytes BE)                           -> msgpack [qid, key, first position]: a publish key
   ``o`` + runtime (utf-8) + ``/`` + seq (8 bytes BE)   -> an outbox event's log record
 
 Fixed-width big-endian qid/position keys sort in position order, so a queue's
@@ -123,6 +124,13 @@ class _RocksBatch(Batch):
         else:
             self.wb.put(key, self._packer.pack(snapshot))
 
+    def put_keys(self, entries: list[tuple[int, int, str, int]], forget: range) -> None:
+        pack = self._packer.pack
+        for seq, qid, key, first in entries:
+            self.wb.put(b"k" + _SEQ.pack(seq), pack([qid, key, first]))
+        for seq in forget:
+            self.wb.delete(b"k" + _SEQ.pack(seq))
+
     def put_meta(self, snapshot: list[Any]) -> None:
         self.wb.put(_META, self._packer.pack(snapshot))
 
@@ -167,6 +175,14 @@ class RocksStore(Store):
             out.queues[key[1:].decode()] = msgpack.unpackb(
                 it.value(), raw=False, strict_map_key=False
             )
+            it.next()
+        it.seek(b"k")
+        while it.valid():
+            key = it.key()
+            if not key.startswith(b"k"):
+                break
+            qid, name, first = msgpack.unpackb(it.value(), raw=False)
+            out.keys.append((_SEQ.unpack(key[1:])[0], qid, name, first))
             it.next()
         return out
 

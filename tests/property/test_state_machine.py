@@ -60,6 +60,7 @@ class QueueModel(RuleBasedStateMachine):
         self.dlq_len = 0
         self.max_length: int | None = None
         self.dropped = 0
+        self.keyed: dict[str, tuple[int, int]] = {}  # idempotency key -> (first, count)
         # Two member runtimes: both beat, n1/r1 proposes, both vote (DESIGN §7).
         for m in MEMBERS:
             self._apply(Heartbeat("voter", "", {}), m)
@@ -145,21 +146,50 @@ class QueueModel(RuleBasedStateMachine):
     @rule(n=st.integers(1, 4))
     def enqueue(self, n: int) -> None:
         out = self._apply(Enqueue("q", tuple((b"m%d" % i, {}) for i in range(n))))
-        done = self._completed(out)
+        if self._enqueue_model(self._completed(out), n):
+            assert self._completed(out).result == {"first_position": self.next_pos - n, "count": n}
+
+    def _enqueue_model(self, done: Completed, n: int) -> bool:
+        """Model a new publish of ``n`` messages; False if it was refused (QueueFull)."""
         length = len(self.msgs)
         if self.max_length is not None and length + n > self.max_length:
             excess = length + n - self.max_length
             ready = self._ready()
             if self.overflow == "reject-publish" or n > self.max_length or excess > len(ready):
                 assert isinstance(done.error, QueueFull)
-                return
+                return False
             for p in ready[:excess]:
                 self._dead_letter(p)
         assert done.error is None, done.error
-        assert done.result == {"first_position": self.next_pos, "count": n}
         for _ in range(n):
             self.msgs[self.next_pos] = ["ready", None, 0]
             self.next_pos += 1
+        return True
+
+    @precondition(lambda self: "q" in self.state.queues)
+    @rule(n=st.integers(1, 3), data=st.data())
+    def enqueue_keyed(self, n: int, data: st.DataObject) -> None:
+        """A publish with an idempotency key, or a re-send of an earlier one: a
+        re-send changes nothing and is answered with the original positions."""
+        if self.keyed and data.draw(st.booleans(), label="resend"):
+            key = data.draw(st.sampled_from(sorted(self.keyed)), label="key")
+            first, count = self.keyed[key]
+            before = {name: q.snapshot() for name, q in self.state.queues.items()}
+            done = self._completed(
+                self._apply(Enqueue("q", tuple((b"r", {}) for _ in range(count)), ((key, count),)))
+            )
+            assert done.error is None, done.error
+            assert done.result == {"first_position": first, "count": count, "positions": [first]}
+            assert {name: q.snapshot() for name, q in self.state.queues.items()} == before
+            return
+        key = f"k{len(self.keyed)}"
+        first = self.next_pos
+        done = self._completed(
+            self._apply(Enqueue("q", tuple((b"k%d" % i, {}) for i in range(n)), ((key, n),)))
+        )
+        if self._enqueue_model(done, n):
+            assert done.result == {"first_position": first, "count": n, "positions": [first]}
+            self.keyed[key] = (first, n)
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(consumer=st.sampled_from(CONSUMERS), count=st.integers(0, 5))
@@ -310,6 +340,7 @@ class QueueModel(RuleBasedStateMachine):
             replica.apply(i, origin, ev, [])
         restored = State()
         restored.restore_meta(replica.meta_snapshot())
+        restored.restore_keys(replica.key_entries())
         for name, q in replica.queues.items():
             restored.queues[name] = QueueState.restore(q.snapshot())
         for i, record in enumerate(self.records[half:], start=half):

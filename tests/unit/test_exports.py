@@ -41,9 +41,15 @@ def test_clients_contract() -> None:
     import clients.errors
     import clients.sync
 
-    for name in ("connect", "Connection", "Consumer", "Message", "sync", "BatonError"):
+    for name in ("connect", "Connection", "Consumer", "Message", "sync", "BatonError",
+                 "Topology", "TopologyEvent", "TopologyEventType", "TopologyWatch"):
         assert name in clients.__all__, name
         assert hasattr(clients, name), name
+    import clients.topology
+
+    assert clients.Topology is clients.topology.Topology
+    assert clients.TopologyEvent is clients.topology.TopologyEvent
+    assert clients.TopologyWatch is clients.client.TopologyWatch
     assert isinstance(clients.sync, types.ModuleType) and clients.sync.__name__ == "clients.sync"
     assert callable(clients.sync.connect)
     assert callable(clients.connect)

@@ -245,3 +245,28 @@ async def test_kept_publishes_are_published_at_the_next_start(tmp_path: Path) ->
         assert q.next_pos == 3 and again.store.outbox_load() == []
     finally:
         await _close(again)
+
+
+async def test_publish_keys_survive_a_restart(tmp_path: Path) -> None:
+    """The key memory is stored key by key; a re-sent publish after a restart of the
+    broker is still recognised (and the forgotten keys leave the store)."""
+    url = f"file:{tmp_path / 'log'}"
+    node = Node("a", await open_log(url), RocksStore(str(tmp_path / "a")))
+    node.state.key_memory = 3
+    await node.start()
+    await node.submit(DeclareQueue("q"))
+    for i in range(5):
+        await node.submit(Enqueue("q", ((b"m%d" % i, {}),), ((f"k{i}", 1),)))
+    await _close(node)
+    store = RocksStore(str(tmp_path / "a"))
+    assert [k for _, _, k, _ in store.load().keys] == ["k2", "k3", "k4"]
+    store.close()
+
+    again = Node("a", await open_log(url), RocksStore(str(tmp_path / "a")))
+    again.state.key_memory = 3
+    await again.start()
+    try:
+        r = await again.submit(Enqueue("q", ((b"m4", {}),), (("k4", 1),)))
+        assert r["first_position"] == 4 and again.state.queues["q"].next_pos == 5
+    finally:
+        await _close(again)

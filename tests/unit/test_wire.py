@@ -44,8 +44,10 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.PurgeQueue: wire.PurgeQueue(6, "orders"),
     wire.QueueStats: wire.QueueStats(7, "orders"),
     wire.ListQueues: wire.ListQueues(8),
-    wire.Publish: wire.Publish(9, "orders", b"\x00\xffbody", {"k": "v", "n": 1}),
-    wire.PublishBatch: wire.PublishBatch(10, "orders", [[b"a", {}], [b"b", {"k": "v"}]]),
+    wire.Publish: wire.Publish(9, "orders", b"\x00\xffbody", {"k": "v", "n": 1}, "c0ffee:1"),
+    wire.PublishBatch: wire.PublishBatch(
+        10, "orders", [[b"a", {}], [b"b", {"k": "v"}]], "c0ffee:2"
+    ),
     wire.Subscribe: wire.Subscribe(11, "orders", 100),
     wire.Deliver: wire.Deliver(
         3, [[0, 0, b"a", {}, 1_700_000_000_000], [1, 2, b"b", {"k": "v"}, 1_700_000_000_001]]
@@ -201,6 +203,21 @@ def test_wrong_field_types_or_arity_raise_protocol_error(items: list[Any]) -> No
     with pytest.raises(errors.ProtocolError) as info:
         codec.next_frame()
     assert not isinstance(info.value, errors.UnknownCommand)
+
+
+def test_publish_frames_without_the_idempotency_key_still_decode() -> None:
+    """Frames of a client from before idempotency keys: the key is "" (none)."""
+    codec = FrameCodec()
+    codec.receive_data(_encode_raw([wire.Publish.OP, 1, "q", b"b", {}]))
+    codec.receive_data(_encode_raw([wire.PublishBatch.OP, 2, "q", [[b"a", {}]]]))
+    assert codec.next_frame() == wire.Publish(1, "q", b"b", {})
+    assert codec.next_frame() == wire.PublishBatch(2, "q", [[b"a", {}]], "")
+    codec.receive_data(_encode_raw([wire.Publish.OP, 1, "q", b"b", {}, 7]))  # int key
+    with pytest.raises(errors.ProtocolError):
+        codec.next_frame()
+    codec.receive_data(_encode_raw([wire.Publish.OP, 1, "q", b"b", {}, "k", "x"]))  # too many
+    with pytest.raises(errors.ProtocolError):
+        codec.next_frame()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,202 @@
+"""Publish idempotency keys in the pure state machine and the event codec: a publish
+re-sent with a key the state already applied is enqueued once and confirmed with its
+original positions; the key memory is bounded, in log order, and part of the digest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+
+from clients.errors import QueueFull
+from cluster import codec
+from cluster.codec import MalformedEvent
+from cluster.events import DeclareQueue, Enqueue, Event, Heartbeat, Origin, Propose, Vote
+from cluster.state import Completed, Effect, QueueState, State, Stored
+
+__all__: list[str] = []
+
+MEMBER = "n1/r1"
+
+
+class Log:
+    """Records applied through the codec to any number of replicas."""
+
+    def __init__(self, *replicas: State) -> None:
+        self.replicas = list(replicas)
+        self.records: list[bytes] = []
+        self.seq = 0
+        self.apply(Heartbeat("voter", "", {}))
+        self.apply(Propose(1, (MEMBER,), "c"))
+        self.apply(Vote(1, True))
+        self.apply(DeclareQueue("q"))
+
+    def apply(self, ev: Event) -> tuple[Completed, list[Effect]]:
+        self.seq += 1
+        record = codec.encode(Origin("n1", "r1", self.seq, 1000 + self.seq), ev)
+        self.records.append(record)
+        origin, decoded = codec.decode(record)
+        assert decoded == ev
+        outs = []
+        for state in self.replicas:
+            out: list[Effect] = []
+            state.apply(len(self.records) - 1, origin, decoded, out)
+            outs.append(out)
+        done = [e for e in outs[0] if isinstance(e, Completed)]
+        assert len(done) == 1
+        return done[0], outs[0]
+
+
+def msgs(*bodies: bytes) -> tuple[tuple[bytes, dict[str, Any]], ...]:
+    return tuple((b, {}) for b in bodies)
+
+
+def test_same_key_twice_enqueues_once_with_the_original_position() -> None:
+    a, b = State(), State()
+    log = Log(a, b)
+    first, out = log.apply(Enqueue("q", msgs(b"x"), (("k1", 1),)))
+    assert first.result == {"first_position": 0, "count": 1, "positions": [0]}
+    assert any(isinstance(e, Stored) for e in out)
+    log.apply(Enqueue("q", msgs(b"y"), (("k2", 1),)))
+    again, out = log.apply(Enqueue("q", msgs(b"x"), (("k1", 1),)))
+    assert again.error is None
+    assert again.result is not None and again.result["first_position"] == 0
+    assert again.result["positions"] == [0]
+    assert not any(isinstance(e, Stored) for e in out)  # nothing stored again
+    q = a.queues["q"]
+    assert (q.next_pos, q.enqueued, q.ready) == (2, 2, 2)
+    assert a.ignored["duplicate-publish"] == 1
+    assert a.digest() == b.digest()
+
+
+def test_a_batch_resent_reports_its_original_range() -> None:
+    a = State()
+    log = Log(a)
+    log.apply(Enqueue("q", msgs(b"0"), (("a", 1),)))
+    done, _ = log.apply(Enqueue("q", msgs(b"1", b"2", b"3"), (("batch", 3),)))
+    assert (done.result or {})["first_position"] == 1
+    again, _ = log.apply(Enqueue("q", msgs(b"1", b"2", b"3"), (("batch", 3),)))
+    assert again.result is not None
+    assert (again.result["first_position"], again.result["count"]) == (1, 3)
+    assert a.queues["q"].next_pos == 4
+
+
+def test_a_merged_enqueue_with_some_resent_publishes_enqueues_only_the_new() -> None:
+    a = State()
+    log = Log(a)
+    log.apply(Enqueue("q", msgs(b"a", b"b"), (("ka", 1), ("kb", 1))))
+    done, out = log.apply(
+        Enqueue("q", msgs(b"c", b"a", b"d", b"b", b"e"),
+                (("kc", 1), ("ka", 1), ("", 1), ("kb", 1), ("ke", 1)))
+    )
+    assert done.result is not None
+    # New ones get consecutive new positions; re-sent ones their original.
+    assert done.result["positions"] == [2, 0, 3, 1, 4]
+    stored = [e for e in out if isinstance(e, Stored)]
+    assert len(stored) == 1 and stored[0].first == 2
+    assert [m[0] for m in stored[0].messages] == [b"c", b"d", b"e"]
+    assert a.queues["q"].next_pos == 5
+    # The same key twice in one event: the second copy is the re-send.
+    done, _ = log.apply(Enqueue("q", msgs(b"f", b"f"), (("kf", 1), ("kf", 1))))
+    assert done.result is not None and done.result["positions"] == [5, 5]
+    assert a.queues["q"].next_pos == 6
+
+
+def test_keys_are_per_queue_and_an_unkeyed_publish_is_never_deduplicated() -> None:
+    a = State()
+    log = Log(a)
+    log.apply(DeclareQueue("other"))
+    log.apply(Enqueue("q", msgs(b"x"), (("k", 1),)))
+    done, _ = log.apply(Enqueue("other", msgs(b"x"), (("k", 1),)))
+    assert (done.result or {})["first_position"] == 0
+    assert a.queues["other"].next_pos == 1
+    log.apply(Enqueue("q", msgs(b"x")))
+    log.apply(Enqueue("q", msgs(b"x")))
+    assert a.queues["q"].next_pos == 3
+
+
+def test_a_publish_that_failed_is_not_remembered() -> None:
+    a = State()
+    log = Log(a)
+    log.apply(DeclareQueue("small", max_length=1))
+    log.apply(Enqueue("small", msgs(b"1"), (("k1", 1),)))
+    full, _ = log.apply(Enqueue("small", msgs(b"2"), (("k2", 1),)))
+    assert isinstance(full.error, QueueFull)
+    assert (a.queues["small"].qid, "k2") not in a.keys
+    # Re-sent publish of a full queue: still the original answer, no QueueFull.
+    again, _ = log.apply(Enqueue("small", msgs(b"1"), (("k1", 1),)))
+    assert again.error is None and (again.result or {})["first_position"] == 0
+
+
+def test_the_key_memory_is_bounded_oldest_first() -> None:
+    a = State(key_memory=3)
+    log = Log(a)
+    for i in range(5):
+        log.apply(Enqueue("q", msgs(b"%d" % i), ((f"k{i}", 1),)))
+    qid = a.queues["q"].qid
+    assert list(a.keys) == [(qid, "k2"), (qid, "k3"), (qid, "k4")]
+    log.apply(Enqueue("q", msgs(b"0"), (("k0", 1),)))  # forgotten: enqueued again
+    assert a.queues["q"].next_pos == 6
+    log.apply(Enqueue("q", msgs(b"4"), (("k4", 1),)))  # remembered
+    assert a.queues["q"].next_pos == 6
+
+
+def test_key_memory_survives_snapshot_and_restore_with_equal_digests() -> None:
+    a, b = State(key_memory=4), State(key_memory=4)
+    log = Log(a, b)
+    for i in range(6):
+        log.apply(Enqueue("q", msgs(b"%d" % i), ((f"k{i}", 1),)))
+    restored = State(key_memory=4)
+    restored.restore_meta(msgpack.unpackb(msgpack.packb(b.meta_snapshot()), use_list=True))
+    restored.restore_keys(b.key_entries())
+    for name, q in b.queues.items():
+        restored.queues[name] = QueueState.restore(q.snapshot())
+    assert restored.digest() == a.digest()
+    assert restored.keys == a.keys
+    log.replicas.append(restored)
+    for i in range(3, 9):  # k3..k5 are re-sends, k6..k8 new; k2.. get evicted in order
+        log.apply(Enqueue("q", msgs(b"%d" % i), ((f"k{i}", 1),)))
+    assert a.queues["q"].next_pos == 9
+    assert restored.digest() == a.digest() == b.digest()
+
+
+def test_take_keys_gives_new_keys_and_the_forgotten_prefix() -> None:
+    """What the node stores per batch: only the keys added since, and which to drop."""
+    a = State(key_memory=2)
+    log = Log(a)
+    log.apply(Enqueue("q", msgs(b"0"), (("k0", 1),)))
+    new, low = a.take_keys()
+    assert [e[:3] for e in new] == [(0, a.queues["q"].qid, "k0")] and low == 0
+    log.apply(Enqueue("q", msgs(b"1", b"2"), (("k1", 1), ("k2", 1))))
+    new, low = a.take_keys()
+    assert [e[0] for e in new] == [1, 2] and low == 1  # k0 forgotten
+    assert a.take_keys() == ([], 1)
+    assert [e[2] for e in a.key_entries()] == ["k1", "k2"]
+
+
+def test_codec_round_trips_keys_and_reads_records_without_them() -> None:
+    origin = Origin("n", "r", 1, 2)
+    ev = Enqueue("q", msgs(b"a", b"b", b"c"), (("k1", 2), ("", 1)))
+    assert codec.decode(codec.encode(origin, ev)) == (origin, ev)
+    old = msgpack.packb(["n", "r", 1, 2, Enqueue.OP, "q", [[b"a", {}]]], use_bin_type=True)
+    assert codec.decode(old) == (origin, Enqueue("q", msgs(b"a")))
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        "k",  # not a list
+        [["k", 1]],  # covers 1 of 2 messages
+        [["k", 0], ["j", 2]],  # empty span
+        [[1, 2]],  # key not a str
+        [["k", True, 1]],
+        [["k", 1.0], ["j", 1]],
+    ],
+)
+def test_codec_rejects_malformed_key_spans(keys: Any) -> None:
+    record = msgpack.packb(
+        ["n", "r", 1, 2, Enqueue.OP, "q", [[b"a", {}], [b"b", {}]], keys], use_bin_type=True
+    )
+    with pytest.raises(MalformedEvent):
+        codec.decode(record)
