@@ -183,6 +183,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.data_dir, args.count, args.size)
 
 
+def _loadtest(args: argparse.Namespace) -> int:
+    from loadtest.__main__ import run_from_args
+
+    return run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baton", description="Baton message broker")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -247,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_queues)
+
+    from loadtest.__main__ import add_arguments
+
+    lt = sub.add_parser("loadtest", help="run a load test and check its history (docs/loadtest.md)")
+    add_arguments(lt)
+    lt.set_defaults(func=_loadtest)
     return p
 
 

@@ -1,0 +1,278 @@
+"""The history checker: does a run's history keep Baton's guarantees (DESIGN §5)?
+
+Pure: :func:`check` takes the merged records (see :mod:`loadtest.history`) in time order
+and returns a :class:`CheckResult`; no clock, no files, no broker.
+
+What it counts (each a guarantee of DESIGN §5):
+
+- ``lost`` (§5.1, §5.5): a confirmed publish that was never accepted anywhere (neither in
+  its queue nor in a dead-letter queue it reached), was not dropped by design (rejected,
+  or over its delivery limit, on a queue without a dead-letter queue), and cannot be one
+  of the messages still ``pending`` at the end. An accept whose outcome is unknown
+  (``ack-fail``) counts as accepted: that is not a loss we can prove.
+- ``double_delivery`` (§5.2): a message delivered while another (or the same) consumer
+  still held it: delivered, not yet settled (ack-ok / ack-fail / release / reject), and
+  its consumer not ended or lost. A consumer whose connection or broker was lost gives up
+  its holds at its ``consumer-lost`` record.
+- ``redelivered_after_accept`` (§5.3): a delivery after an ``ack-ok`` of that message.
+- ``duplicate_enqueue``: one message id at two positions of one queue (from confirms and
+  deliveries). Dead-lettering gives a message a new position in *another* queue: fine.
+- ``order`` (§5.7): per consumer and queue, first deliveries (delivery count 0, never
+  delivered before) out of position order. Messages returned unread when a consumer of
+  the queue ends come back with count 0 at their old position, so a consumer's order is
+  only compared between two such ends.
+- ``poison_loop`` (§5.5): a delivery whose delivery count reached the queue's limit.
+- ``pending``: messages still ready or acquired after the drain (not a violation; it
+  bounds what ``lost`` can prove).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadtest.history import Op, OpKind
+
+__all__ = ["CheckResult", "check", "VIOLATIONS"]
+
+#: The counts that make a run fail.
+VIOLATIONS = (
+    "lost",
+    "double_delivery",
+    "redelivered_after_accept",
+    "duplicate_enqueue",
+    "order",
+    "poison_loop",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """What the checker found.
+
+    Attributes:
+        counts: every violation kind of :data:`VIOLATIONS` plus ``pending`` -> count.
+        examples: kind -> up to ``max_examples`` human-readable examples.
+        stats: informational totals (publishes, deliveries, redeliveries, ...).
+    """
+
+    counts: dict[str, int]
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True if no guarantee was broken (``pending`` alone does not fail a run)."""
+        return all(self.counts.get(k, 0) == 0 for k in VIOLATIONS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        return {
+            "ok": self.ok,
+            "counts": dict(self.counts),
+            "examples": {k: list(v) for k, v in self.examples.items() if v},
+            "stats": dict(self.stats),
+        }
+
+    def summary(self) -> str:
+        """A few lines for a terminal."""
+        verdict = "OK" if self.ok else "FAILED"
+        parts = ", ".join(f"{k}={self.counts.get(k, 0)}" for k in (*VIOLATIONS, "pending"))
+        lines = [f"checker: {verdict}: {parts}"]
+        for kind in VIOLATIONS:
+            for ex in self.examples.get(kind, []):
+                lines.append(f"  {kind}: {ex}")
+        return "\n".join(lines)
+
+
+def _parse_settings(info: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in info.split(","):
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+class _Checker:
+    def __init__(self, max_examples: int) -> None:
+        self.max_examples = max_examples
+        self.counts: dict[str, int] = {k: 0 for k in (*VIOLATIONS, "pending")}
+        self.examples: dict[str, list[str]] = defaultdict(list)
+        # queue -> (delivery_limit or None, has a dead-letter queue)
+        self.limits: dict[str, int] = {}
+        self.dlq: dict[str, str] = {}
+        # (queue, msg) -> positions seen for it (confirm or delivery)
+        self.positions: dict[tuple[str, str], set[int]] = defaultdict(set)
+        self.confirmed: dict[str, Op] = {}  # msg -> its publish-ok
+        self.accepted_msgs: set[str] = set()  # ack-ok or ack-fail anywhere
+        self.dropped_msgs: set[str] = set()
+        self.delivered_msgs: set[str] = set()
+        # (queue, position) -> (consumer, delivery op) while held
+        self.holds: dict[tuple[str, int], tuple[str, Op]] = {}
+        self.held_by: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        self.accepted_at: dict[tuple[str, int], Op] = {}
+        self.seen_first: set[tuple[str, str]] = set()  # (queue, msg) delivered once
+        # order: queue -> epoch (bumped when a consumer of it ends / is lost);
+        # (consumer, queue) -> (epoch, last first-delivery position)
+        self.queue_epoch: dict[str, int] = defaultdict(int)
+        self.last_first: dict[tuple[str, str], tuple[int, int]] = {}
+        self.consumer_queues: dict[str, set[str]] = defaultdict(set)
+        self.stats: dict[str, int] = defaultdict(int)
+
+    def flag(self, kind: str, text: str) -> None:
+        self.counts[kind] += 1
+        if len(self.examples[kind]) < self.max_examples:
+            self.examples[kind].append(text)
+
+    def release_hold(self, key: tuple[str, int], consumer: str) -> None:
+        held = self.holds.get(key)
+        if held is not None and held[0] == consumer:
+            del self.holds[key]
+            self.held_by[consumer].discard(key)
+
+    def end_consumer(self, consumer: str, queue: str) -> None:
+        for key in list(self.held_by.get(consumer, ())):
+            if not queue or key[0] == queue:
+                self.release_hold(key, consumer)
+        for q in [queue] if queue else list(self.consumer_queues.get(consumer, ())):
+            self.queue_epoch[q] += 1
+
+    def deliver(self, op: Op) -> None:
+        self.stats["deliveries"] += 1
+        key = (op.queue, op.position)
+        if op.count > 0:
+            self.stats["redeliveries"] += 1
+        self.consumer_queues[op.actor].add(op.queue)
+        if op.msg:
+            self.delivered_msgs.add(op.msg)
+            self.positions[(op.queue, op.msg)].add(op.position)
+        held = self.holds.get(key)
+        if held is not None:
+            self.flag(
+                "double_delivery",
+                f"{op.queue}@{op.position} ({op.msg}) delivered to {op.actor} at t={op.t} "
+                f"while held by {held[0]} since t={held[1].t}",
+            )
+            self.held_by[held[0]].discard(key)
+        acc = self.accepted_at.get(key)
+        if acc is not None:
+            self.flag(
+                "redelivered_after_accept",
+                f"{op.queue}@{op.position} ({op.msg}) delivered to {op.actor} at t={op.t} "
+                f"after {acc.actor}'s ack-ok at t={acc.t}",
+            )
+        limit = self.limits.get(op.queue)
+        if limit is not None and op.count >= limit:
+            self.flag(
+                "poison_loop",
+                f"{op.queue}@{op.position} ({op.msg}) delivered with count {op.count} "
+                f"(limit {limit})",
+            )
+        first_key = (op.queue, op.msg or str(op.position))
+        if op.count == 0 and first_key not in self.seen_first:
+            epoch = self.queue_epoch[op.queue]
+            last = self.last_first.get((op.actor, op.queue))
+            if last is not None and last[0] == epoch and op.position < last[1]:
+                self.flag(
+                    "order",
+                    f"{op.actor} got {op.queue}@{op.position} ({op.msg}) first at t={op.t} "
+                    f"after @{last[1]}",
+                )
+            if last is None or last[0] != epoch or op.position > last[1]:
+                self.last_first[(op.actor, op.queue)] = (epoch, op.position)
+        self.seen_first.add(first_key)
+        self.holds[key] = (op.actor, op)
+        self.held_by[op.actor].add(key)
+
+    def settle(self, op: Op) -> None:
+        key = (op.queue, op.position)
+        kind = op.kind
+        if kind == OpKind.ACK_INVOKE:
+            return  # the hold lasts until the outcome is known
+        self.release_hold(key, op.actor)
+        if kind == OpKind.ACK_OK:
+            self.accepted_at[key] = op
+            if op.msg:
+                self.accepted_msgs.add(op.msg)
+        elif kind == OpKind.ACK_FAIL:
+            if op.msg:
+                self.accepted_msgs.add(op.msg)  # outcome unknown: not a provable loss
+        elif op.msg and op.queue not in self.dlq:
+            limit = self.limits.get(op.queue)
+            if kind == OpKind.REJECT or (
+                kind == OpKind.RELEASE and limit is not None and op.count + 1 >= limit
+            ):
+                self.dropped_msgs.add(op.msg)  # dropped by design (no dead-letter queue)
+
+    def run(self, ops: Iterable[Op]) -> CheckResult:
+        publish_invoked = 0
+        for op in ops:
+            kind = op.kind
+            if kind == OpKind.DELIVER:
+                self.deliver(op)
+            elif kind in (
+                OpKind.ACK_INVOKE,
+                OpKind.ACK_OK,
+                OpKind.ACK_FAIL,
+                OpKind.RELEASE,
+                OpKind.REJECT,
+            ):
+                self.settle(op)
+            elif kind == OpKind.PUBLISH_INVOKE:
+                publish_invoked += 1
+            elif kind == OpKind.PUBLISH_OK:
+                self.confirmed[op.msg] = op
+                if op.position >= 0:
+                    self.positions[(op.queue, op.msg)].add(op.position)
+            elif kind == OpKind.PUBLISH_FAIL:
+                self.stats["publish_failed"] += 1
+            elif kind in (OpKind.CONSUMER_LOST, OpKind.CONSUMER_END):
+                self.end_consumer(op.actor, op.queue)
+                if kind == OpKind.CONSUMER_LOST:
+                    self.stats["consumers_lost"] += 1
+            elif kind == OpKind.QUEUE:
+                settings = _parse_settings(op.info)
+                if settings.get("delivery_limit", "").isdigit():
+                    self.limits[op.queue] = int(settings["delivery_limit"])
+                if settings.get("dead_letter"):
+                    self.dlq[op.queue] = settings["dead_letter"]
+            elif kind == OpKind.FINAL:
+                self.counts["pending"] += max(0, op.count)
+        for (queue, msg), positions in self.positions.items():
+            if len(positions) > 1:
+                self.flag(
+                    "duplicate_enqueue",
+                    f"{msg} at {len(positions)} positions of {queue}: {sorted(positions)[:5]}",
+                )
+        missing = [
+            op
+            for msg, op in self.confirmed.items()
+            if msg not in self.accepted_msgs and msg not in self.dropped_msgs
+        ]
+        # Up to `pending` of them may still be on a queue: only the rest are proven lost.
+        lost = max(0, len(missing) - self.counts["pending"])
+        for op in missing[:lost]:
+            why = "delivered, never accepted" if op.msg in self.delivered_msgs else "never delivered"
+            self.flag("lost", f"{op.msg} confirmed at {op.queue}@{op.position}: {why}")
+        self.stats["publish_invoked"] = publish_invoked
+        self.stats["confirmed"] = len(self.confirmed)
+        self.stats["accepted"] = len(self.accepted_msgs)
+        self.stats["dropped"] = len(self.dropped_msgs)
+        self.stats["unaccepted_confirmed"] = len(missing)
+        return CheckResult(dict(self.counts), dict(self.examples), dict(self.stats))
+
+
+def check(ops: Iterable[Op], max_examples: int = 5) -> CheckResult:
+    """Check a merged history (records in time order, as :func:`load_run` returns them).
+
+    Args:
+        ops: the records.
+        max_examples: how many examples to keep per violation kind.
+
+    Returns:
+        The counts, examples and totals; ``result.ok`` is False if any guarantee broke.
+    """
+    return _Checker(max_examples).run(ops)

@@ -1,0 +1,297 @@
+"""Producer and consumer worker processes of a load-test run.
+
+Each worker is its own process (so the Python client is not the bottleneck of the
+measurement) running one uvloop event loop, and writes its own history file (see
+:mod:`loadtest.history`). The runner talks to it only through a shared progress
+counter and a stop event.
+
+The workers speak to the system under test through a client adapter; this slice has
+the Baton one (:class:`BatonAdapter` is the place a RabbitMQ or NATS adapter plugs in
+later: connect, declare, publish, consume with batch settlement).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import clients
+from clients.errors import BatonError
+
+from loadtest.history import (
+    FLAG_NORMAL,
+    FLAG_REJECT,
+    FLAG_RELEASE,
+    HistoryWriter,
+    OpKind,
+    make_body,
+    parse_body,
+)
+from loadtest.workloads import Workload
+
+__all__ = ["WorkerSpec", "worker_main", "consume_queue", "Counter", "StopFlag"]
+
+#: How many confirmed ack batches one consumer keeps in flight.
+_ACKS_IN_FLIGHT = 4
+
+
+class Counter(Protocol):
+    """A shared int (``multiprocessing.Value``): the worker's progress for the runner."""
+
+    value: int
+
+
+class StopFlag(Protocol):
+    """A shared flag (``multiprocessing.Event``): the runner asks consumers to stop."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Everything one worker process needs (picklable).
+
+    Attributes:
+        role: ``"producer"`` or ``"consumer"``.
+        actor: the worker's id in the history (``p1``, ``c2``).
+        addresses: broker addresses (the worker's preferred broker first).
+        queues: the queues it publishes to / consumes from.
+        ack_all: queues on which every message is accepted (dead-letter queues).
+        workload: the run's workload.
+        history: path of its history file.
+        duration: seconds to publish for.
+        max_messages: this producer's share of the message cap (None: no cap).
+        rate: this producer's share of the target rate (None: open loop).
+        seed: seed of its random choices (poison flags).
+    """
+
+    role: str
+    actor: str
+    addresses: tuple[str, ...]
+    queues: tuple[str, ...]
+    ack_all: tuple[str, ...]
+    workload: Workload
+    history: str
+    duration: float
+    max_messages: int | None
+    rate: float | None
+    seed: int
+
+
+class BatonAdapter:
+    """The client adapter for Baton: the calls the workers make, on :mod:`clients`."""
+
+    name = "baton"
+
+    async def connect(self, addresses: list[str]) -> clients.Connection:
+        """Open a connection (with failover over all the addresses)."""
+        return await clients.connect(addresses, client_name="baton-loadtest")
+
+
+def _flag(rng: random.Random, workload: Workload) -> int:
+    if workload.release_share or workload.reject_share:
+        x = rng.random()
+        if x < workload.release_share:
+            return FLAG_RELEASE
+        if x < workload.release_share + workload.reject_share:
+            return FLAG_REJECT
+    return FLAG_NORMAL
+
+
+async def _produce(spec: WorkerSpec, counter: Counter) -> None:
+    w = HistoryWriter(spec.history, spec.actor)
+    rng = random.Random(spec.seed)
+    workload = spec.workload
+    conn = await BatonAdapter().connect(list(spec.addresses))
+    window = asyncio.Semaphore(workload.window)
+    tasks: set[asyncio.Task[None]] = set()
+    record = w.record
+
+    async def one(queue: str, mid: str, body: bytes) -> None:
+        try:
+            position = await conn.publish(queue, body)
+        except BatonError as exc:
+            record(OpKind.PUBLISH_FAIL, queue, mid, info=f"{type(exc).__name__}: {exc}")
+        else:
+            record(OpKind.PUBLISH_OK, queue, mid, position)
+            counter.value += 1
+        finally:
+            window.release()
+
+    queues = spec.queues
+    n = len(queues)
+    cap = spec.max_messages
+    start = time.monotonic()
+    deadline = start + spec.duration
+    rate = spec.rate
+    seq = 0
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= deadline or (cap is not None and seq >= cap):
+                break
+            if rate is not None and seq >= (now - start) * rate:
+                await asyncio.sleep(0.0005)
+                continue
+            await window.acquire()
+            seq += 1
+            mid = f"{spec.actor}:{seq}"
+            queue = queues[seq % n]
+            body = make_body(mid.encode(), _flag(rng, workload), workload.size)
+            record(OpKind.PUBLISH_INVOKE, queue, mid)
+            task = asyncio.create_task(one(queue, mid, body))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        await conn.close()
+        w.close()
+
+
+async def consume_queue(
+    conn: clients.Connection,
+    queue: str,
+    actor: str,
+    w: HistoryWriter,
+    workload: Workload,
+    *,
+    ack_all: bool,
+    counter: Counter | None = None,
+    stop: StopFlag | None = None,
+    idle_stop: float | None = None,
+) -> None:
+    """Consume ``queue`` on ``conn`` and record every step, until told to stop.
+
+    Normal messages are accepted in confirmed batches (``ack_many(confirm=True)``, a few
+    batches in flight); poison ones are released or rejected unless ``ack_all``.
+
+    Args:
+        conn: an open connection.
+        queue: the queue.
+        actor: this consumer's id in the history.
+        w: the history writer.
+        workload: prefetch, ack batch size.
+        ack_all: accept every message (dead-letter queues, the final drain).
+        counter: incremented per accepted message.
+        stop: stop at the next idle moment once set.
+        idle_stop: stop after this many seconds without a message.
+    """
+    record = w.record
+    failovers = conn.failovers
+    in_flight: set[asyncio.Task[None]] = set()
+
+    async def ack(batch: list[tuple[clients.Message, str]], consumer: clients.Consumer) -> None:
+        try:
+            await consumer.ack_many([m for m, _ in batch], confirm=True)
+        except BatonError as exc:
+            info = f"{type(exc).__name__}: {exc}"
+            for m, mid in batch:
+                record(OpKind.ACK_FAIL, queue, mid, m.position, actor=actor, info=info)
+            return
+        now = time.monotonic_ns()
+        for m, mid in batch:
+            record(OpKind.ACK_OK, queue, mid, m.position, t=now, actor=actor)
+        if counter is not None:
+            counter.value += len(batch)
+
+    idle_since = time.monotonic()
+    try:
+        async with conn.consume(queue, prefetch=workload.prefetch) as consumer:
+            while True:
+                msgs = await consumer.get_many(workload.ack_batch, timeout=0.1)
+                if conn.failovers != failovers:
+                    # The broker we consumed from is gone: it released our holds (§5.6).
+                    failovers = conn.failovers
+                    record(OpKind.CONSUMER_LOST, queue, actor=actor, info="failover")
+                if not msgs:
+                    if stop is not None and stop.is_set():
+                        break
+                    if idle_stop is not None and time.monotonic() - idle_since > idle_stop:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                now = time.monotonic_ns()
+                acks: list[tuple[clients.Message, str]] = []
+                releases: list[clients.Message] = []
+                rejects: list[clients.Message] = []
+                for m in msgs:
+                    mid, flag = parse_body(m.body)
+                    record(OpKind.DELIVER, queue, mid, m.position, m.delivery_count, t=now,
+                           actor=actor)
+                    if ack_all or flag == FLAG_NORMAL or not flag:
+                        acks.append((m, mid))
+                    elif flag == FLAG_RELEASE:
+                        record(OpKind.RELEASE, queue, mid, m.position, m.delivery_count,
+                               actor=actor)
+                        releases.append(m)
+                    else:
+                        record(OpKind.REJECT, queue, mid, m.position, m.delivery_count,
+                               actor=actor)
+                        rejects.append(m)
+                if releases:
+                    await consumer.release_many(releases)
+                if rejects:
+                    await consumer.reject_many(rejects)
+                if acks:
+                    for m, mid in acks:
+                        record(OpKind.ACK_INVOKE, queue, mid, m.position, t=now, actor=actor)
+                    while len(in_flight) >= _ACKS_IN_FLIGHT:
+                        await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    task = asyncio.create_task(ack(acks, consumer))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+            if in_flight:
+                await asyncio.gather(*in_flight)
+    except BatonError as exc:
+        if in_flight:
+            await asyncio.gather(*in_flight, return_exceptions=True)
+        record(OpKind.CONSUMER_LOST, queue, actor=actor, info=f"{type(exc).__name__}: {exc}")
+        return
+    # Cancelled: the broker released whatever this consumer still held.
+    record(OpKind.CONSUMER_END, queue, actor=actor)
+
+
+async def _consume(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:
+    w = HistoryWriter(spec.history, spec.actor)
+    conn = await BatonAdapter().connect(list(spec.addresses))
+    try:
+        await asyncio.gather(
+            *(
+                consume_queue(
+                    conn,
+                    q,
+                    f"{spec.actor}/{q}",
+                    w,
+                    spec.workload,
+                    ack_all=q in spec.ack_all,
+                    counter=counter,
+                    stop=stop,
+                )
+                for q in spec.queues
+            )
+        )
+    finally:
+        await conn.close()
+        w.close()
+
+
+def worker_main(spec: WorkerSpec, counter: Any, stop: Any) -> None:
+    """Entry point of a worker process: run the producer or consumer loop to its end."""
+    import uvloop
+
+    try:
+        if spec.role == "producer":
+            uvloop.run(_produce(spec, counter))
+        else:
+            uvloop.run(_consume(spec, counter, stop))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(1)

@@ -1,0 +1,199 @@
+"""The load-test history checker catches each broken guarantee (DESIGN §5, §12)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loadtest.checker import VIOLATIONS, check
+from loadtest.hist import LogHistogram
+from loadtest.history import Op, OpKind, load_run, make_body, parse_body, write_ops
+
+K = OpKind
+
+
+class History:
+    """Builds a hand-made history with increasing timestamps."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.t = 0
+
+    def add(self, kind: OpKind, actor: str, queue: str = "q", msg: str = "",
+            position: int = -1, count: int = -1, info: str = "") -> History:
+        self.t += 1000
+        self.ops.append(Op(kind, self.t, actor, queue, msg, position, count, info))
+        return self
+
+    def publish(self, msg: str, position: int, queue: str = "q") -> History:
+        self.add(K.PUBLISH_INVOKE, "p1", queue, msg)
+        return self.add(K.PUBLISH_OK, "p1", queue, msg, position)
+
+    def deliver(self, consumer: str, msg: str, position: int, count: int = 0,
+                queue: str = "q") -> History:
+        return self.add(K.DELIVER, consumer, queue, msg, position, count)
+
+    def ack(self, consumer: str, msg: str, position: int, queue: str = "q") -> History:
+        self.add(K.ACK_INVOKE, consumer, queue, msg, position)
+        return self.add(K.ACK_OK, consumer, queue, msg, position)
+
+    def final(self, left: int = 0, queue: str = "q") -> History:
+        return self.add(K.FINAL, "runner", queue, count=left)
+
+
+def clean() -> History:
+    """Two consumers, a release and redelivery, a consumer lost with a hold, a drain."""
+    h = History().add(K.QUEUE, "runner", info="delivery_limit=3,dead_letter=")
+    for i in range(6):
+        h.publish(f"p1:{i}", i)
+    h.deliver("c1", "p1:0", 0).deliver("c2", "p1:1", 1).deliver("c1", "p1:2", 2)
+    h.ack("c1", "p1:0", 0).ack("c2", "p1:1", 1)
+    h.add(K.RELEASE, "c1", "q", "p1:2", 2, 0)
+    h.deliver("c2", "p1:2", 2, count=1).ack("c2", "p1:2", 2)
+    h.deliver("c1", "p1:3", 3)
+    h.add(K.CONSUMER_LOST, "c1", "q")  # its broker died: p1:3 goes back
+    h.deliver("c2", "p1:3", 3, count=1).ack("c2", "p1:3", 3)
+    h.deliver("c2", "p1:4", 4)
+    h.add(K.ACK_INVOKE, "c2", "q", "p1:4", 4).add(K.ACK_FAIL, "c2", "q", "p1:4", 4)
+    h.deliver("drain", "p1:5", 5).ack("drain", "p1:5", 5)
+    return h.final(0)
+
+
+def test_clean_history_passes() -> None:
+    result = check(clean().ops)
+    assert result.ok, result.summary()
+    assert all(result.counts[k] == 0 for k in VIOLATIONS)
+    assert result.counts["pending"] == 0
+    assert result.stats["confirmed"] == 6
+    assert result.stats["redeliveries"] == 2
+
+
+def test_lost_confirmed_message_is_caught() -> None:
+    h = History().publish("p1:0", 0).publish("p1:1", 1)
+    h.deliver("c1", "p1:0", 0).ack("c1", "p1:0", 0).final(0)
+    result = check(h.ops)
+    assert not result.ok
+    assert result.counts["lost"] == 1
+    assert "p1:1" in result.examples["lost"][0]
+
+
+def test_pending_messages_are_not_counted_lost() -> None:
+    h = History().publish("p1:0", 0).publish("p1:1", 1).final(1)
+    result = check(h.ops)
+    assert result.counts["pending"] == 1
+    assert result.counts["lost"] == 1  # two unaccepted, at most one of them still queued
+
+
+def test_concurrent_double_delivery_is_caught() -> None:
+    h = History().publish("p1:0", 0)
+    h.deliver("c1", "p1:0", 0).deliver("c2", "p1:0", 0, count=0)
+    h.ack("c2", "p1:0", 0).final(0)
+    result = check(h.ops)
+    assert not result.ok
+    assert result.counts["double_delivery"] == 1
+    assert "held by c1" in result.examples["double_delivery"][0]
+
+
+def test_redelivery_after_a_lost_consumer_is_not_a_double_delivery() -> None:
+    h = History().publish("p1:0", 0)
+    h.deliver("c1", "p1:0", 0).add(K.CONSUMER_LOST, "c1", "q")
+    h.deliver("c2", "p1:0", 0, count=1).ack("c2", "p1:0", 0).final(0)
+    assert check(h.ops).ok
+
+
+def test_accepted_then_redelivered_is_caught() -> None:
+    h = History().publish("p1:0", 0)
+    h.deliver("c1", "p1:0", 0).ack("c1", "p1:0", 0)
+    h.deliver("c2", "p1:0", 0, count=1).ack("c2", "p1:0", 0).final(0)
+    result = check(h.ops)
+    assert not result.ok
+    assert result.counts["redelivered_after_accept"] == 1
+    assert result.counts["double_delivery"] == 0
+
+
+def test_duplicate_enqueue_is_caught() -> None:
+    h = History().publish("p1:0", 0)
+    h.deliver("c1", "p1:0", 0).ack("c1", "p1:0", 0)
+    h.deliver("c1", "p1:0", 7).ack("c1", "p1:0", 7).final(0)  # same id, second position
+    result = check(h.ops)
+    assert not result.ok
+    assert result.counts["duplicate_enqueue"] == 1
+
+
+def test_order_violation_is_caught() -> None:
+    h = History()
+    for i in range(3):
+        h.publish(f"p1:{i}", i)
+    h.deliver("c1", "p1:0", 0).deliver("c1", "p1:2", 2).deliver("c1", "p1:1", 1)
+    for i in range(3):
+        h.ack("c1", f"p1:{i}", i)
+    result = check(h.final(0).ops)
+    assert not result.ok
+    assert result.counts["order"] == 1
+
+
+def test_unread_messages_returned_by_an_ended_consumer_are_not_out_of_order() -> None:
+    h = History()
+    for i in range(3):
+        h.publish(f"p1:{i}", i)
+    h.deliver("c1", "p1:2", 2).ack("c1", "p1:2", 2)
+    # c2 took 0 and 1 from the broker but never read them; its end returns them.
+    h.add(K.CONSUMER_END, "c2", "q")
+    h.deliver("c1", "p1:0", 0).deliver("c1", "p1:1", 1)
+    h.ack("c1", "p1:0", 0).ack("c1", "p1:1", 1)
+    assert check(h.final(0).ops).ok
+
+
+def test_poison_loop_past_the_delivery_limit_is_caught() -> None:
+    h = History().add(K.QUEUE, "runner", info="delivery_limit=2,dead_letter=q.dlq")
+    h.publish("p1:0", 0)
+    for count in range(3):
+        h.deliver("c1", "p1:0", 0, count=count).add(K.RELEASE, "c1", "q", "p1:0", 0, count)
+    h.deliver("c1", "p1:0", 0, queue="q.dlq").ack("c1", "p1:0", 0, queue="q.dlq")
+    result = check(h.final(0).ops)
+    assert not result.ok
+    assert result.counts["poison_loop"] == 1
+
+
+def test_dead_lettered_message_must_reach_its_dead_letter_queue() -> None:
+    h = History().add(K.QUEUE, "runner", info="delivery_limit=2,dead_letter=q.dlq")
+    h.publish("p1:0", 0)
+    for count in range(2):
+        h.deliver("c1", "p1:0", 0, count=count).add(K.RELEASE, "c1", "q", "p1:0", 0, count)
+    assert check(h.final(0).ops).counts["lost"] == 1  # never showed up in q.dlq
+    h.deliver("c1", "p1:0", 0, queue="q.dlq").ack("c1", "p1:0", 0, queue="q.dlq")
+    assert check(h.ops).ok
+
+
+def test_rejected_message_without_a_dead_letter_queue_is_dropped_not_lost() -> None:
+    h = History().add(K.QUEUE, "runner", info="delivery_limit=5,dead_letter=")
+    h.publish("p1:0", 0).deliver("c1", "p1:0", 0).add(K.REJECT, "c1", "q", "p1:0", 0, 0)
+    result = check(h.final(0).ops)
+    assert result.ok, result.summary()
+    assert result.stats["dropped"] == 1
+
+
+def test_history_files_round_trip_and_merge_in_time_order(tmp_path: Path) -> None:
+    ops = clean().ops
+    write_ops(tmp_path / "a.hist", ops[::2])
+    write_ops(tmp_path / "b.hist", ops[1::2])
+    loaded = load_run(tmp_path)
+    assert [(o.kind, o.t, o.actor, o.msg, o.position, o.count) for o in loaded] == [
+        (o.kind, o.t, o.actor, o.msg, o.position, o.count) for o in ops
+    ]
+    assert check(loaded).ok
+
+
+def test_body_carries_the_message_id() -> None:
+    body = make_body(b"p3:17", ord("r"), 1024)
+    assert len(body) == 1024
+    assert parse_body(body) == ("p3:17", ord("r"))
+    assert parse_body(b"no id here") == ("", 0)
+
+
+def test_histogram_percentiles_are_close() -> None:
+    h = LogHistogram(range(1, 100_001))
+    assert h.count == 100_000 and h.max == 100_000
+    for q in (0.5, 0.9, 0.99, 0.999):
+        exact = q * 100_000
+        assert exact <= h.percentile(q) <= exact * 1.02
+    assert h.percentile(1.0) == 100_000
