@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -166,24 +167,11 @@ class RocksStore(Store):
         meta = self._db.get(_META)
         if meta is not None:
             out.meta = msgpack.unpackb(meta, raw=False, strict_map_key=False)
-        it = self._db.iter()
-        it.seek(b"q")
-        while it.valid():
-            key = it.key()
-            if not key.startswith(b"q"):
-                break
-            out.queues[key[1:].decode()] = msgpack.unpackb(
-                it.value(), raw=False, strict_map_key=False
-            )
-            it.next()
-        it.seek(b"k")
-        while it.valid():
-            key = it.key()
-            if not key.startswith(b"k"):
-                break
-            qid, name, first = msgpack.unpackb(it.value(), raw=False)
+        for key, value in self._prefixed(b"q"):
+            out.queues[key[1:].decode()] = msgpack.unpackb(value, raw=False, strict_map_key=False)
+        for key, value in self._prefixed(b"k"):
+            qid, name, first = msgpack.unpackb(value, raw=False)
             out.keys.append((_SEQ.unpack(key[1:])[0], qid, name, first))
-            it.next()
         return out
 
     def batch(self) -> Batch:
@@ -245,17 +233,22 @@ class RocksStore(Store):
 
     def outbox_load(self) -> list[tuple[str, int, bytes]]:
         out: list[tuple[str, int, bytes]] = []
-        it = self._db.iter()
-        it.seek(b"o")
-        while it.valid():
-            key = it.key()
-            if not key.startswith(b"o"):
-                break
+        for key, value in self._prefixed(b"o"):
             # The seq is the fixed-width tail (its bytes may contain "/").
             runtime, seq = key[1 : -_SEQ.size - 1], key[-_SEQ.size :]
-            out.append((runtime.decode(errors="replace"), _SEQ.unpack(seq)[0], bytes(it.value())))
-            it.next()
+            out.append((runtime.decode(errors="replace"), _SEQ.unpack(seq)[0], value))
         return out
+
+    def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) whose key starts with ``prefix``, in key order."""
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                return
+            yield key, bytes(it.value())
+            it.next()
 
     def _write(self, wb: WriteBatch) -> None:
         try:
