@@ -41,6 +41,9 @@ def _serve(args: argparse.Namespace) -> int:
         heartbeat_ms=args.heartbeat_ms,
         suspect_beats=args.suspect_beats,
         time_slice_ms=args.time_slice_ms,
+        checkpoint_ms=args.checkpoint_ms,
+        join=args.join,
+        update_max_rate=args.update_max_rate,
     )
     import uvloop
 
@@ -209,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another member's beats without ours before we are suspected")
     s.add_argument("--time-slice-ms", type=int, default=200,
                    help="how long an owner keeps a queue other brokers want")
+    s.add_argument("--checkpoint-ms", type=int, default=5000,
+                   help="leader's checkpoint interval: digest check and log truncation (0: off)")
+    s.add_argument("--join", choices=("auto", "update", "replay"), default="auto",
+                   help="an empty data dir on a busy log: take the state from a live member"
+                        " (auto/update) or replay the whole log (replay)")
+    s.add_argument("--update-max-rate", type=int, default=0,
+                   help="messages/s this broker streams to a joining broker at most (0: no cap)")
     s.set_defaults(func=_serve)
 
     broker_help = "broker address(es), HOST:PORT[,HOST:PORT]"

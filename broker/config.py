@@ -49,6 +49,14 @@ class BrokerConfig:
         heartbeat_ms: heartbeat interval; a member is suspected after
             ``suspect_beats`` beats of another member without its own (~3 s).
         time_slice_ms: how long an owner keeps a queue others want (DESIGN §6).
+        checkpoint_ms: how often the leader checkpoints: a cross-replica digest
+            check, and the log truncated below the checkpoint before (0: never,
+            the log grows forever).
+        join: how a broker with an empty data dir starts on a log others use:
+            "auto" (state from a live member, DESIGN §8; replay if none and the log
+            is whole), "update" or "replay".
+        update_max_rate: messages/s this broker streams to a joining broker at most
+            (0: as fast as the joiner takes them).
     """
 
     data_dir: str
@@ -66,6 +74,9 @@ class BrokerConfig:
     heartbeat_ms: int = 500
     suspect_beats: int = 6
     time_slice_ms: int = 200
+    checkpoint_ms: int = 5000
+    join: str = "auto"
+    update_max_rate: int = 0
 
     def resolved_log_url(self) -> str:
         return self.log_url or f"file:{os.path.join(self.data_dir, 'log')}"
@@ -80,3 +91,9 @@ class BrokerConfig:
             raise InvalidArgument("role must be 'voter' or 'observer'")
         if self.heartbeat_ms < 10 or self.suspect_beats < 2 or self.time_slice_ms < 10:
             raise InvalidArgument("heartbeat_ms, time_slice_ms >= 10 and suspect_beats >= 2")
+        if self.checkpoint_ms < 0:
+            raise InvalidArgument("checkpoint_ms must be >= 0 (0: no checkpoints)")
+        if self.update_max_rate < 0:
+            raise InvalidArgument("update_max_rate must be >= 0 (0: no limit)")
+        if self.join not in ("auto", "update", "replay"):
+            raise InvalidArgument("join must be 'auto', 'update' or 'replay'")

@@ -80,7 +80,9 @@ class Delivery:
         self._interest: set[str] = set()  # queues we declared interest in
         self._owned_since: dict[str, float] = {}  # queues we own -> since (monotonic)
         self._handing_off: set[str] = set()  # handoff appended, not applied yet
+        self._deferred: set[str] = set()  # wanted while locked by a join update
         self.on_fenced: Callable[[], None] | None = None
+        node.on_unlocked = self.unlocked
 
     # -- consumers -------------------------------------------------------------------
 
@@ -107,10 +109,25 @@ class Delivery:
             return
         if on:
             self._interest.add(queue)
+            if self.node.locked(queue):
+                # Still being updated here (DESIGN §8): no interest, hence never
+                # the owner, until every message of it is in this store.
+                self._deferred.add(queue)
+                return
         else:
             self._interest.discard(queue)
+            if queue in self._deferred:
+                self._deferred.discard(queue)
+                return  # its interest was never appended
         if queue in self.node.state.queues:
             self.node.submit(Interest(queue, on)).add_done_callback(_quiet)
+
+    def unlocked(self, queue: str) -> None:
+        """The join update of ``queue`` finished here: consumers waiting for it start."""
+        if queue in self._deferred:
+            self._deferred.discard(queue)
+            if queue in self._interest and queue in self.node.state.queues:
+                self.node.submit(Interest(queue, True)).add_done_callback(_quiet)
 
     def remove(
         self, c: Consumer, unread: list[int] | None = None
@@ -166,6 +183,7 @@ class Delivery:
             elif t is QueueGone:
                 assert isinstance(e, QueueGone)
                 self._interest.discard(e.queue)
+                self._deferred.discard(e.queue)
                 self._owned_since.pop(e.queue, None)
                 for c in list(self.by_queue.get(e.queue, ())):
                     c.closed = True
@@ -181,6 +199,7 @@ class Delivery:
         every client session so the applications stop; the node rejoins by itself."""
         log.error("this broker was dropped from the cluster's view: closing client sessions")
         self._interest.clear()
+        self._deferred.clear()
         self._owned_since.clear()
         self._handing_off.clear()
         if self.on_fenced is not None:
@@ -298,7 +317,7 @@ class Delivery:
             me = self.node.key
             leader = self.node.state.membership.leader()
             for q in list(self.node.state.queues.values()):
-                if q.message_ttl_ms is None or q.ready == 0:
+                if q.message_ttl_ms is None or q.ready == 0 or self.node.locked(q.name):
                     continue
                 if q.owner != me and not (q.owner is None and leader == me):
                     continue  # one broker per queue appends Expire

@@ -69,6 +69,8 @@ class Broker:
             properties=cfg.properties,
             heartbeat_ms=cfg.heartbeat_ms,
             suspect_beats=cfg.suspect_beats,
+            checkpoint_ms=cfg.checkpoint_ms,
+            join=cfg.join,
         )
         self._delivery = Delivery(
             self._node, chunk_bytes=cfg.max_frame // 4, time_slice_ms=cfg.time_slice_ms
@@ -151,6 +153,7 @@ class Broker:
             raise QueueNotFound(f"queue {name!r} does not exist")
         stats = q.stats()
         stats["consumers"] = len(self.delivery.by_queue.get(name, ()))
+        stats["updating"] = self.node.locked(name)  # a join update still brings it here
         return stats
 
     def topology(self) -> dict[str, Any]:
@@ -186,6 +189,16 @@ class Broker:
             "healthy": node.healthy,
             "applied": node.state.applied,
             "digest": node.state.digest(),
+            # DESIGN §8: this broker's join (progress while it runs, then its figures),
+            # the last checkpoint and any digest mismatch seen (a bug if not 0).
+            "join": (
+                {"state": "updating", "progress": node.catchup.progress.text()}
+                if node.catchup is not None
+                else node.join_report
+            ),
+            "checkpoint": node.last_checkpoint,
+            "digest_mismatches": node.digest_mismatches,
+            "log_truncated_before": node.truncated_before,
         }
 
     def list_queues(self) -> list[dict[str, Any]]:

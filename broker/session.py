@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import msgpack
 
 from clients import wire
+from cluster import update
 from clients.errors import (
     BatonError,
     InternalError,
@@ -79,6 +81,10 @@ class Session(asyncio.Protocol):
         # Single publishes read in one go, per queue, merged into one Enqueue event:
         # (corr, body, headers, idempotency key).
         self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any], str]]] = {}
+        self._update: asyncio.Task[None] | None = None  # a join update served here
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._big = wire.FrameCodec(update.MAX_UPDATE_FRAME)  # encodes update frames
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -112,6 +118,9 @@ class Session(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._writable.set()
+        if self._update is not None:
+            self._update.cancel()
         self.broker.sessions.discard(self)
         for c in list(self.consumers.values()):
             self.broker.delivery.remove(c)
@@ -119,9 +128,11 @@ class Session(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        self._writable.clear()
 
     def resume_writing(self) -> None:
         self.paused = False
+        self._writable.set()
         for c in list(self.consumers.values()):
             self.broker.delivery.pump(c.queue)
 
@@ -275,10 +286,59 @@ class Session(asyncio.Protocol):
         elif t is wire.Ping:
             assert isinstance(f, wire.Ping)
             self.send(wire.Ok(f.corr, {}))
+        elif t is wire.UpdateRequest:
+            assert isinstance(f, wire.UpdateRequest)
+            if self._update is not None and not self._update.done():
+                raise InvalidArgument("an update is already being served on this connection")
+            self._update = asyncio.create_task(self._serve_update(f), name="baton-update")
         elif t is wire.Hello:
             raise ProtocolError("Hello was already sent on this connection")
         else:
             raise ProtocolError(f"{t.__name__} is not a client command")
+
+    async def _serve_update(self, f: wire.UpdateRequest) -> None:
+        """Stream this broker's state to a joining broker (DESIGN §8, cluster/update.py),
+        chunk by chunk, waiting whenever the joiner's socket is full, so the clients of
+        this broker keep being served in between."""
+        node = self.broker.node
+        try:
+            cap = await update.capture(node, f.since, f.queues, f.state)
+        except BatonError as exc:
+            self._error(f.corr, exc)
+            return
+        sent = queues = 0
+        rate = self.broker.config.update_max_rate
+        began = time.monotonic()
+        try:
+            log.info("serving a join update to %s from log offset %d", self.peer, cap.applied)
+            self._send_big(wire.UpdateState(f.corr, cap.applied, cap.snapshot))
+            async for frame in update.update_frames(cap, f.corr, live=node.state.queues.get):
+                self._send_big(frame)
+                if isinstance(frame, wire.UpdateFront):
+                    sent += len(frame.entries)
+                    await asyncio.sleep(0)  # flush; let clients in between chunks
+                    await self._writable.wait()
+                    if rate:  # the operator's cap on what an update may take
+                        ahead = sent / rate - (time.monotonic() - began)
+                        if ahead > 0:
+                            await asyncio.sleep(ahead)
+                elif type(frame) is wire.UpdateDone:
+                    queues += 1
+                if self.closed:
+                    return
+            self.send(wire.Ok(f.corr, {"applied": cap.applied, "queues": queues, "messages": sent}))
+            log.info("join update to %s done: %d queues, %d messages", self.peer, queues, sent)
+        except asyncio.CancelledError:
+            log.info("join update to %s ended by the joiner after %d messages", self.peer, sent)
+        finally:
+            cap.close()
+
+    def _send_big(self, frame: wire.Frame) -> None:
+        if self.closed or self.transport is None:
+            return
+        self._out.append(self._big.send(frame))
+        if len(self._out) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _started(self, n: int) -> None:
         """``n`` more commands in flight; past MAX_IN_FLIGHT stop reading frames."""

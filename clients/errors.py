@@ -17,6 +17,7 @@ __all__ = [
     "UnsupportedVersion",
     "UnknownCommand",
     "InvalidArgument",
+    "JoinFailed",
     "QueueNotFound",
     "QueueExists",
     "QueueFull",
@@ -156,6 +157,14 @@ class NotOwner(BatonError):
     retriable = True
 
 
+class JoinFailed(BatonError):
+    """A joining broker could not get the cluster's state from a member (DESIGN §8):
+    none answered, or the update broke off. The joiner retries with another member."""
+
+    code = 28
+    retriable = True
+
+
 class StoreError(BatonError):
     """The broker's local store (rocksdict) failed."""
 
@@ -197,6 +206,7 @@ _BY_CODE: dict[int, type[BatonError]] = {
         UnsupportedVersion,
         UnknownCommand,
         InvalidArgument,
+        JoinFailed,
         QueueNotFound,
         QueueExists,
         QueueFull,

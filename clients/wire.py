@@ -46,6 +46,11 @@ __all__ = [
     "Cancel",
     "ConsumerCancelled",
     "Topology",
+    "UpdateRequest",
+    "UpdateState",
+    "UpdateQueue",
+    "UpdateFront",
+    "UpdateDone",
     "FRAME_TYPES",
     "FrameCodec",
 ]
@@ -311,6 +316,68 @@ class Topology(Frame):
     corr: int
 
 
+# --- broker to broker: a joining broker's update (DESIGN §8) -----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateRequest(Frame):
+    """Joiner->member: stream me the state. The member waits until it has applied
+    log offset ``since``, captures its state at its next batch boundary, and answers
+    with UpdateState, then per queue UpdateQueue, UpdateFront..., UpdateDone, and
+    finally Ok (or Error). ``queues``: the names to stream (None: every queue);
+    ``state``: whether UpdateState carries the replicated index (a first request)
+    or only the capture offset (a retry after the first member died)."""
+
+    OP: ClassVar[int] = 50
+    corr: int
+    since: int
+    queues: Any
+    state: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateState(Frame):
+    """Member->joiner: the capture's log offset ``applied`` and, if asked, the
+    replicated state there (``snapshot``: meta, publish keys, queue indexes)."""
+
+    OP: ClassVar[int] = 51
+    corr: int
+    applied: int
+    snapshot: Any
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateQueue(Frame):
+    """Member->joiner: the messages of ``queue`` (id ``qid``) follow, ``count`` at most."""
+
+    OP: ClassVar[int] = 52
+    corr: int
+    queue: str
+    qid: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateFront(Frame):
+    """Member->joiner: messages ``[[position, stored message], ...]`` of queue ``qid``,
+    back to front (positions descending), in the store's own encoding."""
+
+    OP: ClassVar[int] = 53
+    corr: int
+    qid: int
+    entries: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateDone(Frame):
+    """Member->joiner: every message of ``queue`` at the capture has been sent."""
+
+    OP: ClassVar[int] = 54
+    corr: int
+    queue: str
+    qid: int
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -334,6 +401,11 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         Cancel,
         ConsumerCancelled,
         Topology,
+        UpdateRequest,
+        UpdateState,
+        UpdateQueue,
+        UpdateFront,
+        UpdateDone,
     )
 }
 

@@ -7,7 +7,7 @@ applier counts and skips — the same way on every replica.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any, Final
 
 import msgpack
@@ -36,6 +36,12 @@ class MalformedEvent(BatonError):
 
 _FIELDS: Final[dict[int, tuple[str, ...]]] = {
     op: tuple(f.name for f in fields(cls)) for op, cls in EVENT_TYPES.items()
+}
+# Fields without a default must be present; trailing fields with one were added
+# later and may be missing from a record an older broker wrote.
+_REQUIRED: Final[dict[int, int]] = {
+    op: sum(1 for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+    for op, cls in EVENT_TYPES.items()
 }
 _POSITION_EVENTS: Final = (Accept.OP, Release.OP, Reject.OP)
 
@@ -89,14 +95,15 @@ def decode(record: bytes) -> tuple[Origin, Event]:
     if names is None:
         raise MalformedEvent(f"unknown event op-code {op}")
     values = items[5:]
-    if len(values) != len(names) and not (op == Enqueue.OP and len(values) == 2):
-        # An Enqueue without its keys field was written before idempotency keys.
-        raise MalformedEvent(f"{EVENT_TYPES[op].__name__} needs {len(names)} fields")
+    if not _REQUIRED[op] <= len(values) <= len(names):
+        raise MalformedEvent(
+            f"{EVENT_TYPES[op].__name__} needs {_REQUIRED[op]} to {len(names)} fields"
+        )
     if op == Enqueue.OP:
         values[1] = _messages(values[1])
         if len(values) == 3:
             values[2] = _keys(values[2], len(values[1]))
-    elif op in _POSITION_EVENTS or op == ReleaseAll.OP:
+    elif (op in _POSITION_EVENTS or op == ReleaseAll.OP) and len(values) > 2:
         values[2] = _positions(values[2])
     elif op == Propose.OP:
         if not isinstance(values[1], list) or not all(isinstance(m, str) for m in values[1]):
@@ -174,6 +181,9 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "view_seq": (int,),
     "yes": (bool,),
     "cluster_id": (str,),
+    "hold": (int,),
+    "prev_offset": (int,),
+    "prev_digest": (str,),
 }
 
 

@@ -34,6 +34,8 @@ __all__ = [
     "Propose",
     "Vote",
     "Leave",
+    "Join",
+    "Checkpoint",
     "MEMBERSHIP_EVENTS",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
@@ -225,12 +227,18 @@ class Handoff(Event):
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat(Event):
-    """The origin runtime is alive; its role, client address and properties."""
+    """The origin runtime is alive; its role, client address and properties.
+
+    ``hold`` is the lowest log offset this runtime still needs on the log: its applied
+    offset, or less while it serves a join update from an older point (DESIGN §8).
+    The leader truncates the log only below every live runtime's hold; -1: unknown.
+    """
 
     OP: ClassVar[int] = 30
     role: str
     address: str
     properties: dict[str, Any]
+    hold: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +267,37 @@ class Leave(Event):
     OP: ClassVar[int] = 33
 
 
+@dataclass(frozen=True, slots=True)
+class Join(Event):
+    """A new runtime (empty store) joins without replaying the log (DESIGN §8).
+
+    Appended before it asks a member for the state; the member that serves the
+    update captures its state at a batch boundary at or after this event, so the
+    joiner only ever reads the log from about here on. ``address`` is where the
+    joiner will serve clients (for operators; the update is pulled by the joiner).
+    """
+
+    OP: ClassVar[int] = 70
+    address: str
+
+
+# --- retention and cross-replica checks (DESIGN §8) -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint(Event):
+    """Appended by the leader now and then. Every replica computes its state digest
+    when it applies a checkpoint; the next checkpoint carries the leader's digest
+    at the previous one (``prev_offset``, ``prev_digest``), and a replica whose own
+    digest there differs reports it loudly. Checkpoints are also where the leader
+    truncates the log: below the previous one, once every live runtime holds past it.
+    """
+
+    OP: ClassVar[int] = 71
+    prev_offset: int = -1
+    prev_digest: str = ""
+
+
 EVENT_TYPES: Final[dict[int, type[Event]]] = {
     cls.OP: cls
     for cls in (
@@ -278,8 +317,10 @@ EVENT_TYPES: Final[dict[int, type[Event]]] = {
         Propose,
         Vote,
         Leave,
+        Join,
+        Checkpoint,
     )
 }
 
 #: Events a runtime may append before it is in the established view.
-MEMBERSHIP_EVENTS: Final = (Heartbeat, Propose, Vote, Leave)
+MEMBERSHIP_EVENTS: Final = (Heartbeat, Propose, Vote, Leave, Join)

@@ -40,14 +40,16 @@ class Member:
     role: str
     address: str
     properties: dict[str, Any]
+    hold: int = -1  # lowest log offset it still needs (Heartbeat.hold)
 
     def snapshot(self) -> list[Any]:
         return [self.key, self.node, self.runtime, self.role, self.address,
-                sorted(self.properties.items())]
+                sorted(self.properties.items()), self.hold]
 
     @classmethod
     def restore(cls, s: list[Any]) -> "Member":
-        return cls(s[0], s[1], s[2], s[3], s[4], {k: v for k, v in s[5]})
+        return cls(s[0], s[1], s[2], s[3], s[4], {k: v for k, v in s[5]},
+                   s[6] if len(s) > 6 else -1)
 
 
 @dataclass(slots=True)
@@ -129,6 +131,14 @@ class Membership:
                 return k
         return None
 
+    def hold(self) -> int | None:
+        """The lowest offset any live runtime still needs on the log (None: some
+        live runtime has not told yet): the log may be truncated below it."""
+        holds = [m.hold for k, m in self.known.items() if not self.suspected(k)]
+        if not holds or min(holds) < 0:
+            return None
+        return min(holds)
+
     def needs_view(self) -> bool:
         return self.desired() != self.members
 
@@ -142,15 +152,15 @@ class Membership:
     # -- transitions ------------------------------------------------------------------
 
     def heartbeat(self, key: str, node: str, runtime: str, role: str, address: str,
-                  properties: dict[str, Any]) -> bool:
+                  properties: dict[str, Any], hold: int = -1) -> bool:
         """Record a heartbeat. Returns True if the member's properties changed."""
         m = self.known.get(key)
         changed = m is not None and (m.properties != properties or m.address != address)
         if m is None:
-            self.known[key] = Member(key, node, runtime, role, address, dict(properties))
+            self.known[key] = Member(key, node, runtime, role, address, dict(properties), hold)
             self.beat_order.append(key)
         else:
-            m.address, m.properties = address, dict(properties)
+            m.address, m.properties, m.hold = address, dict(properties), hold
         for other, quiet in self.silence.items():
             if other != key:
                 quiet[key] = quiet.get(key, 0) + 1

@@ -27,6 +27,7 @@ from typing import Any
 
 from clients.errors import (
     BatonError,
+    JoinFailed,
     LogTruncated,
     LogUnavailable,
     MessageTooLarge,
@@ -36,9 +37,10 @@ from clients.errors import (
     StoreError,
 )
 from cluster.codec import EventEncoder, MalformedEvent, decode
-from cluster.events import Enqueue, Event, Heartbeat, Leave, Origin, Propose, Vote
+from cluster.events import Checkpoint, Enqueue, Event, Heartbeat, Join, Leave, Origin, Propose, Vote
 from cluster.log import Log
 from cluster.state import (
+    CheckpointApplied,
     Completed,
     Effect,
     Moved,
@@ -49,7 +51,8 @@ from cluster.state import (
     State,
     Stored,
 )
-from store import Store
+from cluster.update import Catchup, Progress, find_donors
+from store import Batch, Loaded, Store
 
 __all__ = ["Node"]
 
@@ -76,6 +79,12 @@ class Node:
         properties: instance properties published with heartbeats (e.g. a zone).
         heartbeat_ms: interval between heartbeats; suspicion comes after
             ``suspect_beats`` of another member's beats (observers: 3x).
+        checkpoint_ms: how often the leader appends a checkpoint (digest check,
+            log truncation); 0: never.
+        join: how a broker with an empty store starts on a non-empty log:
+            "auto" (an update from a live member, DESIGN §8; replay the log from
+            offset 0 if no member is alive and the log was never truncated),
+            "update" (only an update), or "replay" (always replay the log).
     """
 
     def __init__(
@@ -91,7 +100,11 @@ class Node:
         properties: dict[str, Any] | None = None,
         heartbeat_ms: int = 500,
         suspect_beats: int = 6,
+        checkpoint_ms: int = 5000,
+        join: str = "auto",
     ) -> None:
+        if join not in ("auto", "update", "replay"):
+            raise InvalidArgument("join must be 'auto', 'update' or 'replay'")
         self.node_id = node_id
         self.runtime_id = uuid.uuid4().hex[:12]
         self.key = f"{node_id}/{self.runtime_id}"  # this runtime's member key
@@ -126,6 +139,18 @@ class Node:
         self._closing = False
         self.applied_event = asyncio.Event()  # set after every applied batch (tests, tools)
         self.healthy = True
+        # Held while a log batch is applied and stored: state == store outside it.
+        self.apply_lock = asyncio.Lock()
+        self.holds: set[int] = set()  # capture offsets of updates this broker serves
+        self.join_mode = join
+        self.catchup: Catchup | None = None  # while this broker takes in an update
+        self.join_report: dict[str, Any] | None = None
+        self.on_unlocked: Callable[[str], None] | None = None
+        self.checkpoint_ms = checkpoint_ms
+        self.last_checkpoint: dict[str, Any] | None = None
+        self.digest_mismatches = 0
+        self.truncated_before = 0  # the log's start offset after our last truncation
+        self._truncate_asked = 0
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -145,18 +170,25 @@ class Node:
         loaded = self.store.load()
         self._leftover = self.store.outbox_load()
         end = await self.log.end_offset()
-        if loaded.applied >= end:
+        first = await self.log.start_offset()
+        have = loaded.meta is not None or loaded.applied >= 0
+        if have and loaded.applied >= end:
             raise LogTruncated(
                 f"this broker's store has applied {self.log.url} up to offset {loaded.applied},"
                 f" but that log ends at {end}: it is not the log this data dir was built"
                 " from (wrong --log URL, or the log was reset); use the right log or a new"
                 " data dir"
             )
-        if loaded.applied + 1 < await self.log.start_offset():
-            raise LogTruncated(
-                f"the log was truncated past this broker's applied offset {loaded.applied};"
-                " start it with a new data dir"
-            )
+        why = None
+        if have and self.store.get_ident("update") == "incomplete":
+            why = "its last join did not finish"
+        elif have and loaded.applied + 1 < first:
+            why = f"the log was truncated past its applied offset {loaded.applied} (it starts at {first})"
+        if why is not None:
+            # DESIGN §8: a broker whose offset is gone joins like a new one.
+            log.warning("node %s starts again as a new broker: %s", self.node_id, why)
+            self.store.reset()
+            loaded, have = Loaded(), False
         if loaded.meta is not None:
             self.state.restore_meta(loaded.meta)
             self.state.restore_keys(loaded.keys)
@@ -164,18 +196,28 @@ class Node:
         for name, snap in loaded.queues.items():
             self.state.queues[name] = QueueState.restore(snap)
         self.state.applied = loaded.applied
+        if not have and end > first and self.join_mode != "replay":
+            await self._join(first, timeout)
+        elif not have and first > 0:
+            raise LogTruncated(
+                f"the log starts at offset {first}: a broker with an empty store cannot replay"
+                " it; start it with join 'auto' or 'update' while a member is alive"
+            )
         log.info(
             "node %s runtime %s: %d queues, resuming after log offset %d",
             self.node_id,
             self.runtime_id,
             len(self.state.queues),
-            loaded.applied,
+            self.state.applied,
         )
         self._tasks = [
             asyncio.create_task(self._append_loop(), name="baton-append"),
             asyncio.create_task(self._apply_loop(), name="baton-apply"),
             asyncio.create_task(self._heartbeat_loop(), name="baton-heartbeat"),
+            asyncio.create_task(self._checkpoint_loop(), name="baton-checkpoint"),
         ]
+        if self.catchup is not None:
+            self._tasks.append(asyncio.create_task(self.catchup.run(), name="baton-join"))
         try:
             async with asyncio.timeout(timeout):
                 await self.joined.wait()
@@ -192,6 +234,143 @@ class Node:
             self.role,
         )
 
+    # -- joining live (DESIGN §8, cluster/update.py) -----------------------------------
+
+    async def _join(self, first: int, timeout: float) -> None:
+        """Get the state from a live member instead of replaying the log.
+
+        Raises:
+            Timeout: no member gave an update within ``timeout`` seconds.
+            LogUnavailable: the Join cannot be appended.
+        """
+        self._seq += 1
+        record = self._encoder.encode(
+            Origin(self.node_id, self.runtime_id, self._seq, self._clock()), Join(self.address)
+        )
+        at = await self.log.append([record])
+        log.info("node %s: joining at log offset %d; looking for a live member", self.key, at)
+        deadline = time.monotonic() + timeout
+        wait = max(2.0, 4 * self.heartbeat_ms / 1000)
+        while True:
+            donors = await find_donors(self.log, at, self.node_id, wait)
+            if not donors and self.join_mode == "auto" and first == 0:
+                log.info("no live member: replaying the log from offset 0")
+                return
+            if donors:
+                catchup = Catchup(self)
+                catchup.on_unlocked = self._unlocked
+                self.catchup = catchup
+                try:
+                    await catchup.begin(donors, at)
+                    return
+                except BatonError as exc:
+                    self.catchup = None
+                    log.warning("join: %s", exc)
+            if time.monotonic() > deadline:
+                raise Timeout(
+                    f"no live member gave this broker the cluster's state within {timeout:.0f}s"
+                    " (the log was truncated, so it cannot be replayed)"
+                    if first > 0 else
+                    f"no live member gave this broker the cluster's state within {timeout:.0f}s"
+                )
+            await asyncio.sleep(0.5)
+
+    async def install(self, applied: int, snapshot: list[Any]) -> None:
+        """Make a member's captured state (at log offset ``applied``) this broker's."""
+        if not isinstance(snapshot, list) or len(snapshot) != 3:
+            raise JoinFailed("malformed state snapshot in UpdateState")
+        self.store.put_ident("update", "incomplete")
+        try:
+            self.state.install(snapshot)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:
+            raise JoinFailed(f"malformed state snapshot in UpdateState: {exc!r}") from exc
+        if self.state.applied != applied:
+            raise JoinFailed(f"snapshot is at offset {self.state.applied}, not {applied}")
+        # Keys below the snapshot's oldest were never in this store: nothing to delete.
+        self._keys_forgotten = self.state.keys_floor()
+        async with self.apply_lock:
+            await self._persist([], applied)
+
+    def locked(self, queue: str) -> bool:
+        """Is ``queue`` still being updated here (no interest, no delivery)?"""
+        c = self.catchup
+        return c is not None and c.locked(queue)
+
+    def _unlocked(self, queue: str) -> None:
+        log.debug("join: queue %s is up to date here", queue)
+        if self.on_unlocked is not None:
+            try:
+                self.on_unlocked(queue)
+            except Exception:
+                log.exception("unlock listener failed")
+
+    def commit_update(self, batch: Batch) -> None:
+        """Write update messages (caller holds the apply lock: state == store)."""
+        self.store.commit(batch, self.state.applied)
+
+    def set_join_progress(self, text: str) -> None:
+        """Shown to operators in the topology (heartbeat properties) and the log."""
+        self.properties["join"] = text
+
+    def update_finished(self, progress: Progress) -> None:
+        took = time.monotonic() - progress.started
+        total = sum(progress.messages.values())
+        self.join_report = {
+            "queues": progress.queues,
+            "messages": total,
+            "received": sum(progress.received.values()),
+            "seconds": round(took, 3),
+        }
+        try:
+            self.store.put_ident("update", "")
+        except StoreError as exc:  # next start rejoins as new: safe, only slower
+            log.warning("cannot clear the update mark: %s", exc)
+        self.properties.pop("join", None)
+        self.catchup = None
+        log.info(
+            "join: done, %d queues and %d messages in %.1fs; every queue is served here",
+            progress.queues, total, took,
+        )
+        for name in sorted(self.state.queues):
+            self._unlocked(name)
+
+    def hold(self) -> int:
+        """The lowest log offset this broker still needs (Heartbeat.hold)."""
+        return min([self.state.applied, *self.holds])
+
+    # -- checkpoints and retention (DESIGN §8) ---------------------------------------------
+
+    async def _checkpoint_loop(self) -> None:
+        if self.checkpoint_ms <= 0:
+            return
+        while True:
+            await asyncio.sleep(self.checkpoint_ms / 1000)
+            ms = self.state.membership
+            if not self.joined.is_set() or ms.leader() != self.key or not self.healthy:
+                continue
+            prev = self.state.checkpoints[-1] if self.state.checkpoints else (-1, "")
+            try:
+                await asyncio.wait_for(self.submit(Checkpoint(prev[0], prev[1])), 30)
+                await self._truncate()
+            except (BatonError, TimeoutError) as exc:
+                log.warning("checkpoint failed: %s", exc)
+
+    async def _truncate(self) -> None:
+        """Drop the log below the checkpoint before the last, once every live runtime
+        has applied past it (and no update being served still needs it)."""
+        cps = self.state.checkpoints
+        if len(cps) < 2:
+            return
+        target = cps[-2][0]
+        hold = self.state.membership.hold()
+        if hold is None or hold <= target or target <= self._truncate_asked:
+            return
+        self._truncate_asked = target
+        await self.log.truncate_before(target)
+        # What is really gone: a file log deletes whole segments only.
+        self.truncated_before = await self.log.start_offset()
+        log.debug("log truncated before offset %d (asked %d)", self.truncated_before, target)
+
     async def leave(self) -> None:
         """Tell the cluster this runtime leaves (clean shutdown): no suspicion wait."""
         if self.joined.is_set() and not self._closing:
@@ -204,7 +383,9 @@ class Node:
         beat: asyncio.Future[dict[str, Any]] | None = None
         while True:
             if beat is None or beat.done():  # no pile of beats while the log is down
-                beat = self.submit(Heartbeat(self.role, self.address, self.properties))
+                beat = self.submit(
+                    Heartbeat(self.role, self.address, dict(self.properties), self.hold())
+                )
                 beat.add_done_callback(_ignore_outcome)
             await asyncio.sleep(self.heartbeat_ms / 1000)
 
@@ -436,15 +617,16 @@ class Node:
         state = self.state
         async for records in self.log.read(start):
             out: list[Effect] = []
-            for offset, record in records:
-                try:
-                    origin, event = decode(record)
-                except MalformedEvent as exc:
-                    log.warning("log offset %d: malformed record ignored: %s", offset, exc)
-                    state.skip_malformed(offset)
-                    continue
-                state.apply(offset, origin, event, out)
-            await self._persist(out, records[-1][0])
+            async with self.apply_lock:
+                for offset, record in records:
+                    try:
+                        origin, event = decode(record)
+                    except MalformedEvent as exc:
+                        log.warning("log offset %d: malformed record ignored: %s", offset, exc)
+                        state.skip_malformed(offset)
+                        continue
+                    state.apply(offset, origin, event, out)
+                await self._persist(out, records[-1][0])
             self.healthy = True
             self._dispatch(out)
             self._membership_duties()
@@ -463,6 +645,7 @@ class Node:
         delay = 0.1
         while True:
             batch = self.store.batch()
+            catchup = self.catchup  # joining: the hooks track messages not here yet
             for e in effects:
                 t = type(e)
                 if t is Stored:
@@ -471,15 +654,33 @@ class Node:
                 elif t is Removed:
                     assert isinstance(e, Removed)
                     batch.remove(e.qid, e.positions)
+                    if catchup is not None:
+                        catchup.removed(e.qid, e.positions)
                 elif t is RemovedRange:
                     assert isinstance(e, RemovedRange)
                     batch.remove_range(e.qid, e.lo, e.hi)
+                    if catchup is not None:
+                        catchup.removed(e.qid, range(e.lo, e.hi))
                 elif t is Moved:
                     assert isinstance(e, Moved)
-                    batch.move(e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at)
+                    if not batch.move(
+                        e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at
+                    ):
+                        if catchup is not None:
+                            catchup.missed_move(
+                                (e.src_qid, e.src_pos), (e.dst_qid, e.dst_pos), e.headers,
+                                e.enqueued_at,
+                            )
+                        else:
+                            log.error(
+                                "queue id %d position %d dead-lettered but not in the store",
+                                e.src_qid, e.src_pos,
+                            )
                 elif t is QueueGone:
                     assert isinstance(e, QueueGone)
                     batch.drop_queue(e.qid)
+                    if catchup is not None:
+                        catchup.removed(e.qid, None)
             for name, snap in queues.items():
                 batch.put_queue(name, snap)
             if meta is not None:
@@ -504,7 +705,10 @@ class Node:
     def _dispatch(self, effects: list[Effect]) -> None:
         node, runtime = self.node_id, self.runtime_id
         for e in effects:
-            if type(e) is Completed and e.node == node and e.runtime == runtime:
+            if type(e) is CheckpointApplied:
+                assert isinstance(e, CheckpointApplied)
+                self._checked(e)
+            elif type(e) is Completed and e.node == node and e.runtime == runtime:
                 assert isinstance(e, Completed)
                 if e.seq <= self._durable_seq:
                     self._complete(e)
@@ -515,6 +719,23 @@ class Node:
                 self.listener(effects)
             except Exception:
                 log.exception("effect listener failed")
+
+    def _checked(self, e: CheckpointApplied) -> None:
+        """A checkpoint applied here: compare this replica's digest at the previous one
+        with the leader's (DESIGN §8). A difference is a bug: say so loudly."""
+        self.last_checkpoint = {"offset": e.offset, "digest": e.digest}
+        if e.mine is None or not e.expected:
+            return
+        if e.mine != e.expected:
+            self.digest_mismatches += 1
+            log.critical(
+                "REPLICA DIVERGED: state digest at log offset %d is %s here but %s on the"
+                " leader; this replica's state is wrong (a bug): stop it and start it with"
+                " a new data dir, and please report it",
+                e.prev_offset, e.mine, e.expected,
+            )
+        else:
+            self.last_checkpoint["verified"] = e.prev_offset
 
     def _complete(self, done: Completed) -> None:
         fut = self._waiting.pop(done.seq, None)

@@ -43,6 +43,7 @@ from cluster.events import (
     OVERFLOW_POLICIES,
     Accept,
     Acquire,
+    Checkpoint,
     DeclareQueue,
     DeleteQueue,
     Enqueue,
@@ -51,6 +52,7 @@ from cluster.events import (
     Handoff,
     Heartbeat,
     Interest,
+    Join,
     Leave,
     Origin,
     Propose,
@@ -78,6 +80,7 @@ __all__ = [
     "QueueGone",
     "OwnerChanged",
     "MembersChanged",
+    "CheckpointApplied",
     "MAX_QUEUE_NAME",
     "KEY_MEMORY",
 ]
@@ -219,6 +222,19 @@ class MembersChanged(Effect):
     properties: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointApplied(Effect):
+    """A checkpoint was applied at ``offset``; ``digest`` is this replica's state digest
+    there. ``expected`` is the leader's digest at ``prev_offset`` and ``mine`` this
+    replica's own (None where this replica has none: it joined later)."""
+
+    offset: int
+    digest: str
+    prev_offset: int
+    expected: str
+    mine: str | None
+
+
 # --- queues --------------------------------------------------------------------------
 
 
@@ -295,6 +311,20 @@ class QueueState:
             "owner": self.owner,
             "interested": list(self.interested),
         }
+
+    def holds(self, pos: int, returned: set[int] | None = None) -> bool:
+        """Is the message at ``pos`` still in the queue (ready or acquired)?
+        ``returned``: ``set(self.returned)``, when asking for many positions."""
+        if self.cursor <= pos < self.next_pos or pos in self.acquired:
+            return True
+        return pos in (returned if returned is not None else self.returned)
+
+    def live_desc(self) -> tuple[range, list[int]]:
+        """Every position still in the queue, back to front: the never-delivered
+        range ``[cursor, next_pos)`` descending, then the acquired and released ones
+        (all below the cursor) descending. O(acquired + released), not O(length)."""
+        below = sorted(set(self.returned) | self.acquired.keys(), reverse=True)
+        return range(self.next_pos - 1, self.cursor - 1, -1), below
 
     def take_ready(self, count: int) -> list[int]:
         """Remove and return up to ``count`` ready positions, lowest first (guarantee 7)."""
@@ -385,6 +415,8 @@ class State:
         self.ignored: dict[str, int] = {}  # reason -> count of deterministically ignored events
         self.dirty: set[str] = set()  # queues changed since the last take_dirty()
         self._meta_dirty = True
+        # The last two checkpoints applied: (offset, this replica's digest there).
+        self.checkpoints: list[tuple[int, str]] = []
 
     # -- driving ------------------------------------------------------------------
 
@@ -454,6 +486,8 @@ class State:
             return self._delete(ev.queue, out)  # type: ignore[attr-defined]
         if t is PurgeQueue:
             return self._purge(ev, out)  # type: ignore[arg-type]
+        if t is Checkpoint:
+            return self._checkpoint(key, ev, out)  # type: ignore[arg-type]
         raise InvalidArgument(f"event {t.__name__} is not applicable")
 
     def _queue(self, name: str) -> QueueState:
@@ -816,12 +850,16 @@ class State:
             assert isinstance(ev, Heartbeat)
             if ev.role not in (VOTER, "observer"):
                 raise InvalidArgument(f"unknown role {ev.role!r}")
-            if ms.heartbeat(key, origin.node, origin.runtime, ev.role, ev.address, ev.properties):
+            if ms.heartbeat(
+                key, origin.node, origin.runtime, ev.role, ev.address, ev.properties, ev.hold
+            ):
                 out.append(MembersChanged(ms.view_seq, list(ms.members), [], properties=True))
             return {}
         if type(ev) is Leave:
             ms.leave(key)
             return {}
+        if type(ev) is Join:
+            return {}  # a marker: the update is captured at or after it (DESIGN §8)
         if type(ev) is Propose:
             assert isinstance(ev, Propose)
             why = ms.propose(key, ev.view_seq, list(ev.members), ev.cluster_id)
@@ -860,6 +898,20 @@ class State:
                 self._set_owner(q, self._next_interested(q, key), out)
                 self.dirty.add(name)
 
+    # -- checkpoints (DESIGN §8) ------------------------------------------------------
+
+    def _checkpoint(self, key: str, ev: Checkpoint, out: list[Effect]) -> dict[str, Any]:
+        if key != self.membership.leader():
+            self._ignore("not-leader")
+            raise InvalidArgument(f"{key} is not the leader; only the leader checkpoints")
+        mine = next((d for o, d in self.checkpoints if o == ev.prev_offset), None)
+        # The digest of the state with this event applied (its seq counted, the
+        # earlier checkpoints in it), before this checkpoint is recorded.
+        digest = self.digest()
+        self.checkpoints = (self.checkpoints + [(self.applied, digest)])[-2:]
+        out.append(CheckpointApplied(self.applied, digest, ev.prev_offset, ev.prev_digest, mine))
+        return {"offset": self.applied, "digest": digest}
+
     # -- persistence and digests ----------------------------------------------------
 
     def meta_snapshot(self) -> list[Any]:
@@ -873,6 +925,7 @@ class State:
             # How many publish keys were ever remembered; the keys themselves are
             # stored one by one as they come (take_keys), not with every batch.
             self._key_total,
+            [list(c) for c in self.checkpoints],
         ]
 
     def restore_meta(self, snap: list[Any]) -> None:
@@ -881,6 +934,31 @@ class State:
         self.ignored = {k: v for k, v in snap[3]}
         self.membership.restore(snap[4])
         self._key_total = snap[5]
+        self.checkpoints = [(o, d) for o, d in snap[6]] if len(snap) > 6 else []
+
+    def full_snapshot(self) -> list[Any]:
+        """Everything replicated, for a joining broker (DESIGN §8): the meta snapshot,
+        the publish keys and every queue's index (not the messages)."""
+        return [
+            self.meta_snapshot(),
+            [list(e) for e in self.key_entries()],
+            [self.queues[name].snapshot() for name in sorted(self.queues)],
+        ]
+
+    def install(self, snap: list[Any]) -> None:
+        """Replace this (empty) state by a :meth:`full_snapshot` taken elsewhere.
+        Everything is marked dirty, so the next take_dirty()/take_keys() write it all."""
+        meta, keys, queues = snap
+        self.restore_meta(meta)
+        entries = [(e[0], e[1], e[2], e[3]) for e in keys]
+        self.restore_keys(entries)
+        self._keys_new = list(entries)
+        self.queues = {}
+        for qsnap in queues:
+            q = QueueState.restore(qsnap)
+            self.queues[q.name] = q
+        self.dirty = set(self.queues)
+        self._meta_dirty = True
 
     def key_entries(self) -> list[tuple[int, int, str, int]]:
         """The remembered publish keys as (seq, qid, key, first position), in log order."""
@@ -901,11 +979,15 @@ class State:
         self.keys = {(qid, key): first for _, qid, key, first in entries}
         self._keys_new = []
 
+    def keys_floor(self) -> int:
+        """The sequence number of the oldest publish key still remembered."""
+        return self._key_total - len(self._key_firsts)
+
     def take_keys(self) -> tuple[list[tuple[int, int, str, int]], int]:
         """Keys remembered since the last call, and the sequence number below which keys
         are forgotten. The driver stores them with the batch's offset."""
         new, self._keys_new = self._keys_new, []
-        return new, self._key_total - len(self._key_firsts)
+        return new, self.keys_floor()
 
     def take_dirty(self) -> tuple[list[Any] | None, dict[str, list[Any] | None]]:
         """Snapshots of what changed since the last call: (meta or None, {queue: snap or None

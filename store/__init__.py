@@ -19,7 +19,9 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Store", "Batch", "Loaded", "StoredMessage"]
+import msgpack
+
+__all__ = ["Store", "Batch", "Loaded", "StoredMessage", "StoreReader"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +76,16 @@ class Batch(abc.ABC):
         dst_pos: int,
         headers: dict[str, Any],
         enqueued_at: int,
-    ) -> None:
-        """Move a message to another queue, merging ``headers`` into its own."""
+    ) -> bool:
+        """Move a message to another queue, merging ``headers`` into its own.
+
+        Returns False if the source message is not here (a joining broker that has
+        not received it yet, DESIGN §8): nothing is written then."""
+
+    @abc.abstractmethod
+    def put_raw(self, qid: int, pos: int, raw: bytes) -> None:
+        """Store one message in the store's own encoding (from :meth:`StoreReader.get_raw`
+        of another broker's store: a join update)."""
 
     @abc.abstractmethod
     def drop_queue(self, qid: int) -> None:
@@ -95,6 +105,25 @@ class Batch(abc.ABC):
         keys whose seq is in ``forget``."""
 
 
+class StoreReader(abc.ABC):
+    """A consistent, read-only view of a store's messages at one moment."""
+
+    @abc.abstractmethod
+    def get_raw(self, qid: int, pos: int) -> bytes | None:
+        """The message at (qid, pos) in the store's own encoding, or None."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the view."""
+
+
+def merge_headers(raw: bytes, headers: dict[str, Any], enqueued_at: int) -> bytes:
+    """A stored message (store encoding) moved to another queue: ``headers`` merged
+    into its own, enqueue time reset. The same rule as :meth:`Batch.move`."""
+    _, publish_time, old, body = msgpack.unpackb(raw, raw=False)
+    return msgpack.packb((enqueued_at, publish_time, {**old, **headers}, body), use_bin_type=True)
+
+
 class Store(abc.ABC):
     """A broker's local store."""
 
@@ -112,6 +141,19 @@ class Store(abc.ABC):
 
         Raises:
             StoreError: the write failed (e.g. disk full); nothing of it is visible.
+        """
+
+    @abc.abstractmethod
+    def reader(self) -> StoreReader:
+        """A consistent view of the messages as they are now (later writes unseen)."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Forget the replicated state (messages, indexes, keys, applied offset),
+        keeping the identity and the outbox: for a broker that rejoins as new.
+
+        Raises:
+            StoreError: the write failed.
         """
 
     @abc.abstractmethod

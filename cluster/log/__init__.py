@@ -10,7 +10,9 @@ Backends are chosen by URL with :func:`open_log`:
 ``memory:``        in-process, fresh; ``memory:NAME`` shares one log by name
                    within the process (several broker objects in one test)
 ``file:PATH``      segment files in directory PATH, shared by processes on
-                   one host (appends under ``flock``, group-commit ``fsync``)
+                   one host (appends under ``flock``, group-commit ``fsync``);
+                   ``file:PATH?segment_bytes=N`` sets the segment size
+                   (default 64 MiB): retention deletes whole segments
 ``kafka://...``    ``kafka://HOST:PORT[,HOST:PORT]/TOPIC[?PARAMS]``: partition 0
                    of a single-partition Kafka topic via aiokafka, created if
                    missing; idempotent producer, ``acks=all``. PARAMS
@@ -126,7 +128,16 @@ async def open_log(url: str) -> Log:
             raise InvalidArgument("file: log URL needs a path, e.g. file:/var/lib/baton/log")
         from cluster.log.file import FileLog
 
-        return await FileLog.open(rest)
+        path, _, query = rest.partition("?")
+        options: dict[str, int] = {}
+        for item in filter(None, query.split("&")):
+            name, _, value = item.partition("=")
+            if name != "segment_bytes" or not value.isdigit() or int(value) < 1:
+                raise InvalidArgument(
+                    f"bad file: log URL option {item!r} (known: segment_bytes=N, N > 0)"
+                )
+            options[name] = int(value)
+        return await FileLog.open(path, **options)
     if scheme == "kafka":
         from cluster.log.kafka import KafkaLog
 

@@ -57,6 +57,11 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.Reject: wire.Reject(14, 3, []),
     wire.Cancel: wire.Cancel(15, 3, [7, 8]),
     wire.Topology: wire.Topology(16),
+    wire.UpdateRequest: wire.UpdateRequest(17, 42, ["q1", "q2"], True),
+    wire.UpdateState: wire.UpdateState(18, 41, [[0, 1], [], []]),
+    wire.UpdateQueue: wire.UpdateQueue(19, "q1", 7, 1000),
+    wire.UpdateFront: wire.UpdateFront(20, 7, [[999, b"\x94\x01\x02\x80\xc4\x01x"]]),
+    wire.UpdateDone: wire.UpdateDone(21, "q1", 7),
     wire.ConsumerCancelled: wire.ConsumerCancelled(3, errors.QueueNotFound.code, "queue deleted"),
 }
 

@@ -1,0 +1,505 @@
+"""A broker joining a live cluster: the reverse-order update (DESIGN §8, after Qpid's).
+
+A broker with an empty store does not replay the log's history. It appends
+:class:`~cluster.events.Join`, finds live members by the heartbeats that follow
+on the log, and asks one (the *donor*) for an update over a direct connection:
+
+1. The donor waits until it has applied the Join, then *captures* its state at
+   its next batch boundary (offset ``Y``): the replicated index (queues' positions,
+   view, publish keys — small: no message bodies) and a store snapshot.
+2. It sends the index first; the joiner installs it as its own state at ``Y`` and
+   starts applying the log from ``Y + 1`` at once: enqueues go to the back, and
+   the index decides everything else, exactly as on every other replica.
+3. Then the donor streams each queue's messages that were in the queue at ``Y``,
+   back to front (``UpdateFront``), and ``UpdateDone`` per queue. The joiner keeps
+   a message only if its own, newer index still holds it: one dequeued since ``Y``
+   (accepted, rejected, expired, purged) is dropped on arrival, with no tombstones,
+   because a queue's positions are never reused. A message the log dead-lettered
+   before its body arrived is remembered (:attr:`Catchup.waiting`) and written to
+   the dead-letter queue when it arrives.
+4. A queue stays *locked* on the joiner — it declares no interest, so it can never
+   own it or deliver from it — until its update is done and nothing moved into it
+   still waits for a body.
+
+The work is bounded by the queues' size at ``Y``, not by the log's history. If the
+donor dies, the joiner asks another member for the queues not done yet (and the
+dead-letter queues of messages still waiting): that member captures at an offset at
+least the joiner's, and the joiner applies its frames only once it has applied that
+far itself, so "does my index still hold it" stays the right test.
+
+The joiner's store carries an "update incomplete" mark until the end: a joiner that
+dies half-way starts again as a new broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clients import wire
+from clients.errors import BatonError, InvalidArgument, Timeout, JoinFailed
+from cluster.codec import MalformedEvent, decode
+from cluster.events import Heartbeat
+from cluster.log import Log
+from cluster.state import QueueState
+from store import Batch, StoreReader, merge_headers
+
+if TYPE_CHECKING:
+    from cluster.node import Node
+
+__all__ = ["Capture", "capture", "update_frames", "find_donors", "Catchup", "MAX_UPDATE_FRAME"]
+
+log = logging.getLogger("baton.update")
+
+#: Frame cap on the update connection (the index of a big cluster is one frame).
+MAX_UPDATE_FRAME = 1 << 30
+#: Bytes of messages per UpdateFront frame.
+CHUNK_BYTES = 512 * 1024
+CHUNK_COUNT = 2000
+
+MessageKey = tuple[int, int]  # (qid, position)
+
+
+# --- the member's side ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _QueuePlan:
+    name: str
+    qid: int
+    fresh: range  # never-delivered positions at the capture, descending
+    below: list[int]  # acquired and released ones, descending
+    may_move: bool  # has a dead-letter queue: its messages may move on
+
+    @property
+    def count(self) -> int:
+        return len(self.fresh) + len(self.below)
+
+
+@dataclass(slots=True)
+class Capture:
+    """A member's state at one batch boundary, held while an update streams."""
+
+    applied: int
+    snapshot: list[Any] | None
+    plans: list[_QueuePlan]
+    reader: StoreReader
+    node: "Node"
+
+    def close(self) -> None:
+        self.reader.close()
+        self.node.holds.discard(self.applied)
+
+
+async def capture(
+    node: "Node", since: int, queues: list[str] | None, with_state: bool, timeout: float = 30.0
+) -> Capture:
+    """Capture ``node``'s state for an update, once it has applied offset ``since``.
+
+    Raises:
+        Timeout: this broker did not apply ``since`` within ``timeout`` seconds.
+        InvalidArgument: a bad request.
+    """
+    if queues is not None and (
+        not isinstance(queues, list) or not all(isinstance(q, str) for q in queues)
+    ):
+        raise InvalidArgument("UpdateRequest.queues must be a list of queue names or nil")
+    deadline = time.monotonic() + timeout
+    while node.state.applied < since or not node.healthy:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout(
+                f"this broker has applied the log to {node.state.applied}, not yet {since};"
+                " ask another member"
+            )
+        try:
+            await asyncio.wait_for(node.applied_event.wait(), min(left, 0.5))
+        except TimeoutError:
+            pass
+    async with node.apply_lock:  # between two applied batches: state == store
+        state = node.state
+        names = sorted(state.queues) if queues is None else sorted(set(queues))
+        plans = []
+        for name in names:
+            q = state.queues.get(name)
+            if q is None:
+                continue  # deleted meanwhile: the joiner's index knows
+            fresh, below = q.live_desc()
+            plans.append(_QueuePlan(name, q.qid, fresh, below, q.dead_letter is not None))
+        snap = state.full_snapshot() if with_state else None
+        cap = Capture(state.applied, snap, plans, node.store.reader(), node)
+        node.holds.add(cap.applied)
+    return cap
+
+
+async def update_frames(
+    cap: Capture, corr: int, *, live: Callable[[str], QueueState | None]
+) -> AsyncIterator[wire.Frame]:
+    """The frames of an update after UpdateState: per queue UpdateQueue, UpdateFront
+    chunks back to front, UpdateDone. ``live`` looks a queue up in the member's
+    current state: a message no longer there, of a queue without a dead-letter queue,
+    was dequeued since the capture and is skipped (the joiner would drop it)."""
+    for plan in cap.plans:
+        yield wire.UpdateQueue(corr, plan.name, plan.qid, plan.count)
+        entries: list[list[Any]] = []
+        size = 0
+        for positions in (plan.fresh, plan.below):
+            for pos in positions:
+                if not plan.may_move:
+                    now = live(plan.name)
+                    if now is None or now.qid != plan.qid:
+                        break  # the queue was deleted: nothing of it is needed
+                    if pos < now.cursor and not now.holds(pos):
+                        continue
+                raw = cap.reader.get_raw(plan.qid, pos)
+                if raw is None:
+                    continue  # only if this store lost it; the joiner will ask again
+                entries.append([pos, raw])
+                size += len(raw) + 16
+                if size >= CHUNK_BYTES or len(entries) >= CHUNK_COUNT:
+                    yield wire.UpdateFront(corr, plan.qid, entries)
+                    entries, size = [], 0
+        if entries:
+            yield wire.UpdateFront(corr, plan.qid, entries)
+        yield wire.UpdateDone(corr, plan.name, plan.qid)
+
+
+# --- the joiner's side ----------------------------------------------------------------
+
+
+async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[str]:
+    """Addresses of live brokers, from the heartbeats on the log from ``start`` on.
+
+    Reads for up to ``wait`` seconds; returns as soon as a second round of heartbeats
+    shows who is alive (the first address seen first). Empty: nobody is beating.
+    """
+    found: dict[str, str] = {}  # runtime key -> address, in the order seen
+    beats: dict[str, int] = {}
+    deadline = time.monotonic() + wait
+    reader = log_.read(start)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                records = await asyncio.wait_for(
+                    reader.__anext__(), max(0.01, deadline - time.monotonic())
+                )
+            except TimeoutError:
+                break
+            for _, record in records:
+                try:
+                    origin, event = decode(record)
+                except MalformedEvent:
+                    continue
+                if type(event) is not Heartbeat or origin.node == node_id:
+                    continue
+                assert isinstance(event, Heartbeat)
+                key = f"{origin.node}/{origin.runtime}"
+                if event.address:
+                    found.setdefault(key, event.address)
+                beats[key] = beats.get(key, 0) + 1
+            if found and max(beats.values()) >= 2:
+                break
+    finally:
+        await reader.aclose()  # type: ignore[attr-defined]
+    return list(found.values())
+
+
+class _Link:
+    """A connection to a member for one update request."""
+
+    def __init__(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.address = address
+        self.reader = reader
+        self.writer = writer
+        self.codec = wire.FrameCodec(MAX_UPDATE_FRAME)
+
+    @classmethod
+    async def open(cls, address: str, name: str, timeout: float = 5.0) -> "_Link":
+        host, _, port = address.rpartition(":")
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host.strip("[]"), int(port), limit=1 << 20), timeout
+            )
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise JoinFailed(f"cannot connect to {address}: {exc}") from exc
+        link = cls(address, reader, writer)
+        link.send(wire.Hello(1, wire.PROTOCOL_VERSION, name))
+        frame = await link.next(timeout)
+        if not isinstance(frame, wire.HelloOk):
+            link.close()
+            raise JoinFailed(f"{address} refused the update connection: {frame}")
+        return link
+
+    def send(self, frame: wire.Frame) -> None:
+        self.writer.write(self.codec.send(frame))
+
+    async def next(self, timeout: float | None = None) -> wire.Frame:
+        while True:
+            frame = self.codec.next_frame()
+            if frame is not wire.NEED_DATA:
+                assert isinstance(frame, wire.Frame)
+                if isinstance(frame, wire.Error):
+                    raise wire_error(self.address, frame)
+                return frame
+            try:
+                data = await asyncio.wait_for(self.reader.read(1 << 20), timeout)
+            except (OSError, TimeoutError) as exc:
+                raise JoinFailed(f"update from {self.address} broke off: {exc!r}") from exc
+            if not data:
+                raise JoinFailed(f"{self.address} closed the update connection")
+            self.codec.receive_data(data)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def wire_error(address: str, frame: wire.Error) -> BatonError:
+    return JoinFailed(f"{address} failed the update: {frame.message} (code {frame.code})")
+
+
+@dataclass(slots=True)
+class Progress:
+    queues: int = 0
+    queues_done: int = 0
+    messages: dict[str, int] = field(default_factory=dict)  # expected per queue
+    received: dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    def text(self) -> str:
+        total = sum(self.messages.values())
+        got = sum(self.received.values())
+        return f"{self.queues_done}/{self.queues} queues, {got}/{total} messages"
+
+
+class Catchup:
+    """The joiner's side of an update: installs the index, takes in the messages,
+    tracks what is locked, and fails over to another member if the donor dies."""
+
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+        self.pending: dict[str, int] = {}  # queue -> qid whose messages are not all here
+        # Dead-lettered before their body arrived: src -> {dst: (headers, enqueued_at)}
+        self.waiting: dict[MessageKey, dict[MessageKey, tuple[dict[str, Any], int]]] = {}
+        self.dst_pending: dict[MessageKey, MessageKey] = {}  # dst -> src
+        self._dst_count: dict[int, int] = {}  # qid -> pending dsts in it
+        self.progress = Progress()
+        self.failed: list[str] = []
+        self.done = asyncio.Event()
+        self.on_unlocked: Callable[[str], None] | None = None
+        self._link: _Link | None = None
+        self._corr = 0
+        self._last_report = 0.0
+
+    # -- locking ---------------------------------------------------------------------
+
+    def locked(self, queue: str) -> bool:
+        if queue in self.pending:
+            return True
+        q = self.node.state.queues.get(queue)
+        return q is not None and self._dst_count.get(q.qid, 0) > 0
+
+    def _maybe_unlocked(self, queue: str) -> None:
+        if not self.locked(queue) and self.on_unlocked is not None:
+            self.on_unlocked(queue)
+
+    # -- the first request -------------------------------------------------------------
+
+    async def begin(self, donors: list[str], since: int) -> None:
+        """Get the index from the first donor that answers; install it.
+
+        Raises:
+            JoinFailed: no donor gave an update.
+        """
+        errors = []
+        for address in donors:
+            try:
+                link = await _Link.open(address, f"baton-join/{self.node.key}")
+                self._corr += 1
+                link.send(wire.UpdateRequest(self._corr, since, None, True))
+                frame = await link.next(60)
+                if not isinstance(frame, wire.UpdateState) or frame.snapshot is None:
+                    link.close()
+                    raise JoinFailed(f"{address} sent {type(frame).__name__}, not UpdateState")
+            except BatonError as exc:
+                log.warning("join: no update from %s: %s", address, exc)
+                errors.append(f"{address}: {exc}")
+                self.failed.append(address)
+                continue
+            await self.node.install(frame.applied, frame.snapshot)
+            self.pending = {q.name: q.qid for q in self.node.state.queues.values()}
+            self.progress.queues = len(self.pending)
+            self.progress.messages = {q.name: q.length for q in self.node.state.queues.values()}
+            self._link = link
+            log.info(
+                "join: index from %s at log offset %d: %d queues to update",
+                address, frame.applied, len(self.pending),
+            )
+            return
+        raise JoinFailed("no member could update this broker: " + "; ".join(errors))
+
+    async def run(self) -> None:
+        """Take in every queue's messages, failing over to other members; returns
+        when nothing is locked any more."""
+        link, self._link = self._link, None
+        while True:
+            if link is not None:
+                try:
+                    await self._stream(link, self._corr)
+                except BatonError as exc:
+                    log.warning("join: update from %s broke off: %s", link.address, exc)
+                    self.failed.append(link.address)
+                finally:
+                    link.close()
+                link = None
+            if not self.pending and not self.dst_pending:
+                break
+            link = await self._retry()
+        self.node.update_finished(self.progress)
+        self.done.set()
+
+    async def _retry(self) -> _Link:
+        """Ask another member for what is still missing (back-off while none answers)."""
+        delay = 0.2
+        while True:
+            ms = self.node.state.membership
+            addresses = [
+                ms.known[k].address
+                for k in ms.members
+                if k != self.node.key and k in ms.known and ms.known[k].address
+            ]
+            # Members not failed yet first, then the others again.
+            addresses.sort(key=lambda a: self.failed.count(a))
+            want = set(self.pending)
+            for dst in self.dst_pending:
+                name = self._name(dst[0])
+                if name is not None:
+                    want.add(name)
+            for address in addresses:
+                try:
+                    link = await _Link.open(address, f"baton-join/{self.node.key}")
+                except BatonError as exc:
+                    log.warning("join: %s", exc)
+                    self.failed.append(address)
+                    continue
+                self._corr += 1
+                link.send(
+                    wire.UpdateRequest(self._corr, self.node.state.applied, sorted(want), False)
+                )
+                log.info("join: asking %s for %d queues not done", address, len(want))
+                return link
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _name(self, qid: int) -> str | None:
+        for name, q in self.node.state.queues.items():
+            if q.qid == qid:
+                return name
+        return None
+
+    async def _stream(self, link: _Link, corr: int) -> None:
+        node = self.node
+        ready_at = node.state.applied
+        while True:
+            frame = await link.next(120)
+            t = type(frame)
+            if t is wire.UpdateState:
+                assert isinstance(frame, wire.UpdateState)
+                ready_at = frame.applied
+            elif t is wire.UpdateQueue:
+                assert isinstance(frame, wire.UpdateQueue)
+                self.progress.messages[frame.queue] = frame.count
+                self.progress.received[frame.queue] = 0
+            elif t is wire.UpdateFront:
+                assert isinstance(frame, wire.UpdateFront)
+                # Only once this replica has applied as far as the capture: then "is it
+                # still in my index" is the question that decides (module docstring).
+                while node.state.applied < ready_at:
+                    await node.applied_event.wait()
+                async with node.apply_lock:
+                    self._take(frame.qid, frame.entries)
+                await asyncio.sleep(0)  # let the apply loop and clients in between chunks
+            elif t is wire.UpdateDone:
+                assert isinstance(frame, wire.UpdateDone)
+                if self.pending.get(frame.queue) == frame.qid:
+                    del self.pending[frame.queue]
+                    self.progress.queues_done += 1
+                    self._maybe_unlocked(frame.queue)
+                self._report()
+            elif t is wire.Ok:
+                return
+            else:
+                raise JoinFailed(f"unexpected {t.__name__} in an update")
+
+    def _take(self, qid: int, entries: list[Any]) -> None:
+        """Write the messages this replica's index still holds (under the apply lock)."""
+        node = self.node
+        name = self._name(qid)
+        q = node.state.queues.get(name) if name is not None else None
+        returned = set(q.returned) if q is not None else None
+        batch = node.store.batch()
+        n = 0
+        for item in entries:
+            if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int
+                    and isinstance(item[1], bytes)):
+                raise JoinFailed("malformed UpdateFront entry")
+            pos, raw = item
+            n += 1
+            if q is not None and q.holds(pos, returned):
+                batch.put_raw(qid, pos, raw)
+                self._arrived((qid, pos))
+            self._resolve((qid, pos), raw, batch)
+        node.commit_update(batch)
+        if name is not None:
+            self.progress.received[name] = self.progress.received.get(name, 0) + n
+        self._report()
+
+    def _resolve(self, src: MessageKey, raw: bytes, batch: Batch) -> None:
+        """``src`` arrived: write it wherever the log dead-lettered it meanwhile."""
+        for dst, (headers, enqueued_at) in self.waiting.pop(src, {}).items():
+            moved = merge_headers(raw, headers, enqueued_at)
+            name = self._name(dst[0])
+            q = self.node.state.queues.get(name) if name is not None else None
+            if q is not None and q.holds(dst[1]):
+                batch.put_raw(dst[0], dst[1], moved)
+            self._arrived(dst)
+            self._resolve(dst, moved, batch)  # moved on again since
+
+    def _arrived(self, key: MessageKey) -> None:
+        if self.dst_pending.pop(key, None) is not None:
+            self._dst_count[key[0]] -= 1
+            if not self._dst_count[key[0]]:
+                del self._dst_count[key[0]]
+                name = self._name(key[0])
+                if name is not None:
+                    self._maybe_unlocked(name)
+
+    # -- hooks from the node's apply loop (under the apply lock) --------------------------
+
+    def missed_move(self, src: MessageKey, dst: MessageKey, headers: dict[str, Any], at: int) -> None:
+        """The log dead-lettered ``src`` before its body arrived here."""
+        self.waiting.setdefault(src, {})[dst] = (headers, at)
+        if dst not in self.dst_pending:
+            self.dst_pending[dst] = src
+            self._dst_count[dst[0]] = self._dst_count.get(dst[0], 0) + 1
+        self._arrived(src)  # src is gone from its queue: no longer needed there
+
+    def removed(self, qid: int, positions: list[int] | range | None) -> None:
+        """Messages left their queue (None: the whole queue was deleted)."""
+        if not self.dst_pending:
+            return
+        for key in [k for k in self.dst_pending if k[0] == qid]:
+            if positions is None or key[1] in positions:
+                self._arrived(key)
+
+    def _report(self) -> None:
+        now = time.monotonic()
+        if now - self._last_report < 2.0:
+            return
+        self._last_report = now
+        text = self.progress.text()
+        self.node.set_join_progress(text)
+        log.info("join: %s", text)
