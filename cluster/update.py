@@ -58,8 +58,8 @@ log = logging.getLogger("baton.update")
 #: Frame cap on the update connection (the index of a big cluster is one frame).
 MAX_UPDATE_FRAME = 1 << 30
 #: Bytes of messages per UpdateFront frame.
-CHUNK_BYTES = 512 * 1024
-CHUNK_COUNT = 2000
+CHUNK_BYTES = 128 * 1024
+CHUNK_COUNT = 500
 
 MessageKey = tuple[int, int]  # (qid, position)
 

@@ -364,6 +364,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
             owner = stats.pop("owner")
             assert owner is not None and owner.startswith(conn.node_id + "/")
             assert stats.pop("interested") == [owner]
+            assert stats.pop("updating") is False  # no join update under way here
             assert stats == {
                 "queue": "s.b",
                 "ready": 0,
