@@ -102,12 +102,16 @@ async def capture(
 
     Raises:
         Timeout: this broker did not apply ``since`` within ``timeout`` seconds.
+        JoinFailed: this broker is itself still taking in an update.
         InvalidArgument: a bad request.
     """
     if queues is not None and (
         not isinstance(queues, list) or not all(isinstance(q, str) for q in queues)
     ):
         raise InvalidArgument("UpdateRequest.queues must be a list of queue names or nil")
+    if node.catchup is not None:
+        # Its own store is not complete yet: it must not hand out what it lacks.
+        raise JoinFailed("this broker is still joining itself; ask another member")
     deadline = time.monotonic() + timeout
     while node.state.applied < since or not node.healthy:
         left = deadline - time.monotonic()

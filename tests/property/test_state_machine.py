@@ -21,6 +21,7 @@ from cluster import codec
 from cluster.events import (
     Accept,
     Acquire,
+    Checkpoint,
     DeclareQueue,
     Enqueue,
     Event,
@@ -36,7 +37,14 @@ from cluster.events import (
     ReleaseAll,
     Vote,
 )
-from cluster.state import Acquired, Completed, Effect, QueueState, State
+from cluster.state import (
+    Acquired,
+    CheckpointApplied,
+    Completed,
+    Effect,
+    QueueState,
+    State,
+)
 
 CONSUMERS = ("n1/r1/1", "n1/r1/2", "n2/r9/1")
 MEMBERS = ("n1/r1", "n2/r9")
@@ -307,6 +315,18 @@ class QueueModel(RuleBasedStateMachine):
         assert self.state.ignored["duplicate"] == dups + 1
         assert {name: q.snapshot() for name, q in self.state.queues.items()} == before
 
+    @rule()
+    def checkpoint(self) -> None:
+        """The leader checkpoints, carrying its digest at the previous checkpoint: this
+        replica's own there must be the same (DESIGN §8)."""
+        prev = self.state.checkpoints[-1] if self.state.checkpoints else (-1, "")
+        out = self._apply(Checkpoint(prev[0], prev[1]))
+        done = [e for e in out if isinstance(e, CheckpointApplied)]
+        assert len(done) == 1 and done[0].offset == len(self.records) - 1
+        assert done[0].mine == (prev[1] if prev[0] >= 0 else None)
+        # Another member's checkpoint is ignored, deterministically.
+        assert self._completed(self._apply(Checkpoint(), "n2/r9")).error is not None
+
     # -- invariants ------------------------------------------------------------------
 
     @invariant()
@@ -347,6 +367,21 @@ class QueueModel(RuleBasedStateMachine):
             origin, ev = codec.decode(record)
             restored.apply(i, origin, ev, [])
         assert restored.digest() == self.state.digest()
+        # A joiner installs a member's full snapshot taken at some offset and applies
+        # the rest of the log from there: the same digest again (DESIGN §8).
+        joiner = State()
+        joiner.install(replica.full_snapshot())
+        assert joiner.digest() == replica.digest()
+        assert joiner.take_dirty()[1].keys() == replica.queues.keys()
+        checks: list[Effect] = []
+        for i, record in enumerate(self.records[half:], start=half):
+            origin, ev = codec.decode(record)
+            joiner.apply(i, origin, ev, checks)
+        assert joiner.digest() == self.state.digest()
+        # Its checkpoint digests agree with the leader's wherever it has its own.
+        for e in checks:
+            if isinstance(e, CheckpointApplied) and e.mine is not None and e.expected:
+                assert e.mine == e.expected
 
 
 QueueModel.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
