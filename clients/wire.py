@@ -328,7 +328,7 @@ class UpdateRequest(Frame):
     ``state``: whether UpdateState carries the replicated index (a first request)
     or only the capture offset (a retry after the first member died)."""
 
-    OP: ClassVar[int] = 50
+    OP: ClassVar[int] = 80
     corr: int
     since: int
     queues: Any
@@ -340,7 +340,7 @@ class UpdateState(Frame):
     """Member->joiner: the capture's log offset ``applied`` and, if asked, the
     replicated state there (``snapshot``: meta, publish keys, queue indexes)."""
 
-    OP: ClassVar[int] = 51
+    OP: ClassVar[int] = 81
     corr: int
     applied: int
     snapshot: Any
@@ -350,7 +350,7 @@ class UpdateState(Frame):
 class UpdateQueue(Frame):
     """Member->joiner: the messages of ``queue`` (id ``qid``) follow, ``count`` at most."""
 
-    OP: ClassVar[int] = 52
+    OP: ClassVar[int] = 82
     corr: int
     queue: str
     qid: int
@@ -362,7 +362,7 @@ class UpdateFront(Frame):
     """Member->joiner: messages ``[[position, stored message], ...]`` of queue ``qid``,
     back to front (positions descending), in the store's own encoding."""
 
-    OP: ClassVar[int] = 53
+    OP: ClassVar[int] = 83
     corr: int
     qid: int
     entries: list[Any]
@@ -372,7 +372,7 @@ class UpdateFront(Frame):
 class UpdateDone(Frame):
     """Member->joiner: every message of ``queue`` at the capture has been sent."""
 
-    OP: ClassVar[int] = 54
+    OP: ClassVar[int] = 84
     corr: int
     queue: str
     qid: int

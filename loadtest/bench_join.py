@@ -86,23 +86,31 @@ class _Broker:
         self.out.close()
 
 
-async def _fill(address: str, queues: list[str], per_queue: int, size: int, history: bool) -> None:
-    """Publish ``per_queue`` messages to each queue; with ``history``, consume them again."""
+async def _fill(
+    address: str, queues: list[str], per_queue: int, size: int, history: bool, batch: int = 1000
+) -> None:
+    """Publish ``per_queue`` messages to each queue (``batch`` per log record); with
+    ``history``, consume them again."""
     body = b"h" * size
     async with await clients.connect(address) as conn:
         for q in queues:
-            for start in range(0, per_queue, 1000):
-                await conn.publish_batch(q, [body] * min(1000, per_queue - start))
+            pending = []
+            for start in range(0, per_queue, batch):
+                pending.append(conn.publish_batch(q, [body] * min(batch, per_queue - start)))
+                if len(pending) >= 64:
+                    await asyncio.gather(*pending)
+                    pending = []
+            await asyncio.gather(*pending)
         if history:
             for q in queues:
                 async with conn.consume(q, prefetch=2000) as consumer:
                     left = per_queue
                     while left > 0:
-                        batch = await consumer.get_many(min(left, 2000), timeout=10)
-                        if not batch:
+                        got = await consumer.get_many(min(left, 2000), timeout=10)
+                        if not got:
                             raise RuntimeError(f"history of {q} not drained")
-                        await consumer.ack_many(batch, confirm=True)
-                        left -= len(batch)
+                        await consumer.ack_many(got, confirm=True)
+                        left -= len(got)
 
 
 class _Load:
@@ -167,6 +175,8 @@ async def run_depth(depth: int, args: argparse.Namespace) -> dict[str, Any]:
     log_url = f"file:{os.path.join(root, 'log')}"
     queues = [f"q{i:03d}" for i in range(args.queues)]
     nodes = [_Broker(root, f"node-{i}", log_url) for i in (1, 2, 3)]
+    for b in nodes:
+        b.cmd += ["--update-max-rate", str(args.update_max_rate)]
     result: dict[str, Any] = {"depth": depth, "queues": args.queues, "history": args.history}
     try:
         for b in nodes[:2]:
@@ -178,7 +188,8 @@ async def run_depth(depth: int, args: argparse.Namespace) -> dict[str, Any]:
                 await conn.declare_queue(q)
         t = time.monotonic()
         if args.history:
-            await _fill(a, queues, args.history // len(queues), args.size, history=True)
+            await _fill(a, queues, args.history // len(queues), args.size, history=True,
+                        batch=args.history_batch)
         await _fill(a, queues, depth // len(queues), args.size, history=False)
         result["fill_s"] = round(time.monotonic() - t, 1)
         async with await clients.connect(a) as conn:
@@ -237,13 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=512, help="body bytes of the queued messages")
     p.add_argument("--history", type=int, default=200_000,
                    help="messages published and consumed before (log history)")
+    p.add_argument("--history-batch", type=int, default=10,
+                   help="history messages per publish (per log record)")
+    p.add_argument("--update-max-rate", type=int, default=0,
+                   help="the members' --update-max-rate (0: no cap)")
     p.add_argument("--rate", type=float, default=400, help="publishes/s during the test")
     p.add_argument("--before", type=float, default=8.0, help="seconds of load before the join")
     p.add_argument("--after", type=float, default=3.0, help="seconds of load after the join")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     depths = args.depth or [20_000, 200_000]
-    results = [asyncio.run(run_depth(d, args)) for d in depths]
+    results = []
+    for d in depths:
+        results.append(asyncio.run(run_depth(d, args)))
     print(f"{'depth':>8} {'log recs':>9} {'join s':>7} {'update s':>9} "
           f"{'p99 before':>11} {'p99 during':>11} {'max during':>11} digest  joiner delivers")
     ok = True
