@@ -165,6 +165,21 @@ def _topology(args: argparse.Namespace) -> int:
         props = ",".join(f"{k}={v}" for k, v in sorted(i["properties"].items()))
         print(f"  {i['node_id']:16} {i['role']:8} {i['address']:22} {props:20} {flags}")
     print(f"this broker applied offset {topo['applied']}, digest {topo['digest'][:16]}")
+    join = topo.get("join")
+    if join and join.get("state") == "updating":
+        print(f"this broker is joining: {join['progress']} (those queues wait here)")
+    elif join:
+        print(f"this broker joined by an update: {join['queues']} queues,"
+              f" {join['messages']} messages in {join['seconds']}s")
+    cp = topo.get("checkpoint")
+    if cp:
+        print(f"last checkpoint at offset {cp['offset']}"
+              + (f", digest verified at {cp['verified']}" if "verified" in cp else ""))
+    if topo.get("log_truncated_before"):
+        print(f"as leader, this broker truncated the log: it starts at {topo['log_truncated_before']}")
+    if topo.get("digest_mismatches"):
+        print(f"REPLICA DIVERGED: {topo['digest_mismatches']} checkpoint digest(s) differ from"
+              " the leader's: this replica's state is wrong (see its log)")
     if not topo.get("healthy", True):
         print("this broker is UNHEALTHY: it cannot read or write the log, or write its store"
               " (see its log)")
