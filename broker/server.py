@@ -44,6 +44,7 @@ class Broker:
         self._store: RocksStore | None = None
         self._node: Node | None = None
         self._delivery: Delivery | None = None
+        self._rejoining: asyncio.Task[None] | None = None
 
     @property
     def node(self) -> Node:
@@ -76,6 +77,7 @@ class Broker:
             self._node, chunk_bytes=cfg.max_frame // 4, time_slice_ms=cfg.time_slice_ms
         )
         self._node.listener = self._delivery.on_effects
+        self._node.on_truncated = self._rejoin
         self._delivery.on_fenced = self._close_sessions
         loop = asyncio.get_running_loop()
         try:
@@ -111,6 +113,21 @@ class Broker:
         if kept is None:
             store.put_ident("node_id", node_id)
         return node_id
+
+    def _rejoin(self) -> None:
+        """The log moved on past this broker's state: stop everything and start again,
+        which finds the applied offset gone and joins as a new broker (DESIGN §8)."""
+        if self._rejoining is None or self._rejoining.done():
+            self._rejoining = asyncio.create_task(self._restart(), name="baton-rejoin")
+
+    async def _restart(self) -> None:
+        log.warning("restarting to rejoin the cluster as a new broker")
+        try:
+            await self.stop()
+            await self.start()
+        except Exception:
+            log.critical("could not rejoin the cluster; stop this broker and start it again",
+                         exc_info=True)
 
     def _close_sessions(self) -> None:
         for s in list(self.sessions):

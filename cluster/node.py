@@ -146,6 +146,7 @@ class Node:
         self.catchup: Catchup | None = None  # while this broker takes in an update
         self.join_report: dict[str, Any] | None = None
         self.on_unlocked: Callable[[str], None] | None = None
+        self.on_truncated: Callable[[], None] | None = None  # the broker restarts us
         self.checkpoint_ms = checkpoint_ms
         self.last_checkpoint: dict[str, Any] | None = None
         self.digest_mismatches = 0
@@ -602,6 +603,17 @@ class Node:
                 await self._apply_from(self.state.applied + 1)
             except asyncio.CancelledError:
                 raise
+            except LogTruncated as exc:
+                # Paused or cut off while the others truncated the log past us: this
+                # replica cannot go on; it must start again as a new broker (DESIGN §8).
+                self.healthy = False
+                log.critical(
+                    "the log was truncated past this broker's applied offset %d (%s): it"
+                    " must rejoin as a new broker", self.state.applied, exc,
+                )
+                if self.on_truncated is not None:
+                    self.on_truncated()
+                return
             except Exception as exc:
                 self.healthy = False
                 log.critical(

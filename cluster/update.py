@@ -324,7 +324,8 @@ class Catchup:
                 link = await _Link.open(address, f"baton-join/{self.node.key}")
                 self._corr += 1
                 link.send(wire.UpdateRequest(self._corr, since, None, True))
-                frame = await link.next(60)
+                # The member may first have to apply up to our Join: seconds at most.
+                frame = await link.next(35)
                 if not isinstance(frame, wire.UpdateState) or frame.snapshot is None:
                     link.close()
                     raise JoinFailed(f"{address} sent {type(frame).__name__}, not UpdateState")
@@ -408,7 +409,7 @@ class Catchup:
         node = self.node
         ready_at = node.state.applied
         while True:
-            frame = await link.next(120)
+            frame = await link.next(20)  # a paused or dead member: ask another one
             t = type(frame)
             if t is wire.UpdateState:
                 assert isinstance(frame, wire.UpdateState)

@@ -347,3 +347,57 @@ async def test_a_broker_whose_offset_was_truncated_rejoins_as_new(tmp_path: Path
     finally:
         for n in nodes:
             n.stop()
+
+
+async def test_a_paused_broker_left_behind_by_truncation_rejoins_by_itself(tmp_path: Path) -> None:
+    """SIGSTOP a broker until the others truncate the log past its offset: when it runs
+    again it cannot read on, so it restarts in place and joins as a new broker."""
+    url = log_url("file", tmp_path, None, segment=64 * 1024)  # type: ignore[arg-type]
+    nodes = brokers(tmp_path, url, 2, ["--checkpoint-ms", "300"])
+    try:
+        for b in nodes:
+            b.start()
+        a = nodes[0].address
+        async with await clients.connect(a) as conn:
+            await conn.declare_queue("keep")
+            await conn.declare_queue("churn")
+        backlog = await publish_backlog(a, ["keep"], 500, 100)
+        await eventually(lambda: _has(nodes[1].address, "keep", 500), 10, "replicated")
+        paused_at = (await topology(nodes[1].address))["applied"]
+        nodes[1].pause()
+        load = Load(["churn"], poison="")
+        tasks = [asyncio.create_task(load.produce(a, "a")), asyncio.create_task(load.consume(a, "churn"))]
+
+        async def truncated() -> bool:
+            return _log_bytes(tmp_path / "shared-log")[1] > paused_at + 500
+
+        await eventually(truncated, 60, "the log truncated past the paused broker's offset")
+        load.stop.set()
+        await asyncio.gather(*tasks)
+        nodes[1].resume()
+
+        async def rejoined() -> bool:
+            text = nodes[1].log_path.read_text()
+            if "restarting to rejoin" not in text:
+                return False
+            try:
+                return await join_done(nodes[1].address) is not None
+            except BatonError:
+                return False
+
+        await eventually(rejoined, 60, "the paused broker to rejoin as new")
+        assert "starts again as a new broker" in nodes[1].log_path.read_text()
+        await equal_digests(nodes)
+        got = await drain(nodes[1].address, "keep")
+        assert sorted(got) == sorted(backlog["keep"])
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+async def _has(address: str, queue: str, n: int) -> bool:
+    async with await clients.connect(address) as conn:
+        try:
+            return bool((await conn.queue_stats(queue))["ready"] >= n)
+        except BatonError:
+            return False
