@@ -317,7 +317,9 @@ class Session(asyncio.Protocol):
                 if isinstance(frame, wire.UpdateFront):
                     sent += len(frame.entries)
                     await asyncio.sleep(0)  # flush; let clients in between chunks
-                    await self._writable.wait()
+                    # A joiner that stops reading must not hold this capture (and
+                    # the log's retention) forever.
+                    await asyncio.wait_for(self._writable.wait(), 30)
                     if rate:  # the operator's cap on what an update may take
                         ahead = sent / rate - (time.monotonic() - began)
                         if ahead > 0:
@@ -330,6 +332,10 @@ class Session(asyncio.Protocol):
             log.info("join update to %s done: %d queues, %d messages", self.peer, queues, sent)
         except asyncio.CancelledError:
             log.info("join update to %s ended by the joiner after %d messages", self.peer, sent)
+        except TimeoutError:
+            log.warning("join update to %s abandoned: the joiner stopped reading", self.peer)
+            if self.transport is not None:
+                self.transport.close()
         finally:
             cap.close()
 
