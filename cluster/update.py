@@ -494,6 +494,12 @@ class Catchup:
 
     def removed(self, qid: int, positions: list[int] | range | None) -> None:
         """Messages left their queue (None: the whole queue was deleted)."""
+        if positions is None:
+            # Deleted: nothing of it is awaited any more (a queue declared again under
+            # the name has a new id, and every message of it comes from the log).
+            for name in [n for n, q in self.pending.items() if q == qid]:
+                del self.pending[name]
+                self.progress.queues_done += 1
         if not self.dst_pending:
             return
         for key in [k for k in self.dst_pending if k[0] == qid]:

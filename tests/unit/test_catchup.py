@@ -1,0 +1,77 @@
+"""The joiner's side of an update (cluster/update.py) against a real store: messages the
+log dead-letters before their body arrives, and what is locked meanwhile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+
+from cluster.events import Accept, Acquire, DeclareQueue, Enqueue, Event, Interest, Origin, Reject
+from cluster.log.memory import MemoryLog
+from cluster.node import Node
+from cluster.state import Effect, State
+from cluster.update import Catchup
+from store.rocks import RocksStore
+from tests.unit.test_join_events import _cluster
+
+
+class _Feed:
+    """Events of member n1/r1 applied to several states at the same offsets."""
+
+    def __init__(self, state: State, offset: int) -> None:
+        self.states = [state]
+        self.offset = offset
+        self.seq = 10
+
+    def apply(self, ev: Event) -> list[list[Effect]]:
+        self.seq += 1
+        outs = []
+        for s in self.states:
+            out: list[Effect] = []
+            s.apply(self.offset, Origin("n1", "r1", self.seq, 5), ev, out)
+            outs.append(out)
+        self.offset += 1
+        return outs
+
+
+def _raw(body: bytes) -> bytes:  # the store's encoding: [enqueued_at, publish_time, headers, body]
+    return msgpack.packb((5, 5, {"k": 1}, body), use_bin_type=True)
+
+
+async def test_waiting_moves_resolve_when_the_body_arrives(tmp_path: Path) -> None:
+    donor, offset = _cluster()
+    feed = _Feed(donor, offset)
+    feed.apply(DeclareQueue("dlq"))
+    feed.apply(DeclareQueue("q", dead_letter="dlq"))
+    feed.apply(Enqueue("q", ((b"a", {}), (b"b", {}), (b"c", {}))))
+    feed.apply(Interest("q", True))
+
+    node = Node("n3", MemoryLog(), RocksStore(str(tmp_path / "store")))
+    catchup = Catchup(node)
+    node.catchup = catchup
+    await node.install(donor.applied, donor.full_snapshot())
+    catchup.pending = {name: q.qid for name, q in node.state.queues.items()}
+    q, dlq = node.state.queues["q"], node.state.queues["dlq"]
+    assert node.locked("q") and node.locked("dlq")
+
+    feed.states.append(node.state)
+    for ev in (Acquire("q", "n1/r1/1", 2), Reject("q", "n1/r1/1", (1,)), Accept("q", "n1/r1/1", (0,))):
+        out = feed.apply(ev)[1]
+        async with node.apply_lock:
+            await node._persist(out, feed.offset - 1)
+    # Position 1 of q was dead-lettered to dlq position 0 before its body came.
+    assert catchup.dst_pending == {(dlq.qid, 0): (q.qid, 1)}
+    catchup.pending.pop("dlq")
+    assert node.locked("dlq")  # done, but a message moved into it is still awaited
+
+    # The member streams q back to front as it was at the capture: 2, 1, 0.
+    async with node.apply_lock:
+        catchup._take(q.qid, [[2, _raw(b"c")], [1, _raw(b"b")], [0, _raw(b"a")]])
+    got = node.store.get_messages(q.qid, [0, 1, 2]) + node.store.get_messages(dlq.qid, [0])
+    assert got[0] is None and got[1] is None  # accepted; dead-lettered: not in q
+    assert got[2] is not None and got[2].body == b"c"
+    moved = got[3]
+    assert moved is not None and moved.body == b"b"
+    assert moved.headers["x-death-reason"] == "rejected" and moved.headers["k"] == 1
+    assert not catchup.dst_pending and not node.locked("dlq")
