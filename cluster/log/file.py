@@ -4,8 +4,10 @@ Layout of directory PATH:
 
 * ``<base offset, 20 digits>.seg`` — segments; the name is the offset of the segment's
   first record, so a reader finds an offset's segment from a directory listing alone.
-* ``LOCK`` — every writer (in any process) holds ``flock(LOCK_EX)`` on it for a whole
-  append batch, so batches never interleave and offsets stay dense.
+* ``LOCK`` — every writer (in any process) holds ``flock(LOCK_EX)`` on it while it writes
+  an append batch, so batches never interleave and offsets stay dense; the fsync that
+  makes the batch durable comes after the unlock (a stopped writer must not stall the
+  others for longer than a write).
 
 A segment is a run of frames: header ``>IQI`` = (payload length, offset, crc32(payload)),
 then the payload. Carrying the offset in each frame lets a scan tell a stale or foreign
@@ -394,7 +396,14 @@ class FileLog(Log):
         tail.seek(tail.pos, tail.next)
 
     def _commit(self, batches: list[Sequence[bytes]]) -> list[int]:
-        """Write a group of batches as one: flock, find the end, write, fsync, unlock."""
+        """Write a group of batches as one: flock, find the end, write, unlock, fsync.
+
+        The fsync runs after the unlock: a writer process that is stopped (SIGSTOP, a
+        debugger) or slow to sync must not hold every other broker's appends, and the
+        lock is only held for the writes themselves. Durability is unchanged: this
+        call returns after the data is synced, and the records were visible to readers
+        (the page cache) from the header write on, lock or not.
+        """
         with self._locked():
             self._sync_tail(repair=True)
             tail = self._tail
@@ -416,7 +425,6 @@ class FileLog(Log):
             try:
                 _pwrite_all(tail.fd, data, tail.pos)
                 _pwrite_all(tail.fd, header, tail.pos)
-                _datasync(tail.fd)
             except OSError as exc:
                 try:
                     os.ftruncate(tail.fd, tail.pos)
@@ -425,7 +433,17 @@ class FileLog(Log):
                     tail.seek(0, tail.base)  # unsure what is on disk: rescan next time
                 raise LogUnavailable(f"append to {self._path(tail.base)} failed: {exc}") from exc
             tail.seek(tail.pos + len(data), offset)
-            return firsts
+            fd, path = tail.fd, self._path(tail.base)
+        # Only this thread writes or switches this process's tail: fd stays open.
+        try:
+            _datasync(fd)
+        except OSError as exc:
+            # Others may have appended after us: nothing can be cut. Readers may have
+            # seen the records; the caller treats the outcome as unknown and retries
+            # (appliers drop the duplicates, DESIGN §3).
+            tail.seek(0, tail.base)
+            raise LogUnavailable(f"sync of {path} failed, append outcome unknown: {exc}") from exc
+        return firsts
 
     def _end_offset(self) -> int:
         self._sync_tail(repair=False)  # readers don't lock; neither does this

@@ -200,7 +200,7 @@ async def test_concurrent_appends_share_one_fsync(tmp_path: Path, monkeypatch: p
         await log.close()
 
 
-@pytest.mark.parametrize("failing", ["_pwrite_all", "_datasync"])
+@pytest.mark.parametrize("failing", ["_pwrite_all"])
 async def test_disk_error_fails_the_batch_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
@@ -228,6 +228,32 @@ async def test_disk_error_fails_the_batch_and_leaves_nothing(
         got = await collect(log, 0, 6)
         assert got[-2:] == [(4, b"r4"), (5, b"later")]
         assert await log.end_offset() == 6
+    finally:
+        await log.close()
+
+
+async def test_a_failed_sync_reports_an_unknown_outcome_and_cuts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fsync comes after the unlock (a stopped writer must not stall the others):
+    by then readers may have seen the batch and others may have appended after it, so
+    a failed sync cuts nothing; the append fails with its outcome unknown (the node
+    retries, appliers drop the duplicates) and the log stays whole and appendable."""
+    log = await filled(tmp_path, 5)
+
+    def failing_sync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    try:
+        monkeypatch.setattr(file_mod, "_datasync", failing_sync)
+        with pytest.raises(LogUnavailable, match="outcome unknown") as caught:
+            await log.append([b"maybe-%d" % i for i in range(20)])
+        assert isinstance(caught.value.__cause__, OSError)
+        monkeypatch.undo()
+        assert await log.end_offset() == 25
+        assert await log.append([b"later"]) == 25
+        got = await collect(log, 0, 26)
+        assert got[4:6] == [(4, b"r4"), (5, b"maybe-0")] and got[-1] == (25, b"later")
     finally:
         await log.close()
 
@@ -305,3 +331,38 @@ async def test_reader_sees_appends_of_another_process(tmp_path: Path) -> None:
         assert await log.append([b"mine"]) == 52
     finally:
         await log.close()
+
+
+async def test_a_writer_stuck_in_its_sync_does_not_hold_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers on one log directory (two brokers): while one is stuck syncing (a
+    process stopped at the wrong moment), the other still appends."""
+    import threading
+
+    stuck = await FileLog.open(str(tmp_path))
+    other = await FileLog.open(str(tmp_path))
+    release = threading.Event()
+    real = file_mod._datasync
+    stuck_fds: set[int] = set()
+
+    def sync(fd: int) -> None:
+        if fd in stuck_fds:
+            release.wait(TIMEOUT)
+        real(fd)
+
+    try:
+        monkeypatch.setattr(file_mod, "_datasync", sync)
+        await stuck.append([b"warm-up"])
+        stuck_fds.add(stuck._tail.fd)  # from now on its syncs hang
+        pending = asyncio.ensure_future(stuck.append([b"stuck"]))
+        await asyncio.sleep(0.2)
+        assert not pending.done()
+        assert await asyncio.wait_for(other.append([b"other"]), 5) == 2
+        release.set()
+        assert await asyncio.wait_for(pending, TIMEOUT) == 1
+        assert await collect(other, 0, 3) == [(0, b"warm-up"), (1, b"stuck"), (2, b"other")]
+    finally:
+        release.set()
+        await stuck.close()
+        await other.close()
