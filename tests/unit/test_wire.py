@@ -57,6 +57,11 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.Reject: wire.Reject(14, 3, []),
     wire.Cancel: wire.Cancel(15, 3, [7, 8]),
     wire.Topology: wire.Topology(16),
+    wire.Lead: wire.Lead(17, "import-entries"),
+    wire.Resign: wire.Resign(18, "import-entries"),
+    wire.LeaderEvent: wire.LeaderEvent("import-entries", "granted", 1234, "n1/abc/s1"),
+    wire.Services: wire.Services(19),
+    wire.Handover: wire.Handover(20, "import-entries", "n2", 30_000),
     wire.ConsumerCancelled: wire.ConsumerCancelled(3, errors.QueueNotFound.code, "queue deleted"),
 }
 
