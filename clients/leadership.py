@@ -234,9 +234,15 @@ class Term:
         self._wake.set()
 
     def _resign_in_background(self) -> None:
-        """Withdraw a candidacy that never led (timeout, cancel) without waiting."""
+        """Withdraw a candidacy that never led (timeout, cancel) without waiting.
+
+        Sent even when the Lead's answer never came (its candidacy may have been
+        applied) or a failover re-sent the Lead: the broker resigns for the session
+        that sends it, after the Lead it read before, and a Resign of a session that
+        is no candidate changes nothing.
+        """
         conn = self._conn
-        if self.candidate and self._session == conn.failovers and not conn.closed:
+        if not conn.closed:
             try:
                 conn._resign_request(self.service).add_done_callback(_consume)
             except BatonError:

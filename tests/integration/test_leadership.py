@@ -207,3 +207,35 @@ async def test_broker_level_candidates_cli_and_restart(tmp_path: Path) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def test_sync_client_leads_and_hands_over(broker: BrokerProcess) -> None:
+    import threading
+
+    got: list[int] = []
+    with clients.sync.connect(broker.address) as c1, clients.sync.connect(broker.address) as c2:
+        with c1.lead("svc", timeout=10) as t1:
+            assert t1.leading and t1.token >= 0 and not t1.lost.is_set()
+
+            def second() -> None:
+                with c2.lead("svc", timeout=20) as t2:
+                    got.append(t2.token)
+
+            th = threading.Thread(target=second)
+            th.start()
+            for _ in range(50):
+                info = c1.service_leader("svc")
+                if info is not None and len(info.candidates) == 2:
+                    break
+                time.sleep(0.05)
+            assert info is not None and info.leader == t1.candidate
+            done: list[clients.HandoverResult] = []
+            admin = threading.Thread(target=lambda: done.append(c1.handover("svc", timeout=20)))
+            admin.start()
+            assert t1.handover_requested.wait(10)  # a threading.Event in the blocking client
+            assert not done and not got
+        assert t1.lost.is_set()
+        admin.join(20)
+        th.join(20)
+        assert done and got and done[0].token == got[0] > t1.token
+        assert c1.services() == []  # the second left its block: nobody runs any more
