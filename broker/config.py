@@ -82,3 +82,6 @@ class BrokerConfig:
             raise InvalidArgument("role must be 'voter' or 'observer'")
         if self.heartbeat_ms < 10 or self.suspect_beats < 2 or self.time_slice_ms < 10:
             raise InvalidArgument("heartbeat_ms, time_slice_ms >= 10 and suspect_beats >= 2")
+        for name in self.services:
+            if not name or len(name) > 255 or not name.isprintable():
+                raise InvalidArgument(f"service name {name!r} must be 1..255 printable characters")

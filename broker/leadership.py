@@ -64,6 +64,7 @@ class Leadership:
         self._candidacies: dict["Session", set[str]] = {}  # session -> services
         self._waiters: list[_Waiter] = []
         self._running: set[str] = set()  # broker-level Candidate appended, not yet applied
+        self._seen = (-1, -1)  # (services version, view) when effects were last looked at
 
     # -- broker-level candidates -------------------------------------------------------
 
@@ -219,6 +220,11 @@ class Leadership:
 
     def on_effects(self, effects: list[Effect]) -> None:
         """Called with every applied batch's effects (after the store write)."""
+        state = self.node.state
+        seen = (state.services.version, state.membership.view_seq)
+        if seen == self._seen:
+            return  # no service changed and no new view: nothing here (the hot path)
+        self._seen = seen
         for e in effects:
             t = type(e)
             if t is LeaderChanged:

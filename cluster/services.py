@@ -105,6 +105,9 @@ class Services:
 
     def __init__(self) -> None:
         self.services: dict[str, Service] = {}
+        # Bumped by every transition; not replicated state (not in snapshots): lets
+        # the broker skip the effects of batches that changed no service.
+        self.version = 0
 
     # -- queries ----------------------------------------------------------------------
 
@@ -119,6 +122,7 @@ class Services:
 
     def candidate(self, service: str, candidate: str, offset: int) -> Grant | None:
         """Add a candidate (idempotent); with no leader it is granted a term now."""
+        self.version += 1
         s = self.services.get(service)
         if s is None:
             s = self.services[service] = Service(service)
@@ -130,6 +134,7 @@ class Services:
 
     def resign(self, service: str, candidate: str, offset: int) -> tuple[bool, Grant | None]:
         """Remove a candidate. Returns (it was a candidate, the new term if it led)."""
+        self.version += 1
         s = self.services.get(service)
         if s is None or candidate not in s.candidates:
             return False, None
@@ -147,6 +152,7 @@ class Services:
             InvalidArgument: the service has no leader, no other candidate, or
                 ``to`` names no candidate other than the leader.
         """
+        self.version += 1
         s = self.services.get(service)
         if s is None or s.leader is None:
             raise InvalidArgument(f"service {service!r} has no leader")
@@ -174,6 +180,7 @@ class Services:
         candidate hosted there (several runtimes may leave in one view change; this
         grants at most one term per service for it).
         """
+        self.version += 1
         prefix = key + "/"
         grants: list[Grant] = []
         for name in sorted(self.services):
