@@ -110,7 +110,7 @@ class Broker:
         self.delivery.on_effects(effects)
         try:
             self.leadership.on_effects(effects)
-        except Exception:  # a bug must not stop delivery; the node logs nothing else
+        except Exception:  # a bug here: logged as such; delivery had its effects already
             log.exception("leadership effect handling failed")
 
     def _node_id(self, store: RocksStore) -> str:
