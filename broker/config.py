@@ -57,6 +57,7 @@ class BrokerConfig:
             is whole), "update" or "replay".
         update_max_rate: messages/s this broker streams to a joining broker at most
             (0: as fast as the joiner takes them).
+        services: services this broker itself runs for leader of (DESIGN §7).
     """
 
     data_dir: str
@@ -77,6 +78,7 @@ class BrokerConfig:
     checkpoint_ms: int = 5000
     join: str = "auto"
     update_max_rate: int = 0
+    services: list[str] = field(default_factory=list)
 
     def resolved_log_url(self) -> str:
         return self.log_url or f"file:{os.path.join(self.data_dir, 'log')}"
@@ -97,3 +99,6 @@ class BrokerConfig:
             raise InvalidArgument("update_max_rate must be >= 0 (0: no limit)")
         if self.join not in ("auto", "update", "replay"):
             raise InvalidArgument("join must be 'auto', 'update' or 'replay'")
+        for name in self.services:
+            if not name or len(name) > 255 or not name.isprintable():
+                raise InvalidArgument(f"service name {name!r} must be 1..255 printable characters")

@@ -85,6 +85,9 @@ class Session(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._big = wire.FrameCodec(update.MAX_UPDATE_FRAME)  # encodes update frames
+        # Service leadership (broker/leadership.py): "node/runtime/s<n>", made at the
+        # first Lead.
+        self.candidate = ""
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -125,6 +128,8 @@ class Session(asyncio.Protocol):
         for c in list(self.consumers.values()):
             self.broker.delivery.remove(c)
         self.consumers.clear()
+        if self.greeted:
+            self.broker.leadership.session_closed(self)  # resign its candidacies
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -283,6 +288,18 @@ class Session(asyncio.Protocol):
         elif t is wire.Topology:
             assert isinstance(f, wire.Topology)
             self.send(wire.Ok(f.corr, self.broker.topology()))
+        elif t is wire.Lead:
+            assert isinstance(f, wire.Lead)
+            self.broker.leadership.lead(self, f)
+        elif t is wire.Resign:
+            assert isinstance(f, wire.Resign)
+            self.broker.leadership.resign(self, f)
+        elif t is wire.Services:
+            assert isinstance(f, wire.Services)
+            self.send(wire.Ok(f.corr, self.broker.leadership.describe()))
+        elif t is wire.Handover:
+            assert isinstance(f, wire.Handover)
+            self.broker.leadership.handover(self, f)
         elif t is wire.Ping:
             assert isinstance(f, wire.Ping)
             self.send(wire.Ok(f.corr, {}))

@@ -184,6 +184,8 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "hold": (int,),
     "prev_offset": (int,),
     "prev_digest": (str,),
+    "service": (str,),
+    "candidate": (str,),
 }
 
 

@@ -62,6 +62,11 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.UpdateQueue: wire.UpdateQueue(19, "q1", 7, 1000),
     wire.UpdateFront: wire.UpdateFront(20, 7, [[999, b"\x94\x01\x02\x80\xc4\x01x"]]),
     wire.UpdateDone: wire.UpdateDone(21, "q1", 7),
+    wire.Lead: wire.Lead(17, "import-entries"),
+    wire.Resign: wire.Resign(18, "import-entries"),
+    wire.LeaderEvent: wire.LeaderEvent("import-entries", "granted", 1234, "n1/abc/s1"),
+    wire.Services: wire.Services(19),
+    wire.Handover: wire.Handover(20, "import-entries", "n2", 30_000),
     wire.ConsumerCancelled: wire.ConsumerCancelled(3, errors.QueueNotFound.code, "queue deleted"),
 }
 
