@@ -57,6 +57,9 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.Reject: wire.Reject(14, 3, []),
     wire.Cancel: wire.Cancel(15, 3, [7, 8]),
     wire.Topology: wire.Topology(16),
+    wire.ReadRange: wire.ReadRange(17, "import-entries", 100, 200, 10_000),
+    wire.Reserve: wire.Reserve(18, "import-entries", "spark:import-entries"),
+    wire.AcceptThrough: wire.AcceptThrough(19, "import-entries", 200, "spark:import-entries"),
     wire.ConsumerCancelled: wire.ConsumerCancelled(3, errors.QueueNotFound.code, "queue deleted"),
 }
 
