@@ -41,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
         heartbeat_ms=args.heartbeat_ms,
         suspect_beats=args.suspect_beats,
         time_slice_ms=args.time_slice_ms,
+        services=list(args.service),
     )
     import uvloop
 
@@ -170,6 +171,44 @@ def _topology(args: argparse.Namespace) -> int:
     return 0
 
 
+def _services(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        rows = conn.services()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        return 0
+    if not rows:
+        print("no services (nobody runs for leader of any service)")
+        return 0
+    print(f"{'service':24} {'leader':36} {'token':>10} {'terms':>6}  candidates")
+    for r in rows:
+        note = "  (handover requested" + (f" to {r.handover_to})" if r.handover_to else ")")
+        print(
+            f"{r.service:24} {r.leader or '-':36} {'-' if r.token is None else r.token:>10}"
+            f" {r.terms:>6}  {len(r.candidates)}{note if r.handover_requested else ''}"
+        )
+        if args.verbose:
+            for c in r.candidates:
+                print(f"    {c}{'  (leader)' if c == r.leader else ''}")
+    return 0
+
+
+def _handover(args: argparse.Namespace) -> int:
+    import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        done = conn.handover(args.service, to=args.to, timeout=args.timeout)
+    print(
+        f"service {done.service}: {done.leader} leads now (token {done.token})"
+        f"{f', after {done.previous}' if done.previous else ''}"
+    )
+    return 0
+
+
 def _dev(args: argparse.Namespace) -> int:
     from broker.dev import run_dev
 
@@ -215,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another member's beats without ours before we are suspected")
     s.add_argument("--time-slice-ms", type=int, default=200,
                    help="how long an owner keeps a queue other brokers want")
+    s.add_argument("--service", action="append", default=[], metavar="NAME",
+                   help="run this broker for leader of service NAME, repeatable")
     s.set_defaults(func=_serve)
 
     broker_help = "broker address(es), HOST:PORT[,HOST:PORT]"
@@ -259,6 +300,21 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_queues)
+
+    sv = sub.add_parser("services", help="list services: leader, fencing token, candidates")
+    sv.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    sv.add_argument("--json", action="store_true")
+    sv.add_argument("-v", "--verbose", action="store_true", help="list every candidate")
+    sv.set_defaults(func=_services)
+
+    ho = sub.add_parser("handover", help="ask a service's leader to hand over; wait for the next term")
+    ho.add_argument("service")
+    ho.add_argument("--to", default=None,
+                    help="candidate key or node id to lead next (default: the next in line)")
+    ho.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    ho.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds to wait for the leader to finish its work")
+    ho.set_defaults(func=_handover)
 
     from loadtest.__main__ import add_arguments
 

@@ -49,6 +49,7 @@ class BrokerConfig:
         heartbeat_ms: heartbeat interval; a member is suspected after
             ``suspect_beats`` beats of another member without its own (~3 s).
         time_slice_ms: how long an owner keeps a queue others want (DESIGN §6).
+        services: services this broker itself runs for leader of (DESIGN §7).
     """
 
     data_dir: str
@@ -66,6 +67,7 @@ class BrokerConfig:
     heartbeat_ms: int = 500
     suspect_beats: int = 6
     time_slice_ms: int = 200
+    services: list[str] = field(default_factory=list)
 
     def resolved_log_url(self) -> str:
         return self.log_url or f"file:{os.path.join(self.data_dir, 'log')}"
@@ -80,3 +82,6 @@ class BrokerConfig:
             raise InvalidArgument("role must be 'voter' or 'observer'")
         if self.heartbeat_ms < 10 or self.suspect_beats < 2 or self.time_slice_ms < 10:
             raise InvalidArgument("heartbeat_ms, time_slice_ms >= 10 and suspect_beats >= 2")
+        for name in self.services:
+            if not name or len(name) > 255 or not name.isprintable():
+                raise InvalidArgument(f"service name {name!r} must be 1..255 printable characters")

@@ -10,10 +10,12 @@ from typing import Any
 
 from broker.config import BrokerConfig
 from broker.delivery import Delivery
+from broker.leadership import Leadership
 from broker.session import Session
 from clients.errors import InvalidArgument, QueueNotFound
 from cluster.log import Log, open_log
 from cluster.node import Node
+from cluster.state import Effect
 from store.rocks import RocksStore
 
 __all__ = ["Broker", "VERSION"]
@@ -44,6 +46,7 @@ class Broker:
         self._store: RocksStore | None = None
         self._node: Node | None = None
         self._delivery: Delivery | None = None
+        self._leadership: Leadership | None = None
 
     @property
     def node(self) -> Node:
@@ -54,6 +57,11 @@ class Broker:
     def delivery(self) -> Delivery:
         assert self._delivery is not None, "broker not started"
         return self._delivery
+
+    @property
+    def leadership(self) -> Leadership:
+        assert self._leadership is not None, "broker not started"
+        return self._leadership
 
     async def start(self) -> None:
         cfg = self.config
@@ -73,7 +81,8 @@ class Broker:
         self._delivery = Delivery(
             self._node, chunk_bytes=cfg.max_frame // 4, time_slice_ms=cfg.time_slice_ms
         )
-        self._node.listener = self._delivery.on_effects
+        self._leadership = Leadership(self._node, cfg.services)
+        self._node.listener = self._on_effects
         self._delivery.on_fenced = self._close_sessions
         loop = asyncio.get_running_loop()
         try:
@@ -91,9 +100,18 @@ class Broker:
         await self._node.start(self.address)
         await self._server.start_serving()
         self._delivery.start(cfg.expiry_interval)
+        self._leadership.start()
         log.info(
             "broker %s listening on %s, log %s", node_id, self.address, cfg.resolved_log_url()
         )
+
+    def _on_effects(self, effects: list[Effect]) -> None:
+        """Every applied batch's effects: to delivery, then to service leadership."""
+        self.delivery.on_effects(effects)
+        try:
+            self.leadership.on_effects(effects)
+        except Exception:  # a bug must not stop delivery; the node logs nothing else
+            log.exception("leadership effect handling failed")
 
     def _node_id(self, store: RocksStore) -> str:
         """The persistent node id: kept in the store, made at first start (DESIGN §7)."""

@@ -87,6 +87,9 @@ class Session(asyncio.Protocol):
         # Single publishes read in one go, per queue, merged into one Enqueue event:
         # (corr, body, headers, idempotency key).
         self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any], str]]] = {}
+        # Service leadership (broker/leadership.py): "node/runtime/s<n>", made at the
+        # first Lead.
+        self.candidate = ""
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -124,6 +127,8 @@ class Session(asyncio.Protocol):
         for c in list(self.consumers.values()):
             self.broker.delivery.remove(c)
         self.consumers.clear()
+        if self.greeted:
+            self.broker.leadership.session_closed(self)  # resign its candidacies
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -280,6 +285,18 @@ class Session(asyncio.Protocol):
         elif t is wire.Topology:
             assert isinstance(f, wire.Topology)
             self.send(wire.Ok(f.corr, self.broker.topology()))
+        elif t is wire.Lead:
+            assert isinstance(f, wire.Lead)
+            self.broker.leadership.lead(self, f)
+        elif t is wire.Resign:
+            assert isinstance(f, wire.Resign)
+            self.broker.leadership.resign(self, f)
+        elif t is wire.Services:
+            assert isinstance(f, wire.Services)
+            self.send(wire.Ok(f.corr, self.broker.leadership.describe()))
+        elif t is wire.Handover:
+            assert isinstance(f, wire.Handover)
+            self.broker.leadership.handover(self, f)
         elif t is wire.Ping:
             assert isinstance(f, wire.Ping)
             self.send(wire.Ok(f.corr, {}))

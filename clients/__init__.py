@@ -16,7 +16,7 @@ must not import anything outside ``clients/``.
 
 from __future__ import annotations
 
-from clients import errors, sync, topology, wire
+from clients import errors, leadership, sync, topology, wire
 from clients.client import Connection, Consumer, Message, TopologyWatch, connect
 from clients.errors import (
     BatonError,
@@ -41,6 +41,7 @@ from clients.errors import (
     UnknownConsumer,
     UnsupportedVersion,
 )
+from clients.leadership import HandoverResult, ServiceInfo, Term
 from clients.topology import Topology, TopologyEvent, TopologyEventType
 from clients.wire import PROTOCOL_VERSION
 
@@ -57,6 +58,10 @@ __all__ = [
     "TopologyEvent",
     "TopologyEventType",
     "TopologyWatch",
+    "leadership",
+    "Term",
+    "ServiceInfo",
+    "HandoverResult",
     "PROTOCOL_VERSION",
     "BatonError",
     "ProtocolError",

@@ -54,8 +54,11 @@ from clients.wire import (
     Error,
     Frame,
     FrameCodec,
+    Handover,
     Hello,
     HelloOk,
+    Lead,
+    LeaderEvent,
     ListQueues,
     Ok,
     Ping,
@@ -68,8 +71,11 @@ from clients.wire import (
     Reject,
     Release,
     Reserve,
+    Resign,
+    Services,
     Subscribe,
 )
+from clients.leadership import HandoverResult, ServiceInfo, Term
 from clients.topology import Topology as TopologySnapshot
 from clients.topology import TopologyEvent, TopologyTracker
 
@@ -354,6 +360,7 @@ class Connection:
         self._closed: ConnectionClosed | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._hello: asyncio.Future[HelloOk] | None = None
+        self._terms: dict[str, Term] = {}  # service -> this connection's run for it
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -493,6 +500,8 @@ class Connection:
         consumers, self._consumers = self._consumers, {}
         for consumer in consumers.values():
             consumer._end(self._closed_error(text, cause))
+        for term in list(self._terms.values()):
+            term._session_lost()  # the broker resigns for the ended session
         self._writable.set()  # wake writers so that they see the closed state
 
     def _connection_lost(self, exc: Exception | None) -> None:
@@ -550,6 +559,11 @@ class Connection:
             fut = self._pending.pop(frame.corr, None)
             if fut is not None and not fut.done():
                 fut.set_exception(err)
+        elif kind is LeaderEvent:
+            assert isinstance(frame, LeaderEvent)
+            term = self._terms.get(frame.service)
+            if term is not None:
+                term._event(frame.event, frame.token, frame.leader)
         elif kind is ConsumerCancelled:
             assert isinstance(frame, ConsumerCancelled)
             consumer = self._consumers.pop(frame.consumer, None)
@@ -681,6 +695,10 @@ class Connection:
         for consumer in consumers.values():
             consumer._failed_over()
             self._resubscribe.append(consumer)
+        # A new session is a new candidate: a held term is lost (the old session's
+        # candidacy ends with it); one still waiting runs again on the new broker.
+        for term in list(self._terms.values()):
+            term._session_lost()
         self._writable.set()  # commands issued now wait in _resend, not on the transport
         self._failover_task = self._loop.create_task(self._failover_loop(cause, text))
         self._failover_task.add_done_callback(_consume_result)
@@ -809,6 +827,111 @@ class Connection:
         if not min_event_delay >= 0:
             raise InvalidArgument("min_event_delay must be >= 0")
         return TopologyWatch(self, listener, interval, TopologyTracker(min_event_delay))
+
+    # --- service leadership (DESIGN §7) -------------------------------------------------
+
+    def lead(self, service: str, *, timeout: float | None = None) -> Term:
+        """Run for leader of ``service``; use the result as ``async with``.
+
+        ``async with conn.lead("import-entries") as term:`` waits until this session
+        leads the service, then runs the block; leaving the block resigns, and the
+        next candidate gets a new term. Inside, ``term.token`` is the term's fencing
+        token (it grows with every term), ``term.lost`` is set when the leadership is
+        lost (broker lost, view change, failover: a new session is a new candidate)
+        and ``term.handover_requested`` when an admin asked for a handover (finish the
+        running work and leave the block). See docs/client.md, "Service leadership".
+
+        Args:
+            service: the service's name (1..255 printable characters).
+            timeout: seconds to wait for the leadership (None: as long as it takes);
+                then Timeout is raised from ``async with`` and the candidacy is
+                withdrawn.
+
+        Returns:
+            A :class:`~clients.leadership.Term` (not yet running).
+
+        Raises:
+            InvalidArgument: a bad service name or timeout (also from ``async with``:
+                this connection already runs for the service).
+        """
+        return Term(self, service, timeout)
+
+    def _lead_request(self, service: str) -> asyncio.Future[dict[str, Any]]:
+        corr = self._next_corr()
+        # Sent again after a failover: the new session is a (new) candidate.
+        return self._request(Lead(corr, service), corr, retry=True)
+
+    def _resign_request(self, service: str) -> asyncio.Future[dict[str, Any]]:
+        corr = self._next_corr()
+        return self._request(Resign(corr, service), corr)
+
+    async def services(self) -> list[ServiceInfo]:
+        """Every service with a candidate: leader, fencing token, candidates, handover
+        state, as the connected broker applied them (sorted by name).
+
+        Raises:
+            ConnectionClosed: the connection ended first.
+        """
+        corr = self._next_corr()
+        result = await self._request(Services(corr), corr, retry=True)
+        items = result.get("services")
+        if not isinstance(items, list):
+            raise ProtocolError("Services result has no 'services' list")
+        return [ServiceInfo.from_mapping(m) for m in items]
+
+    async def service_leader(self, service: str) -> ServiceInfo | None:
+        """One service's :class:`~clients.leadership.ServiceInfo` (None: it has no
+        candidate at all). ``info.leader`` and ``info.token`` are the current term."""
+        for info in await self.services():
+            if info.service == service:
+                return info
+        return None
+
+    async def handover(
+        self, service: str, *, to: str | None = None, timeout: float = 30.0
+    ) -> HandoverResult:
+        """Ask the leader of ``service`` to hand over (admin), and wait for the next term.
+
+        The leader is told (``term.handover_requested``) and resigns when its running
+        work is done; then ``to`` (a candidate key, or a node id: that node's first
+        candidate) or else the first other candidate gets a new term.
+
+        Args:
+            service: the service's name.
+            to: who should lead next (None: the next candidate in line).
+            timeout: seconds to wait for the new term.
+
+        Returns:
+            The new term: its ``leader``, ``token`` and the ``previous`` leader.
+
+        Raises:
+            InvalidArgument: the service has no leader, no other candidate, or ``to``
+                names none of its candidates.
+            Timeout: no new term within ``timeout`` (the leader is still working; the
+                handover stays requested).
+            ConnectionClosed: the connection ended first (the outcome is unknown).
+        """
+        if not timeout > 0:
+            raise InvalidArgument("timeout must be positive")
+        if to is not None and not isinstance(to, str):
+            raise InvalidArgument("to must be a str (a candidate key or node id) or None")
+        corr = self._next_corr()
+        ms = max(1, int(timeout * 1000))
+        frame = Handover(corr, service, to or "", ms)
+        try:
+            async with asyncio.timeout(timeout + 10):  # the broker answers at ``timeout``
+                result = await self._request(frame, corr)
+        except TimeoutError:
+            raise errors.Timeout(f"no answer to handover of {service!r} from the broker") from None
+        try:
+            return HandoverResult(
+                str(result["service"]),
+                str(result["leader"]),
+                int(result["token"]),
+                None if result.get("previous") is None else str(result["previous"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed handover result: {exc!r}") from exc
 
     async def ping(self) -> float:
         """Round trip to the broker.

@@ -27,9 +27,10 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 from clients import client as _aio
+from clients.leadership import HandoverResult, ServiceInfo, Term
 from clients.errors import ConnectionClosed, InvalidArgument, Timeout
 
-__all__ = ["connect", "SyncConnection", "SyncConsumer", "SyncMessage"]
+__all__ = ["connect", "SyncConnection", "SyncConsumer", "SyncMessage", "SyncTerm"]
 
 _T = TypeVar("_T")
 
@@ -308,6 +309,101 @@ class SyncConnection:
     def consume(self, queue: str, *, prefetch: int = 100) -> SyncConsumer:
         """A blocking consumer of ``queue``; subscribe by entering it (``with``)."""
         return SyncConsumer(self, self._conn.consume(queue, prefetch=prefetch))
+
+    def lead(self, service: str, *, timeout: float | None = None) -> SyncTerm:
+        """Run for leader of ``service``; ``with conn.lead(name) as term:`` blocks until
+        this session leads (see :meth:`Connection.lead`; ``timeout`` bounds the wait,
+        not the connection's call timeout)."""
+        return SyncTerm(self, self._conn.lead(service, timeout=timeout))
+
+    def services(self) -> list[ServiceInfo]:
+        """Every service's leader, token and candidates (see :meth:`Connection.services`)."""
+        return self._run(self._conn.services())
+
+    def service_leader(self, service: str) -> ServiceInfo | None:
+        """One service's leadership, or None (see :meth:`Connection.service_leader`)."""
+        return self._run(self._conn.service_leader(service))
+
+    def handover(
+        self, service: str, *, to: str | None = None, timeout: float = 30.0
+    ) -> HandoverResult:
+        """Ask the leader to hand over and wait for the next term (see
+        :meth:`Connection.handover`); ``timeout`` bounds the whole call."""
+        return self._thread.run(
+            self._conn.handover(service, to=to, timeout=timeout), timeout + 15
+        )
+
+
+class SyncTerm:
+    """A blocking :class:`~clients.leadership.Term`: ``with conn.lead(name) as term``.
+
+    ``term.lost`` and ``term.handover_requested`` are :class:`threading.Event` objects
+    that follow the async term's events; ``term.token`` is the fencing token.
+    """
+
+    def __init__(self, conn: SyncConnection, term: Term) -> None:
+        self._conn = conn
+        self._term = term
+        self.lost = threading.Event()
+        self.handover_requested = threading.Event()
+        self._mirrors: list[asyncio.Task[None]] = []
+
+    @property
+    def service(self) -> str:
+        return self._term.service
+
+    @property
+    def token(self) -> int:
+        """The term's fencing token (-1 before it was granted)."""
+        return self._term.token
+
+    @property
+    def candidate(self) -> str:
+        return self._term.candidate
+
+    @property
+    def leading(self) -> bool:
+        return self._term.leading
+
+    def __repr__(self) -> str:
+        return f"<SyncTerm {self._term!r}>"
+
+    def __enter__(self) -> SyncTerm:
+        self._conn._thread.run(self._enter(), None)
+        return self
+
+    async def _enter(self) -> None:
+        term = self._term
+        await term.__aenter__()
+        loop = asyncio.get_running_loop()
+        self._mirrors = [
+            loop.create_task(_mirror(term.lost, self.lost)),
+            loop.create_task(_mirror(term.handover_requested, self.handover_requested)),
+        ]
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self._conn._thread.run(self._exit(), self._conn.timeout)
+        except (ConnectionClosed, Timeout):
+            if exc is None:
+                raise
+        finally:
+            self.lost.set()
+
+    async def _exit(self) -> None:
+        for task in self._mirrors:
+            task.cancel()
+        await self._term.__aexit__(None, None, None)
+
+
+async def _mirror(source: asyncio.Event, target: threading.Event) -> None:
+    await source.wait()
+    target.set()
 
 
 class SyncConsumer:

@@ -49,6 +49,12 @@ __all__ = [
     "ReadRange",
     "Reserve",
     "AcceptThrough",
+    "Lead",
+    "Resign",
+    "LeaderEvent",
+    "Services",
+    "Handover",
+    "LEADER_EVENTS",
     "FRAME_TYPES",
     "FrameCodec",
 ]
@@ -361,6 +367,79 @@ class AcceptThrough(Frame):
     holder: str
 
 
+# --- service leadership (DESIGN §7) ------------------------------------------------------
+
+#: The ``event`` values of :class:`LeaderEvent`.
+LEADER_EVENTS: Final = ("granted", "lost", "handover")
+
+
+@dataclass(frozen=True, slots=True)
+class Lead(Frame):
+    """C->S: this session runs for leader of ``service``.
+
+    Answered once the candidacy is applied: Ok({"service", "candidate", "leader",
+    "token"}) with this session's candidate key and the leader then (``leader`` equal
+    to ``candidate``: this session leads, with fencing ``token``). Later changes come
+    as :class:`LeaderEvent` frames. Idempotent on one session.
+    """
+
+    OP: ClassVar[int] = 60
+    corr: int
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resign(Frame):
+    """C->S: this session stops running for ``service`` (and stops leading it);
+    Ok({"was_candidate": bool}) once applied."""
+
+    OP: ClassVar[int] = 61
+    corr: int
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderEvent(Frame):
+    """S->C: leadership news for one of this session's candidacies.
+
+    ``event``: "granted" (this session leads ``service`` now; ``token`` is the
+    term's fencing token), "lost" (it no longer leads; ``leader`` is the new leader
+    or ""), "handover" (an admin asked it to hand over when its running work is done;
+    ``token`` is the current term's).
+    """
+
+    OP: ClassVar[int] = 62
+    service: str
+    event: str
+    token: int
+    leader: str
+
+
+@dataclass(frozen=True, slots=True)
+class Services(Frame):
+    """C->S: answered by Ok({"services": [...]}): each service's leader, token,
+    candidates and handover state, as this broker applied them."""
+
+    OP: ClassVar[int] = 63
+    corr: int
+
+
+@dataclass(frozen=True, slots=True)
+class Handover(Frame):
+    """C->S (admin): ask the leader of ``service`` to hand over when its running work
+    is done, to the candidate ``to`` names ("" = the next one).
+
+    Answered when a new term has started: Ok({"service", "leader", "token",
+    "previous"}); Error Timeout if none started within ``timeout_ms``.
+    """
+
+    OP: ClassVar[int] = 64
+    corr: int
+    service: str
+    to: str
+    timeout_ms: int
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -387,6 +466,11 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         ReadRange,
         Reserve,
         AcceptThrough,
+        Lead,
+        Resign,
+        LeaderEvent,
+        Services,
+        Handover,
     )
 }
 

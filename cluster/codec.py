@@ -175,6 +175,8 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "view_seq": (int,),
     "yes": (bool,),
     "cluster_id": (str,),
+    "service": (str,),
+    "candidate": (str,),
 }
 
 

@@ -36,6 +36,9 @@ __all__ = [
     "Propose",
     "Vote",
     "Leave",
+    "Candidate",
+    "Resign",
+    "Handover",
     "MEMBERSHIP_EVENTS",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
@@ -291,6 +294,46 @@ class Leave(Event):
     OP: ClassVar[int] = 33
 
 
+# --- service leadership (DESIGN §7, last bullet; cluster/services.py) ------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate(Event):
+    """``candidate`` runs for leader of ``service``.
+
+    A candidate is the origin broker runtime itself ("node/runtime") or a client
+    session it hosts ("node/runtime/session"); a broker can only nominate itself
+    and its own sessions. With no leader, the candidate is granted a term at once;
+    its fencing token is this event's log offset.
+    """
+
+    OP: ClassVar[int] = 60
+    service: str
+    candidate: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resign(Event):
+    """``candidate`` stops running for ``service`` (its session ended, or it left
+    its ``lead`` block). If it led, the next candidate gets a new term."""
+
+    OP: ClassVar[int] = 61
+    service: str
+    candidate: str
+
+
+@dataclass(frozen=True, slots=True)
+class Handover(Event):
+    """An admin asks the leader of ``service`` to hand over, when its running work
+    is done; the next term goes to ``to`` (a candidate key, or a prefix of one such
+    as a node id) if that is a candidate then, else to the first candidate.
+    ``to`` is "" for "any other candidate"."""
+
+    OP: ClassVar[int] = 62
+    service: str
+    to: str = ""
+
+
 EVENT_TYPES: Final[dict[int, type[Event]]] = {
     cls.OP: cls
     for cls in (
@@ -312,6 +355,9 @@ EVENT_TYPES: Final[dict[int, type[Event]]] = {
         Propose,
         Vote,
         Leave,
+        Candidate,
+        Resign,
+        Handover,
     )
 }
 

@@ -45,12 +45,14 @@ from cluster.events import (
     Accept,
     AcceptThrough,
     Acquire,
+    Candidate,
     DeclareQueue,
     DeleteQueue,
     Enqueue,
     Event,
     Expire,
     Handoff,
+    Handover,
     Heartbeat,
     Interest,
     Leave,
@@ -61,9 +63,11 @@ from cluster.events import (
     Release,
     ReleaseAll,
     Reserve,
+    Resign,
     Vote,
 )
 from cluster.membership import VOTER, Membership
+from cluster.services import Grant, Services, check_candidate
 
 __all__ = [
     "MessageState",
@@ -81,6 +85,8 @@ __all__ = [
     "QueueGone",
     "OwnerChanged",
     "MembersChanged",
+    "LeaderChanged",
+    "HandoverRequested",
     "MAX_QUEUE_NAME",
     "KEY_MEMORY",
 ]
@@ -222,6 +228,28 @@ class MembersChanged(Effect):
     members: list[str]
     removed: list[str]
     properties: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderChanged(Effect):
+    """Service ``service`` has a new term: ``leader`` (None: nobody leads now) with
+    fencing ``token`` (the granting event's log offset); ``previous`` led before."""
+
+    service: str
+    leader: str | None
+    token: int
+    previous: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HandoverRequested(Effect):
+    """An admin asked ``leader`` (term ``token``) to hand ``service`` over when its
+    running work is done; ``to`` is the candidate named to lead next, if any."""
+
+    service: str
+    leader: str
+    token: int
+    to: str | None
 
 
 # --- queues --------------------------------------------------------------------------
@@ -394,6 +422,7 @@ class State:
         self._key_total = 0  # keys ever remembered: the next key's sequence number
         self._keys_new: list[tuple[int, int, str, int]] = []  # (seq, qid, key, first) to store
         self.membership = Membership(suspect_beats)
+        self.services = Services()  # service leadership (cluster/services.py)
         self.clock = 0  # largest envelope time applied, ms
         self.applied = -1  # offset of the last applied record
         self.last_seq: dict[str, int] = {}  # "node/runtime" -> last applied origin seq
@@ -473,6 +502,8 @@ class State:
             return self._delete(ev.queue, out)  # type: ignore[attr-defined]
         if t is PurgeQueue:
             return self._purge(ev, out)  # type: ignore[arg-type]
+        if t is Candidate or t is Resign or t is Handover:
+            return self._service_event(key, ev, out)
         raise InvalidArgument(f"event {t.__name__} is not applicable")
 
     def _queue(self, name: str) -> QueueState:
@@ -893,6 +924,40 @@ class State:
             self._set_owner(q, to, out)
         return {"owner": q.owner}
 
+    # -- service leadership (DESIGN §7, cluster/services.py) ----------------------------
+
+    def _service_event(self, key: str, ev: Event, out: list[Effect]) -> dict[str, Any]:
+        services = self.services
+        if type(ev) is Handover:
+            assert isinstance(ev, Handover)
+            leader, token, to = services.handover(ev.service, ev.to, self.applied)
+            out.append(HandoverRequested(ev.service, leader, token, to))
+            return {"service": ev.service, "leader": leader, "token": token, "to": to}
+        assert isinstance(ev, (Candidate, Resign))
+        try:
+            check_candidate(key, ev.service, ev.candidate)
+        except InvalidArgument:
+            self._ignore("not-own-candidate")  # a broker acts only for its own sessions
+            raise
+        if type(ev) is Candidate:
+            grant = services.candidate(ev.service, ev.candidate, self.applied)
+            was = True
+        else:
+            was, grant = services.resign(ev.service, ev.candidate, self.applied)
+        if grant is not None:
+            self._granted(grant, out)
+        s = services.get(ev.service)
+        return {
+            "service": ev.service,
+            "candidate": ev.candidate,
+            "was_candidate": was,
+            "leader": None if s is None else s.leader,
+            "token": None if s is None or s.leader is None else s.token,
+        }
+
+    def _granted(self, g: Grant, out: list[Effect]) -> None:
+        out.append(LeaderChanged(g.service, g.leader, g.token, g.previous))
+
     # -- membership (DESIGN §7) ---------------------------------------------------------
 
     def _membership_event(
@@ -946,6 +1011,10 @@ class State:
             if q.owner == key:
                 self._set_owner(q, self._next_interested(q, key), out)
                 self.dirty.add(name)
+        # Its broker-level and session candidacies go; a service it led gets a new
+        # term at this log position (DESIGN §7).
+        for grant in self.services.drop_member(key, self.applied, self.membership.member_set):
+            self._granted(grant, out)
 
     # -- persistence and digests ----------------------------------------------------
 
@@ -960,6 +1029,7 @@ class State:
             # How many publish keys were ever remembered; the keys themselves are
             # stored one by one as they come (take_keys), not with every batch.
             self._key_total,
+            self.services.snapshot(),
         ]
 
     def restore_meta(self, snap: list[Any]) -> None:
@@ -968,6 +1038,8 @@ class State:
         self.ignored = {k: v for k, v in snap[3]}
         self.membership.restore(snap[4])
         self._key_total = snap[5]
+        # Snapshots written before service leadership have no services entry.
+        self.services.restore(snap[6] if len(snap) > 6 else [])
 
     def key_entries(self) -> list[tuple[int, int, str, int]]:
         """The remembered publish keys as (seq, qid, key, first position), in log order."""

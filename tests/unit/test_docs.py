@@ -20,3 +20,15 @@ def _gen_transitions() -> ModuleType:
 def test_events_md_transitions_diagram_is_current() -> None:
     problem = _gen_transitions().check(str(DOCS / "events.md"))
     assert problem is None, problem
+
+
+def test_protocol_md_lists_every_frame_with_its_op_code() -> None:
+    from clients.wire import FRAME_TYPES
+
+    text = (DOCS / "protocol.md").read_text()
+    missing = [
+        f"{op} {cls.__name__}"
+        for op, cls in sorted(FRAME_TYPES.items())
+        if f"| {op} | `{cls.__name__}` |" not in text
+    ]
+    assert not missing, f"frames not in the docs/protocol.md table: {missing}"

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from clients.errors import LogUnavailable, QueueNotFound
-from cluster.events import Accept, Acquire, DeclareQueue, Enqueue, Interest
+from cluster.events import Accept, Acquire, Candidate, DeclareQueue, Enqueue, Interest
 from cluster.log import open_log
 from cluster.log.memory import MemoryLog
 from cluster.node import Node
-from cluster.state import Acquired, Effect
+from cluster.state import Acquired, Effect, State
 from store.rocks import RocksStore
 
 
@@ -270,3 +270,39 @@ async def test_publish_keys_survive_a_restart(tmp_path: Path) -> None:
         assert r["first_position"] == 4 and again.state.queues["q"].next_pos == 5
     finally:
         await _close(again)
+
+
+async def test_service_leadership_survives_a_restart(tmp_path: Path) -> None:
+    url = f"file:{tmp_path / 'log'}"
+    a = await _node(tmp_path, "a", url)
+    b = await _node(tmp_path, "b", url)
+    b_dir = b.store.path
+    try:
+        first = await a.submit(Candidate("svc", a.key))
+        await b.submit(Candidate("svc", b.key + "/s1"))
+        await b.submit(Candidate("other", b.key))
+        assert first["leader"] == a.key
+        kept = b.state.services.snapshot()
+        await _close(b)
+        # What the store kept is the service state b had applied (DESIGN §9).
+        store = RocksStore(b_dir)
+        loaded = store.load()
+        store.close()
+        restored = State()
+        assert loaded.meta is not None
+        restored.restore_meta(loaded.meta)
+        assert restored.services.snapshot() == kept
+        assert restored.services.get("svc").candidates == [a.key, b.key + "/s1"]  # type: ignore[union-attr]
+
+        b = await _node(tmp_path, "b", url)
+        end = await a.log.end_offset()
+        for n in (a, b):
+            while n.state.applied < end - 1:
+                await asyncio.wait_for(n.applied_event.wait(), 5)
+        # The old runtime left: its candidacies went with it, on both replicas.
+        assert b.state.services.get("svc").candidates == [a.key]  # type: ignore[union-attr]
+        assert b.state.services.get("other") is None
+        assert a.state.digest() == b.state.digest()
+    finally:
+        await _close(a)
+        await _close(b)

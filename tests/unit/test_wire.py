@@ -60,6 +60,11 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.ReadRange: wire.ReadRange(17, "import-entries", 100, 200, 10_000),
     wire.Reserve: wire.Reserve(18, "import-entries", "spark:import-entries"),
     wire.AcceptThrough: wire.AcceptThrough(19, "import-entries", 200, "spark:import-entries"),
+    wire.Lead: wire.Lead(17, "import-entries"),
+    wire.Resign: wire.Resign(18, "import-entries"),
+    wire.LeaderEvent: wire.LeaderEvent("import-entries", "granted", 1234, "n1/abc/s1"),
+    wire.Services: wire.Services(19),
+    wire.Handover: wire.Handover(20, "import-entries", "n2", 30_000),
     wire.ConsumerCancelled: wire.ConsumerCancelled(3, errors.QueueNotFound.code, "queue deleted"),
 }
 
