@@ -40,6 +40,8 @@ from clients.errors import BatonError, QueueNotFound
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from clients.leadership import Term
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
@@ -492,13 +494,23 @@ async def run_pipeline(cfg: PipelineConfig, stop: asyncio.Event | None = None) -
         await _declare(conn, cfg.dlq or f"{cfg.queue}.dlq")
     print(f"baton import-entries: ready (pid {os.getpid()})", flush=True)
     while not stop.is_set():
+        running = asyncio.Event()  # set while a query runs (it handles stop itself)
+        if cfg.leadership:
+            task = asyncio.ensure_future(_lead_and_run(cfg, spark, stop, running))
+        else:
+            task = asyncio.ensure_future(_run_query(cfg, spark, stop, None, running))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not task.done() and not running.is_set():
+            task.cancel()  # stopped while waiting to lead: give up the candidacy
         try:
-            if cfg.leadership:
-                done = await _lead_and_run(cfg, spark, stop)
-            else:
-                done = await _run_query(cfg, spark, stop, None)
+            done = await task
+        except asyncio.CancelledError:
+            break
         except BatonError as exc:
-            log.warning("pipeline: %s; running again", exc)
+            log.warning("pipeline: %s; trying again", exc)
+            print(f"baton import-entries: {exc.message}; trying again", flush=True)
             await asyncio.sleep(1.0)
             continue
         if done:
@@ -507,22 +519,29 @@ async def run_pipeline(cfg: PipelineConfig, stop: asyncio.Event | None = None) -
     return 0
 
 
-async def _lead_and_run(cfg: PipelineConfig, spark: "SparkSession", stop: asyncio.Event) -> bool:
+async def _lead_and_run(
+    cfg: PipelineConfig, spark: "SparkSession", stop: asyncio.Event, running: asyncio.Event
+) -> bool:
     conn = await _aio.connect(cfg.brokers, failover=False, timeout=10)
     try:
-        lead = getattr(conn, "lead")  # clients.leadership (branch "leader")
-        async with lead(cfg.service) as term:
+        # Leaving the block resigns; a lost connection ends the term (term.lost).
+        async with conn.lead(cfg.service) as term:
             print(f"baton import-entries: leading {cfg.service!r}, token {term.token}", flush=True)
-            return await _run_query(cfg, spark, stop, term)
+            return await _run_query(cfg, spark, stop, term, running)
     finally:
         await conn.close()
 
 
 async def _run_query(
-    cfg: PipelineConfig, spark: "SparkSession", stop: asyncio.Event, term: Any
+    cfg: PipelineConfig,
+    spark: "SparkSession",
+    stop: asyncio.Event,
+    term: "Term | None",
+    running: asyncio.Event,
 ) -> bool:
     """Run the query until stopped, idle, failed or the term is lost. Returns True
     when the pipeline should end (stopped or idle)."""
+    running.set()
     query = await asyncio.to_thread(
         start_query,
         spark,
