@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -176,6 +177,7 @@ def wait_for(check: Any, timeout: float, what: str, pipeline: Pipeline) -> None:
     raise AssertionError(f"not within {timeout}s: {what}\n{pipeline.output()}")
 
 
+@pytest.mark.timeout(300)
 def test_pipeline_exactly_once_across_kill9_of_the_driver(
     spark: Any, brokers: list[BrokerProcess], tmp_path: Path
 ) -> None:
@@ -211,3 +213,20 @@ def test_pipeline_exactly_once_across_kill9_of_the_driver(
             assert len({m.headers["x-source-position"] for m in got}) == len(got)
             for m in got:
                 m.ack()
+
+
+@pytest.mark.timeout(300)
+def test_two_instances_only_the_leader_runs_the_query_and_the_other_takes_over(
+    spark: Any, brokers: list[BrokerProcess], tmp_path: Path
+) -> None:
+    """The acceptance scenario (loadtest/spark_acceptance.py) at a CI size: two instances
+    on one checkpoint, kill -9 of the leader while entries are published, the standby
+    finishes from the checkpoint: no duplicate, no gap, queue empty, DLQ once."""
+    from loadtest.spark_acceptance import scenario_takeover
+
+    cluster = SimpleNamespace(addresses=addresses(brokers))
+    result = scenario_takeover(tmp_path, cluster, spark, 6000, 600, 60)  # type: ignore[arg-type]
+    assert result["only_leader_ran_query"], result
+    assert result["table_rows"] == result["distinct_keys"] == result["valid"], result
+    assert result["queue_ready"] == 0 and result["dlq_entries"] == result["invalid"], result
+    assert result["ok"], result
