@@ -364,6 +364,9 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
             owner = stats.pop("owner")
             assert owner is not None and owner.startswith(conn.node_id + "/")
             assert stats.pop("interested") == [owner]
+            # Not reserved by a range reader; its lowest ready position (docs/protocol.md).
+            assert stats.pop("reserved_by") is None
+            assert stats.pop("head") == 4
             assert stats == {
                 "queue": "s.b",
                 "ready": 0,
