@@ -246,6 +246,12 @@ def _loadtest(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+def _import_entries(args: argparse.Namespace) -> int:
+    from clients.import_entries import run_from_args
+
+    return run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baton", description="Baton message broker")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -340,6 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     lt = sub.add_parser("loadtest", help="run a load test and check its history (docs/loadtest.md)")
     add_arguments(lt)
     lt.set_defaults(func=_loadtest)
+
+    from clients.import_entries import add_arguments as import_entries_arguments
+
+    ie = sub.add_parser("import-entries", help="the Spark import-entries pipeline (docs/spark.md)")
+    import_entries_arguments(ie)
+    ie.set_defaults(func=_import_entries)
     return p
 
 

@@ -236,6 +236,8 @@ class Delivery:
             return
         if q.owner != self.node.key or queue in self._handing_off:
             return  # only the owner acquires (guarantee 2)
+        if q.reserved_by is not None:
+            return  # a range reader has the queue; Reserve(None) wakes us (ReadyMore)
         budget = q.ready - sum(c.acquiring for c in consumers)
         if budget <= 0:
             return
@@ -319,6 +321,8 @@ class Delivery:
             for q in list(self.node.state.queues.values()):
                 if q.message_ttl_ms is None or q.ready == 0 or self.node.locked(q.name):
                     continue
+                if q.reserved_by is not None:
+                    continue  # (TTL waits while a range reader has the queue)
                 if q.owner != me and not (q.owner is None and leader == me):
                     continue  # one broker per queue appends Expire
                 head = min(q.returned[0] if q.returned else q.cursor, q.cursor)

@@ -24,12 +24,15 @@ from clients.errors import (
     InvalidArgument,
     MessageTooLarge,
     ProtocolError,
+    QueueNotFound,
+    Timeout,
     UnknownConsumer,
     UnsupportedVersion,
 )
 from cluster.events import (
     DEFAULT_DELIVERY_LIMIT,
     Accept,
+    AcceptThrough,
     DeclareQueue,
     DeleteQueue,
     Enqueue,
@@ -37,6 +40,7 @@ from cluster.events import (
     PurgeQueue,
     Reject,
     Release,
+    Reserve,
 )
 
 if TYPE_CHECKING:
@@ -49,6 +53,10 @@ log = logging.getLogger("baton.session")
 
 #: Stop reading a connection's frames while this many of its commands are in flight.
 MAX_IN_FLIGHT = 20_000
+#: Most messages one ReadRange answers with (the reader continues from "next").
+MAX_READ_RANGE = 10_000
+#: How long a ReadRange waits for this broker to apply the queue up to its end.
+READ_RANGE_WAIT = 10.0
 
 _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "durable": (bool,),
@@ -308,6 +316,17 @@ class Session(asyncio.Protocol):
             if self._update is not None and not self._update.done():
                 raise InvalidArgument("an update is already being served on this connection")
             self._update = asyncio.create_task(self._serve_update(f), name="baton-update")
+        elif t is wire.ReadRange:
+            assert isinstance(f, wire.ReadRange)
+            self._read_range(f)
+        elif t is wire.Reserve:
+            assert isinstance(f, wire.Reserve)
+            self._submit(f.corr, Reserve(f.queue, f.holder or None))
+        elif t is wire.AcceptThrough:
+            assert isinstance(f, wire.AcceptThrough)
+            if f.through < 0:
+                raise InvalidArgument("through must be a non-negative position")
+            self._submit(f.corr, AcceptThrough(f.queue, f.through, f.holder))
         elif t is wire.Hello:
             raise ProtocolError("Hello was already sent on this connection")
         else:
@@ -532,6 +551,49 @@ class Session(asyncio.Protocol):
             fut,
             lambda r: {"count": r["count"], "not_acquired": missing + r["not_acquired"]},
         )
+
+
+    # -- range reads (DESIGN §11) ----------------------------------------------------------
+
+    def _read_range(self, f: wire.ReadRange) -> None:
+        if f.start < 0 or f.end < f.start:
+            raise InvalidArgument("ReadRange needs 0 <= start <= end")
+        if not 1 <= f.limit <= MAX_READ_RANGE:
+            raise InvalidArgument(f"ReadRange limit must be 1..{MAX_READ_RANGE}")
+        self._reply(f.corr, asyncio.ensure_future(self._read_range_applied(f)))
+
+    async def _read_range_applied(self, f: wire.ReadRange) -> dict[str, Any]:
+        """Read once this broker has applied every enqueue below ``f.end``: then the
+        answer is the same on every broker (a reserved queue loses positions only by
+        AcceptThrough, below the reader's range), whichever one a reader fails over to."""
+        node = self.broker.node
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READ_RANGE_WAIT
+        while True:
+            q = node.state.queues.get(f.queue)
+            if q is None:
+                raise QueueNotFound(f"queue {f.queue!r} does not exist")
+            if q.next_pos >= f.end and node.healthy:
+                break
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Timeout(
+                    f"this broker has applied queue {f.queue!r} up to position {q.next_pos},"
+                    f" not {f.end}, after {READ_RANGE_WAIT:g}s; try another broker"
+                )
+            try:
+                async with asyncio.timeout(remaining):
+                    await node.applied_event.wait()
+            except TimeoutError:
+                pass
+        max_bytes = self.broker.config.max_frame // 2
+        rows = node.store.read_range(q.qid, f.start, f.end, f.limit, max_bytes)
+        size = sum(m.size for _, m in rows)
+        cut = bool(rows) and (len(rows) >= f.limit or size >= max_bytes)
+        return {
+            "messages": [[p, m.body, m.headers, m.publish_time] for p, m in rows],
+            "next": rows[-1][0] + 1 if cut else f.end,
+        }
 
 
 def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:

@@ -44,6 +44,7 @@ from clients.errors import (
 from clients.wire import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
+    AcceptThrough,
     Ack,
     Cancel,
     ConsumerCancelled,
@@ -66,8 +67,10 @@ from clients.wire import (
     PublishBatch,
     PurgeQueue,
     QueueStats,
+    ReadRange,
     Reject,
     Release,
+    Reserve,
     Resign,
     Services,
     Subscribe,
@@ -1032,6 +1035,68 @@ class Connection:
         if not isinstance(queues, list):
             raise ProtocolError("ListQueues result has no 'queues' list")
         return queues
+
+    # --- range readers (the Spark source, DESIGN §11; docs/protocol.md) ---------------
+
+    async def reserve(self, queue: str, holder: str | None) -> dict[str, Any]:
+        """Reserve ``queue`` for the range reader ``holder`` (None: end the reservation).
+
+        While reserved, consumers get nothing from the queue and TTL expiry and
+        drop-head overflow leave it alone; messages consumers took before stay
+        theirs (``acquired`` in the result: read only once it is 0).
+
+        Returns:
+            ``{"reserved_by", "acquired", "head", "next_position"}``; ``head`` is the
+            lowest ready position.
+
+        Raises:
+            QueueReserved: another holder has the queue.
+            QueueNotFound: no such queue.
+        """
+        corr = self._next_corr()
+        # Idempotent for the same holder: sent again after a failover.
+        return await self._request(Reserve(corr, queue, holder or ""), corr, retry=True)
+
+    async def accept_through(self, queue: str, through: int, holder: str) -> int:
+        """As the holder of ``queue``'s reservation, accept every ready message below
+        position ``through``. Cumulative and idempotent (a repeat accepts nothing).
+
+        Returns:
+            How many messages this call accepted.
+
+        Raises:
+            QueueReserved: ``holder`` does not have the queue's reservation.
+            QueueNotFound: no such queue.
+        """
+        corr = self._next_corr()
+        result = await self._request(AcceptThrough(corr, queue, through, holder), corr, retry=True)
+        return _int_field(result, "count")
+
+    async def read_range(
+        self, queue: str, start: int, end: int, *, limit: int = 10_000
+    ) -> tuple[list[list[Any]], int]:
+        """Read the messages still in ``queue`` at positions ``start <= p < end``
+        without acquiring them (one ReadRange; call again from the returned ``next``
+        until it equals ``end``).
+
+        The broker answers once it has applied the queue up to ``end``, so every
+        broker answers the same for a reserved queue.
+
+        Returns:
+            ``(messages, next)``: messages as ``[position, body, headers,
+            publish_time_ms]`` lists in position order, and where to continue.
+
+        Raises:
+            QueueNotFound: no such queue.
+            Timeout: the broker did not reach ``end`` in time (try another).
+            InvalidArgument: a bad range or limit.
+        """
+        corr = self._next_corr()
+        result = await self._request(ReadRange(corr, queue, start, end, limit), corr, retry=True)
+        messages = result.get("messages")
+        if not isinstance(messages, list):
+            raise ProtocolError(f"ReadRange result has no 'messages' list: {result!r}")
+        return messages, _int_field(result, "next")
 
     async def publish(
         self,

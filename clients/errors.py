@@ -24,6 +24,7 @@ __all__ = [
     "MessageTooLarge",
     "UnknownConsumer",
     "NotAcquired",
+    "QueueReserved",
     "LogUnavailable",
     "LogCorrupt",
     "LogTruncated",
@@ -121,6 +122,13 @@ class NotAcquired(BatonError):
     code = 15
 
 
+class QueueReserved(BatonError):
+    """The queue is reserved for another reader (or not for this one): see Reserve in
+    docs/protocol.md. Not retriable: the holder must release it first."""
+
+    code = 16
+
+
 class LogUnavailable(BatonError):
     """The ordered log cannot be written or read right now (disk full, Kafka down)."""
 
@@ -213,6 +221,7 @@ _BY_CODE: dict[int, type[BatonError]] = {
         MessageTooLarge,
         UnknownConsumer,
         NotAcquired,
+        QueueReserved,
         LogUnavailable,
         LogCorrupt,
         LogTruncated,

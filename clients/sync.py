@@ -259,6 +259,20 @@ class SyncConnection:
         """Every queue's stats."""
         return self._run(self._conn.list_queues())
 
+    def reserve(self, queue: str, holder: str | None) -> dict[str, Any]:
+        """Reserve a queue for a range reader (see :meth:`clients.client.Connection.reserve`)."""
+        return self._run(self._conn.reserve(queue, holder))
+
+    def accept_through(self, queue: str, through: int, holder: str) -> int:
+        """Accept every ready message below ``through`` (see the async client)."""
+        return self._run(self._conn.accept_through(queue, through, holder))
+
+    def read_range(
+        self, queue: str, start: int, end: int, *, limit: int = 10_000
+    ) -> tuple[list[list[Any]], int]:
+        """Read positions ``start <= p < end`` without acquiring (see the async client)."""
+        return self._run(self._conn.read_range(queue, start, end, limit=limit))
+
     def publish(
         self,
         queue: str,

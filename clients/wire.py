@@ -51,6 +51,9 @@ __all__ = [
     "UpdateQueue",
     "UpdateFront",
     "UpdateDone",
+    "ReadRange",
+    "Reserve",
+    "AcceptThrough",
     "Lead",
     "Resign",
     "LeaderEvent",
@@ -382,6 +385,53 @@ class UpdateDone(Frame):
     corr: int
     queue: str
     qid: int
+# --- range readers (the Spark source, DESIGN §11) ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRange(Frame):
+    """C->S: the messages still in ``queue`` at positions ``start <= p < end``, read
+    without acquiring them, from this broker's store.
+
+    Answered by Ok({"messages": [[position, body, headers, publish_time_ms], ...],
+    "next": p}) once this broker has applied the queue up to ``end``; at most
+    ``limit`` messages (and about max_frame / 2 bytes): continue from ``next``
+    (``next == end`` when the range is done).
+    """
+
+    OP: ClassVar[int] = 50
+    corr: int
+    queue: str
+    start: int
+    end: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve(Frame):
+    """C->S: reserve ``queue`` for the range reader ``holder`` ("" ends the reservation).
+
+    Ok({"reserved_by", "acquired", "head", "next_position"}) once applied.
+    """
+
+    OP: ClassVar[int] = 51
+    corr: int
+    queue: str
+    holder: str
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptThrough(Frame):
+    """C->S: the holder of ``queue``'s reservation accepts every ready message below
+    ``through`` (cumulative, idempotent). Ok({"count": n, "head": p}) once applied."""
+
+    OP: ClassVar[int] = 52
+    corr: int
+    queue: str
+    through: int
+    holder: str
+
+
 # --- service leadership (DESIGN §7) ------------------------------------------------------
 
 #: The ``event`` values of :class:`LeaderEvent`.
@@ -483,6 +533,9 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         UpdateQueue,
         UpdateFront,
         UpdateDone,
+        ReadRange,
+        Reserve,
+        AcceptThrough,
         Lead,
         Resign,
         LeaderEvent,

@@ -175,6 +175,7 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "message_ttl_ms": (int, type(None)),
     "on": (bool,),
     "to": (str,),
+    "holder": (str, type(None)),
     "role": (str,),
     "address": (str,),
     "properties": (dict,),

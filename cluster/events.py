@@ -28,6 +28,8 @@ __all__ = [
     "Reject",
     "ReleaseAll",
     "Expire",
+    "Reserve",
+    "AcceptThrough",
     "Interest",
     "Handoff",
     "Heartbeat",
@@ -199,6 +201,36 @@ class Expire(Event):
     through: int
 
 
+@dataclass(frozen=True, slots=True)
+class Reserve(Event):
+    """Reserve ``queue`` for one range reader (the Spark source, DESIGN §11), or end the
+    reservation (``holder`` None).
+
+    While a queue is reserved no consumer acquires from it (consumers stay subscribed
+    and get nothing), so a reader that reads position ranges without acquiring has
+    them to itself; TTL expiry and drop-head overflow leave it alone, so positions do
+    not vanish under the reader. Reserving a queue another holder has is refused.
+    """
+
+    OP: ClassVar[int] = 17
+    queue: str
+    holder: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptThrough(Event):
+    """The reservation's ``holder`` has processed every message below ``through``:
+    accept (forget) every *ready* message at a position < ``through``.
+
+    Cumulative and idempotent: a repeated or older commit accepts nothing more.
+    """
+
+    OP: ClassVar[int] = 18
+    queue: str
+    through: int
+    holder: str
+
+
 # --- ownership (DESIGN §6) ------------------------------------------------------------
 
 
@@ -352,6 +384,8 @@ EVENT_TYPES: Final[dict[int, type[Event]]] = {
         Reject,
         ReleaseAll,
         Expire,
+        Reserve,
+        AcceptThrough,
         Interest,
         Handoff,
         Heartbeat,

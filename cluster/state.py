@@ -37,11 +37,13 @@ from clients.errors import (
     QueueExists,
     QueueFull,
     QueueNotFound,
+    QueueReserved,
 )
 from cluster.events import (
     MEMBERSHIP_EVENTS,
     OVERFLOW_POLICIES,
     Accept,
+    AcceptThrough,
     Acquire,
     Checkpoint,
     Candidate,
@@ -62,6 +64,7 @@ from cluster.events import (
     Reject,
     Release,
     ReleaseAll,
+    Reserve,
     Resign,
     Vote,
 )
@@ -121,6 +124,8 @@ TRANSITIONS: Final[dict[tuple[MessageState | None, str], MessageState]] = {
     (MessageState.READY, "expire"): MessageState.DEAD_LETTERED,
     (MessageState.READY, "drop-head"): MessageState.DEAD_LETTERED,
     (MessageState.READY, "purge"): MessageState.DROPPED,
+    # The holder of a queue's reservation committed a position range (DESIGN §11).
+    (MessageState.READY, "accept-through"): MessageState.ACCEPTED,
 }
 
 
@@ -296,6 +301,12 @@ class QueueState:
     purged: int = 0
     owner: str | None = None  # the member that may acquire (DESIGN §6)
     interested: list[str] = field(default_factory=list)  # members with consumers
+    reserved_by: str | None = None  # the range reader that has the queue (Reserve)
+
+    @property
+    def head(self) -> int:
+        """The lowest ready position (``next_pos`` if none is ready)."""
+        return self.returned[0] if self.returned else self.cursor
 
     @property
     def ready(self) -> int:
@@ -338,6 +349,8 @@ class QueueState:
             "message_ttl_ms": self.message_ttl_ms,
             "owner": self.owner,
             "interested": list(self.interested),
+            "reserved_by": self.reserved_by,
+            "head": self.head,
         }
 
     def holds(self, pos: int, returned: set[int] | None = None) -> bool:
@@ -390,12 +403,13 @@ class QueueState:
             ],
             self.owner,
             list(self.interested),
+            self.reserved_by,
         ]
 
     @classmethod
     def restore(cls, snap: list[Any]) -> "QueueState":
         (name, qid, settings, declared_by, next_pos, cursor, returned, acquired, counts, crc, st,
-         owner, interested) = snap
+         owner, interested) = snap[:13]
         durable, max_length, overflow, delivery_limit, dead_letter, ttl = settings
         q = cls(
             name,
@@ -415,6 +429,7 @@ class QueueState:
         q.body_crc = crc
         (q.enqueued, q.accepted, q.redelivered, q.dead_lettered, q.dropped, q.expired, q.purged) = st
         q.owner, q.interested = owner, list(interested)
+        q.reserved_by = snap[13] if len(snap) > 13 else None  # absent in older snapshots
         return q
 
 
@@ -505,6 +520,10 @@ class State:
             return self._release_all(ev, out)  # type: ignore[arg-type]
         if t is Expire:
             return self._expire(ev, out)  # type: ignore[arg-type]
+        if t is AcceptThrough:
+            return self._accept_through(ev, out)  # type: ignore[arg-type]
+        if t is Reserve:
+            return self._reserve(ev, out)  # type: ignore[arg-type]
         if t is Interest:
             return self._interest(key, ev, out)  # type: ignore[arg-type]
         if t is Handoff:
@@ -600,7 +619,13 @@ class State:
         n = len(messages)
         if q.max_length is not None and q.length + n > q.max_length:
             excess = q.length + n - q.max_length
-            if q.overflow == "reject-publish" or n > q.max_length or excess > q.ready:
+            if (
+                q.overflow == "reject-publish"
+                or n > q.max_length
+                or excess > q.ready
+                # No drop-head under a range reader: positions must not vanish (§11).
+                or q.reserved_by is not None
+            ):
                 raise QueueFull(
                     f"queue {q.name!r} holds {q.length} of max_length {q.max_length};"
                     f" {n} more do not fit (overflow={q.overflow})"
@@ -683,6 +708,10 @@ class State:
             raise NotOwner(f"{key} does not own queue {q.name!r} (owner: {q.owner})")
         if ev.count <= 0:
             return {"count": 0}
+        if q.reserved_by is not None:
+            # A range reader has the queue: consumers get nothing (DESIGN §11).
+            self._ignore("reserved")
+            return {"count": 0}
         positions = q.take_ready(ev.count)
         if positions:
             acquired, counts, consumer = q.acquired, q.counts, ev.consumer
@@ -761,6 +790,11 @@ class State:
 
     def _expire(self, ev: Expire, out: list[Effect]) -> dict[str, Any]:
         q = self._queue(ev.queue)
+        if q.reserved_by is not None:
+            # TTL waits while a range reader has the queue: a position it may read
+            # (or re-read after a crash) must not vanish under it.
+            self._ignore("reserved")
+            return {"count": 0}
         gone: list[int] = []
         while q.returned and q.returned[0] <= ev.through:
             gone.append(heapq.heappop(q.returned))
@@ -777,6 +811,59 @@ class State:
                 q.counts.pop(p, None)
             out.append(Removed(q.qid, gone))
         return {"count": len(gone)}
+
+    # -- range readers (DESIGN §11) -------------------------------------------------------
+
+    def _reserve(self, ev: Reserve, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        holder = ev.holder
+        if holder is None:
+            was, q.reserved_by = q.reserved_by, None
+            if was is not None and q.ready:
+                out.append(ReadyMore(q.name))  # the consumers may acquire again
+        else:
+            if not holder or len(holder) > MAX_QUEUE_NAME or not holder.isprintable():
+                raise InvalidArgument(f"holder must be 1..{MAX_QUEUE_NAME} printable characters")
+            if q.reserved_by is not None and q.reserved_by != holder:
+                raise QueueReserved(
+                    f"queue {q.name!r} is reserved by {q.reserved_by!r}, not {holder!r}"
+                )
+            q.reserved_by = holder
+        # "acquired": messages consumers took before the reservation; a reader waits
+        # until they are settled before it reads (they could come back below its range).
+        return {
+            "reserved_by": q.reserved_by,
+            "acquired": len(q.acquired),
+            "head": q.head,
+            "next_position": q.next_pos,
+        }
+
+    def _accept_through(self, ev: AcceptThrough, out: list[Effect]) -> dict[str, Any]:
+        q = self._queue(ev.queue)
+        if q.reserved_by != ev.holder:
+            # Fencing of range readers: only the holder commits, in log order.
+            self._ignore("not-holder")
+            raise QueueReserved(
+                f"queue {q.name!r} is reserved by {q.reserved_by!r}, not {ev.holder!r}"
+            )
+        through = min(ev.through, q.next_pos)
+        n = 0
+        back: list[int] = []
+        while q.returned and q.returned[0] < through:
+            back.append(heapq.heappop(q.returned))
+        if back:
+            for p in back:
+                q.counts.pop(p, None)
+            out.append(Removed(q.qid, back))
+            n += len(back)
+        if through > q.cursor:
+            # Fresh positions never acquired: one range delete. (No message in
+            # cursor..next_pos is acquired or has a delivery count.)
+            out.append(RemovedRange(q.qid, q.cursor, through))
+            n += through - q.cursor
+            q.cursor = through
+        q.accepted += n
+        return {"count": n, "head": q.head}
 
     def _dead_letter(
         self,

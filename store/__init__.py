@@ -165,6 +165,13 @@ class Store(abc.ABC):
         """Up to ``limit`` (position, enqueued_at) pairs from ``start`` on, in order."""
 
     @abc.abstractmethod
+    def read_range(
+        self, qid: int, start: int, end: int, limit: int, max_bytes: int
+    ) -> list[tuple[int, StoredMessage]]:
+        """The messages at positions ``start <= p < end``, in order: at most ``limit``
+        of them, and stopping after the first that brings the total to ``max_bytes``."""
+
+    @abc.abstractmethod
     def outbox_put(self, runtime: str, records: list[tuple[int, bytes]]) -> None:
         """Keep ``(origin seq, record)`` events of this runtime that are not on the log yet.
 

@@ -253,6 +253,28 @@ class RocksStore(Store):
             it.next()
         return out
 
+    def read_range(
+        self, qid: int, start: int, end: int, limit: int, max_bytes: int
+    ) -> list[tuple[int, StoredMessage]]:
+        out: list[tuple[int, StoredMessage]] = []
+        if end <= start or limit <= 0:
+            return out
+        it = self._db.iter()
+        it.seek(_mkey(qid, start))
+        stop = _mkey(qid, end)
+        unpackb, unpack_key = msgpack.unpackb, _QP.unpack
+        size = 0
+        while it.valid() and len(out) < limit and size < max_bytes:
+            key = it.key()
+            if key >= stop:
+                break
+            raw = it.value()
+            enq, pub, headers, body = unpackb(raw, raw=False)
+            out.append((unpack_key(key[1:])[1], StoredMessage(body, headers, pub, enq, len(raw))))
+            size += len(raw)
+            it.next()
+        return out
+
     def outbox_put(self, runtime: str, records: list[tuple[int, bytes]]) -> None:
         wb = WriteBatch(raw_mode=True)
         prefix = b"o" + runtime.encode() + b"/"

@@ -365,6 +365,9 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
             assert owner is not None and owner.startswith(conn.node_id + "/")
             assert stats.pop("interested") == [owner]
             assert stats.pop("updating") is False  # no join update under way here
+            # Not reserved by a range reader; its lowest ready position (docs/protocol.md).
+            assert stats.pop("reserved_by") is None
+            assert stats.pop("head") == 4
             assert stats == {
                 "queue": "s.b",
                 "ready": 0,

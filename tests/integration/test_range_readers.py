@@ -1,0 +1,99 @@
+"""Range readers against real brokers (DESIGN §11, docs/protocol.md "Range readers"):
+Reserve keeps consumers away, ReadRange reads without acquiring, from any broker of a
+cluster, and AcceptThrough accepts what the reader committed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import clients
+from clients.errors import InvalidArgument, QueueReserved
+from tests.integration.conftest import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+
+async def test_reserve_read_range_accept_through(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("q")
+        await conn.publish_batch("q", [(b"m%d" % i, {"i": i}) for i in range(100)])
+        async with conn.consume("q", prefetch=10) as consumer:
+            got = await consumer.get_many(10, timeout=5)
+            assert got and got[0].position == 0
+            reserved = await conn.reserve("q", "reader")
+            assert reserved["reserved_by"] == "reader" and reserved["acquired"] == 10
+            # What consumers took before stays theirs; they settle it.
+            for m in got:
+                await m.ack(confirm=True)
+            await consumer.cancel()
+        reserved = await conn.reserve("q", "reader")
+        assert reserved["acquired"] == 0 and reserved["next_position"] == 100
+        # No consumer gets anything while the reservation lasts.
+        async with conn.consume("q", prefetch=10) as consumer:
+            assert await consumer.get(timeout=0.7) is None
+        stats = await conn.queue_stats("q")
+        assert stats["reserved_by"] == "reader" and stats["acquired"] == 0
+
+        messages, nxt = await conn.read_range("q", 0, 100, limit=30)
+        acked = {m.position for m in got}
+        expected = [p for p in range(100) if p not in acked]
+        assert [m[0] for m in messages] == expected[:30]
+        assert nxt == messages[-1][0] + 1
+        position, body, headers, publish_time = messages[0]
+        assert body == b"m%d" % position and headers == {"i": position} and publish_time > 0
+        rest, end = await conn.read_range("q", nxt, 100)
+        assert end == 100 and [m[0] for m in rest] == expected[30:]
+        # Reading does not take anything: the same range again gives the same messages.
+        again, _ = await conn.read_range("q", 0, 100)
+        assert [m[0] for m in again] == expected
+
+        with pytest.raises(QueueReserved):
+            await conn.reserve("q", "someone-else")
+        with pytest.raises(QueueReserved):
+            await conn.accept_through("q", 50, "someone-else")
+        with pytest.raises(InvalidArgument):
+            await conn.read_range("q", 10, 5)
+
+        assert await conn.accept_through("q", 50, "reader") == len([p for p in expected if p < 50])
+        assert await conn.accept_through("q", 50, "reader") == 0  # idempotent
+        left, _ = await conn.read_range("q", 0, 100)
+        assert [m[0] for m in left] == list(range(50, 100))
+        assert (await conn.queue_stats("q"))["head"] == 50
+
+        # Ending the reservation hands the rest back to consumers.
+        await conn.reserve("q", None)
+        async with conn.consume("q", prefetch=100) as consumer:
+            rest_msgs = await consumer.get_many(100, timeout=5)
+            while len(rest_msgs) < 50:
+                more = await consumer.get_many(100, timeout=5)
+                assert more, "consumer got nothing after the reservation ended"
+                rest_msgs += more
+            assert sorted(m.position for m in rest_msgs) == list(range(50, 100))
+
+
+async def test_any_broker_answers_a_range_the_same(cluster: list[BrokerProcess]) -> None:
+    addresses = [b.address for b in cluster]
+    async with await clients.connect(addresses[0]) as first:
+        await first.declare_queue("q")
+        await first.reserve("q", "reader")
+        positions = await first.publish_batch("q", [b"x%d" % i for i in range(500)])
+        end = positions[-1] + 1
+        answers = []
+        for address in addresses:
+            async with await clients.connect(address) as conn:
+                # Straight after the publish: a lagging broker waits until it applied it.
+                messages, nxt = await conn.read_range("q", 0, end)
+                assert nxt == end
+                answers.append([(m[0], m[1]) for m in messages])
+        assert answers[0] == answers[1] == answers[2]
+        assert [p for p, _ in answers[0]] == positions
+        await first.accept_through("q", 250, "reader")
+        async with await clients.connect(addresses[2]) as conn:
+            for _ in range(50):  # node-3 applies the accept a little later
+                messages, _ = await conn.read_range("q", 0, end)
+                if messages[0][0] == 250:
+                    break
+                await asyncio.sleep(0.05)
+            assert [m[0] for m in messages] == positions[250:]

@@ -1,0 +1,232 @@
+"""The Spark source and the import-entries pipeline with real Spark (local[2]) and real
+broker processes (DESIGN §11, docs/spark.md).
+
+One Spark session is shared by the module (its start costs ~8 s); the pipeline runs
+in its own processes so that its driver can be killed with ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the Spark tests need the 'spark' extra: pip install -e '.[test,spark]'")
+
+import clients
+from clients.errors import Timeout
+from clients.import_entries import committed_position, generate
+from tests.integration.conftest import REPO, BrokerProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from clients.import_entries import spark_session
+
+    session = spark_session("baton-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
+    """Two brokers on one file: log, shared by the module (each test uses its own queue)."""
+    base = tmp_path_factory.mktemp("spark-brokers")
+    log_url = f"file:{base / 'shared-log'}"
+    started = [BrokerProcess(base / f"node-{i}", log_url=log_url, node_id=f"node-{i}") for i in (1, 2)]
+    try:
+        for b in started:
+            b.start()
+        yield started
+    finally:
+        for b in started:
+            b.stop()
+
+
+def addresses(brokers: list[BrokerProcess]) -> str:
+    return ",".join(b.address for b in brokers)
+
+
+def run_available_now(spark: Any, brokers: str, queue: str, table: Path, checkpoint: Path) -> None:
+    """One run of a plain source -> Parquet query over what the queue holds now."""
+    query = (
+        spark.readStream.format("baton")
+        .option("brokers", brokers)
+        .option("queue", queue)
+        .option("maxEntriesPerTrigger", "1500")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(table))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(100)
+    assert query.exception() is None, query.exception()
+
+
+def batch_ends(checkpoint: Path) -> list[int]:
+    """Each planned micro-batch's end position, from the checkpoint's offset log."""
+    names = sorted(int(n) for n in os.listdir(checkpoint / "offsets") if n.isdigit())
+    return [
+        json.loads((checkpoint / "offsets" / str(n)).read_text().splitlines()[2])["position"]
+        for n in names
+    ]
+
+
+def test_source_reads_ranges_and_commits(
+    spark: Any, brokers: list[BrokerProcess], tmp_path: Path
+) -> None:
+    queue = "src-q"
+    table, checkpoint = tmp_path / "table", tmp_path / "ck"
+    with clients.sync.connect(brokers[0].address) as conn:
+        conn.declare_queue(queue)
+        conn.publish_batch(queue, [(b"body-%d" % i, {"n": i, "s": "x"}) for i in range(3000)])
+        # The first batches plan from the second broker's answers as well as the first's.
+        run_available_now(spark, addresses(brokers[::-1]), queue, table, checkpoint)
+        rows = spark.read.parquet(str(table)).collect()
+        assert sorted(r.position for r in rows) == list(range(3000))
+        by_pos = {r.position: r for r in rows}
+        assert by_pos[42].body == b"body-42" and by_pos[42].headers == {"n": "42", "s": "x"}
+        assert by_pos[42].publish_time is not None
+        stats = conn.queue_stats(queue)
+        assert stats["reserved_by"] == f"spark:{queue}"
+        # Spark commits a batch (AcceptThrough) when it plans the next one: everything
+        # up to the second-to-last batch's end is accepted, the last batch's entries not
+        # until the next run's next batch.
+        ends = batch_ends(checkpoint)
+        assert ends[-1] == 3000
+        head = ends[-2] if len(ends) > 1 else 0
+        assert stats["head"] == head and stats["ready"] == 3000 - head
+        # No consumer gets anything from a reserved queue.
+        with conn.consume(queue, prefetch=10) as consumer:
+            with pytest.raises(Timeout):
+                consumer.next(timeout=0.5)
+        conn.publish_batch(queue, [b"late-%d" % i for i in range(10)])
+        run_available_now(spark, addresses(brokers), queue, table, checkpoint)
+        assert conn.queue_stats(queue)["ready"] == 10  # the earlier batch is accepted now
+        positions = [r.position for r in spark.read.parquet(str(table)).collect()]
+        assert sorted(positions) == list(range(3010))  # each once
+        # The pipeline's own flush: accept what the checkpoint says is committed.
+        assert committed_position(str(checkpoint)) == 3010
+        assert conn.accept_through(queue, 3010, f"spark:{queue}") == 10
+        assert conn.queue_stats(queue)["ready"] == 0
+
+
+class Pipeline:
+    """``baton import-entries run`` in its own process group (JVM included)."""
+
+    def __init__(self, tmp: Path, brokers: str, queue: str, *extra: str) -> None:
+        self.cmd = [
+            sys.executable, "-m", "broker", "--log-level", "WARNING", "import-entries", "run",
+            "--brokers", brokers, "--queue", queue, "--table", str(tmp / "table"),
+            "--checkpoint", str(tmp / "ck"), "--trigger", "0.5", "--max-per-trigger", "3000",
+            *extra,
+        ]
+        self.out = tmp / "pipeline.out"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        with open(self.out, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")[-6000:]
+
+    def kill9(self) -> None:
+        """kill -9 of the driver: the Python process and its JVM."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def wait_for(check: Any, timeout: float, what: str, pipeline: Pipeline) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        assert pipeline.proc is None or pipeline.proc.poll() is None, pipeline.output()
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout}s: {what}\n{pipeline.output()}")
+
+
+@pytest.mark.timeout(300)
+def test_pipeline_exactly_once_across_kill9_of_the_driver(
+    spark: Any, brokers: list[BrokerProcess], tmp_path: Path
+) -> None:
+    queue = "entries-kill9"
+    total = 12_000
+    bodies = list(generate(total, run="k9", seed=7))
+    valid = sum(ok for _, ok in bodies)
+    with clients.sync.connect(addresses(brokers)) as conn:
+        conn.declare_queue(queue)
+        conn.publish_batch(queue, [b for b, _ in bodies[:8000]])
+        pipeline = Pipeline(tmp_path, addresses(brokers), queue, "--no-leadership")
+        pipeline.start()
+        try:
+            ck = str(tmp_path / "ck")
+            wait_for(lambda: (committed_position(ck) or 0) >= 3000, 90, "a committed batch", pipeline)
+            pipeline.kill9()  # between micro-batches or in the middle of one
+            conn.publish_batch(queue, [b for b, _ in bodies[8000:]])
+            pipeline.start()
+            wait_for(lambda: (committed_position(ck) or 0) >= total, 120, "all committed", pipeline)
+            wait_for(lambda: conn.queue_stats(queue)["ready"] == 0, 30, "queue empty", pipeline)
+        finally:
+            pipeline.stop()
+        table = spark.read.parquet(str(tmp_path / "table"))
+        assert table.count() == valid
+        assert table.select("key").distinct().count() == valid
+        assert table.select("position").distinct().count() == valid
+        dlq = conn.queue_stats(f"{queue}.dlq")
+        assert dlq["ready"] == total - valid  # each invalid entry dead-lettered once
+        with conn.consume(f"{queue}.dlq", prefetch=500) as consumer:
+            got = [consumer.next(timeout=5) for _ in range(total - valid)]
+            reasons = {m.headers["x-import-error"].split(":")[0] for m in got}
+            assert "not JSON" in reasons and len(got) == total - valid
+            assert len({m.headers["x-source-position"] for m in got}) == len(got)
+            for m in got:
+                m.ack()
+
+
+@pytest.mark.timeout(300)
+def test_two_instances_only_the_leader_runs_the_query_and_the_other_takes_over(
+    spark: Any, brokers: list[BrokerProcess], tmp_path: Path
+) -> None:
+    """The acceptance scenario (loadtest/spark_acceptance.py) at a CI size: two instances
+    on one checkpoint, kill -9 of the leader while entries are published, the standby
+    finishes from the checkpoint: no duplicate, no gap, queue empty, DLQ once."""
+    from loadtest.spark_acceptance import scenario_takeover
+
+    cluster = SimpleNamespace(addresses=addresses(brokers))
+    result = scenario_takeover(tmp_path, cluster, spark, 6000, 600, 60)  # type: ignore[arg-type]
+    assert result["only_leader_ran_query"], result
+    assert result["table_rows"] == result["distinct_keys"] == result["valid"], result
+    assert result["queue_ready"] == 0 and result["dlq_entries"] == result["invalid"], result
+    assert result["ok"], result
