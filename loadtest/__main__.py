@@ -254,7 +254,13 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"report: {path}")
     if opts["json"]:
         _write_json(results, opts["json"], comparison_rows)
-    return 0 if all(r.ok for r in results) else 1
+    if not all(r.ok for r in results):
+        return 1
+    if any(r.metrics.get("fault_errors") for r in results):
+        # The guarantees held, but not every scheduled fault happened: not a pass.
+        print("loadtest: some faults could not be applied (see 'fault errors')", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _write_json(results: Sequence[Any], path: str, rows: Any) -> None:

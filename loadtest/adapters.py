@@ -13,6 +13,7 @@ AMQP 0-9-1 ``basic.ack`` and a NATS ``+ACK`` have no reply, so for RabbitMQ and 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, NamedTuple, Protocol
 
 import clients
@@ -55,8 +56,8 @@ class Subscription(Protocol):
         """Up to ``max_count`` deliveries; [] after ``timeout`` s without one."""
         ...
 
-    async def ack_many(self, deliveries: list[Delivery]) -> None:
-        """Accept them (raises one of the adapter's ``errors`` if the outcome is unknown)."""
+    async def ack_many(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        """Accept them; per delivery, None or the error (failed, or outcome unknown)."""
         ...
 
     async def release_many(self, deliveries: list[Delivery]) -> None:
@@ -127,8 +128,14 @@ class _BatonSubscription:
         msgs = await self.consumer.get_many(max_count, timeout=timeout)
         return [Delivery(m.position, m.delivery_count, m.body, m) for m in msgs]
 
-    async def ack_many(self, deliveries: list[Delivery]) -> None:
-        await self.consumer.ack_many([d.handle for d in deliveries], confirm=True)
+    async def ack_many(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        # One confirmed ack per message (the client still sends them in one frame per
+        # loop tick): each message gets its own outcome, where ack_many(confirm=True)
+        # would fail the whole batch on its first refused position.
+        results = await asyncio.gather(
+            *(d.handle.ack(confirm=True) for d in deliveries), return_exceptions=True
+        )
+        return [r if isinstance(r, BaseException) else None for r in results]
 
     async def release_many(self, deliveries: list[Delivery]) -> None:
         await self.consumer.release_many([d.handle for d in deliveries])

@@ -212,7 +212,7 @@ class FaultInjector(threading.Thread):
         w.flush()
         self.log.append(_Done(time.monotonic() - self.t0, kind, ("start", "end")[phase], detail))
 
-    def _target(self, ev: FaultEvent) -> Broker:
+    def _pick_broker(self, ev: FaultEvent) -> Broker:
         running = self.system.running()
         if not running:
             raise RuntimeError("no running broker to fault")
@@ -224,7 +224,7 @@ class FaultInjector(threading.Thread):
     def _apply(self, ev: FaultEvent, w: HistoryWriter) -> None:
         s = self.system
         if ev.kind in ("kill9", "sigstop"):
-            b = self._target(ev)
+            b = self._pick_broker(ev)
             detail = f"node={b.node_id} address={b.address}"
             # The record goes first: the checker ends the holds of the broker's
             # consumers at this time, before the cluster can give them back.
@@ -235,7 +235,12 @@ class FaultInjector(threading.Thread):
                 s.restart(b)
             else:
                 s.pause(b)
-                time.sleep(ev.duration)  # never cut short: a paused broker must resume
+                time.sleep(min(0.05, ev.duration))
+                # Worth knowing: a broker paused while it holds the file log's append
+                # lock stalls every other broker's appends until it resumes.
+                if b.proc is not None and _holds_flock(b.proc.pid):
+                    detail += " held_log_lock=yes"
+                time.sleep(max(0.0, ev.duration - 0.05))  # never cut short: it must resume
                 s.resume(b)
             self._note(w, ev.kind, 1, detail)
         elif ev.kind == "join":
@@ -265,6 +270,21 @@ class FaultInjector(threading.Thread):
             {"t": round(d.t, 3), "kind": d.kind, "phase": d.phase, "detail": d.detail}
             for d in self.log
         ]
+
+
+def _holds_flock(pid: int) -> bool:
+    """Whether the process holds an exclusive flock (Linux ``/proc/locks``)."""
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 12345 fd:01:1234 0 EOF"
+                if len(parts) > 4 and parts[1] == "FLOCK" and parts[3] == "WRITE" \
+                        and parts[4] == str(pid):
+                    return True
+    except OSError:
+        pass
+    return False
 
 
 def check_supported(events: list[FaultEvent], system: object) -> None:

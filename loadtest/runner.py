@@ -267,7 +267,7 @@ def run(config: RunConfig) -> RunResult:
     if config.report_dir:
         run_dir = Path(config.report_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        for old in [*run_dir.glob("*.hist"), run_dir / SAMPLES_FILE]:
+        for old in [*run_dir.glob("*.hist"), run_dir / SAMPLES_FILE, run_dir / "result.json"]:
             old.unlink(missing_ok=True)
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="baton-loadtest-"))

@@ -198,17 +198,20 @@ async def consume_queue(
 
     async def ack(batch: list[tuple[Delivery, str]], sub: Subscription) -> None:
         try:
-            await sub.ack_many([d for d, _ in batch])
+            outcomes = await sub.ack_many([d for d, _ in batch])
         except errors as exc:
-            info = f"{type(exc).__name__}: {exc}"
-            for d, mid in batch:
-                record(OpKind.ACK_FAIL, queue, mid, d.position, actor=actor, info=info)
-            return
+            outcomes = [exc] * len(batch)
         now = time.monotonic_ns()
-        for d, mid in batch:
-            record(OpKind.ACK_OK, queue, mid, d.position, t=now, actor=actor)
+        ok = 0
+        for (d, mid), err in zip(batch, outcomes):
+            if err is None:
+                record(OpKind.ACK_OK, queue, mid, d.position, t=now, actor=actor)
+                ok += 1
+            else:
+                record(OpKind.ACK_FAIL, queue, mid, d.position, t=now, actor=actor,
+                       info=f"{type(err).__name__}: {err}")
         if counter is not None:
-            counter.value += len(batch)
+            counter.value += ok
 
     idle_since = time.monotonic()
     sub: Subscription | None = None

@@ -34,6 +34,7 @@ from loadtest.workloads import Workload
 __all__ = ["NatsSystem", "NatsAdapter", "stream_name"]
 
 _DURABLE = "lt-workers"
+_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, ConnectionError)
 
 
 def stream_name(queue: str) -> str:
@@ -116,9 +117,16 @@ class _NatsSubscription:
             out.append(Delivery(int(md.sequence.stream), int(md.num_delivered) - 1, m.data, m))
         return out
 
-    async def ack_many(self, deliveries: list[Delivery]) -> None:
+    async def ack_many(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        out: list[BaseException | None] = []
         for d in deliveries:
-            await d.handle.ack()
+            try:
+                await d.handle.ack()
+            except _ERRORS as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
 
     async def release_many(self, deliveries: list[Delivery]) -> None:
         for d in deliveries:
@@ -138,7 +146,7 @@ class NatsAdapter:
     """NATS JetStream through nats-py (see the module doc)."""
 
     name = "nats"
-    errors: tuple[type[BaseException], ...] = (nats.errors.Error, ConnectionError)
+    errors = _ERRORS
 
     def __init__(self, nc: Client, address: str, workload: Workload) -> None:
         self.nc = nc

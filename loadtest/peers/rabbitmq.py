@@ -31,6 +31,11 @@ from loadtest.peers import require_binary, stop_process, wait_for_line
 __all__ = ["RabbitSystem", "RabbitAdapter"]
 
 _SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # Debian's; /usr/sbin's wrapper su's
+_ERRORS: tuple[type[BaseException], ...] = (
+    aio_pika.exceptions.AMQPException,
+    aiormq.exceptions.AMQPError,
+    ConnectionError,
+)
 
 
 class RabbitSystem:
@@ -166,9 +171,16 @@ class _RabbitSubscription:
             out.append(Delivery(-1, int(count) if isinstance(count, int) else 0, m.body, m))
         return out
 
-    async def ack_many(self, deliveries: list[Delivery]) -> None:
+    async def ack_many(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        out: list[BaseException | None] = []
         for d in deliveries:
-            await d.handle.ack()
+            try:
+                await d.handle.ack()
+            except _ERRORS as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
 
     async def release_many(self, deliveries: list[Delivery]) -> None:
         for d in deliveries:
@@ -190,11 +202,7 @@ class RabbitAdapter:
     """RabbitMQ through aio-pika (see the module doc)."""
 
     name = "rabbitmq"
-    errors: tuple[type[BaseException], ...] = (
-        aio_pika.exceptions.AMQPException,
-        aiormq.exceptions.AMQPError,
-        ConnectionError,
-    )
+    errors = _ERRORS
 
     def __init__(self, conn: aio_pika.abc.AbstractConnection, address: str) -> None:
         self.conn = conn
