@@ -394,8 +394,8 @@ def run(config: RunConfig) -> RunResult:
         for p, _ in consumers:
             p.join(20)
             if p.is_alive():
-                p.terminate()
-                p.join(5)
+                p.terminate()  # the worker then still flushes its history (worker.py)
+                p.join(15)
         _log(config.progress, "loadtest: draining the queues ...")
         with HistoryWriter(run_dir / "drain.hist", DRAIN_ACTOR) as w:
             uvloop.run(_drain(system.adapter, addresses, workload, w, config.drain_idle))

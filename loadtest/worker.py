@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import sys
 import time
 import traceback
@@ -157,7 +158,9 @@ async def _produce(spec: WorkerSpec, counter: Counter) -> None:
             await asyncio.gather(*tasks)
     finally:
         try:
-            await conn.close()
+            await asyncio.wait_for(conn.close(), 10)
+        except (TimeoutError, *conn.errors):  # type: ignore[misc]
+            pass  # closing is best effort: the history below must be written
         finally:
             w.close()
 
@@ -292,9 +295,24 @@ async def _consume(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:
         )
     finally:
         try:
-            await conn.close()
+            await asyncio.wait_for(conn.close(), 10)
+        except (TimeoutError, *conn.errors):  # type: ignore[misc]
+            pass  # closing is best effort: the history below must be written
         finally:
             w.close()
+
+
+async def _main(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:
+    # SIGTERM (the runner gave up waiting) cancels the work, so that the finally blocks
+    # still close the connection and flush the history: a worker killed with its
+    # records in the buffer would make the checker see confirmed messages as lost.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    if spec.role == "producer":
+        await _produce(spec, counter)
+    else:
+        await _consume(spec, counter, stop)
 
 
 def worker_main(spec: WorkerSpec, counter: Any, stop: Any) -> None:
@@ -302,12 +320,12 @@ def worker_main(spec: WorkerSpec, counter: Any, stop: Any) -> None:
     import uvloop
 
     try:
-        if spec.role == "producer":
-            uvloop.run(_produce(spec, counter))
-        else:
-            uvloop.run(_consume(spec, counter, stop))
+        uvloop.run(_main(spec, counter, stop))
     except KeyboardInterrupt:
         sys.exit(130)
+    except asyncio.CancelledError:
+        print(f"loadtest worker {spec.actor}: stopped by SIGTERM", file=sys.stderr)
+        sys.exit(143)
     except BaseException:
         traceback.print_exc()
         sys.exit(1)

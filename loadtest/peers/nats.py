@@ -109,7 +109,7 @@ class _NatsSubscription:
     async def get_many(self, max_count: int, timeout: float) -> list[Delivery]:
         try:
             msgs = await self.psub.fetch(max_count, timeout=timeout)
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
             return []
         out = []
         for m in msgs:
@@ -138,7 +138,7 @@ class _NatsSubscription:
 
     async def close(self) -> None:
         # The acks are one-way: a flush round trip makes sure the server has read them.
-        await self.nc.flush()
+        await self.nc.flush(timeout=10)
         await self.psub.unsubscribe()
 
 
@@ -225,6 +225,7 @@ class NatsAdapter:
 
     async def close(self) -> None:
         try:
-            await self.nc.drain()
+            await self.nc.flush(timeout=10)  # one-way acks: make sure the server read them
         except (nats.errors.Error, asyncio.TimeoutError):
-            await self.nc.close()
+            pass
+        await self.nc.close()
