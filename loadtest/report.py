@@ -222,7 +222,14 @@ def write_report(results: Sequence[RunResult], out_dir: str | Path, title: str =
          "e2e p50", "p90", "p99", "p99.9", "max", "server cores", "peak RSS MiB", "checker"],
         rows,
     ))
-    parts.append("<p>Latencies in ms. Definitions: docs/loadtest.md.</p>")
+    loads = ", ".join(
+        f"{r.config.get('system')} {r.config['loadavg_1m'][0]:.1f} -> {r.config['loadavg_1m'][1]:.1f}"
+        for r in results if r.config.get("loadavg_1m")
+    )
+    parts.append("<p>Latencies in ms. Definitions: docs/loadtest.md."
+                 + (html.escape(f" Machine load (1-min average, before -> after each run, "
+                                f"{cfg.get('cpus')} CPUs): {loads}.") if loads else "")
+                 + "</p>")
     parts.append("<h2>Checker (DESIGN §5)</h2>")
     crow = []
     for r in results:

@@ -271,6 +271,7 @@ def run(config: RunConfig) -> RunResult:
             old.unlink(missing_ok=True)
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="baton-loadtest-"))
+    load_before = os.getloadavg()[0]  # other work on the machine skews the figures
     system = make_system(config, run_dir / "servers")
     check_supported(list(config.faults), system)
     ctx = multiprocessing.get_context("spawn")
@@ -427,6 +428,8 @@ def run(config: RunConfig) -> RunResult:
         "seed": config.seed,
         "faults": config.faults_spec,
         "workload": asdict(workload),
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
     }
     if failed_workers:
         result.metrics["failed_workers"] = failed_workers
@@ -638,9 +641,12 @@ def format_report(result: RunResult) -> str:
     if cfg:
         where = (f"  brokers {cfg.get('brokers')}  log {cfg.get('log')}"
                  if cfg.get("system", "baton") == "baton" else "")
+        load = cfg.get("loadavg_1m")
         lines.append(
             f"{cfg.get('system', 'baton')}: preset {cfg.get('preset')}  {cfg.get('duration')}s"
             + where + (f"  faults {cfg['faults']}" if cfg.get("faults") else "")
+            + (f"  (machine load {load[0]:.1f} -> {load[1]:.1f} on {cfg.get('cpus')} cpus)"
+               if load else "")
         )
     lines.append(
         f"confirmed publishes {m['confirmed']:>10,}  {m['confirmed_msgs_per_s']:>10,.0f} msg/s"
