@@ -56,7 +56,7 @@ def _mark_faults(ax: Any, faults: list[list[Any]], label: bool) -> None:
         ax.axvline(start, color=colour, linestyle="--", linewidth=1)
         if end is not None and end > start:
             ax.axvspan(start, end, color=colour, alpha=0.12)
-        if label:
+        if label and kind != "stop":  # a join's stop of the previous joiner: same time
             ax.annotate(
                 f"{kind} {node}".strip(), (start, 1.0), xycoords=("data", "axes fraction"),
                 rotation=90, va="top", ha="right", fontsize=7, color=colour,

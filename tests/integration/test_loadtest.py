@@ -149,3 +149,36 @@ def _processes_mentioning(text: str) -> list[str]:
         if text in cmd:
             found.append(f"{pid}: {cmd[:200]}")
     return found
+
+
+@pytest.mark.timeout(300)
+def test_kafka_restart_and_a_full_disk_lose_nothing_confirmed(tmp_path: Path) -> None:
+    from tests.kafka_fixture import missing_tools, unavailable
+
+    missing = missing_tools()
+    if missing:
+        unavailable(f"no Kafka: {' and '.join(missing)} needed by .ci/kafka")
+    if os.geteuid() != 0:
+        unavailable("the diskfull fault mounts a tmpfs: run as root")
+    report = tmp_path / "report"
+    out = tmp_path / "result.json"
+    done = loadtest(
+        "--preset", "latency", "--rate", "500", "--duration", "30", "--brokers", "3",
+        "--log", "kafka", "--disk-limit", "256",
+        "--faults", "kafka-restart:2s@at:4; diskfull:4s@at:8", "--report", str(report),
+        "--json", str(out), "--quiet",
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["config"]["log"] == "kafka"
+    assert result["ok"] is True, result["checker"]
+    started = [f["kind"] for f in result["metrics"]["faults"] if f["phase"] == "start"]
+    assert started == ["kafka-restart", "diskfull"], result["metrics"]["faults"]
+    ended = [f for f in result["metrics"]["faults"] if f["phase"] == "end"]
+    assert int(ended[1]["detail"].removeprefix("filled=")) > 100 << 20  # the tmpfs was full
+    assert result["metrics"]["confirmed"] > 1000
+    assert result["checker"]["counts"]["lost"] == 0
+    # Kafka and the tmpfs are gone again.
+    assert _processes_mentioning(str(report)) == []
+    assert not os.path.ismount(report / "baton" / "servers" / "data")
