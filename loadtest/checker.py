@@ -15,6 +15,9 @@ What it counts (each a guarantee of DESIGN §5):
   its consumer not ended or lost. A consumer whose connection or broker was lost gives up
   its holds at its ``consumer-lost`` record.
 - ``redelivered_after_accept`` (§5.3): a delivery after an ``ack-ok`` of that message.
+- ``accepted_twice`` (§5.2, §5.3): a second ``ack-ok`` of one message (e.g. a fenced
+  consumer's accept of a message that went to another consumer meanwhile): only the
+  holder of an acquired message may accept it, and only once.
 - ``duplicate_enqueue``: one message id at two positions of one queue (from confirms and
   deliveries). Dead-lettering gives a message a new position in *another* queue: fine.
 - ``order`` (§5.7): per consumer and queue, first deliveries (delivery count 0, never
@@ -52,6 +55,7 @@ VIOLATIONS = (
     "lost",
     "double_delivery",
     "redelivered_after_accept",
+    "accepted_twice",
     "duplicate_enqueue",
     "order",
     "poison_loop",
@@ -228,6 +232,14 @@ class _Checker:
             return  # the hold lasts until the outcome is known
         self.release_hold(key, op.actor)
         if kind == OpKind.ACK_OK:
+            first = self.accepted_at.get(key)
+            if first is not None:
+                self.flag(
+                    "accepted_twice",
+                    f"{op.queue}@{op.position} ({op.msg}) accepted by {op.actor} at t={op.t} "
+                    f"after {first.actor}'s ack-ok at t={first.t}",
+                )
+                return
             self.accepted_at[key] = op
             if op.msg:
                 self.accepted_msgs.add(op.msg)

@@ -85,7 +85,8 @@ def test_fault_run_with_kill9_sigstop_and_join_keeps_the_guarantees(tmp_path: Pa
     result = json.loads(out.read_text())
     counts = result["checker"]["counts"]
     assert all(counts[k] == 0 for k in ("lost", "double_delivery", "redelivered_after_accept",
-                                         "duplicate_enqueue", "order", "poison_loop")), counts
+                                         "accepted_twice", "duplicate_enqueue", "order",
+                                         "poison_loop")), counts
     faults = result["metrics"]["faults"]
     started = [f["kind"] for f in faults if f["phase"] == "start"]
     assert started[:3] == ["kill9", "sigstop", "join"], faults

@@ -267,3 +267,18 @@ def test_an_ack_fail_ends_the_hold_and_counts_as_a_possible_accept() -> None:
     result = check(h.final(1).ops)
     assert result.ok, result.summary()
     assert result.counts["double_delivery"] == 0
+
+
+def test_a_message_accepted_twice_is_caught() -> None:
+    # A paused broker's consumer accepts a message that the cluster meanwhile gave to
+    # another consumer (which accepted it too): one message, two accepts.
+    h = History().publish("p1:0", 0)
+    h.add(K.CONNECTED, "c1", info="127.0.0.1:1")
+    h.deliver("c1/q", "p1:0", 0)
+    fault(h, "sigstop", "127.0.0.1:1")
+    h.deliver("c2/q", "p1:0", 0, count=1).ack("c2/q", "p1:0", 0)
+    h.add(K.ACK_INVOKE, "c1/q", "q", "p1:0", 0).add(K.ACK_OK, "c1/q", "q", "p1:0", 0)
+    result = check(h.final(0).ops)
+    assert not result.ok
+    assert result.counts["accepted_twice"] == 1
+    assert result.counts["double_delivery"] == 0 and result.counts["redelivered_after_accept"] == 0
