@@ -137,8 +137,9 @@ def _check_dirs(path: Path) -> list[Path]:
     return sorted(d for d in path.iterdir() if d.is_dir() and any(d.glob("*.hist")))
 
 
-def _preflight(system: str) -> None:
-    """Fail early, naming the package, if a peer's server is not installed."""
+def _preflight(system: str, workload: Any) -> None:
+    """Fail early: a peer's server is not installed (naming the package), or cannot run
+    the workload."""
     from loadtest.peers import require_binary
 
     if system == "rabbitmq":
@@ -146,6 +147,11 @@ def _preflight(system: str) -> None:
         require_binary("epmd", "erlang-base")
         import aio_pika  # noqa: F401 - the client library (pip: aio-pika)
     elif system == "nats":
+        if workload.release_share or workload.reject_share or workload.dead_letter:
+            raise RuntimeError(
+                "NATS JetStream has no delivery limit with dead-lettering: "
+                f"preset {workload.name!r} cannot run on it"
+            )
         require_binary("nats-server", "nats-server")
         import nats  # noqa: F401 - the client library (pip: nats-py)
 
@@ -215,7 +221,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     try:
         for system in systems:
-            _preflight(system)
+            _preflight(system, workload)
     except (RuntimeError, ImportError) as exc:
         print(f"loadtest: {exc}", file=sys.stderr)
         return 2

@@ -237,8 +237,7 @@ class RabbitAdapter:
             "x-queue-type": "quorum",
             "x-delivery-limit": max(0, delivery_limit - 1),
         }
-        if dead_letter:
-            await ch.declare_queue(dead_letter, durable=True, arguments={"x-queue-type": "quorum"})
+        if dead_letter:  # declared by the caller first, like Baton's
             args["x-dead-letter-exchange"] = ""
             args["x-dead-letter-routing-key"] = dead_letter
         await ch.declare_queue(queue, durable=True, arguments=args)
