@@ -269,6 +269,9 @@ def run(config: RunConfig) -> RunResult:
         run_dir.mkdir(parents=True, exist_ok=True)
         for old in [*run_dir.glob("*.hist"), run_dir / SAMPLES_FILE, run_dir / "result.json"]:
             old.unlink(missing_ok=True)
+        # An earlier run's servers (log, data dirs) would bring its messages, whose ids
+        # this run reuses: start from nothing.
+        shutil.rmtree(run_dir / "servers", ignore_errors=True)
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="baton-loadtest-"))
     load_before = os.getloadavg()[0]  # other work on the machine skews the figures
