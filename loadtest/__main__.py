@@ -225,6 +225,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (RuntimeError, ImportError) as exc:
         print(f"loadtest: {exc}", file=sys.stderr)
         return 2
+    disk_limit = opts["disk_limit"]
+    if disk_limit is None and any(f.kind == "diskfull" for f in faults):
+        disk_limit = 1024  # diskfull needs a size-limited data dir: a 1 GiB tmpfs
     report = Path(opts["report"]) if opts["report"] else None
     results: list[RunResult] = []
     for system in systems:
@@ -240,7 +243,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             progress=not opts["quiet"],
             faults=tuple(faults) if system == "baton" else (),
             faults_spec=(opts["faults"] or "") if system == "baton" else "",
-            disk_limit_mb=opts["disk_limit"],
+            disk_limit_mb=disk_limit if system == "baton" else None,
         )
         try:
             result = run(config)
