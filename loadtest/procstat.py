@@ -133,27 +133,7 @@ class Sampler(threading.Thread):
             self.halt.wait(self.interval)
 
     def stop(self) -> None:
-        """Stop sampling (takes a last sample first)."""
+        """Stop sampling."""
         if self.is_alive():
             self.halt.set()
             self.join(5)
-
-    def summary(self, start: float = 0.0, end: float | None = None) -> dict[str, Any]:
-        """Per label: mean and max CPU (cores), max RSS (MiB) between ``start`` and ``end``."""
-        by: dict[str, list[dict[str, Any]]] = {}
-        for s in self.samples:
-            if s["t"] >= start and (end is None or s["t"] <= end):
-                by.setdefault(s["label"], []).append(s)
-        out: dict[str, Any] = {}
-        for label, rows in sorted(by.items()):
-            out[label] = {
-                "cpu_mean": round(sum(r["cpu"] for r in rows) / len(rows), 3),
-                "cpu_max": round(max(r["cpu"] for r in rows), 3),
-                "rss_max_mib": round(max(r["rss_mib"] for r in rows), 1),
-            }
-        if out:
-            out["total"] = {
-                "cpu_mean": round(sum(v["cpu_mean"] for v in out.values()), 3),
-                "rss_max_mib": round(sum(v["rss_max_mib"] for v in out.values()), 1),
-            }
-        return out
