@@ -1,7 +1,10 @@
 """``python -m loadtest`` (also ``baton loadtest``): run a preset, check it, report it.
 
     python -m loadtest --preset throughput --duration 15 --brokers 3
-    python -m loadtest --check RUN_DIR     # re-check a kept run directory (--report)
+    python -m loadtest --system baton --system rabbitmq --system nats --report DIR
+    python -m loadtest --preset latency --faults "kill9,sigstop,join@30s" --duration 300
+    python -m loadtest --config run.toml
+    python -m loadtest --check DIR     # re-check a kept run (or report) directory
 
 Exit status: 0 if the checker found no violation, 1 if it did, 2 on a usage or start-up
 error. See docs/loadtest.md.
@@ -10,86 +13,285 @@ error. See docs/loadtest.md.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tomllib
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["main", "add_arguments", "run_from_args"]
+__all__ = ["main", "add_arguments", "run_from_args", "load_config"]
+
+#: Run options (not workload fields) a config file may set, with their defaults.
+_RUN_DEFAULTS: dict[str, Any] = {
+    "preset": "throughput",
+    "duration": 15.0,
+    "system": ["baton"],
+    "brokers": 3,
+    "brokers_at": None,
+    "log": None,
+    "faults": None,
+    "disk_limit": None,
+    "json": None,
+    "report": None,
+    "seed": 1,
+    "quiet": False,
+}
+#: Workload overrides on the command line (None: the preset's value).
+_WORKLOAD_OPTIONS = ("messages", "producers", "consumers", "size", "rate", "queues", "window",
+                     "prefetch", "ack_batch")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the load-test options to a parser (shared with ``baton loadtest``)."""
     from loadtest.workloads import PRESETS
 
-    p.add_argument("--preset", choices=sorted(PRESETS), default="throughput")
-    p.add_argument("--duration", type=float, default=15.0, help="seconds of publishing")
-    p.add_argument("--brokers", type=int, default=3, help="brokers to start (default 3)")
+    # Defaults are None here so that a config file's values count unless an option is
+    # given: the real defaults are in _RUN_DEFAULTS.
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="TOML file with these options (and a [workload] table); "
+                   "options given here win")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="workload preset (default throughput)")
+    p.add_argument("--duration", type=float, default=None, help="seconds of publishing (15)")
+    p.add_argument("--system", action="append", default=None,
+                   choices=("baton", "rabbitmq", "nats"),
+                   help="system to run the workload on; repeat for a side-by-side run "
+                   "(default baton)")
+    p.add_argument("--brokers", type=int, default=None, help="Baton brokers to start (3)")
     p.add_argument("--brokers-at", default=None,
-                   help="HOST:PORT,... of running brokers: start none")
-    p.add_argument("--log", default=None, help="log URL for the started brokers "
-                   "(default: a shared file: log in the run dir)")
+                   help="HOST:PORT,... of running Baton brokers: start none")
+    p.add_argument("--log", default=None, help="log URL for the started brokers (default: a "
+                   "shared file: log in the run dir; 'kafka': start a Kafka with .ci/kafka)")
+    p.add_argument("--faults", default=None, metavar="SPEC",
+                   help="fault schedule, e.g. 'kill9,sigstop,join@30s' or "
+                   "'sigstop@random:20s' (docs/loadtest.md)")
+    p.add_argument("--disk-limit", type=int, default=None, metavar="MB",
+                   help="put the brokers' data dirs and file log on a tmpfs of MB MiB "
+                   "(needed by the diskfull fault; root)")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
-    p.add_argument("--report", default=None,
-                   help="keep the run dir (histories, broker output, result.json) here")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="keep the runs (one sub-dir per system) and write DIR/report.html "
+                   "with PNG plots")
+    p.add_argument("--seed", type=int, default=None, help="seed of random choices (1)")
     p.add_argument("--messages", type=int, default=None, help="stop publishing after N")
     p.add_argument("--producers", type=int, default=None, help="producer processes")
     p.add_argument("--consumers", type=int, default=None, help="consumer processes")
     p.add_argument("--size", type=int, default=None, help="body bytes")
     p.add_argument("--rate", type=float, default=None, help="target publish msg/s in all")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--check", default=None, metavar="RUN_DIR",
-                   help="do not run: check and measure the histories in RUN_DIR")
+    p.add_argument("--queues", type=int, default=None, help="work queues")
+    p.add_argument("--window", type=int, default=None, help="unconfirmed publishes per producer")
+    p.add_argument("--prefetch", type=int, default=None, help="consumer prefetch")
+    p.add_argument("--ack-batch", type=int, default=None, help="messages per ack batch")
+    p.add_argument("--quiet", action="store_true", default=None, help="no progress lines")
+    p.add_argument("--check", default=None, metavar="DIR",
+                   help="do not run: check and measure the histories in DIR (a run dir, "
+                   "or a --report dir with one run dir per system)")
+
+
+def load_config(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read a TOML config: (run options, workload overrides).
+
+    Keys are the long option names (``-`` or ``_``); ``system`` may be a list (or
+    ``systems``); a ``[workload]`` table sets fields of the preset's Workload.
+
+    Raises:
+        ValueError: unreadable file, or an unknown key.
+    """
+    from dataclasses import fields
+
+    from loadtest.workloads import Workload
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"config {path}: {exc}") from exc
+    run: dict[str, Any] = {}
+    workload: dict[str, Any] = {}
+    known_workload = {f.name for f in fields(Workload)} - {"name"}
+    for key, value in data.items():
+        k = key.replace("-", "_")
+        if k == "workload" and isinstance(value, dict):
+            for wk, wv in value.items():
+                wk = wk.replace("-", "_")
+                if wk not in known_workload:
+                    raise ValueError(f"config {path}: unknown workload field {wk!r} "
+                                     f"(known: {', '.join(sorted(known_workload))})")
+                workload[wk] = wv
+        elif k in ("system", "systems"):
+            run["system"] = [value] if isinstance(value, str) else list(value)
+        elif k in _RUN_DEFAULTS:
+            run[k] = value
+        elif k in _WORKLOAD_OPTIONS:
+            workload["max_messages" if k == "messages" else k] = value
+        else:
+            raise ValueError(f"config {path}: unknown key {key!r}")
+    return run, workload
+
+
+def _check_dirs(path: Path) -> list[Path]:
+    """The run dirs under ``path``: itself if it holds histories, else its sub-dirs that do."""
+    if any(path.glob("*.hist")):
+        return [path]
+    return sorted(d for d in path.iterdir() if d.is_dir() and any(d.glob("*.hist")))
+
+
+def _preflight(system: str, workload: Any) -> None:
+    """Fail early: a peer's server is not installed (naming the package), or cannot run
+    the workload."""
+    from loadtest.peers import require_binary
+
+    if system == "rabbitmq":
+        require_binary("rabbitmq-server", "rabbitmq-server", ("/usr/lib/rabbitmq/bin/rabbitmq-server",))
+        require_binary("epmd", "erlang-base")
+        import aio_pika  # noqa: F401 - the client library (pip: aio-pika)
+    elif system == "nats":
+        if workload.release_share or workload.reject_share or workload.dead_letter:
+            raise RuntimeError(
+                "NATS JetStream has no delivery limit with dead-lettering: "
+                f"preset {workload.name!r} cannot run on it"
+            )
+        require_binary("nats-server", "nats-server")
+        import nats  # noqa: F401 - the client library (pip: nats-py)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run (or ``--check``) as the parsed options say; returns the exit status."""
-    from loadtest.runner import RunConfig, analyse_dir, format_report, run, save
+    from loadtest.faults import FaultSpecError, parse_faults
+    from loadtest.report import write_report
+    from loadtest.runner import (
+        RunConfig,
+        RunResult,
+        analyse_dir,
+        comparison_rows,
+        format_comparison,
+        format_report,
+        run,
+        save,
+    )
     from loadtest.workloads import get_preset
 
     if args.check:
-        result = analyse_dir(args.check)
-        print(format_report(result))
+        dirs = _check_dirs(Path(args.check))
+        if not dirs:
+            print(f"loadtest: no histories (*.hist) in {args.check}", file=sys.stderr)
+            return 2
+        checked = [analyse_dir(d) for d in dirs]
+        for r in checked:
+            print(format_report(r))
+        if len(checked) > 1:
+            print(format_comparison(checked))
         if args.json:
-            save(result, args.json, keep_dir=True)
-        return 0 if result.ok else 1
-    if args.duration <= 0 or args.brokers < 1:
+            _write_json(checked, args.json, comparison_rows)
+        return 0 if all(r.ok for r in checked) else 1
+
+    opts = dict(_RUN_DEFAULTS)
+    wl_over: dict[str, Any] = {}
+    if args.config:
+        try:
+            file_run, file_wl = load_config(args.config)
+        except ValueError as exc:
+            print(f"loadtest: {exc}", file=sys.stderr)
+            return 2
+        opts.update(file_run)
+        wl_over.update(file_wl)
+    for key in _RUN_DEFAULTS:
+        value = getattr(args, key, None)
+        if value is not None:
+            opts[key] = value
+    for key in _WORKLOAD_OPTIONS:
+        value = getattr(args, key, None)
+        if value is not None:
+            wl_over["max_messages" if key == "messages" else key] = value
+    systems: list[str] = list(dict.fromkeys(opts["system"]))  # once each, in order
+    duration = float(opts["duration"])
+    if duration <= 0 or int(opts["brokers"]) < 1:
         print("loadtest: --duration and --brokers must be positive", file=sys.stderr)
         return 2
-    workload = get_preset(
-        args.preset,
-        max_messages=args.messages,
-        producers=args.producers,
-        consumers=args.consumers,
-        size=args.size,
-        rate=args.rate,
-    )
-    config = RunConfig(
-        workload=workload,
-        duration=args.duration,
-        brokers=args.brokers,
-        log_url=args.log,
-        brokers_at=tuple(a for a in (args.brokers_at or "").split(",") if a),
-        report_dir=args.report,
-        seed=args.seed,
-        progress=not args.quiet,
-    )
     try:
-        result = run(config)
-    except RuntimeError as exc:
+        workload = get_preset(str(opts["preset"]), **wl_over)
+    except (KeyError, TypeError) as exc:
+        print(f"loadtest: bad preset or workload field: {exc}", file=sys.stderr)
+        return 2
+    try:
+        faults = parse_faults(opts["faults"], duration, int(opts["seed"])) if opts["faults"] else []
+    except FaultSpecError as exc:
+        print(f"loadtest: --faults: {exc}", file=sys.stderr)
+        return 2
+    try:
+        for system in systems:
+            _preflight(system, workload)
+    except (RuntimeError, ImportError) as exc:
         print(f"loadtest: {exc}", file=sys.stderr)
         return 2
-    print(format_report(result))
-    save(result, args.json, keep_dir=bool(args.report))
-    if not result.ok:
-        print(f"histories kept in {result.run_dir}", file=sys.stderr)
-    return 0 if result.ok else 1
+    disk_limit = opts["disk_limit"]
+    if disk_limit is None and any(f.kind == "diskfull" for f in faults):
+        disk_limit = 1024  # diskfull needs a size-limited data dir: a 1 GiB tmpfs
+    report = Path(opts["report"]) if opts["report"] else None
+    results: list[RunResult] = []
+    for system in systems:
+        config = RunConfig(
+            workload=workload,
+            duration=duration,
+            system=system,
+            brokers=int(opts["brokers"]),
+            log_url=opts["log"],
+            brokers_at=tuple(a for a in (opts["brokers_at"] or "").split(",") if a),
+            report_dir=str(report / system) if report else None,
+            seed=int(opts["seed"]),
+            progress=not opts["quiet"],
+            faults=tuple(faults) if system == "baton" else (),
+            faults_spec=(opts["faults"] or "") if system == "baton" else "",
+            disk_limit_mb=disk_limit if system == "baton" else None,
+        )
+        try:
+            result = run(config)
+        except RuntimeError as exc:
+            print(f"loadtest: {system}: {exc}", file=sys.stderr)
+            return 2
+        print(format_report(result))
+        save(result, None, keep_dir=bool(report))
+        if not result.ok:
+            print(f"histories kept in {result.run_dir}", file=sys.stderr)
+        results.append(result)
+    if len(results) > 1:
+        print()
+        print(format_comparison(results))
+    if report:
+        path = write_report(results, report, title=f"Baton load test: {workload.name}")
+        print(f"report: {path}")
+    if opts["json"]:
+        _write_json(results, opts["json"], comparison_rows)
+    if not all(r.ok for r in results):
+        return 1
+    if any(r.metrics.get("fault_errors") for r in results):
+        # The guarantees held, but not every scheduled fault happened: not a pass.
+        print("loadtest: some faults could not be applied (see 'fault errors')", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _write_json(results: Sequence[Any], path: str, rows: Any) -> None:
+    """One run: its result mapping; several: ``{"ok", "runs", "comparison"}``."""
+    if len(results) == 1:
+        data: dict[str, Any] = results[0].to_dict()
+    else:
+        data = {
+            "ok": all(r.ok for r in results),
+            "runs": [r.to_dict() for r in results],
+            "comparison": rows(results),
+        }
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status."""
     p = argparse.ArgumentParser(
         prog="python -m loadtest",
-        description="Baton load test: run a workload, check the guarantees, report figures.",
+        description="Baton load test: run a workload (on Baton and peers), inject faults, "
+        "check the guarantees, report figures and plots.",
     )
     add_arguments(p)
     return run_from_args(p.parse_args(argv))

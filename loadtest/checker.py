@@ -15,6 +15,9 @@ What it counts (each a guarantee of DESIGN §5):
   its consumer not ended or lost. A consumer whose connection or broker was lost gives up
   its holds at its ``consumer-lost`` record.
 - ``redelivered_after_accept`` (§5.3): a delivery after an ``ack-ok`` of that message.
+- ``accepted_twice`` (§5.2, §5.3): a second ``ack-ok`` of one message (e.g. a fenced
+  consumer's accept of a message that went to another consumer meanwhile): only the
+  holder of an acquired message may accept it, and only once.
 - ``duplicate_enqueue``: one message id at two positions of one queue (from confirms and
   deliveries). Dead-lettering gives a message a new position in *another* queue: fine.
 - ``order`` (§5.7): per consumer and queue, first deliveries (delivery count 0, never
@@ -24,6 +27,16 @@ What it counts (each a guarantee of DESIGN §5):
 - ``poison_loop`` (§5.5): a delivery whose delivery count reached the queue's limit.
 - ``pending``: messages still ready or acquired after the drain (not a violation; it
   bounds what ``lost`` can prove).
+
+Faults: a ``fault`` record of a broker going down (``kill9``, ``sigstop``, ``stop``) ends
+the holds of every consumer whose worker was connected to that broker (``connected``
+records) at that moment: the cluster gives those messages back after its view change,
+which is later than the fault, so ending the holds at the fault never hides a double
+delivery that happened before it. The client only notices a lost broker later (or, for
+a paused one, not at all), which is why its ``consumer-lost`` record is not enough.
+
+Systems without queue positions (RabbitMQ) record position -1: their holds and accepts
+are keyed by message id instead, and their order is not checked.
 """
 
 from __future__ import annotations
@@ -35,17 +48,28 @@ from typing import Any
 
 from loadtest.history import Op, OpKind
 
-__all__ = ["CheckResult", "check", "VIOLATIONS"]
+__all__ = ["CheckResult", "check", "VIOLATIONS", "BROKER_DOWN_FAULTS"]
 
 #: The counts that make a run fail.
 VIOLATIONS = (
     "lost",
     "double_delivery",
     "redelivered_after_accept",
+    "accepted_twice",
     "duplicate_enqueue",
     "order",
     "poison_loop",
 )
+
+#: Fault kinds after which a broker no longer holds its consumers' messages.
+BROKER_DOWN_FAULTS = frozenset({"kill9", "sigstop", "stop"})
+
+#: A message's identity in its queue: its position, or its id where there is no position.
+Key = tuple[str, int | str]
+
+
+def _key(op: Op) -> Key:
+    return (op.queue, op.position) if op.position >= 0 else (op.queue, "#" + op.msg)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +135,11 @@ class _Checker:
         self.dropped_msgs: set[str] = set()
         self.delivered_msgs: set[str] = set()
         # (queue, position) -> (consumer, delivery op) while held
-        self.holds: dict[tuple[str, int], tuple[str, Op]] = {}
-        self.held_by: dict[str, set[tuple[str, int]]] = defaultdict(set)
-        self.accepted_at: dict[tuple[str, int], Op] = {}
+        self.holds: dict[Key, tuple[str, Op]] = {}
+        self.held_by: dict[str, set[Key]] = defaultdict(set)
+        self.accepted_at: dict[Key, Op] = {}
+        # worker (the actor's part before '/') -> the broker address it is connected to
+        self.worker_address: dict[str, str] = {}
         self.seen_first: set[tuple[str, str]] = set()  # (queue, msg) delivered once
         # order: queue -> epoch (bumped when a consumer of it ends / is lost);
         # (consumer, queue) -> (epoch, last first-delivery position)
@@ -127,7 +153,7 @@ class _Checker:
         if len(self.examples[kind]) < self.max_examples:
             self.examples[kind].append(text)
 
-    def release_hold(self, key: tuple[str, int], consumer: str) -> None:
+    def release_hold(self, key: Key, consumer: str) -> None:
         held = self.holds.get(key)
         if held is not None and held[0] == consumer:
             del self.holds[key]
@@ -140,15 +166,27 @@ class _Checker:
         for q in [queue] if queue else list(self.consumer_queues.get(consumer, ())):
             self.queue_epoch[q] += 1
 
+    def broker_down(self, op: Op) -> None:
+        """A fault took a broker away: its consumers' holds end now (see module doc)."""
+        address = _parse_settings(op.info.replace(" ", ",")).get("address", "")
+        if not address:
+            return
+        for consumer in list(self.held_by):
+            if self.worker_address.get(consumer.split("/", 1)[0]) == address:
+                if self.held_by[consumer]:
+                    self.stats["holds_ended_by_faults"] += len(self.held_by[consumer])
+                self.end_consumer(consumer, "")
+
     def deliver(self, op: Op) -> None:
         self.stats["deliveries"] += 1
-        key = (op.queue, op.position)
+        key = _key(op)
         if op.count > 0:
             self.stats["redeliveries"] += 1
         self.consumer_queues[op.actor].add(op.queue)
         if op.msg:
             self.delivered_msgs.add(op.msg)
-            self.positions[(op.queue, op.msg)].add(op.position)
+            if op.position >= 0:
+                self.positions[(op.queue, op.msg)].add(op.position)
         held = self.holds.get(key)
         if held is not None:
             self.flag(
@@ -172,7 +210,7 @@ class _Checker:
                 f"(limit {limit})",
             )
         first_key = (op.queue, op.msg or str(op.position))
-        if op.count == 0 and first_key not in self.seen_first:
+        if op.count == 0 and first_key not in self.seen_first and op.position >= 0:
             epoch = self.queue_epoch[op.queue]
             last = self.last_first.get((op.actor, op.queue))
             if last is not None and last[0] == epoch and op.position < last[1]:
@@ -188,12 +226,20 @@ class _Checker:
         self.held_by[op.actor].add(key)
 
     def settle(self, op: Op) -> None:
-        key = (op.queue, op.position)
+        key = _key(op)
         kind = op.kind
         if kind == OpKind.ACK_INVOKE:
             return  # the hold lasts until the outcome is known
         self.release_hold(key, op.actor)
         if kind == OpKind.ACK_OK:
+            first = self.accepted_at.get(key)
+            if first is not None:
+                self.flag(
+                    "accepted_twice",
+                    f"{op.queue}@{op.position} ({op.msg}) accepted by {op.actor} at t={op.t} "
+                    f"after {first.actor}'s ack-ok at t={first.t}",
+                )
+                return
             self.accepted_at[key] = op
             if op.msg:
                 self.accepted_msgs.add(op.msg)
@@ -241,6 +287,13 @@ class _Checker:
                     self.dlq[op.queue] = settings["dead_letter"]
             elif kind == OpKind.FINAL:
                 self.counts["pending"] += max(0, op.count)
+            elif kind == OpKind.CONNECTED:
+                self.worker_address[op.actor.split("/", 1)[0]] = op.info
+            elif kind == OpKind.FAULT:
+                if op.count == 0:
+                    self.stats["faults"] += 1
+                    if op.msg in BROKER_DOWN_FAULTS:
+                        self.broker_down(op)
         for (queue, msg), positions in self.positions.items():
             if len(positions) > 1:
                 self.flag(

@@ -78,6 +78,12 @@ class OpKind(enum.IntEnum):
     QUEUE = 12
     #: End-of-run queue counters after the drain (``count``: ready + acquired).
     FINAL = 13
+    #: A fault (``msg``: its kind, e.g. ``kill9``; ``count``: 0 when it starts, 1 when
+    #: it is over; ``info``: ``node=... address=...``), from the fault injector.
+    FAULT = 14
+    #: A worker's connection is now to the broker at ``info`` (at connect and after each
+    #: failover), so that a fault of that broker ends its consumers' holds.
+    CONNECTED = 15
 
 
 @dataclass(frozen=True, slots=True)

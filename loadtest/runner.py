@@ -1,15 +1,14 @@
 """Run a workload against a system, then check and measure its history.
 
-A run: start the system (N ``baton serve`` processes on free loopback ports, one shared
-``file:`` log by default) unless it is given; declare the queues; spawn producer and
-consumer worker processes; publish for the duration; let the consumers catch up; stop
-them; drain every queue from the runner (recorded as actor ``drain``) and record each
-queue's final ready + acquired count; stop what was started; merge the histories; run
-the checker; compute rates and latencies from the same history.
-
-Extension points for later slices: a :class:`System` (start / stop / addresses; a
-RabbitMQ or NATS system goes here, with its client adapter in :mod:`loadtest.worker`)
-and a fault schedule (:class:`Fault`, applied by :func:`run` at its time into the load).
+A run: start the system (Baton: N ``baton serve`` processes on free loopback ports, one
+shared ``file:`` log by default; or a RabbitMQ / NATS server, see :mod:`loadtest.peers`)
+unless it is given; declare the queues; spawn producer and consumer worker processes;
+publish for the duration, applying the fault schedule (:mod:`loadtest.faults`) and
+sampling the servers' CPU and RSS (:mod:`loadtest.procstat`); let the consumers catch
+up; stop them; drain every queue from the runner (recorded as actor ``drain``) and
+record each queue's final ready + acquired count; stop what was started; merge the
+histories; run the checker; compute rates, latencies and a per-second timeline from the
+same history.
 """
 
 from __future__ import annotations
@@ -19,9 +18,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,35 +26,46 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import clients
-
+from loadtest.adapters import open_adapter
 from loadtest.checker import CheckResult, check
+from loadtest.cluster import BatonCluster, ExternalSystem
+from loadtest.faults import FaultEvent, FaultInjector, check_supported
 from loadtest.hist import LogHistogram
 from loadtest.history import HistoryWriter, Op, OpKind, load_run
+from loadtest.procstat import Sampler
 from loadtest.worker import WorkerSpec, consume_queue, worker_main
 from loadtest.workloads import Workload
 
 __all__ = [
     "System",
-    "BatonCluster",
-    "ExternalSystem",
-    "Fault",
     "RunConfig",
     "RunResult",
+    "make_system",
     "run",
     "measure",
+    "timeline",
     "analyse_dir",
     "format_report",
+    "format_comparison",
+    "comparison_rows",
+    "save",
 ]
 
 DRAIN_ACTOR = "drain"
 RUNNER_ACTOR = "runner"
+SAMPLES_FILE = "samples.json"
 
 
 class System(Protocol):
-    """A system under test: something with client addresses that can be started/stopped."""
+    """A system under test: server processes the harness starts, samples and stops.
+
+    Attributes:
+        name: what the reports call it (``baton``, ``rabbitmq``, ``nats``).
+        adapter: the client adapter the workers use (:data:`loadtest.adapters.ADAPTERS`).
+    """
 
     name: str
+    adapter: str
 
     def start(self) -> list[str]:
         """Start it; returns the client addresses once every node serves."""
@@ -68,98 +75,9 @@ class System(Protocol):
         """Stop whatever :meth:`start` started (idempotent)."""
         ...
 
-
-class Fault(Protocol):
-    """One scheduled fault (kill -9, SIGSTOP, join, ...): not in this slice."""
-
-    at: float  # seconds into the load phase
-
-    def apply(self, system: System) -> str:
-        """Inject the fault; returns a description for the history."""
+    def processes(self) -> dict[str, int]:
+        """``label -> pid`` of its live server processes (sampled for CPU and RSS)."""
         ...
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class BatonCluster:
-    """N ``baton serve`` processes on 127.0.0.1 sharing one log, like ``baton dev``.
-
-    Args:
-        nodes: how many brokers.
-        base_dir: the parent of their data dirs (and of the default ``file:`` log).
-        log_url: the shared log (default ``file:<base_dir>/log``).
-    """
-
-    name = "baton"
-
-    def __init__(self, nodes: int, base_dir: Path, log_url: str | None = None) -> None:
-        self.nodes = nodes
-        self.base_dir = base_dir
-        self.log_url = log_url or f"file:{base_dir / 'log'}"
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.addresses: list[str] = []
-
-    def start(self, timeout: float = 60.0) -> list[str]:
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        outputs: list[Path] = []
-        for i in range(1, self.nodes + 1):
-            address = f"127.0.0.1:{_free_port()}"
-            out_path = self.base_dir / f"node-{i}.out"
-            cmd = [
-                sys.executable, "-m", "broker", "--log-level", "WARNING", "serve",
-                "--listen", address,
-                "--data-dir", str(self.base_dir / f"node-{i}"),
-                "--log", self.log_url,
-                "--node-id", f"node-{i}",
-            ]
-            with open(out_path, "wb") as out:
-                self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
-            self.addresses.append(address)
-            outputs.append(out_path)
-        deadline = time.monotonic() + timeout
-        for proc, path in zip(self.procs, outputs):
-            while b"baton ready" not in path.read_bytes():
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"broker exited with {proc.returncode}: "
-                        f"{path.read_text(errors='replace')[-2000:]}"
-                    )
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"broker did not get ready in {timeout}s ({path})")
-                time.sleep(0.05)
-        return list(self.addresses)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        self.procs.clear()
-
-
-class ExternalSystem:
-    """Brokers someone else runs (``--brokers-at``): nothing to start or stop."""
-
-    name = "baton"
-
-    def __init__(self, addresses: Sequence[str]) -> None:
-        self.addresses = list(addresses)
-
-    def start(self) -> list[str]:
-        return list(self.addresses)
-
-    def stop(self) -> None:
-        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,17 +86,24 @@ class RunConfig:
 
     workload: Workload
     duration: float
+    system: str = "baton"
     brokers: int = 3
     log_url: str | None = None
     brokers_at: tuple[str, ...] = ()
     report_dir: str | None = None
     seed: int = 1
     progress: bool = True
-    faults: tuple[Any, ...] = ()
+    faults: tuple[FaultEvent, ...] = ()
+    #: The ``--faults`` text the schedule came from (for the report).
+    faults_spec: str = ""
+    #: Put the Baton data dirs and file log on a tmpfs of this many MiB (diskfull).
+    disk_limit_mb: int | None = None
     #: Seconds the consumers get to catch up after the producers finish.
     catch_up: float = 20.0
     #: Seconds without a message after which the drain of a queue ends.
     drain_idle: float = 1.0
+    #: Seconds between CPU / RSS samples of the servers.
+    sample_interval: float = 1.0
 
 
 @dataclass(slots=True)
@@ -211,30 +136,61 @@ def _log(progress: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-async def _prepare(addresses: list[str], workload: Workload, w: HistoryWriter, purge: bool) -> None:
-    async with await clients.connect(addresses) as conn:
+def make_system(config: RunConfig, base_dir: Path) -> System:
+    """The system a config names, not started yet.
+
+    Raises:
+        RuntimeError: an unknown system, or options that do not fit it.
+    """
+    if config.system == "baton":
+        if config.brokers_at:
+            return ExternalSystem(list(config.brokers_at))
+        return BatonCluster(config.brokers, base_dir, config.log_url, config.disk_limit_mb)
+    if config.brokers_at:
+        raise RuntimeError("--brokers-at is for Baton only: the harness runs the peers itself")
+    if config.system == "rabbitmq":
+        from loadtest.peers.rabbitmq import RabbitSystem
+
+        return RabbitSystem(base_dir)
+    if config.system == "nats":
+        from loadtest.peers.nats import NatsSystem
+
+        return NatsSystem(base_dir)
+    raise RuntimeError(f"unknown system {config.system!r} (baton, rabbitmq, nats)")
+
+
+async def _prepare(
+    system: str, addresses: list[str], workload: Workload, w: HistoryWriter, purge: bool
+) -> None:
+    conn = await open_adapter(system, addresses, workload)
+    try:
         for q in workload.queue_names():
             dlq = workload.dead_letter_of(q)
             if dlq is not None:
-                await conn.declare_queue(dlq)
+                await conn.declare(dlq, 20, None)
                 w.record(OpKind.QUEUE, dlq, info="delivery_limit=20")
                 if purge:
-                    await conn.purge_queue(dlq)
-            await conn.declare_queue(
-                q, delivery_limit=workload.delivery_limit, dead_letter=dlq
-            )
+                    await conn.purge(dlq)
+            await conn.declare(q, workload.delivery_limit, dlq)
             w.record(
-                OpKind.QUEUE, q, info=f"delivery_limit={workload.delivery_limit},dead_letter={dlq or ''}"
+                OpKind.QUEUE, q,
+                info=f"delivery_limit={workload.delivery_limit},dead_letter={dlq or ''}",
             )
             if purge:
-                await conn.purge_queue(q)
+                await conn.purge(q)
+    finally:
+        await conn.close()
 
 
-async def _drain(addresses: list[str], workload: Workload, w: HistoryWriter, idle: float) -> None:
+async def _drain(
+    system: str, addresses: list[str], workload: Workload, w: HistoryWriter, idle: float
+) -> None:
     queues = list(workload.queue_names())
     # Work queues first: their poison messages may still move to the dead-letter queues.
     dlqs = [d for q in queues if (d := workload.dead_letter_of(q)) is not None]
-    async with await clients.connect(addresses) as conn:
+    conn = await open_adapter(system, addresses, workload)
+    w.record(OpKind.CONNECTED, info=conn.address)
+    try:
         for group in (queues, dlqs):
             await asyncio.gather(
                 *(
@@ -243,9 +199,10 @@ async def _drain(addresses: list[str], workload: Workload, w: HistoryWriter, idl
                 )
             )
         for q in queues + dlqs:
-            stats = await conn.queue_stats(q)
-            left = int(stats.get("ready", 0)) + int(stats.get("acquired", 0))
+            left, stats = await conn.depth(q)
             w.record(OpKind.FINAL, q, count=left, info=json.dumps(stats, default=str))
+    finally:
+        await conn.close()
 
 
 def _spread(items: Sequence[str], parts: int, index: int) -> tuple[str, ...]:
@@ -260,32 +217,81 @@ def _rotate(addresses: list[str], i: int) -> tuple[str, ...]:
     return tuple(addresses[k:] + addresses[:k])
 
 
+class _Progress:
+    """The live progress line: one line rewritten in place on a terminal, else a line a second."""
+
+    def __init__(self, enabled: bool, system: str, t0: float) -> None:
+        self.enabled = enabled
+        self.system = system
+        self.t0 = t0
+        self.tty = sys.stderr.isatty()
+        self.last_pub = self.last_con = 0
+        self.last_t = t0
+        self.width = 0
+
+    def update(self, phase: str, pub: int, con: int, cpu: float, rss: float, fault: str) -> None:
+        now = time.monotonic()
+        dt = max(1e-6, now - self.last_t)
+        pub_rate, con_rate = (pub - self.last_pub) / dt, (con - self.last_con) / dt
+        self.last_pub, self.last_con, self.last_t = pub, con, now
+        if not self.enabled:
+            return
+        text = (
+            f"  {self.system:8} {phase:8} {now - self.t0:6.1f}s  confirmed {pub:>9,} "
+            f"({pub_rate:>7,.0f}/s)  accepted {con:>9,} ({con_rate:>7,.0f}/s)  "
+            f"cpu {cpu:4.2f}  rss {rss:6.0f} MiB{('  ' + fault) if fault else ''}"
+        )
+        if self.tty:
+            pad = max(0, self.width - len(text))
+            self.width = len(text)
+            sys.stderr.write("\r" + text + " " * pad)
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
 def run(config: RunConfig) -> RunResult:
-    """Run one load test (see the module docstring) and return its checked figures."""
+    """Run one load test (see the module docstring) and return its checked figures.
+
+    Raises:
+        RuntimeError: the system could not be started, or the faults do not fit it.
+    """
+    import uvloop
+
     workload = config.workload
     if config.report_dir:
         run_dir = Path(config.report_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        for old in run_dir.glob("*.hist"):
-            old.unlink()
+        for old in [*run_dir.glob("*.hist"), run_dir / SAMPLES_FILE, run_dir / "result.json"]:
+            old.unlink(missing_ok=True)
+        # An earlier run's servers (log, data dirs) would bring its messages, whose ids
+        # this run reuses: start from nothing.
+        shutil.rmtree(run_dir / "servers", ignore_errors=True)
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="baton-loadtest-"))
-    system: System
-    if config.brokers_at:
-        system = ExternalSystem(config.brokers_at)
-    else:
-        system = BatonCluster(config.brokers, run_dir / "brokers", config.log_url)
+    load_before = os.getloadavg()[0]  # other work on the machine skews the figures
+    system = make_system(config, run_dir / "servers")
+    check_supported(list(config.faults), system)
     ctx = multiprocessing.get_context("spawn")
     procs: list[multiprocessing.process.BaseProcess] = []
+    injector: FaultInjector | None = None
+    sampler: Sampler | None = None
+    failed_workers: list[str] = []
+    fault_errors: list[str] = []
+    faults_applied: list[dict[str, Any]] = []
+    load_end = 0.0
     try:
-        _log(config.progress, f"loadtest: starting {config.brokers} broker(s) ..."
-             if not config.brokers_at else "loadtest: using brokers at "
-             + ",".join(config.brokers_at))
+        _log(config.progress, f"loadtest: starting {config.system} ..." if not config.brokers_at
+             else "loadtest: using brokers at " + ",".join(config.brokers_at))
         addresses = system.start()
-        import uvloop
-
         with HistoryWriter(run_dir / "runner.hist", RUNNER_ACTOR) as w:
-            uvloop.run(_prepare(addresses, workload, w, purge=bool(config.brokers_at)))
+            uvloop.run(_prepare(system.adapter, addresses, workload, w,
+                                purge=bool(config.brokers_at)))
         stop = ctx.Event()
         producers: list[tuple[multiprocessing.process.BaseProcess, Any]] = []
         consumers: list[tuple[multiprocessing.process.BaseProcess, Any]] = []
@@ -307,6 +313,7 @@ def run(config: RunConfig) -> RunResult:
                 max_messages=None,
                 rate=None,
                 seed=config.seed * 1000 + 500 + i,
+                system=system.adapter,
             )
             proc = ctx.Process(target=worker_main, args=(spec, counter, stop), name=spec.actor)
             consumers.append((proc, counter))
@@ -325,85 +332,114 @@ def run(config: RunConfig) -> RunResult:
                 max_messages=None if cap is None else (cap + n_pro - 1 - i) // n_pro,
                 rate=None if workload.rate is None else workload.rate / n_pro,
                 seed=config.seed * 1000 + i,
+                system=system.adapter,
             )
             proc = ctx.Process(target=worker_main, args=(spec, counter, stop), name=spec.actor)
             producers.append((proc, counter))
-        for p, _ in consumers + producers:
+        # backlog-drain: the consumers start only once the producers are done.
+        first = producers if workload.backlog else consumers + producers
+        for p, _ in first:
             p.start()
             procs.append(p)
         t0 = time.monotonic()
-        last_pub = last_con = 0
-        last_t = t0
-        next_fault = 0
-        faults = sorted(config.faults, key=lambda f: float(f.at))
+        sampler = Sampler(system.processes, t0, config.sample_interval)
+        sampler.start()
+        if config.faults:
+            assert isinstance(system, BatonCluster)  # check_supported
+            injector = FaultInjector(system, list(config.faults), run_dir / "faults.hist", t0)
+            injector.start()
+        progress = _Progress(config.progress, config.system, t0)
+        s = sampler
 
-        def tick() -> tuple[int, int]:
-            nonlocal last_pub, last_con, last_t
+        def tick(phase: str) -> tuple[int, int]:
             pub = sum(int(c.value) for _, c in producers)
             con = sum(int(c.value) for _, c in consumers)
-            now = time.monotonic()
-            dt = max(1e-6, now - last_t)
-            _log(
-                config.progress,
-                f"  {now - t0:6.1f}s  confirmed {pub:>9,} ({(pub - last_pub) / dt:>8,.0f}/s)"
-                f"  accepted {con:>9,} ({(con - last_con) / dt:>8,.0f}/s)",
-            )
-            last_pub, last_con, last_t = pub, con, now
+            fault = ""
+            if injector is not None and injector.log:
+                last = injector.log[-1]
+                fault = f"{last.kind} {last.phase} @{last.t:.0f}s"
+            progress.update(phase, pub, con, s.latest_cpu, s.latest_rss_mib, fault)
             return pub, con
 
         # Load phase: until every producer is done (duration, or its message cap).
-        hard_stop = t0 + config.duration + 30
+        hard_stop = t0 + config.duration + 60
         while any(p.is_alive() for p, _ in producers) and time.monotonic() < hard_stop:
-            while next_fault < len(faults) and time.monotonic() - t0 >= faults[next_fault].at:
-                faults[next_fault].apply(system)
-                next_fault += 1
             time.sleep(1.0)
-            tick()
+            tick("load")
         for p, _ in producers:
             p.join(5)
             if p.is_alive():
                 p.terminate()
+        load_end = time.monotonic() - t0
+        if injector is not None:
+            injector.stop()  # skip faults not yet due; wait for a running one to end
+        if workload.backlog:
+            for p, _ in consumers:
+                p.start()
+                procs.append(p)
         # Catch-up: consumers keep going until nothing more is accepted for a while.
         idle_since = time.monotonic()
-        pub, con = tick()
-        catch_up_end = time.monotonic() + config.catch_up
+        pub, con = tick("catch-up")
+        catch_up_end = time.monotonic() + config.catch_up + (
+            config.duration + 30 if workload.backlog else 0.0
+        )
         while time.monotonic() < catch_up_end:
             if con >= pub and not workload.release_share and not workload.reject_share:
                 break
             time.sleep(0.5)
             before = con
-            pub, con = tick()
+            pub, con = tick("catch-up")
             if con != before:
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > 1.5:
+            elif time.monotonic() - idle_since > (5.0 if workload.backlog else 1.5):
                 break
+        progress.done()
         stop.set()
         for p, _ in consumers:
             p.join(20)
             if p.is_alive():
-                p.terminate()
-                p.join(5)
+                p.terminate()  # the worker then still flushes its history (worker.py)
+                p.join(15)
         _log(config.progress, "loadtest: draining the queues ...")
         with HistoryWriter(run_dir / "drain.hist", DRAIN_ACTOR) as w:
-            uvloop.run(_drain(addresses, workload, w, config.drain_idle))
+            uvloop.run(_drain(system.adapter, addresses, workload, w, config.drain_idle))
         failed_workers = [p.name for p in procs if p.exitcode not in (0, None)]
     finally:
+        if injector is not None:
+            injector.stop()
+            fault_errors = injector.errors
+            faults_applied = injector.summary()
+        if sampler is not None:
+            sampler.stop()
         for p in procs:
             if p.is_alive():
                 p.terminate()
                 p.join(5)
         system.stop()
+        if sampler is not None:
+            with open(run_dir / SAMPLES_FILE, "w") as f:
+                json.dump({"samples": sampler.samples, "load_end": load_end,
+                           "t0_mono_ns": int(sampler.t0 * 1e9)}, f)
     result = analyse_dir(run_dir)
     result.config = {
+        "system": config.system,
         "preset": workload.name,
         "duration": config.duration,
-        "brokers": len(config.brokers_at) or config.brokers,
-        "log": config.log_url or ("external" if config.brokers_at else "file:"),
+        "brokers": (len(config.brokers_at) or config.brokers) if config.system == "baton" else 1,
+        "log": (config.log_url or ("external" if config.brokers_at else "file:"))
+        if config.system == "baton" else "",
         "seed": config.seed,
+        "faults": config.faults_spec,
         "workload": asdict(workload),
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
     }
     if failed_workers:
         result.metrics["failed_workers"] = failed_workers
+    if fault_errors:
+        result.metrics["fault_errors"] = fault_errors
+    if faults_applied:
+        result.metrics["faults"] = faults_applied
     return result
 
 
@@ -415,11 +451,17 @@ def measure(ops: Sequence[Op]) -> dict[str, Any]:
     - consume msg/s: ack-ok records of the workers over their first delivery .. last
       ack-ok;
     - confirm latency: publish-ok time - publish-invoke time, per message;
-    - end-to-end latency: a message's first delivery to a worker - its publish-invoke.
+    - end-to-end latency: a message's first delivery to a worker - its publish-invoke;
+    - for target-rate runs also both latencies from the time each publish was *due*
+      (``*_corrected``: coordinated omission corrected; the invoke record's ``count``
+      is how late the producer sent it).
     """
     invoked: dict[str, int] = {}
+    lag: dict[str, int] = {}
     confirm = LogHistogram()
     e2e = LogHistogram()
+    confirm_c = LogHistogram()
+    e2e_c = LogHistogram()
     delivered: set[str] = set()
     first_pub = last_ok = 0
     first_del = last_ack = 0
@@ -428,6 +470,8 @@ def measure(ops: Sequence[Op]) -> dict[str, Any]:
         kind = op.kind
         if kind == OpKind.PUBLISH_INVOKE:
             invoked[op.msg] = op.t
+            if op.count >= 0:
+                lag[op.msg] = op.count
             if not first_pub:
                 first_pub = op.t
         elif kind == OpKind.PUBLISH_OK:
@@ -436,6 +480,8 @@ def measure(ops: Sequence[Op]) -> dict[str, Any]:
             t = invoked.get(op.msg)
             if t is not None:
                 confirm.record(op.t - t)
+                if lag:
+                    confirm_c.record(op.t - t + lag.get(op.msg, 0))
         elif kind == OpKind.PUBLISH_FAIL:
             n_fail += 1
         elif op.actor == DRAIN_ACTOR:
@@ -448,12 +494,14 @@ def measure(ops: Sequence[Op]) -> dict[str, Any]:
                 t = invoked.get(op.msg)
                 if t is not None:
                     e2e.record(op.t - t)
+                    if lag:
+                        e2e_c.record(op.t - t + lag.get(op.msg, 0))
         elif kind == OpKind.ACK_OK:
             n_ack += 1
             last_ack = op.t
     pub_s = (last_ok - first_pub) / 1e9 if n_ok else 0.0
     con_s = (last_ack - first_del) / 1e9 if n_ack else 0.0
-    return {
+    out: dict[str, Any] = {
         "published": len(invoked),
         "confirmed": n_ok,
         "publish_failed": n_fail,
@@ -465,12 +513,127 @@ def measure(ops: Sequence[Op]) -> dict[str, Any]:
         "confirm_latency_ms": confirm.summary_ms(),
         "e2e_latency_ms": e2e.summary_ms(),
     }
+    if lag:
+        out["confirm_latency_corrected_ms"] = confirm_c.summary_ms()
+        out["e2e_latency_corrected_ms"] = e2e_c.summary_ms()
+    return out
+
+
+def timeline(ops: Sequence[Op], bin_s: float = 1.0) -> dict[str, Any]:
+    """Per-second figures of a history, for the plots (times in s from the first publish).
+
+    Returns:
+        ``t`` (bin starts), ``confirmed`` and ``accepted`` (msg/s per bin), confirm and
+        end-to-end latency p50 / p99 per bin (ms, by the time the confirm / delivery
+        happened; 0 for an empty bin), and ``faults``: ``[t, kind, phase, info]``.
+    """
+    t0 = next((op.t for op in ops if op.kind == OpKind.PUBLISH_INVOKE), ops[0].t if ops else 0)
+    width = int(bin_s * 1e9)
+    invoked: dict[str, int] = {}
+    delivered: set[str] = set()
+    conf_n: dict[int, int] = {}
+    acc_n: dict[int, int] = {}
+    conf_h: dict[int, LogHistogram] = {}
+    e2e_h: dict[int, LogHistogram] = {}
+    faults: list[list[Any]] = []
+    last = 0
+    for op in ops:
+        b = (op.t - t0) // width
+        kind = op.kind
+        if kind == OpKind.PUBLISH_INVOKE:
+            invoked[op.msg] = op.t
+        elif kind == OpKind.PUBLISH_OK:
+            conf_n[b] = conf_n.get(b, 0) + 1
+            t = invoked.get(op.msg)
+            if t is not None:
+                conf_h.setdefault(b, LogHistogram()).record(op.t - t)
+            last = max(last, b)
+        elif kind == OpKind.FAULT:
+            faults.append([round((op.t - t0) / 1e9, 3), op.msg, ("start", "end")[op.count == 1],
+                           op.info])
+        elif op.actor == DRAIN_ACTOR:
+            continue
+        elif kind == OpKind.DELIVER and op.msg not in delivered:
+            delivered.add(op.msg)
+            t = invoked.get(op.msg)
+            if t is not None:
+                e2e_h.setdefault(b, LogHistogram()).record(op.t - t)
+        elif kind == OpKind.ACK_OK:
+            acc_n[b] = acc_n.get(b, 0) + 1
+            last = max(last, b)
+    bins = range(0, last + 1)
+
+    def pct(hs: dict[int, LogHistogram], q: float) -> list[float]:
+        return [round(hs[i].percentile(q) / 1e6, 3) if i in hs else 0.0 for i in bins]
+
+    return {
+        "bin_s": bin_s,
+        "t": [round(i * bin_s, 3) for i in bins],
+        "confirmed": [conf_n.get(i, 0) / bin_s for i in bins],
+        "accepted": [acc_n.get(i, 0) / bin_s for i in bins],
+        "confirm_p50": pct(conf_h, 0.5),
+        "confirm_p99": pct(conf_h, 0.99),
+        "e2e_p50": pct(e2e_h, 0.5),
+        "e2e_p99": pct(e2e_h, 0.99),
+        "faults": faults,
+        "t0_mono_ns": t0,
+    }
+
+
+def _samples(run_dir: Path, t0_ns: int) -> dict[str, Any]:
+    """The CPU / RSS samples of a run dir, re-based to the timeline's t0, and a summary."""
+    path = run_dir / SAMPLES_FILE
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    # Sample times count from the runner's start of the load; the timeline's from the
+    # first publish (same CLOCK_MONOTONIC): shift them onto the timeline.
+    shift = (int(data.get("t0_mono_ns") or t0_ns) - t0_ns) / 1e9
+    rows: list[dict[str, Any]] = [
+        {**r, "t": round(r["t"] + shift, 3)} for r in data.get("samples", [])
+    ]
+    load_end = float(data.get("load_end") or 0.0) + shift
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["label"], []).append(r)
+    summary: dict[str, Any] = {}
+    for label, rs in sorted(by.items()):
+        load = [r for r in rs if not load_end or r["t"] <= load_end] or rs
+        summary[label] = {
+            "cpu_mean": round(sum(r["cpu"] for r in load) / len(load), 3),
+            "cpu_max": round(max(r["cpu"] for r in load), 3),
+            "rss_max_mib": round(max(r["rss_mib"] for r in rs), 1),
+        }
+    total_cpu = round(sum(v["cpu_mean"] for v in summary.values()), 3)
+    return {"samples": rows, "per_process": summary, "cpu_mean_total": total_cpu,
+            "rss_max_mib_total": round(sum(v["rss_max_mib"] for v in summary.values()), 1)}
 
 
 def analyse_dir(run_dir: str | os.PathLike[str]) -> RunResult:
     """Load a run directory's histories, check them and measure them."""
     ops = load_run(run_dir)
-    return RunResult(check(ops), measure(ops), str(run_dir))
+    metrics = measure(ops)
+    tl = timeline(ops)
+    metrics["timeline"] = tl
+    procs = _samples(Path(run_dir), tl["t0_mono_ns"])
+    if procs:
+        metrics["servers"] = procs
+    old = Path(run_dir) / "result.json"
+    result = RunResult(check(ops), metrics, str(run_dir))
+    if old.exists():  # --check of a kept run: keep what the run knew about itself
+        try:
+            kept = json.loads(old.read_text())
+            result.config = kept.get("config", {})
+            for key in ("faults", "fault_errors", "failed_workers"):
+                if key in kept.get("metrics", {}):
+                    metrics[key] = kept["metrics"][key]
+        except (OSError, ValueError):
+            pass
+    return result
+
+
+def _lat(h: dict[str, float]) -> str:
+    return "".join(f"{h[k]:>9.2f}" for k in ("p50", "p90", "p99", "p99.9", "max"))
 
 
 def format_report(result: RunResult) -> str:
@@ -479,9 +642,14 @@ def format_report(result: RunResult) -> str:
     lines = []
     cfg = result.config
     if cfg:
+        where = (f"  brokers {cfg.get('brokers')}  log {cfg.get('log')}"
+                 if cfg.get("system", "baton") == "baton" else "")
+        load = cfg.get("loadavg_1m")
         lines.append(
-            f"preset {cfg.get('preset')}  {cfg.get('duration')}s  brokers {cfg.get('brokers')}"
-            f"  log {cfg.get('log')}"
+            f"{cfg.get('system', 'baton')}: preset {cfg.get('preset')}  {cfg.get('duration')}s"
+            + where + (f"  faults {cfg['faults']}" if cfg.get("faults") else "")
+            + (f"  (machine load {load[0]:.1f} -> {load[1]:.1f} on {cfg.get('cpus')} cpus)"
+               if load else "")
         )
     lines.append(
         f"confirmed publishes {m['confirmed']:>10,}  {m['confirmed_msgs_per_s']:>10,.0f} msg/s"
@@ -491,14 +659,76 @@ def format_report(result: RunResult) -> str:
         f"accepted (consumed) {m['accepted']:>10,}  {m['consume_msgs_per_s']:>10,.0f} msg/s"
     )
     lines.append(f"{'latency ms':22}{'p50':>9}{'p90':>9}{'p99':>9}{'p99.9':>9}{'max':>9}")
-    for label, key in (("confirm", "confirm_latency_ms"), ("end-to-end", "e2e_latency_ms")):
-        h = m[key]
+    for label, key in (
+        ("confirm", "confirm_latency_ms"),
+        ("end-to-end", "e2e_latency_ms"),
+        ("confirm (corrected)", "confirm_latency_corrected_ms"),
+        ("end-to-end (corrected)", "e2e_latency_corrected_ms"),
+    ):
+        if key in m:
+            lines.append(f"{label:22}" + _lat(m[key]))
+    servers = m.get("servers")
+    if servers:
+        per = servers["per_process"]
         lines.append(
-            f"{label:22}" + "".join(f"{h[k]:>9.2f}" for k in ("p50", "p90", "p99", "p99.9", "max"))
+            f"server CPU {servers['cpu_mean_total']:.2f} cores (mean, load phase), "
+            f"peak RSS {servers['rss_max_mib_total']:.0f} MiB: "
+            + ", ".join(f"{k} {v['cpu_mean']:.2f}/{v['rss_max_mib']:.0f}" for k, v in per.items())
         )
+    if m.get("faults"):
+        starts = [f for f in m["faults"] if f["phase"] == "start"]
+        lines.append("faults: " + ", ".join(
+            f"{f['kind']}@{f['t']:.0f}s" + (f"({f['detail'].split()[0][5:]})"
+                                            if f["detail"].startswith("node=") else "")
+            for f in starts
+        ))
+    if m.get("fault_errors"):
+        lines.append("fault errors: " + "; ".join(m["fault_errors"]))
     if m.get("failed_workers"):
         lines.append(f"workers that failed: {', '.join(m['failed_workers'])}")
     lines.append(result.check.summary())
+    return "\n".join(lines)
+
+
+def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """One row per system of the side-by-side table (also used by the HTML report)."""
+    rows = []
+    for r in results:
+        m = r.metrics
+        servers = m.get("servers", {})
+        rows.append({
+            "system": r.config.get("system", "baton")
+            + (f" ({r.config.get('brokers')} brokers)" if r.config.get("system") == "baton"
+               else ""),
+            "confirmed_msgs_per_s": m["confirmed_msgs_per_s"],
+            "consume_msgs_per_s": m["consume_msgs_per_s"],
+            "confirm": m["confirm_latency_ms"],
+            "e2e": m["e2e_latency_ms"],
+            "cpu": servers.get("cpu_mean_total"),
+            "rss": servers.get("rss_max_mib_total"),
+            "checker": "OK" if r.ok else "FAILED",
+        })
+    return rows
+
+
+def format_comparison(results: Sequence[RunResult]) -> str:
+    """The side-by-side table of several systems' runs of one workload."""
+    head = (f"{'system':22}{'publish/s':>11}{'consume/s':>11}"
+            f"{'conf p50':>10}{'p99':>8}{'p99.9':>8}{'e2e p50':>9}{'p99':>8}{'p99.9':>8}"
+            f"{'cpu':>6}{'rss MiB':>9}  checker")
+    lines = [head, "-" * len(head)]
+    for row in comparison_rows(results):
+        c, e = row["confirm"], row["e2e"]
+        cpu = f"{row['cpu']:.2f}" if row["cpu"] is not None else "-"
+        rss = f"{row['rss']:.0f}" if row["rss"] is not None else "-"
+        lines.append(
+            f"{row['system']:22}{row['confirmed_msgs_per_s']:>11,.0f}"
+            f"{row['consume_msgs_per_s']:>11,.0f}"
+            f"{c['p50']:>10.2f}{c['p99']:>8.2f}{c['p99.9']:>8.2f}"
+            f"{e['p50']:>9.2f}{e['p99']:>8.2f}{e['p99.9']:>8.2f}{cpu:>6}{rss:>9}  {row['checker']}"
+        )
+    lines.append("(latencies in ms; cpu: server cores used, mean over the load; "
+                 "rss: peak server memory)")
     return "\n".join(lines)
 
 

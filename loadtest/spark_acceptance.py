@@ -177,7 +177,7 @@ def progressed(ck: Path, mark: int, step: float, addresses: str, queue: str) -> 
 
     def check() -> bool:
         with clients.sync.connect(addresses, timeout=5) as conn:
-            tail = conn.queue_stats(queue)["next_position"]
+            tail = int(conn.queue_stats(queue)["next_position"])
         return committed(ck) >= min(mark + step, tail)
 
     return check

@@ -5,24 +5,22 @@ measurement) running one uvloop event loop, and writes its own history file (see
 :mod:`loadtest.history`). The runner talks to it only through a shared progress
 counter and a stop event.
 
-The workers speak to the system under test through a client adapter; this slice has
-the Baton one (:class:`BatonAdapter` is the place a RabbitMQ or NATS adapter plugs in
-later: connect, declare, publish, consume with batch settlement).
+The workers speak to the system under test through a client adapter
+(:mod:`loadtest.adapters`): Baton, RabbitMQ or NATS JetStream, the same loop for each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import clients
-from clients.errors import BatonError
-
+from loadtest.adapters import ClientAdapter, Delivery, Subscription, open_adapter
 from loadtest.history import (
     FLAG_NORMAL,
     FLAG_REJECT,
@@ -68,6 +66,7 @@ class WorkerSpec:
         max_messages: this producer's share of the message cap (None: no cap).
         rate: this producer's share of the target rate (None: open loop).
         seed: seed of its random choices (poison flags).
+        system: which client adapter (``baton``, ``rabbitmq``, ``nats``).
     """
 
     role: str
@@ -81,16 +80,7 @@ class WorkerSpec:
     max_messages: int | None
     rate: float | None
     seed: int
-
-
-class BatonAdapter:
-    """The client adapter for Baton: the calls the workers make, on :mod:`clients`."""
-
-    name = "baton"
-
-    async def connect(self, addresses: list[str]) -> clients.Connection:
-        """Open a connection (with failover over all the addresses)."""
-        return await clients.connect(addresses, client_name="baton-loadtest")
+    system: str = "baton"
 
 
 def _flag(rng: random.Random, workload: Workload) -> int:
@@ -107,55 +97,76 @@ async def _produce(spec: WorkerSpec, counter: Counter) -> None:
     w = HistoryWriter(spec.history, spec.actor)
     rng = random.Random(spec.seed)
     workload = spec.workload
-    conn = await BatonAdapter().connect(list(spec.addresses))
+    conn = await open_adapter(spec.system, list(spec.addresses), workload)
+    w.record(OpKind.CONNECTED, info=conn.address)
+    errors = conn.errors
     window = asyncio.Semaphore(workload.window)
     tasks: set[asyncio.Task[None]] = set()
     record = w.record
+    failovers = conn.failovers
 
     async def one(queue: str, mid: str, body: bytes) -> None:
+        nonlocal failovers
         try:
             position = await conn.publish(queue, body)
-        except BatonError as exc:
+        except errors as exc:
             record(OpKind.PUBLISH_FAIL, queue, mid, info=f"{type(exc).__name__}: {exc}")
         else:
             record(OpKind.PUBLISH_OK, queue, mid, position)
             counter.value += 1
         finally:
             window.release()
+        if conn.failovers != failovers:
+            failovers = conn.failovers
+            record(OpKind.CONNECTED, info=conn.address)
 
     queues = spec.queues
     n = len(queues)
     cap = spec.max_messages
-    start = time.monotonic()
-    deadline = start + spec.duration
+    start_ns = time.monotonic_ns()
+    deadline = time.monotonic() + spec.duration
     rate = spec.rate
+    interval_ns = int(1e9 / rate) if rate else 0
     seq = 0
     try:
         while True:
-            now = time.monotonic()
-            if now >= deadline or (cap is not None and seq >= cap):
+            now_ns = time.monotonic_ns()
+            if now_ns >= deadline * 1e9 or (cap is not None and seq >= cap):
                 break
-            if rate is not None and seq >= (now - start) * rate:
-                await asyncio.sleep(0.0005)
-                continue
-            await window.acquire()
+            lag = -1
+            if rate is not None:
+                # Target rate: message seq is due at start + seq / rate. Its latency is
+                # also measured from that intended time (coordinated omission: a stalled
+                # system must not make the messages it delayed look fast).
+                due = start_ns + seq * interval_ns
+                if now_ns < due:
+                    await asyncio.sleep(min(0.001, (due - now_ns) / 1e9))
+                    continue
+                await window.acquire()
+                lag = time.monotonic_ns() - due
+            else:
+                await window.acquire()
             seq += 1
             mid = f"{spec.actor}:{seq}"
             queue = queues[seq % n]
             body = make_body(mid.encode(), _flag(rng, workload), workload.size)
-            record(OpKind.PUBLISH_INVOKE, queue, mid)
+            record(OpKind.PUBLISH_INVOKE, queue, mid, count=lag)
             task = asyncio.create_task(one(queue, mid, body))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
             await asyncio.gather(*tasks)
     finally:
-        await conn.close()
-        w.close()
+        try:
+            await asyncio.wait_for(conn.close(), 10)
+        except (TimeoutError, *conn.errors):  # type: ignore[misc]
+            pass  # closing is best effort: the history below must be written
+        finally:
+            w.close()
 
 
 async def consume_queue(
-    conn: clients.Connection,
+    conn: ClientAdapter,
     queue: str,
     actor: str,
     w: HistoryWriter,
@@ -168,13 +179,13 @@ async def consume_queue(
 ) -> None:
     """Consume ``queue`` on ``conn`` and record every step, until told to stop.
 
-    Normal messages are accepted in confirmed batches (``ack_many(confirm=True)``, a few
-    batches in flight); poison ones are released or rejected unless ``ack_all``.
+    Normal messages are accepted in batches (a few batches in flight; Baton confirms
+    each batch); poison ones are released or rejected unless ``ack_all``.
 
     Args:
-        conn: an open connection.
+        conn: an open client adapter.
         queue: the queue.
-        actor: this consumer's id in the history.
+        actor: this consumer's id in the history (``<worker>/<queue>``).
         w: the history writer.
         workload: prefetch, ack batch size.
         ack_all: accept every message (dead-letter queues, the final drain).
@@ -183,72 +194,77 @@ async def consume_queue(
         idle_stop: stop after this many seconds without a message.
     """
     record = w.record
+    errors = conn.errors
     failovers = conn.failovers
     in_flight: set[asyncio.Task[None]] = set()
+    worker = actor.split("/", 1)[0]
 
-    async def ack(batch: list[tuple[clients.Message, str]], consumer: clients.Consumer) -> None:
+    async def ack(batch: list[tuple[Delivery, str]], sub: Subscription) -> None:
         try:
-            await consumer.ack_many([m for m, _ in batch], confirm=True)
-        except BatonError as exc:
-            info = f"{type(exc).__name__}: {exc}"
-            for m, mid in batch:
-                record(OpKind.ACK_FAIL, queue, mid, m.position, actor=actor, info=info)
-            return
+            outcomes = await sub.ack_many([d for d, _ in batch])
+        except errors as exc:
+            outcomes = [exc] * len(batch)
         now = time.monotonic_ns()
-        for m, mid in batch:
-            record(OpKind.ACK_OK, queue, mid, m.position, t=now, actor=actor)
+        ok = 0
+        for (d, mid), err in zip(batch, outcomes):
+            if err is None:
+                record(OpKind.ACK_OK, queue, mid, d.position, t=now, actor=actor)
+                ok += 1
+            else:
+                record(OpKind.ACK_FAIL, queue, mid, d.position, t=now, actor=actor,
+                       info=f"{type(err).__name__}: {err}")
         if counter is not None:
-            counter.value += len(batch)
+            counter.value += ok
 
     idle_since = time.monotonic()
+    sub: Subscription | None = None
     try:
-        async with conn.consume(queue, prefetch=workload.prefetch) as consumer:
-            while True:
-                msgs = await consumer.get_many(workload.ack_batch, timeout=0.1)
-                if conn.failovers != failovers:
-                    # The broker we consumed from is gone: it released our holds (§5.6).
-                    failovers = conn.failovers
-                    record(OpKind.CONSUMER_LOST, queue, actor=actor, info="failover")
-                if not msgs:
-                    if stop is not None and stop.is_set():
-                        break
-                    if idle_stop is not None and time.monotonic() - idle_since > idle_stop:
-                        break
-                    continue
-                idle_since = time.monotonic()
-                now = time.monotonic_ns()
-                acks: list[tuple[clients.Message, str]] = []
-                releases: list[clients.Message] = []
-                rejects: list[clients.Message] = []
-                for m in msgs:
-                    mid, flag = parse_body(m.body)
-                    record(OpKind.DELIVER, queue, mid, m.position, m.delivery_count, t=now,
-                           actor=actor)
-                    if ack_all or flag == FLAG_NORMAL or not flag:
-                        acks.append((m, mid))
-                    elif flag == FLAG_RELEASE:
-                        record(OpKind.RELEASE, queue, mid, m.position, m.delivery_count,
-                               actor=actor)
-                        releases.append(m)
-                    else:
-                        record(OpKind.REJECT, queue, mid, m.position, m.delivery_count,
-                               actor=actor)
-                        rejects.append(m)
-                if releases:
-                    await consumer.release_many(releases)
-                if rejects:
-                    await consumer.reject_many(rejects)
-                if acks:
-                    for m, mid in acks:
-                        record(OpKind.ACK_INVOKE, queue, mid, m.position, t=now, actor=actor)
-                    while len(in_flight) >= _ACKS_IN_FLIGHT:
-                        await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                    task = asyncio.create_task(ack(acks, consumer))
-                    in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
-            if in_flight:
-                await asyncio.gather(*in_flight)
-    except BatonError as exc:
+        sub = await conn.subscribe(queue, workload.prefetch)
+        while True:
+            batch = await sub.get_many(workload.ack_batch, timeout=0.1)
+            if conn.failovers != failovers:
+                # The broker we consumed from is gone: it released our holds (§5.6).
+                failovers = conn.failovers
+                record(OpKind.CONSUMER_LOST, queue, actor=actor, info="failover")
+                record(OpKind.CONNECTED, actor=worker, info=conn.address)
+            if not batch:
+                if stop is not None and stop.is_set():
+                    break
+                if idle_stop is not None and time.monotonic() - idle_since > idle_stop:
+                    break
+                continue
+            idle_since = time.monotonic()
+            now = time.monotonic_ns()
+            acks: list[tuple[Delivery, str]] = []
+            releases: list[Delivery] = []
+            rejects: list[Delivery] = []
+            for d in batch:
+                mid, flag = parse_body(d.body)
+                record(OpKind.DELIVER, queue, mid, d.position, d.delivery_count, t=now, actor=actor)
+                if ack_all or flag == FLAG_NORMAL or not flag:
+                    acks.append((d, mid))
+                elif flag == FLAG_RELEASE:
+                    record(OpKind.RELEASE, queue, mid, d.position, d.delivery_count, actor=actor)
+                    releases.append(d)
+                else:
+                    record(OpKind.REJECT, queue, mid, d.position, d.delivery_count, actor=actor)
+                    rejects.append(d)
+            if releases:
+                await sub.release_many(releases)
+            if rejects:
+                await sub.reject_many(rejects)
+            if acks:
+                for d, mid in acks:
+                    record(OpKind.ACK_INVOKE, queue, mid, d.position, t=now, actor=actor)
+                while len(in_flight) >= _ACKS_IN_FLIGHT:
+                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                task = asyncio.create_task(ack(acks, sub))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+        if in_flight:
+            await asyncio.gather(*in_flight)
+        await sub.close()
+    except errors as exc:
         if in_flight:
             await asyncio.gather(*in_flight, return_exceptions=True)
         record(OpKind.CONSUMER_LOST, queue, actor=actor, info=f"{type(exc).__name__}: {exc}")
@@ -259,7 +275,8 @@ async def consume_queue(
 
 async def _consume(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:
     w = HistoryWriter(spec.history, spec.actor)
-    conn = await BatonAdapter().connect(list(spec.addresses))
+    conn = await open_adapter(spec.system, list(spec.addresses), spec.workload)
+    w.record(OpKind.CONNECTED, info=conn.address)
     try:
         await asyncio.gather(
             *(
@@ -277,8 +294,25 @@ async def _consume(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:
             )
         )
     finally:
-        await conn.close()
-        w.close()
+        try:
+            await asyncio.wait_for(conn.close(), 10)
+        except (TimeoutError, *conn.errors):  # type: ignore[misc]
+            pass  # closing is best effort: the history below must be written
+        finally:
+            w.close()
+
+
+async def _main(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:
+    # SIGTERM (the runner gave up waiting) cancels the work, so that the finally blocks
+    # still close the connection and flush the history: a worker killed with its
+    # records in the buffer would make the checker see confirmed messages as lost.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    if spec.role == "producer":
+        await _produce(spec, counter)
+    else:
+        await _consume(spec, counter, stop)
 
 
 def worker_main(spec: WorkerSpec, counter: Any, stop: Any) -> None:
@@ -286,12 +320,12 @@ def worker_main(spec: WorkerSpec, counter: Any, stop: Any) -> None:
     import uvloop
 
     try:
-        if spec.role == "producer":
-            uvloop.run(_produce(spec, counter))
-        else:
-            uvloop.run(_consume(spec, counter, stop))
+        uvloop.run(_main(spec, counter, stop))
     except KeyboardInterrupt:
         sys.exit(130)
+    except asyncio.CancelledError:
+        print(f"loadtest worker {spec.actor}: stopped by SIGTERM", file=sys.stderr)
+        sys.exit(143)
     except BaseException:
         traceback.print_exc()
         sys.exit(1)

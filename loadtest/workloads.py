@@ -34,6 +34,8 @@ class Workload:
         reject_share: share of messages (0..1) rejected at once (dead-lettered).
         delivery_limit: the queues' delivery limit.
         dead_letter: give every queue a dead-letter queue ``<queue>.dlq`` (drained too).
+        backlog: start the consumers only when the producers are done, so they drain
+            a backlog (the consume rate is then the drain rate).
     """
 
     name: str
@@ -50,6 +52,7 @@ class Workload:
     reject_share: float = 0.0
     delivery_limit: int = 20
     dead_letter: bool = False
+    backlog: bool = False
 
     def queue_names(self) -> list[str]:
         """The work queues (not their dead-letter queues)."""
@@ -79,6 +82,11 @@ PRESETS: dict[str, Workload] = {
         reject_share=0.05,
         delivery_limit=3,
         dead_letter=True,
+    ),
+    # Publish with nobody consuming, then drain the backlog: how fast a queue that fell
+    # behind catches up (the consume figure is the drain rate).
+    "backlog-drain": Workload(
+        "backlog-drain", window=1000, prefetch=1000, ack_batch=250, backlog=True
     ),
 }
 

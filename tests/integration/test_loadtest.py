@@ -1,9 +1,12 @@
-"""The load-test harness end to end: a short run on 3 brokers is clean, a corrupted history fails."""
+"""The load-test harness end to end, with real processes: a short run on 3 brokers is clean and a
+corrupted history fails; a fault run (kill -9, SIGSTOP, join) keeps every guarantee; the same
+workload runs on RabbitMQ and NATS JetStream servers that the harness starts itself."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -33,11 +36,12 @@ def loadtest(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def test_throughput_run_on_three_brokers_is_clean_and_a_corrupted_history_fails(
     tmp_path: Path,
 ) -> None:
-    run_dir = tmp_path / "run"
+    report = tmp_path / "report"
+    run_dir = report / "baton"
     out = tmp_path / "result.json"
     done = loadtest(
         "--preset", "throughput", "--duration", "10", "--brokers", "3",
-        "--report", str(run_dir), "--json", str(out),
+        "--report", str(report), "--json", str(out),
         timeout=150,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -65,3 +69,119 @@ def test_throughput_run_on_three_brokers_is_clean_and_a_corrupted_history_fails(
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "checker: FAILED" in bad.stdout
     assert "double_delivery=1" in bad.stdout
+
+
+@pytest.mark.timeout(240)
+def test_fault_run_with_kill9_sigstop_and_join_keeps_the_guarantees(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    out = tmp_path / "result.json"
+    done = loadtest(
+        # Faults every 5 s in turn; a slow restart delays the next one, and faults not
+        # started when the load ends are skipped: 30 s leave room for the first three.
+        "--preset", "latency", "--rate", "1500", "--duration", "30", "--brokers", "3",
+        "--faults", "kill9,sigstop,join@5s", "--report", str(report), "--json", str(out),
+        "--quiet",
+        timeout=220,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    counts = result["checker"]["counts"]
+    assert all(counts[k] == 0 for k in ("lost", "double_delivery", "redelivered_after_accept",
+                                         "accepted_twice", "duplicate_enqueue", "order",
+                                         "poison_loop")), counts
+    faults = result["metrics"]["faults"]
+    started = [f["kind"] for f in faults if f["phase"] == "start"]
+    assert started[:3] == ["kill9", "sigstop", "join"], faults
+    assert not result["metrics"].get("fault_errors")
+    # The killed broker's consumers lost their holds at the fault, and the run went on.
+    assert result["checker"]["stats"]["faults"] >= 3
+    assert result["metrics"]["accepted"] > 0.9 * result["metrics"]["confirmed"]
+    # The joined broker was sampled too, and the fault times are on the timeline.
+    assert "node-4" in result["metrics"]["servers"]["per_process"]
+    assert [f[1] for f in result["metrics"]["timeline"]["faults"] if f[2] == "start"][:3] == \
+        ["kill9", "sigstop", "join"]
+    for png in ("throughput.png", "latency.png", "servers.png"):
+        assert (report / png).read_bytes()[:4] == b"\x89PNG"
+    assert "kill9" in (report / "report.html").read_text()
+
+
+def _need(binary: str, package: str, *paths: str) -> None:
+    if shutil.which(binary) is None and not any(Path(p).exists() for p in paths):
+        reason = f"{binary} is not installed (apt-get install -y {package})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}: CI installs it, so this may not skip", pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.mark.timeout(180)
+def test_the_same_workload_on_rabbitmq_and_nats_side_by_side(tmp_path: Path) -> None:
+    _need("rabbitmq-server", "rabbitmq-server", "/usr/lib/rabbitmq/bin/rabbitmq-server")
+    _need("nats-server", "nats-server")
+    report = tmp_path / "report"
+    out = tmp_path / "result.json"
+    done = loadtest(
+        "--system", "rabbitmq", "--system", "nats", "--duration", "5", "--size", "1024",
+        "--report", str(report), "--json", str(out), "--quiet",
+        timeout=170,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["ok"] is True
+    assert [r["system"] for r in result["comparison"]] == ["rabbitmq", "nats"]
+    for run in result["runs"]:
+        m = run["metrics"]
+        assert m["confirmed"] > 500 and m["accepted"] == m["confirmed"], (run["config"], m)
+        assert m["e2e_latency_ms"]["p50"] > 0
+        assert m["servers"]["cpu_mean_total"] > 0  # the server process tree was sampled
+        assert run["checker"]["counts"]["pending"] == 0
+    # NATS gives stream sequences as positions; RabbitMQ has none (-1).
+    assert "publish/s" in done.stdout and "rabbitmq" in done.stdout and "nats" in done.stdout
+    assert (report / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    # The servers are gone: no process still runs with the report dir on its command line
+    # (nats-server's store and beam.smp's Mnesia dir are there).
+    assert _processes_mentioning(str(report)) == []
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(f"{pid}: {cmd[:200]}")
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_kafka_restart_and_a_full_disk_lose_nothing_confirmed(tmp_path: Path) -> None:
+    from tests.kafka_fixture import missing_tools, unavailable
+
+    missing = missing_tools()
+    if missing:
+        unavailable(f"no Kafka: {' and '.join(missing)} needed by .ci/kafka")
+    if os.geteuid() != 0:
+        unavailable("the diskfull fault mounts a tmpfs: run as root")
+    report = tmp_path / "report"
+    out = tmp_path / "result.json"
+    done = loadtest(
+        "--preset", "latency", "--rate", "500", "--duration", "30", "--brokers", "3",
+        "--log", "kafka", "--disk-limit", "256",
+        "--faults", "kafka-restart:2s@at:4; diskfull:4s@at:8", "--report", str(report),
+        "--json", str(out), "--quiet",
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["config"]["log"] == "kafka"
+    assert result["ok"] is True, result["checker"]
+    started = [f["kind"] for f in result["metrics"]["faults"] if f["phase"] == "start"]
+    assert started == ["kafka-restart", "diskfull"], result["metrics"]["faults"]
+    ended = [f for f in result["metrics"]["faults"] if f["phase"] == "end"]
+    assert int(ended[1]["detail"].removeprefix("filled=")) > 100 << 20  # the tmpfs was full
+    assert result["metrics"]["confirmed"] > 1000
+    assert result["checker"]["counts"]["lost"] == 0
+    # Kafka and the tmpfs are gone again.
+    assert _processes_mentioning(str(report)) == []
+    assert not os.path.ismount(report / "baton" / "servers" / "data")

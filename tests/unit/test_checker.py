@@ -197,3 +197,88 @@ def test_histogram_percentiles_are_close() -> None:
         exact = q * 100_000
         assert exact <= h.percentile(q) <= exact * 1.02
     assert h.percentile(1.0) == 100_000
+
+
+def fault(h: History, kind: str, address: str, phase: int = 0) -> History:
+    return h.add(K.FAULT, "faults", "", kind, count=phase, info=f"node=node-1 address={address}")
+
+
+def test_a_killed_brokers_consumers_lose_their_holds_at_the_fault() -> None:
+    # c1 is on broker A, c2 on broker B. A is killed: the cluster gives c1's message to
+    # c2 before c1's client notices anything (its consumer-lost record comes later).
+    def history(fault_address: str | None) -> History:
+        h = History().publish("p1:0", 0)
+        h.add(K.CONNECTED, "c1", info="127.0.0.1:1").add(K.CONNECTED, "c2", info="127.0.0.1:2")
+        h.deliver("c1/q", "p1:0", 0)
+        if fault_address is not None:
+            fault(h, "kill9", fault_address)
+        h.deliver("c2/q", "p1:0", 0, count=1).ack("c2/q", "p1:0", 0)
+        h.add(K.CONSUMER_LOST, "c1/q", "q")
+        return h.final(0)
+
+    assert check(history("127.0.0.1:1").ops).ok
+    wrong_broker = check(history("127.0.0.1:2").ops)
+    assert wrong_broker.counts["double_delivery"] == 1  # B's consumer still held nothing
+    assert check(history(None).ops).counts["double_delivery"] == 1
+
+
+def test_a_fault_does_not_excuse_a_double_delivery_before_it() -> None:
+    h = History().publish("p1:0", 0)
+    h.add(K.CONNECTED, "c1", info="127.0.0.1:1")
+    h.deliver("c1/q", "p1:0", 0).deliver("c2/q", "p1:0", 0)  # both hold it: a violation
+    fault(h, "sigstop", "127.0.0.1:1")
+    h.ack("c2/q", "p1:0", 0).final(0)
+    result = check(h.ops)
+    assert result.counts["double_delivery"] == 1
+
+
+def test_a_consumer_that_failed_over_is_not_ended_by_a_fault_of_its_old_broker() -> None:
+    h = History().publish("p1:0", 0).publish("p1:1", 1)
+    h.add(K.CONNECTED, "c1", info="127.0.0.1:1")
+    h.add(K.CONNECTED, "c1", info="127.0.0.1:2")  # failed over to B
+    h.deliver("c1/q", "p1:1", 1)
+    fault(h, "kill9", "127.0.0.1:1")  # A dies: c1's hold on B stays
+    h.deliver("c2/q", "p1:1", 1)
+    result = check(h.ops)
+    assert result.counts["double_delivery"] == 1
+
+
+def test_without_positions_holds_and_accepts_are_keyed_by_message_id() -> None:
+    # RabbitMQ has no positions: the history carries -1, the message id identifies.
+    h = History().publish("p1:0", -1).publish("p1:1", -1)
+    h.deliver("c1", "p1:0", -1).deliver("c2", "p1:1", -1)  # two messages, no conflict
+    h.ack("c1", "p1:0", -1).ack("c2", "p1:1", -1).final(0)
+    assert check(h.ops).ok, check(h.ops).summary()
+
+    twice = History().publish("p1:0", -1)
+    twice.deliver("c1", "p1:0", -1).deliver("c2", "p1:0", -1)
+    assert check(twice.ops).counts["double_delivery"] == 1
+
+    again = History().publish("p1:0", -1)
+    again.deliver("c1", "p1:0", -1).ack("c1", "p1:0", -1).deliver("c2", "p1:0", -1, count=1)
+    assert check(again.ops).counts["redelivered_after_accept"] == 1
+
+
+def test_an_ack_fail_ends_the_hold_and_counts_as_a_possible_accept() -> None:
+    h = History().publish("p1:0", 0)
+    h.deliver("c1", "p1:0", 0)
+    h.add(K.ACK_INVOKE, "c1", "q", "p1:0", 0).add(K.ACK_FAIL, "c1", "q", "p1:0", 0)
+    h.deliver("c2", "p1:0", 0, count=1)  # the broker never applied it: fine to redeliver
+    result = check(h.final(1).ops)
+    assert result.ok, result.summary()
+    assert result.counts["double_delivery"] == 0
+
+
+def test_a_message_accepted_twice_is_caught() -> None:
+    # A paused broker's consumer accepts a message that the cluster meanwhile gave to
+    # another consumer (which accepted it too): one message, two accepts.
+    h = History().publish("p1:0", 0)
+    h.add(K.CONNECTED, "c1", info="127.0.0.1:1")
+    h.deliver("c1/q", "p1:0", 0)
+    fault(h, "sigstop", "127.0.0.1:1")
+    h.deliver("c2/q", "p1:0", 0, count=1).ack("c2/q", "p1:0", 0)
+    h.add(K.ACK_INVOKE, "c1/q", "q", "p1:0", 0).add(K.ACK_OK, "c1/q", "q", "p1:0", 0)
+    result = check(h.final(0).ops)
+    assert not result.ok
+    assert result.counts["accepted_twice"] == 1
+    assert result.counts["double_delivery"] == 0 and result.counts["redelivered_after_accept"] == 0

@@ -1,0 +1,387 @@
+"""The Baton system under test: N ``baton serve`` processes on 127.0.0.1 sharing one log.
+
+Besides start and stop, :class:`BatonCluster` offers what the fault injector
+(:mod:`loadtest.faults`) needs: kill -9 and restart a broker on its data dir,
+SIGSTOP / SIGCONT, join a new broker on a fresh data dir, restart the Kafka broker the
+harness started (``--log kafka``), and fill the size-limited filesystem under the
+brokers' data dirs and the file log (``--disk-limit``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import clients.sync
+
+__all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIPT"]
+
+#: The script that runs a real Kafka for tests and CI (also used by ``--log kafka``).
+KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "kafka"
+
+_READY = b"baton ready"
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(slots=True)
+class Broker:
+    """One broker of the cluster (its process changes when it is restarted).
+
+    Attributes:
+        node_id: its persistent node id (``node-<n>``).
+        address: ``127.0.0.1:PORT`` for clients (kept across restarts).
+        data_dir: its data dir (kept across restarts).
+        out: its stdout/stderr file (appended to by every start).
+        proc: the running process (None before the first start).
+        state: ``running``, ``paused``, ``killed`` or ``stopped``.
+        starts: how many times it was started.
+    """
+
+    node_id: str
+    address: str
+    data_dir: Path
+    out: Path
+    proc: subprocess.Popen[bytes] | None = None
+    state: str = "stopped"
+    starts: int = 0
+    extra: list[str] = field(default_factory=list)
+
+
+class BatonCluster:
+    """N ``baton serve`` processes on 127.0.0.1 sharing one log, like ``baton dev``.
+
+    Args:
+        nodes: how many brokers to start.
+        base_dir: the parent of their data dirs, of the default ``file:`` log and of the
+            broker output files.
+        log_url: the shared log: a URL, ``kafka`` (the harness starts a Kafka broker
+            with ``.ci/kafka`` in ``base_dir/kafka`` and uses a fresh topic), or None
+            (``file:<base_dir>/data/log``).
+        disk_limit_mb: put the data dirs and the file log on a tmpfs of this many MiB
+            (needs root: ``mount -t tmpfs``), so that the ``diskfull`` fault can fill it.
+        extra_args: more ``baton serve`` options for every broker.
+    """
+
+    name = "baton"
+    adapter = "baton"
+
+    def __init__(
+        self,
+        nodes: int,
+        base_dir: Path,
+        log_url: str | None = None,
+        disk_limit_mb: int | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.nodes = nodes
+        self.base_dir = base_dir
+        self.data_root = base_dir / "data"
+        self.requested_log = log_url
+        self.log_url = log_url or f"file:{self.data_root / 'log'}"
+        self.disk_limit_mb = disk_limit_mb
+        self.extra_args = list(extra_args or [])
+        self.brokers: list[Broker] = []
+        self.kafka_dir: Path | None = None
+        self.mounted = False
+
+    # --- start / stop --------------------------------------------------------------
+
+    @property
+    def addresses(self) -> list[str]:
+        """Client addresses of the brokers started at first (joined ones are not here)."""
+        return [b.address for b in self.brokers[: self.nodes]]
+
+    def start(self, timeout: float = 90.0) -> list[str]:
+        """Start the log's service if the harness owns it, then every broker.
+
+        Returns:
+            The brokers' client addresses.
+
+        Raises:
+            RuntimeError: a broker, Kafka or the tmpfs mount could not be started.
+        """
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.data_root.mkdir(parents=True, exist_ok=True)
+        if self.disk_limit_mb:
+            self._mount()
+        if self.requested_log == "kafka":
+            self._start_kafka()
+        for _ in range(self.nodes):
+            self._new_broker()
+        for b in self.brokers:
+            self._launch(b)
+        for b in self.brokers:
+            self._wait_ready(b, timeout)
+        return self.addresses
+
+    def _new_broker(self) -> Broker:
+        n = len(self.brokers) + 1
+        b = Broker(
+            node_id=f"node-{n}",
+            address=f"127.0.0.1:{free_port()}",
+            data_dir=self.data_root / f"node-{n}",
+            out=self.base_dir / f"node-{n}.out",
+        )
+        self.brokers.append(b)
+        return b
+
+    def _launch(self, b: Broker) -> None:
+        cmd = [
+            sys.executable, "-m", "broker", "--log-level", "WARNING", "serve",
+            "--listen", b.address,
+            "--data-dir", str(b.data_dir),
+            "--log", self.log_url,
+            "--node-id", b.node_id,
+            *self.extra_args,
+        ]
+        with open(b.out, "ab") as out:
+            out.write(f"\n== harness: start {b.starts + 1} of {b.node_id}\n".encode())
+            out.flush()
+            b.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        b.starts += 1
+        b.state = "running"
+
+    def _wait_ready(self, b: Broker, timeout: float) -> None:
+        """Wait for this start's ready line (the file holds earlier starts' lines too)."""
+        deadline = time.monotonic() + timeout
+        marker = f"== harness: start {b.starts} of {b.node_id}".encode()
+        while True:
+            text = b.out.read_bytes()
+            if _READY in text.rsplit(marker, 1)[-1]:
+                return
+            assert b.proc is not None
+            if b.proc.poll() is not None:
+                raise RuntimeError(
+                    f"broker {b.node_id} exited with {b.proc.returncode}: "
+                    f"{text.decode(errors='replace')[-2000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"broker {b.node_id} did not get ready in {timeout:g}s ({b.out})")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop every broker (SIGCONT first: a paused one cannot stop), Kafka, the mount."""
+        for b in self.brokers:
+            if b.proc is not None and b.proc.poll() is None:
+                b.proc.send_signal(signal.SIGCONT)
+                b.proc.send_signal(signal.SIGTERM)
+        for b in self.brokers:
+            if b.proc is None:
+                continue
+            try:
+                b.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                b.proc.kill()
+                b.proc.wait(5)
+            b.state = "stopped"
+        if self.kafka_dir is not None:
+            _kafka("stop", str(self.kafka_dir), timeout=60)
+            self.kafka_dir = None
+        if self.mounted:
+            subprocess.run(["umount", str(self.data_root)], check=False, capture_output=True)
+            self.mounted = False
+
+    def processes(self) -> dict[str, int]:
+        """Live broker processes, ``node id -> pid`` (for CPU / RSS sampling)."""
+        return {
+            b.node_id: b.proc.pid
+            for b in self.brokers
+            if b.proc is not None and b.proc.poll() is None
+        }
+
+    # --- faults --------------------------------------------------------------------
+
+    def running(self) -> list[Broker]:
+        """Brokers that run and are not paused, in start order."""
+        return [b for b in self.brokers if b.state == "running"]
+
+    def kill9(self, b: Broker) -> None:
+        """``kill -9`` the broker and reap it."""
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.wait(10)
+        b.state = "killed"
+
+    def restart(self, b: Broker, timeout: float = 90.0) -> None:
+        """Start a stopped or killed broker again on its data dir and port."""
+        self._launch(b)
+        self._wait_ready(b, timeout)
+
+    def pause(self, b: Broker) -> None:
+        """SIGSTOP the broker."""
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGSTOP)
+        b.state = "paused"
+
+    def resume(self, b: Broker) -> None:
+        """SIGCONT the broker."""
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGCONT)
+        b.state = "running"
+
+    def terminate(self, b: Broker) -> None:
+        """Stop one broker cleanly (SIGTERM)."""
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGTERM)
+        try:
+            b.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            b.proc.kill()
+            b.proc.wait(5)
+        b.state = "stopped"
+
+    def join(self, timeout: float = 90.0) -> Broker:
+        """Start a new broker with a fresh data dir on the same log; wait until it is a member.
+
+        Only ``baton serve`` and the cluster's topology are used, so this works however
+        the cluster brings a joiner up to date (log replay or state transfer).
+
+        Raises:
+            RuntimeError: it did not start, or no view listed it within ``timeout``.
+        """
+        b = self._new_broker()
+        self._launch(b)
+        deadline = time.monotonic() + timeout
+        self._wait_ready(b, timeout)
+        self.wait_member(b, max(1.0, deadline - time.monotonic()))
+        return b
+
+    def wait_member(self, b: Broker, timeout: float) -> None:
+        """Wait until the broker's own topology lists it in the established view."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                with clients.sync.connect(b.address, timeout=5.0) as conn:
+                    topo = conn.topology()
+                ids = [i.get("node_id") for i in topo.get("instances", [])]
+                if b.node_id in ids and not topo.get("changing"):
+                    return
+                last = f"view {topo.get('view')}: {ids}"
+            except Exception as exc:  # noqa: BLE001 - reported if it never gets there
+                last = f"{type(exc).__name__}: {exc}"
+            time.sleep(0.25)
+        raise RuntimeError(f"{b.node_id} is not in the view after {timeout:g}s ({last})")
+
+    def _start_kafka(self) -> None:
+        if not KAFKA_SCRIPT.exists():
+            raise RuntimeError(f"--log kafka needs {KAFKA_SCRIPT} (run from a source checkout)")
+        self.kafka_dir = self.base_dir / "kafka"
+        self.kafka_dir.mkdir(parents=True, exist_ok=True)
+        _kafka("fetch", timeout=600)
+        bootstrap = _kafka("start", str(self.kafka_dir), timeout=180).strip().splitlines()[-1]
+        self.log_url = f"kafka://{bootstrap}/baton-loadtest-{uuid.uuid4().hex[:10]}"
+
+    def kafka_restart(self, down: float) -> None:
+        """Stop the harness's Kafka broker, wait ``down`` seconds, start it again.
+
+        Raises:
+            RuntimeError: the log is not a Kafka the harness started (``--log kafka``).
+        """
+        if self.kafka_dir is None:
+            raise RuntimeError("the kafka-restart fault needs --log kafka (a Kafka the harness starts)")
+        _kafka("stop", str(self.kafka_dir), timeout=60)
+        time.sleep(down)
+        _kafka("start", str(self.kafka_dir), timeout=180)
+
+    def _mount(self) -> None:
+        if os.path.ismount(self.data_root):
+            raise RuntimeError(f"{self.data_root} is already a mount point")
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.disk_limit_mb}m,mode=0755", "tmpfs",
+             str(self.data_root)],
+            capture_output=True, text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                "--disk-limit / the diskfull fault need a size-limited filesystem, and "
+                f"'mount -t tmpfs' failed ({done.stderr.strip() or done.returncode}); "
+                "run the harness as root (or with CAP_SYS_ADMIN)"
+            )
+        self.mounted = True
+
+    def fill_disk(self, hold: float) -> int:
+        """Fill the data filesystem to ENOSPC, keep it full ``hold`` s, free it again.
+
+        Returns:
+            Bytes written.
+
+        Raises:
+            RuntimeError: the data dirs are not on a size-limited mount (``--disk-limit``).
+        """
+        if not self.mounted:
+            raise RuntimeError("the diskfull fault needs --disk-limit MB (a size-limited data dir)")
+        filler = self.data_root / f"filler-{secrets.token_hex(4)}"
+        written = 0
+        chunk = b"\0" * (1 << 20)
+        try:
+            with open(filler, "wb", buffering=0) as f:
+                while True:
+                    try:
+                        written += f.write(chunk)
+                    except OSError as exc:
+                        if exc.errno != errno.ENOSPC:
+                            raise
+                        break
+            # The last partial chunk: fill the remaining bytes too.
+            with open(filler, "ab", buffering=0) as f:
+                for size in (65536, 4096, 512, 1):
+                    while True:
+                        try:
+                            written += f.write(b"\0" * size)
+                        except OSError:
+                            break
+            time.sleep(hold)
+        finally:
+            filler.unlink(missing_ok=True)
+        return written
+
+
+class ExternalSystem:
+    """Brokers someone else runs (``--brokers-at``): nothing to start, stop or fault."""
+
+    name = "baton"
+    adapter = "baton"
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = list(addresses)
+
+    def start(self) -> list[str]:
+        """The given addresses."""
+        return list(self.addresses)
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def processes(self) -> dict[str, int]:
+        """No processes of ours to sample."""
+        return {}
+
+
+def _kafka(*args: str, timeout: float) -> str:
+    """Run ``.ci/kafka ARGS`` and return its stdout (RuntimeError with stderr on failure)."""
+    try:
+        done = subprocess.run(
+            [str(KAFKA_SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f".ci/kafka {' '.join(args)} took over {timeout:g}s") from exc
+    if done.returncode != 0:
+        raise RuntimeError(f".ci/kafka {' '.join(args)} failed: {done.stderr[-2000:]}")
+    return done.stdout

@@ -1,0 +1,303 @@
+"""Fault schedules and the fault injector of a load-test run.
+
+A schedule is written ``--faults SPEC``::
+
+    SPEC   := GROUP (";" GROUP)*
+    GROUP  := KINDS "@" WHEN
+    KINDS  := KIND[":" SECONDS] ("," KIND[":" SECONDS])*
+    WHEN   := SECONDS                every SECONDS, the kinds in turn (first at SECONDS)
+            | "random:" SECONDS      about every SECONDS (uniform 0.5x..1.5x), a kind and a
+                                     broker picked at random with the run's --seed
+            | "at:" SECONDS ("," SECONDS)*   at these times, the kinds in turn
+    SECONDS:= a number with an optional unit: 500ms, 30s, 2m (plain numbers are seconds)
+
+for example ``kill9,sigstop,join@30s``, ``sigstop:8@random:20s``, ``kill9@at:10,40``.
+A kind's ``:SECONDS`` is how long the fault lasts (see :data:`KINDS`). Times count from
+the start of the load; faults past the duration are dropped. Faults never overlap:
+one that is due while another still runs waits for it (its record has the real time).
+
+Kinds:
+
+- ``kill9``: ``kill -9`` a running broker, wait, restart it on its data dir and port;
+- ``sigstop``: SIGSTOP a running broker, wait, SIGCONT it;
+- ``join``: start a new broker on a fresh data dir on the same log and wait until the
+  view lists it; the broker an earlier ``join`` added is stopped first (SIGTERM), so the
+  cluster has at most one broker more than it started with;
+- ``kafka-restart``: stop the Kafka broker the harness started (``--log kafka``), wait,
+  start it again;
+- ``diskfull``: fill the size-limited filesystem of the data dirs and the file log
+  (``--disk-limit``) to ENOSPC, keep it full, free it.
+
+Every fault writes two ``fault`` records to ``faults.hist`` (count 0 when it starts,
+1 when it is over; ``info`` names the broker); the checker ends the holds of consumers
+connected to a broker that a ``kill9`` or ``sigstop`` took away.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtest.cluster import BatonCluster, Broker
+from loadtest.history import HistoryWriter, OpKind
+
+__all__ = [
+    "KINDS",
+    "FaultEvent",
+    "FaultSpecError",
+    "parse_faults",
+    "FaultInjector",
+    "check_supported",
+]
+
+#: Fault kinds and how long each lasts by default (seconds).
+KINDS: dict[str, float] = {
+    "kill9": 2.0,  # down before the restart
+    "sigstop": 6.0,  # paused: longer than the default suspicion time (6 beats of 0.5 s)
+    "join": 0.0,
+    "kafka-restart": 3.0,  # Kafka down
+    "diskfull": 8.0,  # kept full
+}
+
+FAULTS_ACTOR = "faults"
+
+
+class FaultSpecError(ValueError):
+    """A ``--faults`` spec that cannot be parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultEvent:
+    """One scheduled fault.
+
+    Attributes:
+        at: seconds into the load phase.
+        kind: one of :data:`KINDS`.
+        duration: how long it lasts (seconds).
+        pick: which broker, as an index into the running brokers (taken modulo their
+            number when it is applied; None: in turn).
+    """
+
+    at: float
+    kind: str
+    duration: float
+    pick: int | None = None
+
+
+_SECONDS = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
+
+
+def _seconds(text: str) -> float:
+    m = _SECONDS.match(text)
+    if not m:
+        raise FaultSpecError(f"not a time: {text!r} (use e.g. 500ms, 30s, 2m)")
+    value = float(m.group(1))
+    return value / 1000 if m.group(2) == "ms" else value * 60 if m.group(2) == "m" else value
+
+
+def _kinds(text: str) -> list[tuple[str, float]]:
+    out = []
+    for item in text.split(","):
+        name, _, dur = item.strip().partition(":")
+        name = name.strip()
+        if name not in KINDS:
+            raise FaultSpecError(f"unknown fault {name!r} (known: {', '.join(KINDS)})")
+        out.append((name, _seconds(dur) if dur else KINDS[name]))
+    return out
+
+
+def parse_faults(spec: str, duration: float, seed: int = 1) -> list[FaultEvent]:
+    """The faults of a ``--faults`` spec (module doc) within ``duration`` s, by time.
+
+    Raises:
+        FaultSpecError: the spec cannot be parsed, or an interval is not positive.
+    """
+    events: list[FaultEvent] = []
+    rng = random.Random(seed)
+    for group in (g for g in spec.split(";") if g.strip()):
+        kinds_text, at, when = group.partition("@")
+        if not at:
+            raise FaultSpecError(f"{group!r}: say when, e.g. {group.strip()}@30s")
+        kinds = _kinds(kinds_text)
+        when = when.strip()
+        if when.startswith("at:"):
+            times = [_seconds(t) for t in when[3:].split(",")]
+            for i, t in enumerate(sorted(times)):
+                kind, dur = kinds[i % len(kinds)]
+                events.append(FaultEvent(t, kind, dur))
+        elif when.startswith("random:"):
+            mean = _seconds(when[7:])
+            if mean <= 0:
+                raise FaultSpecError(f"{group!r}: the interval must be positive")
+            t = mean * rng.uniform(0.5, 1.5)
+            while t < duration:
+                kind, dur = kinds[rng.randrange(len(kinds))]
+                events.append(FaultEvent(round(t, 3), kind, dur, rng.randrange(1 << 16)))
+                t += mean * rng.uniform(0.5, 1.5)
+        else:
+            every = _seconds(when)
+            if every <= 0:
+                raise FaultSpecError(f"{group!r}: the interval must be positive")
+            i = 0
+            while (i + 1) * every < duration:
+                kind, dur = kinds[i % len(kinds)]
+                events.append(FaultEvent((i + 1) * every, kind, dur))
+                i += 1
+    return sorted((e for e in events if e.at < duration), key=lambda e: e.at)
+
+
+@dataclass(slots=True)
+class _Done:
+    t: float
+    kind: str
+    phase: str
+    detail: str
+
+
+class FaultInjector(threading.Thread):
+    """Applies a schedule to a :class:`BatonCluster` from a thread of the runner.
+
+    Args:
+        system: the cluster.
+        events: the schedule (:func:`parse_faults`).
+        history: path of ``faults.hist``.
+        t0: ``time.monotonic()`` of the start of the load.
+    """
+
+    def __init__(
+        self, system: BatonCluster, events: list[FaultEvent], history: str | Path, t0: float
+    ) -> None:
+        super().__init__(name="fault-injector", daemon=True)
+        self.system = system
+        self.events = list(events)
+        self.history = history
+        self.t0 = t0
+        self.halt = threading.Event()
+        #: What happened, for the progress line and the report (seconds since t0).
+        self.log: list[_Done] = []
+        self.errors: list[str] = []
+        self._turn = 0
+        self._joined: Broker | None = None
+
+    def run(self) -> None:
+        with HistoryWriter(self.history, FAULTS_ACTOR) as w:
+            for ev in self.events:
+                delay = self.t0 + ev.at - time.monotonic()
+                if delay > 0 and self.halt.wait(delay):
+                    break
+                if self.halt.is_set():
+                    break
+                try:
+                    self._apply(ev, w)
+                except Exception as exc:  # noqa: BLE001 - a failed fault is reported, not fatal
+                    self.errors.append(f"{ev.kind} at {ev.at:g}s: {type(exc).__name__}: {exc}")
+                    w.record(OpKind.FAULT, msg=ev.kind, count=1, info=f"error={exc}")
+                    traceback.print_exc()
+                w.flush()
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Skip the faults not yet started, and wait for the running one to end."""
+        self.halt.set()
+        if self.is_alive():
+            self.join(timeout)
+
+    def _note(self, w: HistoryWriter, kind: str, phase: int, detail: str) -> None:
+        w.record(OpKind.FAULT, msg=kind, count=phase, info=detail)
+        w.flush()
+        self.log.append(_Done(time.monotonic() - self.t0, kind, ("start", "end")[phase], detail))
+
+    def _pick_broker(self, ev: FaultEvent) -> Broker:
+        running = self.system.running()
+        if not running:
+            raise RuntimeError("no running broker to fault")
+        if ev.pick is None:
+            self._turn += 1
+            return running[(self._turn - 1) % len(running)]
+        return running[ev.pick % len(running)]
+
+    def _apply(self, ev: FaultEvent, w: HistoryWriter) -> None:
+        s = self.system
+        if ev.kind in ("kill9", "sigstop"):
+            b = self._pick_broker(ev)
+            detail = f"node={b.node_id} address={b.address}"
+            # The record goes first: the checker ends the holds of the broker's
+            # consumers at this time, before the cluster can give them back.
+            self._note(w, ev.kind, 0, detail)
+            if ev.kind == "kill9":
+                s.kill9(b)
+                self.halt.wait(ev.duration)
+                s.restart(b)
+            else:
+                s.pause(b)
+                time.sleep(min(0.05, ev.duration))
+                # Worth knowing: a broker paused while it holds the file log's append
+                # lock stalls every other broker's appends until it resumes.
+                if b.proc is not None and _holds_flock(b.proc.pid):
+                    detail += " held_log_lock=yes"
+                time.sleep(max(0.0, ev.duration - 0.05))  # never cut short: it must resume
+                s.resume(b)
+            self._note(w, ev.kind, 1, detail)
+        elif ev.kind == "join":
+            if self._joined is not None and self._joined.state == "running":
+                old = self._joined
+                self._note(w, "stop", 0, f"node={old.node_id} address={old.address}")
+                s.terminate(old)
+                self._note(w, "stop", 1, f"node={old.node_id} address={old.address}")
+            self._note(w, "join", 0, "")
+            b = s.join()
+            self._joined = b
+            self._note(w, "join", 1, f"node={b.node_id} address={b.address}")
+        elif ev.kind == "kafka-restart":
+            self._note(w, ev.kind, 0, "")
+            s.kafka_restart(ev.duration)
+            self._note(w, ev.kind, 1, "")
+        elif ev.kind == "diskfull":
+            self._note(w, ev.kind, 0, "")
+            written = s.fill_disk(ev.duration)
+            self._note(w, ev.kind, 1, f"filled={written}")
+        else:  # pragma: no cover - parse_faults only makes known kinds
+            raise RuntimeError(f"unknown fault {ev.kind}")
+
+    def summary(self) -> list[dict[str, Any]]:
+        """The faults applied, as JSON-ready mappings."""
+        return [
+            {"t": round(d.t, 3), "kind": d.kind, "phase": d.phase, "detail": d.detail}
+            for d in self.log
+        ]
+
+
+def _holds_flock(pid: int) -> bool:
+    """Whether the process holds an exclusive flock (Linux ``/proc/locks``)."""
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 12345 fd:01:1234 0 EOF"
+                if len(parts) > 4 and parts[1] == "FLOCK" and parts[3] == "WRITE" \
+                        and parts[4] == str(pid):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def check_supported(events: list[FaultEvent], system: object) -> None:
+    """Raise RuntimeError if ``system`` cannot take these faults (before the run starts)."""
+    if not events:
+        return
+    if not isinstance(system, BatonCluster):
+        raise RuntimeError(
+            "faults need brokers the harness starts (--system baton without --brokers-at)"
+        )
+    kinds = {e.kind for e in events}
+    if "kafka-restart" in kinds and system.requested_log != "kafka":
+        raise RuntimeError("the kafka-restart fault needs --log kafka (a Kafka the harness starts)")
+    if "diskfull" in kinds and not system.disk_limit_mb:
+        raise RuntimeError("the diskfull fault needs --disk-limit MB (a size-limited data dir)")
+

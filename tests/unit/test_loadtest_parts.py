@@ -1,0 +1,126 @@
+"""Load-test harness parts without brokers: fault schedules, config files, measures, plots."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from loadtest.__main__ import load_config
+from loadtest.faults import FaultEvent, FaultSpecError, parse_faults
+from loadtest.history import Op, OpKind, write_ops
+from loadtest.procstat import tree_usage
+from loadtest.runner import analyse_dir, format_comparison, measure, timeline
+
+K = OpKind
+
+
+def test_a_cycle_of_kinds_every_interval() -> None:
+    events = parse_faults("kill9,sigstop,join@30s", duration=100)
+    assert [(e.at, e.kind) for e in events] == [(30, "kill9"), (60, "sigstop"), (90, "join")]
+    assert events[1].duration == 6.0  # the sigstop default
+
+
+def test_fixed_times_durations_and_groups() -> None:
+    events = parse_faults("sigstop:8@at:10,40; kill9:500ms@at:25", duration=60)
+    assert events == [
+        FaultEvent(10, "sigstop", 8.0),
+        FaultEvent(25, "kill9", 0.5),
+        FaultEvent(40, "sigstop", 8.0),
+    ]
+    assert parse_faults("kill9@at:1m", duration=30) == []  # past the duration
+
+
+def test_random_schedules_repeat_with_the_seed() -> None:
+    a = parse_faults("kill9,sigstop@random:10s", duration=120, seed=7)
+    b = parse_faults("kill9,sigstop@random:10s", duration=120, seed=7)
+    c = parse_faults("kill9,sigstop@random:10s", duration=120, seed=8)
+    assert a == b and a != c
+    assert 6 <= len(a) <= 24 and all(0 < e.at < 120 for e in a)
+    assert {e.kind for e in a} <= {"kill9", "sigstop"}
+    assert all(e.pick is not None for e in a)
+
+
+@pytest.mark.parametrize("spec", ["kill9", "explode@10s", "kill9@0s", "kill9@soon", "kill9:x@5s"])
+def test_bad_fault_specs_are_refused(spec: str) -> None:
+    with pytest.raises(FaultSpecError):
+        parse_faults(spec, duration=60)
+
+
+def test_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(
+        'preset = "latency"\nduration = 30\nsystems = ["baton", "rabbitmq"]\n'
+        'faults = "kill9@10s"\nsize = 512\n[workload]\nqueues = 4\nack-batch = 20\n'
+    )
+    run, workload = load_config(str(path))
+    assert run == {"preset": "latency", "duration": 30, "system": ["baton", "rabbitmq"],
+                   "faults": "kill9@10s"}
+    assert workload == {"size": 512, "queues": 4, "ack_batch": 20}
+    path.write_text("durations = 3\n")
+    with pytest.raises(ValueError, match="unknown key"):
+        load_config(str(path))
+    path.write_text("[workload]\nqueue = 3\n")
+    with pytest.raises(ValueError, match="unknown workload field"):
+        load_config(str(path))
+
+
+def _ops(lag: int | None) -> list[Op]:
+    ops = []
+    for i in range(100):
+        t = i * 10_000_000  # one publish every 10 ms, confirmed 2 ms later
+        ops.append(Op(K.PUBLISH_INVOKE, t, "p1", "q", f"p1:{i}", -1, -1 if lag is None else lag))
+        ops.append(Op(K.PUBLISH_OK, t + 2_000_000, "p1", "q", f"p1:{i}", i))
+        ops.append(Op(K.DELIVER, t + 3_000_000, "c1/q", "q", f"p1:{i}", i, 0))
+        ops.append(Op(K.ACK_OK, t + 4_000_000, "c1/q", "q", f"p1:{i}", i))
+    ops.append(Op(K.FAULT, 500_000_000, "faults", "", "kill9", -1, 0, "node=node-2 address=a"))
+    return sorted(ops, key=lambda o: o.t)
+
+
+def test_measure_and_coordinated_omission_correction() -> None:
+    m = measure(_ops(None))
+    assert m["confirmed"] == 100 and m["accepted"] == 100
+    assert 1.99 <= m["confirm_latency_ms"]["p50"] <= 2.05
+    assert 2.99 <= m["e2e_latency_ms"]["p99"] <= 3.05
+    assert "confirm_latency_corrected_ms" not in m
+    late = measure(_ops(5_000_000))  # each publish went out 5 ms after it was due
+    assert 6.99 <= late["confirm_latency_corrected_ms"]["p50"] <= 7.1
+    assert 7.99 <= late["e2e_latency_corrected_ms"]["p50"] <= 8.1
+    assert late["confirm_latency_ms"]["p50"] <= 2.05
+
+
+def test_timeline_bins_rates_and_marks_faults() -> None:
+    tl = timeline(_ops(None), bin_s=0.5)
+    assert tl["t"][:2] == [0.0, 0.5]
+    assert tl["confirmed"][0] == 100.0  # 50 confirms in the first half second
+    assert sum(tl["accepted"]) * 0.5 == 100
+    assert tl["faults"] == [[0.5, "kill9", "start", "node=node-2 address=a"]]
+    assert tl["confirm_p50"][0] > 0
+
+
+def test_report_and_comparison_from_run_dirs(tmp_path: Path) -> None:
+    from loadtest.report import write_report
+
+    results = []
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        write_ops(d / "all.hist", _ops(None))
+        r = analyse_dir(d)
+        r.config = {"system": name, "preset": "throughput", "duration": 1.0, "workload": {}}
+        results.append(r)
+    table = format_comparison(results)
+    assert table.splitlines()[2].startswith("a ") and "OK" in table
+    html = write_report(results, tmp_path / "report")
+    for png in ("throughput.png", "latency.png", "comparison.png"):
+        data = (tmp_path / "report" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        assert png in html.read_text()
+
+
+def test_tree_usage_counts_a_process_and_its_children() -> None:
+    usage = tree_usage([os.getpid(), 999_999_999])
+    assert set(usage) == {os.getpid()}
+    cpu, rss = usage[os.getpid()]
+    assert cpu > 0 and rss > 10 << 20
