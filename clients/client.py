@@ -1691,7 +1691,11 @@ class Consumer:
         fut.add_done_callback(lambda done: _fan_out(done, waiters, positions))
 
     async def ack_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
-        """Accept several messages with one frame (see :meth:`Message.ack`)."""
+        """Accept several messages with one frame (see :meth:`Message.ack`).
+
+        With ``confirm``, waits for every one; if some were refused (e.g. released by
+        a failover), raises the first such error after all have completed.
+        """
         await self._settle_many(_ACK, messages, confirm)
 
     async def release_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
@@ -1715,11 +1719,15 @@ class Consumer:
         for msg in items:
             msg._settled = True
             futures.append(self._settle(kind, msg.position))
-        for fut in futures:
-            if confirm:
-                await fut
-            else:
+        if not confirm:
+            for fut in futures:
                 fut.add_done_callback(self._unconfirmed_done)
+            return
+        # Wait for every one (so no failure goes unretrieved), then raise the first.
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
 
 def _released_by_failover(queue: str, position: int) -> NotAcquired:

@@ -130,6 +130,7 @@ class Node:
         self._max_outbox = max_outbox
         self._append_error: str | None = None  # why the last append failed, until one works
         self._leftover: list[tuple[str, int, bytes]] = []
+        self._outbox_failures = 0  # publish batches the store's outbox refused in a row
         self._keys_forgotten = 0  # publish keys below this seq are deleted from the store
         self._outbox_ready = asyncio.Event()
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -550,8 +551,17 @@ class Node:
         try:
             self.store.outbox_put(self.runtime_id, records)
         except StoreError as exc:  # the log may still work: go on, without the net
-            log.warning("cannot keep %d publishes in the store's outbox: %s", len(records), exc)
+            self._outbox_failures += 1
+            if self._outbox_failures == 1 or self._outbox_failures % 1000 == 0:
+                log.warning(
+                    "cannot keep publishes in the store's outbox (%d batches so far): %s",
+                    self._outbox_failures, exc,
+                )
             return []
+        if self._outbox_failures:
+            log.warning("the store's outbox works again after %d failed batches",
+                        self._outbox_failures)
+            self._outbox_failures = 0
         return [seq for seq, _ in records]
 
     def _unkeep(self, runtime: str, seqs: list[int]) -> None:

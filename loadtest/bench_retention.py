@@ -32,8 +32,15 @@ from loadtest.bench_join import _Broker
 
 def _log_size(path: str) -> tuple[int, int]:
     """(bytes, segments) of a file log directory."""
-    segs = [e for e in os.scandir(path) if e.name.endswith(".seg")]
-    return sum(e.stat().st_size for e in segs), len(segs)
+    size = n = 0
+    for e in os.scandir(path):
+        if e.name.endswith(".seg"):
+            try:  # truncation may delete it between the listing and the stat
+                size += e.stat().st_size
+                n += 1
+            except FileNotFoundError:
+                pass
+    return size, n
 
 
 async def _produce(address: str, rate: float, size: int, stop: asyncio.Event, sent: list[int]) -> None:
