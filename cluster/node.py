@@ -190,6 +190,7 @@ class Node:
             # DESIGN §8: a broker whose offset is gone joins like a new one.
             log.warning("node %s starts again as a new broker: %s", self.node_id, why)
             self.store.reset()
+            self.store.put_ident("update", "")  # set again if an update is installed
             loaded, have = Loaded(), False
         if loaded.meta is not None:
             self.state.restore_meta(loaded.meta)

@@ -330,17 +330,9 @@ async def test_a_broker_whose_offset_was_truncated_rejoins_as_new(tmp_path: Path
         backlog = await publish_backlog(a, ["keep"], 2000, 100)
         gone = (await topology(nodes[1].address))["applied"]
         assert nodes[1].terminate() == 0
-        load = Load(["churn"], poison="")
         async with await clients.connect(a) as conn:
             await conn.declare_queue("churn")
-        tasks = [asyncio.create_task(load.produce(a, "a")), asyncio.create_task(load.consume(a, "churn"))]
-
-        async def truncated() -> bool:
-            return _log_bytes(tmp_path / "shared-log")[1] > gone + 500
-
-        await eventually(truncated, 60, "the log truncated past the stopped broker's offset")
-        load.stop.set()
-        await asyncio.gather(*tasks)
+        await churn_until_truncated(a, tmp_path / "shared-log", gone)
         nodes[1].restart()
         assert "starts again as a new broker" in nodes[1].log_path.read_text()
 
@@ -372,15 +364,7 @@ async def test_a_paused_broker_left_behind_by_truncation_rejoins_by_itself(tmp_p
         await eventually(lambda: _has(nodes[1].address, "keep", 500), 10, "replicated")
         paused_at = (await topology(nodes[1].address))["applied"]
         nodes[1].pause()
-        load = Load(["churn"], poison="")
-        tasks = [asyncio.create_task(load.produce(a, "a")), asyncio.create_task(load.consume(a, "churn"))]
-
-        async def truncated() -> bool:
-            return _log_bytes(tmp_path / "shared-log")[1] > paused_at + 500
-
-        await eventually(truncated, 60, "the log truncated past the paused broker's offset")
-        load.stop.set()
-        await asyncio.gather(*tasks)
+        await churn_until_truncated(a, tmp_path / "shared-log", paused_at)
         nodes[1].resume()
 
         async def rejoined() -> bool:
@@ -400,6 +384,25 @@ async def test_a_paused_broker_left_behind_by_truncation_rejoins_by_itself(tmp_p
     finally:
         for n in nodes:
             n.stop()
+
+
+async def churn_until_truncated(address: str, log_dir: Path, past: int) -> None:
+    """Publish and consume queue "churn" through ``address`` until the file log's first
+    segment starts well past offset ``past``."""
+    load = Load(["churn"], poison="")
+    tasks = [
+        asyncio.create_task(load.produce(address, "a")),
+        asyncio.create_task(load.consume(address, "churn")),
+    ]
+
+    async def truncated() -> bool:
+        return _log_bytes(log_dir)[1] > past + 500
+
+    try:
+        await eventually(truncated, 60, f"the log truncated past offset {past}")
+    finally:
+        load.stop.set()
+        await asyncio.gather(*tasks)
 
 
 async def _has(address: str, queue: str, n: int) -> bool:
