@@ -151,14 +151,18 @@ async def update_frames(
         yield wire.UpdateQueue(corr, plan.name, plan.qid, plan.count)
         entries: list[list[Any]] = []
         size = 0
+        returned: set[int] | None = None  # the queue's released positions, per chunk
         for positions in (plan.fresh, plan.below):
             for pos in positions:
                 if not plan.may_move:
                     now = live(plan.name)
                     if now is None or now.qid != plan.qid:
                         break  # the queue was deleted: nothing of it is needed
-                    if pos < now.cursor and not now.holds(pos):
-                        continue
+                    if pos < now.cursor:
+                        if returned is None:
+                            returned = set(now.returned)
+                        if not now.holds(pos, returned):
+                            continue
                 raw = cap.reader.get_raw(plan.qid, pos)
                 if raw is None:
                     continue  # only if this store lost it; the joiner will ask again
@@ -166,7 +170,7 @@ async def update_frames(
                 size += len(raw) + 16
                 if size >= CHUNK_BYTES or len(entries) >= CHUNK_COUNT:
                     yield wire.UpdateFront(corr, plan.qid, entries)
-                    entries, size = [], 0
+                    entries, size, returned = [], 0, None  # the queue moved on meanwhile
         if entries:
             yield wire.UpdateFront(corr, plan.qid, entries)
         yield wire.UpdateDone(corr, plan.name, plan.qid)
