@@ -27,8 +27,11 @@ pytestmark = pytest.mark.integration
 FAST = ["--checkpoint-ms", "500"]
 
 
-def log_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest, segment: int = 0) -> str:
+def log_url(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest | None = None, segment: int = 0
+) -> str:
     if kind == "kafka":
+        assert request is not None, "a Kafka log needs the test's request (kafka_bootstrap)"
         bootstrap = request.getfixturevalue("kafka_bootstrap")
         return f"kafka://{bootstrap}/baton-join-{uuid.uuid4().hex[:10]}"
     url = f"file:{tmp_path / 'shared-log'}"
@@ -217,7 +220,7 @@ async def test_the_joiner_finishes_from_another_member_when_the_updater_dies(
 ) -> None:
     """Kill -9 the member streaming the update half-way: the joiner asks the other one
     for the queues not done and ends with every message and the same digest."""
-    url = log_url("file", tmp_path, None)  # type: ignore[arg-type]
+    url = log_url("file", tmp_path)
     # Both old members cap the update at 20,000 messages/s: 40,000 messages take two
     # seconds, so the kill lands in the middle.
     nodes = brokers(tmp_path, url, 3, FAST + ["--update-max-rate", "20000"])
@@ -319,7 +322,7 @@ async def test_the_log_is_truncated_under_a_steady_load(
 async def test_a_broker_whose_offset_was_truncated_rejoins_as_new(tmp_path: Path) -> None:
     """A broker stopped while the log moved on past its applied offset cannot replay:
     at restart it drops its store and joins by an update; messages stay exactly once."""
-    url = log_url("file", tmp_path, None, segment=64 * 1024)  # type: ignore[arg-type]
+    url = log_url("file", tmp_path, segment=64 * 1024)
     nodes = brokers(tmp_path, url, 2, ["--checkpoint-ms", "300"])
     try:
         for b in nodes:
@@ -351,7 +354,7 @@ async def test_a_broker_whose_offset_was_truncated_rejoins_as_new(tmp_path: Path
 async def test_a_paused_broker_left_behind_by_truncation_rejoins_by_itself(tmp_path: Path) -> None:
     """SIGSTOP a broker until the others truncate the log past its offset: when it runs
     again it cannot read on, so it restarts in place and joins as a new broker."""
-    url = log_url("file", tmp_path, None, segment=64 * 1024)  # type: ignore[arg-type]
+    url = log_url("file", tmp_path, segment=64 * 1024)
     nodes = brokers(tmp_path, url, 2, ["--checkpoint-ms", "300"])
     try:
         for b in nodes:
