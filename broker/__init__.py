@@ -3,7 +3,7 @@
 It drives :mod:`cluster` and :mod:`store` and owns no replicated logic.
 """
 
-from broker.config import BrokerConfig
-from broker.server import VERSION, Broker
+from batonmq.broker.config import BrokerConfig
+from batonmq.broker.server import VERSION, Broker
 
 __all__ = ["Broker", "BrokerConfig", "VERSION"]

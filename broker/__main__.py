@@ -1,7 +1,7 @@
-"""``python -m broker`` is the ``baton`` command."""
+"""``python -m batonmq.broker`` is the ``baton`` command."""
 
 import sys
 
-from broker.cli import main
+from batonmq.broker.cli import main
 
 sys.exit(main())

@@ -11,8 +11,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from broker.config import DEFAULT_PORT, BrokerConfig, parse_address
-from clients.errors import BatonError
+from batonmq.broker.config import DEFAULT_PORT, BrokerConfig, parse_address
+from batonmq.clients.errors import BatonError
 
 __all__ = ["main"]
 
@@ -52,7 +52,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_async(config: BrokerConfig) -> int:
-    from broker.server import Broker
+    from batonmq.broker.server import Broker
 
     broker = Broker(config)
     stop = asyncio.Event()
@@ -85,7 +85,7 @@ async def _serve_async(config: BrokerConfig) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    import clients
+    from batonmq import clients
 
     bodies: list[bytes]
     if args.message:
@@ -104,8 +104,8 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _consume(args: argparse.Namespace) -> int:
-    import clients
-    from clients.errors import Timeout
+    from batonmq import clients
+    from batonmq.clients.errors import Timeout
 
     got = 0
     with clients.sync.connect(args.broker) as conn:
@@ -135,7 +135,7 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def _queues(args: argparse.Namespace) -> int:
-    import clients
+    from batonmq import clients
 
     with clients.sync.connect(args.broker) as conn:
         rows = conn.list_queues()
@@ -152,7 +152,7 @@ def _queues(args: argparse.Namespace) -> int:
 
 
 def _topology(args: argparse.Namespace) -> int:
-    import clients
+    from batonmq import clients
 
     with clients.sync.connect(args.broker) as conn:
         topo = conn.topology()
@@ -192,7 +192,7 @@ def _topology(args: argparse.Namespace) -> int:
 def _services(args: argparse.Namespace) -> int:
     import dataclasses
 
-    import clients
+    from batonmq import clients
 
     with clients.sync.connect(args.broker) as conn:
         rows = conn.services()
@@ -216,7 +216,7 @@ def _services(args: argparse.Namespace) -> int:
 
 
 def _handover(args: argparse.Namespace) -> int:
-    import clients
+    from batonmq import clients
 
     with clients.sync.connect(args.broker) as conn:
         done = conn.handover(args.service, to=args.to, timeout=args.timeout)
@@ -228,26 +228,26 @@ def _handover(args: argparse.Namespace) -> int:
 
 
 def _dev(args: argparse.Namespace) -> int:
-    from broker.dev import run_dev
+    from batonmq.broker.dev import run_dev
 
     host, port = parse_address(args.listen)
     return run_dev(args.nodes, args.data_dir, host, port, [])
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from broker.demo import run_demo
+    from batonmq.broker.demo import run_demo
 
     return run_demo(args.data_dir, args.count, args.size)
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    from loadtest.__main__ import run_from_args
+    from batonmq.loadtest.__main__ import run_from_args
 
     return run_from_args(args)
 
 
 def _import_entries(args: argparse.Namespace) -> int:
-    from clients.import_entries import run_from_args
+    from batonmq.clients.import_entries import run_from_args
 
     return run_from_args(args)
 
@@ -341,13 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to wait for the leader to finish its work")
     ho.set_defaults(func=_handover)
 
-    from loadtest.__main__ import add_arguments
+    from batonmq.loadtest.__main__ import add_arguments
 
     lt = sub.add_parser("loadtest", help="run a load test and check its history (docs/loadtest.md)")
     add_arguments(lt)
     lt.set_defaults(func=_loadtest)
 
-    from clients.import_entries import add_arguments as import_entries_arguments
+    from batonmq.clients.import_entries import add_arguments as import_entries_arguments
 
     ie = sub.add_parser("import-entries", help="the Spark import-entries pipeline (docs/spark.md)")
     import_entries_arguments(ie)

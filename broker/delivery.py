@@ -17,13 +17,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from clients.errors import BatonError, QueueNotFound
-from cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
-from cluster.node import Node
-from cluster.state import Acquired, Effect, MembersChanged, OwnerChanged, QueueGone, ReadyMore
+from batonmq.clients.errors import BatonError, QueueNotFound
+from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
+from batonmq.cluster.node import Node
+from batonmq.cluster.state import Acquired, Effect, MembersChanged, OwnerChanged, QueueGone, ReadyMore
 
 if TYPE_CHECKING:
-    from broker.session import Session
+    from batonmq.broker.session import Session
 
 __all__ = ["Consumer", "Delivery"]
 

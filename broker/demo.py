@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-import clients
+from batonmq import clients
 
 __all__ = ["run_demo"]
 
@@ -84,7 +84,7 @@ def run_demo(data_dir: str | None, count: int, size: int) -> int:
     data_dir = data_dir or tempfile.mkdtemp(prefix="baton-demo-")
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "broker", "serve", "--listen", address, "--data-dir", data_dir]
+    cmd = [sys.executable, "-m", "batonmq.broker", "serve", "--listen", address, "--data-dir", data_dir]
     print(f"starting: baton serve --listen {address} --data-dir {data_dir}")
     print(f"          (log: file:{os.path.join(data_dir, 'log')}, the embedded default)")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -46,7 +46,7 @@ def run_dev(nodes: int, data_dir: str, host: str, base_port: int, extra: list[st
         for i in range(nodes):
             address = f"{host}:{base_port + i}"
             cmd = [
-                sys.executable, "-m", "broker", "serve",
+                sys.executable, "-m", "batonmq.broker", "serve",
                 "--listen", address,
                 "--data-dir", os.path.join(data_dir, f"node-{i + 1}"),
                 "--log", log_url,

@@ -22,15 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from clients import wire
-from clients.errors import BatonError, InvalidArgument, Timeout
-from cluster.events import Candidate, Handover, Resign
-from cluster.node import Node
-from cluster.services import MAX_SERVICE_NAME, host_of
-from cluster.state import Effect, HandoverRequested, LeaderChanged, MembersChanged
+from batonmq.clients import wire
+from batonmq.clients.errors import BatonError, InvalidArgument, Timeout
+from batonmq.cluster.events import Candidate, Handover, Resign
+from batonmq.cluster.node import Node
+from batonmq.cluster.services import MAX_SERVICE_NAME, host_of
+from batonmq.cluster.state import Effect, HandoverRequested, LeaderChanged, MembersChanged
 
 if TYPE_CHECKING:
-    from broker.session import Session
+    from batonmq.broker.session import Session
 
 __all__ = ["Leadership", "MAX_CANDIDACIES", "MAX_HANDOVER_MS"]
 

@@ -8,15 +8,15 @@ import os
 import uuid
 from typing import Any
 
-from broker.config import BrokerConfig
-from broker.delivery import Delivery
-from broker.leadership import Leadership
-from broker.session import Session
-from clients.errors import InvalidArgument, QueueNotFound
-from cluster.log import Log, open_log
-from cluster.node import Node
-from cluster.state import Effect
-from store.rocks import RocksStore
+from batonmq.broker.config import BrokerConfig
+from batonmq.broker.delivery import Delivery
+from batonmq.broker.leadership import Leadership
+from batonmq.broker.session import Session
+from batonmq.clients.errors import InvalidArgument, QueueNotFound
+from batonmq.cluster.log import Log, open_log
+from batonmq.cluster.node import Node
+from batonmq.cluster.state import Effect
+from batonmq.store.rocks import RocksStore
 
 __all__ = ["Broker", "VERSION"]
 

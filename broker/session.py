@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgpack
 
-from clients import wire
-from cluster import update
-from clients.errors import (
+from batonmq.clients import wire
+from batonmq.cluster import update
+from batonmq.clients.errors import (
     BatonError,
     InternalError,
     InvalidArgument,
@@ -29,7 +29,7 @@ from clients.errors import (
     UnknownConsumer,
     UnsupportedVersion,
 )
-from cluster.events import (
+from batonmq.cluster.events import (
     DEFAULT_DELIVERY_LIMIT,
     Accept,
     AcceptThrough,
@@ -44,8 +44,8 @@ from cluster.events import (
 )
 
 if TYPE_CHECKING:
-    from broker.delivery import Consumer
-    from broker.server import Broker
+    from batonmq.broker.delivery import Consumer
+    from batonmq.broker.server import Broker
 
 __all__ = ["Session"]
 

@@ -2,7 +2,7 @@
 
 Async::
 
-    import clients
+    from batonmq import clients
 
     async with await clients.connect("127.0.0.1:5671") as conn:
         await conn.publish("orders", b"body")
@@ -10,15 +10,15 @@ Async::
 Blocking: ``clients.sync.connect(...)`` with the same calls. See docs/client.md.
 
 This package is also imported by the broker and the cluster core for
-:mod:`clients.wire` and :mod:`clients.errors`, so importing it must stay cheap and
+:mod:`batonmq.clients.wire` and :mod:`batonmq.clients.errors`, so importing it must stay cheap and
 must not import anything outside ``clients/``.
 """
 
 from __future__ import annotations
 
-from clients import errors, leadership, sync, topology, wire
-from clients.client import Connection, Consumer, Message, TopologyWatch, connect
-from clients.errors import (
+from batonmq.clients import errors, leadership, sync, topology, wire
+from batonmq.clients.client import Connection, Consumer, Message, TopologyWatch, connect
+from batonmq.clients.errors import (
     BatonError,
     ConnectionClosed,
     FrameTooLarge,
@@ -41,9 +41,9 @@ from clients.errors import (
     UnknownConsumer,
     UnsupportedVersion,
 )
-from clients.leadership import HandoverResult, ServiceInfo, Term
-from clients.topology import Topology, TopologyEvent, TopologyEventType
-from clients.wire import PROTOCOL_VERSION
+from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
+from batonmq.clients.topology import Topology, TopologyEvent, TopologyEventType
+from batonmq.clients.wire import PROTOCOL_VERSION
 
 __all__ = [
     "connect",

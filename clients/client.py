@@ -3,10 +3,10 @@
 Layout (STYLE.md "Client layout", after aiokafka ``conn.py``):
 
 * :class:`_BatonProtocol` is the I/O edge: an :class:`asyncio.Protocol` that feeds bytes into
-  the sans-IO :class:`~clients.wire.FrameCodec` and hands whole frames to the connection.
+  the sans-IO :class:`~batonmq.clients.wire.FrameCodec` and hands whole frames to the connection.
   No StreamReader: one ``data_received`` call decodes every frame in the chunk.
 * :class:`Connection` maps correlation ids to futures. ``Ok`` resolves a future with its
-  result dict, ``Error`` rejects it with :func:`clients.errors.for_code`. When the
+  result dict, ``Error`` rejects it with :func:`batonmq.clients.errors.for_code`. When the
   connection ends, every pending future fails with :class:`ConnectionClosed` chained from
   the cause, and every consumer's iterator raises it too.
 * Writes are coalesced: frames written in one event-loop tick go out in one
@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, cast
 
-from clients import errors
+from batonmq.clients import errors
 
 _log = logging.getLogger("baton.client")
-from clients.errors import (
+from batonmq.clients.errors import (
     BatonError,
     ConnectionClosed,
     FrameTooLarge,
@@ -41,7 +41,7 @@ from clients.errors import (
     UnknownConsumer,
     UnsupportedVersion,
 )
-from clients.wire import (
+from batonmq.clients.wire import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
     AcceptThrough,
@@ -75,9 +75,9 @@ from clients.wire import (
     Services,
     Subscribe,
 )
-from clients.leadership import HandoverResult, ServiceInfo, Term
-from clients.topology import Topology as TopologySnapshot
-from clients.topology import TopologyEvent, TopologyTracker
+from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
+from batonmq.clients.topology import Topology as TopologySnapshot
+from batonmq.clients.topology import TopologyEvent, TopologyTracker
 
 __all__ = [
     "DEFAULT_PORT",
@@ -295,7 +295,7 @@ class Connection:
 
     Every method is a command: it gets the next correlation id, is written (coalesced
     with the other frames of this loop tick) and returns when the broker's ``Ok``
-    arrives. An ``Error`` reply raises the matching :mod:`clients.errors` class. If
+    arrives. An ``Error`` reply raises the matching :mod:`batonmq.clients.errors` class. If
     the connection ends first the call raises :class:`ConnectionClosed` (the command's
     outcome is then unknown) — unless failover is on: then the connection moves to
     another broker and publishes, subscriptions and read-only or idempotent commands
@@ -808,7 +808,7 @@ class Connection:
         """Call ``listener`` with topology events (DESIGN §7) until stopped.
 
         Polls :meth:`topology` every ``interval`` seconds and feeds a
-        :class:`~clients.topology.TopologyTracker`: the first answer gives INIT, then
+        :class:`~batonmq.clients.topology.TopologyTracker`: the first answer gives INIT, then
         CHANGING (a view change is under way), CHANGED (a new view: other number or
         members) and PROPERTIES_CHANGED (same members, an instance's properties,
         role, address or the leader changed), at most one per ``min_event_delay``
@@ -848,7 +848,7 @@ class Connection:
                 withdrawn.
 
         Returns:
-            A :class:`~clients.leadership.Term` (not yet running).
+            A :class:`~batonmq.clients.leadership.Term` (not yet running).
 
         Raises:
             InvalidArgument: a bad service name or timeout (also from ``async with``:
@@ -880,7 +880,7 @@ class Connection:
         return [ServiceInfo.from_mapping(m) for m in items]
 
     async def service_leader(self, service: str) -> ServiceInfo | None:
-        """One service's :class:`~clients.leadership.ServiceInfo` (None: it has no
+        """One service's :class:`~batonmq.clients.leadership.ServiceInfo` (None: it has no
         candidate at all). ``info.leader`` and ``info.token`` are the current term."""
         for info in await self.services():
             if info.service == service:

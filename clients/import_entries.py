@@ -35,13 +35,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from clients import client as _aio
-from clients.errors import BatonError, QueueNotFound
+from batonmq.clients import client as _aio
+from batonmq.clients.errors import BatonError, QueueNotFound
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from clients.leadership import Term
+    from batonmq.clients.leadership import Term
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
@@ -335,7 +335,7 @@ def spark_session(app: str = "baton-import-entries", master: str = "local[2]") -
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    import clients.spark
+    from batonmq.clients import spark as baton_spark
 
     builder: Any = SparkSession.builder
     spark: SparkSession = (
@@ -346,7 +346,7 @@ def spark_session(app: str = "baton-import-entries", master: str = "local[2]") -
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
-    clients.spark.register(spark)
+    baton_spark.register(spark)
     return spark
 
 

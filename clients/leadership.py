@@ -1,6 +1,6 @@
 """Service leadership for applications (DESIGN §7): one leader among candidates.
 
-Use it through :meth:`clients.client.Connection.lead`::
+Use it through :meth:`batonmq.clients.client.Connection.lead`::
 
     async with conn.lead("import-entries") as term:
         # This session leads "import-entries" now. term.token is the term's fencing
@@ -17,7 +17,7 @@ candidate — or the block was left); ``term.handover_requested`` is set when an
 admin asked for a handover: finish the running work and leave the block.
 
 This module is pure bookkeeping on the client's event loop; the frames are sent by
-the :class:`~clients.client.Connection`.
+the :class:`~batonmq.clients.client.Connection`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from clients.errors import BatonError, ConnectionClosed, InvalidArgument, ProtocolError, Timeout
+from batonmq.clients.errors import BatonError, ConnectionClosed, InvalidArgument, ProtocolError, Timeout
 
 if TYPE_CHECKING:
-    from clients.client import Connection
+    from batonmq.clients.client import Connection
 
 __all__ = ["Term", "ServiceInfo", "HandoverResult"]
 
@@ -250,7 +250,7 @@ class Term:
 
 
 class _timeout:
-    """``asyncio.timeout`` that raises :class:`clients.errors.Timeout` (None: no limit)."""
+    """``asyncio.timeout`` that raises :class:`batonmq.clients.errors.Timeout` (None: no limit)."""
 
     def __init__(self, seconds: float | None, service: str) -> None:
         self._cm = asyncio.timeout(seconds)

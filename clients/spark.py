@@ -2,9 +2,9 @@
 
 Register it, then read a queue as a stream::
 
-    import clients.spark
+    from batonmq.clients import spark as baton_spark
 
-    clients.spark.register(spark)
+    baton_spark.register(spark)
     df = (spark.readStream.format("baton")
           .option("brokers", "127.0.0.1:5671,127.0.0.1:5672")
           .option("queue", "import-entries")
@@ -56,9 +56,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from clients import client as _aio
-from clients import sync as _sync
-from clients.errors import BatonError, InvalidArgument
+from batonmq.clients import client as _aio
+from batonmq.clients import sync as _sync
+from batonmq.clients.errors import BatonError, InvalidArgument
 
 __all__ = ["SCHEMA", "BatonDataSource", "BatonStreamReader", "RangePartition", "register"]
 

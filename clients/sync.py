@@ -1,13 +1,13 @@
 """The blocking client: the async client run on a private event loop in a daemon thread.
 
 Every call is ``asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)`` around the
-same :class:`~clients.client.Connection` method, so both clients share one
+same :class:`~batonmq.clients.client.Connection` method, so both clients share one
 implementation and one set of semantics. Deliveries are taken from the loop thread in
 batches (one cross-thread hop per batch, not per message).
 
 Example::
 
-    import clients
+    from batonmq import clients
 
     with clients.sync.connect("127.0.0.1:5671") as conn:
         conn.publish("orders", b"body")
@@ -26,9 +26,9 @@ from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-from clients import client as _aio
-from clients.leadership import HandoverResult, ServiceInfo, Term
-from clients.errors import ConnectionClosed, InvalidArgument, Timeout
+from batonmq.clients import client as _aio
+from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
+from batonmq.clients.errors import ConnectionClosed, InvalidArgument, Timeout
 
 __all__ = ["connect", "SyncConnection", "SyncConsumer", "SyncMessage", "SyncTerm"]
 
@@ -101,7 +101,7 @@ def connect(
     failover: bool | None = None,
     failover_timeout: float = 30.0,
 ) -> SyncConnection:
-    """Open a blocking connection (see :func:`clients.client.connect`).
+    """Open a blocking connection (see :func:`batonmq.clients.client.connect`).
 
     Args:
         addresses: ``"HOST:PORT"``, a comma-separated list of them, or a sequence.
@@ -110,7 +110,7 @@ def connect(
             every later call on the connection (a call that waits for a failover
             may hit it first: raise it to ``failover_timeout`` or more if calls
             should rather wait).
-        failover, failover_timeout: as for :func:`clients.client.connect`.
+        failover, failover_timeout: as for :func:`batonmq.clients.client.connect`.
 
     Returns:
         A :class:`SyncConnection`; use it as ``with clients.sync.connect(...) as conn``.
@@ -139,10 +139,10 @@ def connect(
 
 
 class SyncConnection:
-    """A blocking :class:`~clients.client.Connection`: the same calls, the same results.
+    """A blocking :class:`~batonmq.clients.client.Connection`: the same calls, the same results.
 
     Each call blocks until the broker answers or ``timeout`` seconds pass (then
-    :class:`~clients.errors.Timeout`, outcome unknown). It is safe to call from
+    :class:`~batonmq.clients.errors.Timeout`, outcome unknown). It is safe to call from
     several threads at once.
 
     Attributes:
@@ -260,7 +260,7 @@ class SyncConnection:
         return self._run(self._conn.list_queues())
 
     def reserve(self, queue: str, holder: str | None) -> dict[str, Any]:
-        """Reserve a queue for a range reader (see :meth:`clients.client.Connection.reserve`)."""
+        """Reserve a queue for a range reader (see :meth:`batonmq.clients.client.Connection.reserve`)."""
         return self._run(self._conn.reserve(queue, holder))
 
     def accept_through(self, queue: str, through: int, holder: str) -> int:
@@ -335,7 +335,7 @@ class SyncConnection:
 
 
 class SyncTerm:
-    """A blocking :class:`~clients.leadership.Term`: ``with conn.lead(name) as term``.
+    """A blocking :class:`~batonmq.clients.leadership.Term`: ``with conn.lead(name) as term``.
 
     ``term.lost`` and ``term.handover_requested`` are :class:`threading.Event` objects
     that follow the async term's events; ``term.token`` is the fencing token.
@@ -407,11 +407,11 @@ async def _mirror(source: asyncio.Event, target: threading.Event) -> None:
 
 
 class SyncConsumer:
-    """A blocking :class:`~clients.client.Consumer`: a context manager and an iterator.
+    """A blocking :class:`~batonmq.clients.client.Consumer`: a context manager and an iterator.
 
     ``for msg in consumer`` blocks until the next message and ends when the consumer is
     cancelled; ``consumer.iter(timeout=...)`` and ``consumer.next(timeout=...)`` raise
-    :class:`~clients.errors.Timeout` when no message arrives in time. Use one consumer
+    :class:`~batonmq.clients.errors.Timeout` when no message arrives in time. Use one consumer
     from one thread at a time.
     """
 
@@ -542,7 +542,7 @@ async def _take(consumer: _aio.Consumer, timeout: float | None) -> tuple[list[_a
 class SyncMessage:
     """A delivered message with blocking :meth:`ack`, :meth:`release` and :meth:`reject`.
 
-    Attributes: the same as :class:`clients.client.Message`.
+    Attributes: the same as :class:`batonmq.clients.client.Message`.
     """
 
     __slots__ = (
@@ -575,13 +575,13 @@ class SyncMessage:
         return self._msg.settled
 
     def ack(self, *, confirm: bool = False) -> None:
-        """Accept the message (see :meth:`clients.client.Message.ack`)."""
+        """Accept the message (see :meth:`batonmq.clients.client.Message.ack`)."""
         self._conn._run(self._msg.ack(confirm=confirm))
 
     def release(self, *, confirm: bool = False) -> None:
-        """Give the message back to its queue (see :meth:`clients.client.Message.release`)."""
+        """Give the message back to its queue (see :meth:`batonmq.clients.client.Message.release`)."""
         self._conn._run(self._msg.release(confirm=confirm))
 
     def reject(self, *, confirm: bool = False) -> None:
-        """Reject the message (see :meth:`clients.client.Message.reject`)."""
+        """Reject the message (see :meth:`batonmq.clients.client.Message.reject`)."""
         self._conn._run(self._msg.reject(confirm=confirm))

@@ -4,7 +4,7 @@ Pure: no I/O, no clock. :class:`Topology` is one snapshot of the ``topology``
 command's answer; :class:`TopologyTracker` turns a sequence of snapshots (with the
 caller's notion of "now") into :class:`TopologyEvent` s — INIT, CHANGING, CHANGED
 and PROPERTIES_CHANGED, as in the Sling discovery API — coalesced over a minimum
-event delay. :meth:`clients.Connection.watch_topology` is the asyncio driver that
+event delay. :meth:`batonmq.clients.Connection.watch_topology` is the asyncio driver that
 polls the broker and feeds the tracker.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clients.errors import ProtocolError
+from batonmq.clients.errors import ProtocolError
 
 __all__ = ["Instance", "Topology", "TopologyEventType", "TopologyEvent", "TopologyTracker"]
 

@@ -12,8 +12,8 @@ from typing import Any, Final
 
 import msgpack
 
-from clients.errors import BatonError
-from cluster.events import (
+from batonmq.clients.errors import BatonError
+from batonmq.cluster.events import (
     EVENT_TYPES,
     Accept,
     Enqueue,

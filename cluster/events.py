@@ -7,7 +7,7 @@ event, so a retried append is applied once; the time is the only way time enters
 the state machine.
 
 Events are frozen, slotted dataclasses with an explicit op-code; the msgpack codec
-is :mod:`cluster.codec`. No ad-hoc dicts in the logic.
+is :mod:`batonmq.cluster.codec`. No ad-hoc dicts in the logic.
 """
 
 from __future__ import annotations

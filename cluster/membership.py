@@ -61,7 +61,7 @@ class Proposal:
 
 
 class Membership:
-    """The replicated membership state; driven by :class:`cluster.state.State`."""
+    """The replicated membership state; driven by :class:`batonmq.cluster.state.State`."""
 
     def __init__(self, suspect_beats: int = 6, observer_factor: int = 3) -> None:
         self.suspect_beats = suspect_beats

@@ -1,4 +1,4 @@
-"""The replica driver: the I/O edge around the pure :class:`cluster.state.State`.
+"""The replica driver: the I/O edge around the pure :class:`batonmq.cluster.state.State`.
 
 A :class:`Node` does three things, and nothing else:
 
@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from clients.errors import (
+from batonmq.clients.errors import (
     BatonError,
     JoinFailed,
     LogTruncated,
@@ -36,10 +36,10 @@ from clients.errors import (
     Timeout,
     StoreError,
 )
-from cluster.codec import EventEncoder, MalformedEvent, decode
-from cluster.events import Checkpoint, Enqueue, Event, Heartbeat, Join, Leave, Origin, Propose, Vote
-from cluster.log import Log
-from cluster.state import (
+from batonmq.cluster.codec import EventEncoder, MalformedEvent, decode
+from batonmq.cluster.events import Checkpoint, Enqueue, Event, Heartbeat, Join, Leave, Origin, Propose, Vote
+from batonmq.cluster.log import Log
+from batonmq.cluster.state import (
     CheckpointApplied,
     Completed,
     Effect,
@@ -51,8 +51,8 @@ from cluster.state import (
     State,
     Stored,
 )
-from cluster.update import Catchup, Progress, find_donors
-from store import Batch, Loaded, Store
+from batonmq.cluster.update import Catchup, Progress, find_donors
+from batonmq.store import Batch, Loaded, Store
 
 __all__ = ["Node"]
 

@@ -18,9 +18,9 @@ decided by the log order, the same way on every replica:
   resigns when its running work is done; then the named candidate, or else the
   first one, gets the next term. A handover never takes leadership away by force.
 
-The driver is :class:`cluster.state.State`; this module returns what changed
+The driver is :class:`batonmq.cluster.state.State`; this module returns what changed
 (:class:`Grant`) and ``State`` turns it into effects, as with
-:mod:`cluster.membership`.
+:mod:`batonmq.cluster.membership`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from clients.errors import InvalidArgument
+from batonmq.clients.errors import InvalidArgument
 
 __all__ = ["Service", "Services", "Grant", "MAX_SERVICE_NAME", "check_candidate", "host_of"]
 
@@ -101,7 +101,7 @@ def check_candidate(origin: str, service: str, candidate: str) -> None:
 
 
 class Services:
-    """Every service's leadership; driven by :class:`cluster.state.State`."""
+    """Every service's leadership; driven by :class:`batonmq.cluster.state.State`."""
 
     def __init__(self) -> None:
         self.services: dict[str, Service] = {}

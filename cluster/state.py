@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import msgpack
 
-from clients.errors import (
+from batonmq.clients.errors import (
     BatonError,
     Fenced,
     InvalidArgument,
@@ -39,7 +39,7 @@ from clients.errors import (
     QueueNotFound,
     QueueReserved,
 )
-from cluster.events import (
+from batonmq.cluster.events import (
     MEMBERSHIP_EVENTS,
     OVERFLOW_POLICIES,
     Accept,
@@ -68,8 +68,8 @@ from cluster.events import (
     Resign,
     Vote,
 )
-from cluster.membership import VOTER, Membership
-from cluster.services import Grant, Services, check_candidate
+from batonmq.cluster.membership import VOTER, Membership
+from batonmq.cluster.services import Grant, Services, check_candidate
 
 __all__ = [
     "MessageState",

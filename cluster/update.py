@@ -1,7 +1,7 @@
 """A broker joining a live cluster: the reverse-order update (DESIGN §8, after Qpid's).
 
 A broker with an empty store does not replay the log's history. It appends
-:class:`~cluster.events.Join`, finds live members by the heartbeats that follow
+:class:`~batonmq.cluster.events.Join`, finds live members by the heartbeats that follow
 on the log, and asks one (the *donor*) for an update over a direct connection:
 
 1. The donor waits until it has applied the Join, then *captures* its state at
@@ -40,16 +40,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from clients import wire
-from clients.errors import BatonError, InvalidArgument, Timeout, JoinFailed
-from cluster.codec import MalformedEvent, decode
-from cluster.events import Heartbeat
-from cluster.log import Log
-from cluster.state import QueueState
-from store import Batch, StoreReader, merge_headers
+from batonmq.clients import wire
+from batonmq.clients.errors import BatonError, InvalidArgument, Timeout, JoinFailed
+from batonmq.cluster.codec import MalformedEvent, decode
+from batonmq.cluster.events import Heartbeat
+from batonmq.cluster.log import Log
+from batonmq.cluster.state import QueueState
+from batonmq.store import Batch, StoreReader, merge_headers
 
 if TYPE_CHECKING:
-    from cluster.node import Node
+    from batonmq.cluster.node import Node
 
 __all__ = ["Capture", "capture", "update_frames", "find_donors", "Catchup", "MAX_UPDATE_FRAME"]
 

@@ -22,7 +22,7 @@ def generate() -> str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if root not in sys.path:
         sys.path.insert(0, root)
-    from cluster.state import TRANSITIONS
+    from batonmq.cluster.state import TRANSITIONS
 
     lines = ["```mermaid", "stateDiagram-v2"]
     for (src, op), dst in TRANSITIONS.items():

@@ -1,10 +1,10 @@
-"""``python -m loadtest`` (also ``baton loadtest``): run a preset, check it, report it.
+"""``python -m batonmq.loadtest`` (also ``baton loadtest``): run a preset, check it, report it.
 
-    python -m loadtest --preset throughput --duration 15 --brokers 3
-    python -m loadtest --system baton --system rabbitmq --system nats --report DIR
-    python -m loadtest --preset latency --faults "kill9,sigstop,join@30s" --duration 300
-    python -m loadtest --config run.toml
-    python -m loadtest --check DIR     # re-check a kept run (or report) directory
+    python -m batonmq.loadtest --preset throughput --duration 15 --brokers 3
+    python -m batonmq.loadtest --system baton --system rabbitmq --system nats --report DIR
+    python -m batonmq.loadtest --preset latency --faults "kill9,sigstop,join@30s" --duration 300
+    python -m batonmq.loadtest --config run.toml
+    python -m batonmq.loadtest --check DIR     # re-check a kept run (or report) directory
 
 Exit status: 0 if the checker found no violation, 1 if it did, 2 on a usage or start-up
 error. See docs/loadtest.md.
@@ -44,7 +44,7 @@ _WORKLOAD_OPTIONS = ("messages", "producers", "consumers", "size", "rate", "queu
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the load-test options to a parser (shared with ``baton loadtest``)."""
-    from loadtest.workloads import PRESETS
+    from batonmq.loadtest.workloads import PRESETS
 
     # Defaults are None here so that a config file's values count unless an option is
     # given: the real defaults are in _RUN_DEFAULTS.
@@ -100,7 +100,7 @@ def load_config(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """
     from dataclasses import fields
 
-    from loadtest.workloads import Workload
+    from batonmq.loadtest.workloads import Workload
 
     try:
         with open(path, "rb") as f:
@@ -140,7 +140,7 @@ def _check_dirs(path: Path) -> list[Path]:
 def _preflight(system: str, workload: Any) -> None:
     """Fail early: a peer's server is not installed (naming the package), or cannot run
     the workload."""
-    from loadtest.peers import require_binary
+    from batonmq.loadtest.peers import require_binary
 
     if system == "rabbitmq":
         require_binary("rabbitmq-server", "rabbitmq-server", ("/usr/lib/rabbitmq/bin/rabbitmq-server",))
@@ -158,9 +158,9 @@ def _preflight(system: str, workload: Any) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run (or ``--check``) as the parsed options say; returns the exit status."""
-    from loadtest.faults import FaultSpecError, parse_faults
-    from loadtest.report import write_report
-    from loadtest.runner import (
+    from batonmq.loadtest.faults import FaultSpecError, parse_faults
+    from batonmq.loadtest.report import write_report
+    from batonmq.loadtest.runner import (
         RunConfig,
         RunResult,
         analyse_dir,
@@ -170,7 +170,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         run,
         save,
     )
-    from loadtest.workloads import get_preset
+    from batonmq.loadtest.workloads import get_preset
 
     if args.check:
         dirs = _check_dirs(Path(args.check))
@@ -289,7 +289,7 @@ def _write_json(results: Sequence[Any], path: str, rows: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status."""
     p = argparse.ArgumentParser(
-        prog="python -m loadtest",
+        prog="python -m batonmq.loadtest",
         description="Baton load test: run a workload (on Baton and peers), inject faults, "
         "check the guarantees, report figures and plots.",
     )

@@ -1,9 +1,9 @@
 """Client adapters: the few calls the workers make, for each system under test.
 
-The workers (:mod:`loadtest.worker`) run the same workload on every system through a
+The workers (:mod:`batonmq.loadtest.worker`) run the same workload on every system through a
 :class:`ClientAdapter`: declare, purge, publish with a confirm, subscribe with a
 prefetch, take deliveries in batches and settle them (ack / release / reject). Baton's
-adapter is here; RabbitMQ's and NATS JetStream's are in :mod:`loadtest.peers`.
+adapter is here; RabbitMQ's and NATS JetStream's are in :mod:`batonmq.loadtest.peers`.
 
 What a settlement means differs by protocol, and the history says which (see
 docs/loadtest.md): Baton confirms a batch of accepts (``ack_many(confirm=True)``); an
@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, NamedTuple, Protocol
 
-import clients
-from clients.errors import BatonError
+from batonmq import clients
+from batonmq.clients.errors import BatonError
 
-from loadtest.workloads import Workload
+from batonmq.loadtest.workloads import Workload
 
 __all__ = [
     "Delivery",
@@ -39,7 +39,7 @@ class Delivery(NamedTuple):
     Attributes:
         position: its position in the queue (-1 where the system has none).
         delivery_count: how many times it was delivered before (0 the first time).
-        body: the body (its id leads it, see :func:`loadtest.history.make_body`).
+        body: the body (its id leads it, see :func:`batonmq.loadtest.history.make_body`).
         handle: the client library's own message object (for settling it).
     """
 
@@ -200,11 +200,11 @@ async def open_adapter(system: str, addresses: list[str], workload: Workload) ->
     if system == "baton":
         return await BatonAdapter.open(addresses)
     if system == "rabbitmq":
-        from loadtest.peers.rabbitmq import RabbitAdapter
+        from batonmq.loadtest.peers.rabbitmq import RabbitAdapter
 
         return await RabbitAdapter.open(addresses)
     if system == "nats":
-        from loadtest.peers.nats import NatsAdapter
+        from batonmq.loadtest.peers.nats import NatsAdapter
 
         return await NatsAdapter.open(addresses, workload)
     raise ValueError(f"unknown system {system!r} (known: {', '.join(ADAPTERS)})")

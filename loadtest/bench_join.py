@@ -12,7 +12,7 @@ starts. Reported per depth:
 * that the joiner's state digest equals the others' at a checkpoint, and that a
   consumer on the joiner gets messages.
 
-    python -m loadtest.bench_join --depth 20000 --depth 200000 --queues 50
+    python -m batonmq.loadtest.bench_join --depth 20000 --depth 200000 --queues 50
 
 Everything runs on 127.0.0.1 and stops by itself; exit status 1 if a check failed.
 """
@@ -31,7 +31,7 @@ import tempfile
 import time
 from typing import Any
 
-import clients
+from batonmq import clients
 
 
 def _free_port() -> int:
@@ -54,7 +54,7 @@ class _Broker:
         self.address = f"127.0.0.1:{self.port}"
         self.out = open(os.path.join(root, f"{name}.out"), "wb")
         self.cmd = [
-            sys.executable, "-m", "broker", "serve", "--listen", self.address,
+            sys.executable, "-m", "batonmq.broker", "serve", "--listen", self.address,
             "--data-dir", self.dir, "--log", log_url, "--node-id", name,
         ]
         self.proc: subprocess.Popen[bytes] | None = None

@@ -7,7 +7,7 @@ RSS after recovery. The goal (issue 2): 2,000,000 x 1 KiB must not need 2 GB of
 heap — the state machine keeps an index (a few integers per queue for fresh
 messages), the bodies stay in rocksdict and the log.
 
-    python -m loadtest.bench_memory --messages 2000000 --size 1024
+    python -m batonmq.loadtest.bench_memory --messages 2000000 --size 1024
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-import clients
+from batonmq import clients
 
 
 def _free_port() -> int:
@@ -44,7 +44,7 @@ def _rss_mb(pid: int) -> tuple[float, float]:
 
 def _start(data_dir: str, address: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve",
+        [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
          "--listen", address, "--data-dir", data_dir],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -7,7 +7,7 @@ The leader checkpoints every ``--checkpoint-ms`` and truncates whole segments be
 the checkpoint before the last once every broker applied past it, so the size
 levels off instead of growing with what went through.
 
-    python -m loadtest.bench_retention --minutes 5
+    python -m batonmq.loadtest.bench_retention --minutes 5
 
 Prints the samples and a verdict: the largest size in the last third of the run
 is compared with the largest in the middle third (it must not be larger by more
@@ -26,8 +26,8 @@ import tempfile
 import time
 from typing import Any
 
-import clients
-from loadtest.bench_join import _Broker
+from batonmq import clients
+from batonmq.loadtest.bench_join import _Broker
 
 
 def _log_size(path: str) -> tuple[int, int]:

@@ -6,7 +6,7 @@ Phase 2: ``--consumers`` consumers (one connection each) with ``--prefetch`` do
 ``async for msg in consumer: await msg.ack()`` until the queue is drained.
 Prints msgs/s and the confirm latency percentiles of phase 1.
 
-    python -m loadtest.bench_throughput --messages 100000 --size 1024
+    python -m batonmq.loadtest.bench_throughput --messages 100000 --size 1024
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-import clients
+from batonmq import clients
 
 
 def _free_port() -> int:
@@ -96,7 +96,7 @@ def main() -> int:
     data_dir = tempfile.mkdtemp(prefix="baton-bench-")
     address = f"127.0.0.1:{_free_port()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve",
+        [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
          "--listen", address, "--data-dir", data_dir],
         stdout=subprocess.PIPE,
     )

@@ -1,6 +1,6 @@
 """The history checker: does a run's history keep Baton's guarantees (DESIGN §5)?
 
-Pure: :func:`check` takes the merged records (see :mod:`loadtest.history`) in time order
+Pure: :func:`check` takes the merged records (see :mod:`batonmq.loadtest.history`) in time order
 and returns a :class:`CheckResult`; no clock, no files, no broker.
 
 What it counts (each a guarantee of DESIGN §5):
@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtest.history import Op, OpKind
+from batonmq.loadtest.history import Op, OpKind
 
 __all__ = ["CheckResult", "check", "VIOLATIONS", "BROKER_DOWN_FAULTS"]
 

@@ -1,7 +1,7 @@
 """The Baton system under test: N ``baton serve`` processes on 127.0.0.1 sharing one log.
 
 Besides start and stop, :class:`BatonCluster` offers what the fault injector
-(:mod:`loadtest.faults`) needs: kill -9 and restart a broker on its data dir,
+(:mod:`batonmq.loadtest.faults`) needs: kill -9 and restart a broker on its data dir,
 SIGSTOP / SIGCONT, join a new broker on a fresh data dir, restart the Kafka broker the
 harness started (``--log kafka``), and fill the size-limited filesystem under the
 brokers' data dirs and the file log (``--disk-limit``).
@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import clients.sync
+from batonmq.clients import sync as client_sync
 
 __all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIPT"]
 
@@ -142,7 +142,7 @@ class BatonCluster:
 
     def _launch(self, b: Broker) -> None:
         cmd = [
-            sys.executable, "-m", "broker", "--log-level", "WARNING", "serve",
+            sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
             "--listen", b.address,
             "--data-dir", str(b.data_dir),
             "--log", self.log_url,
@@ -267,7 +267,7 @@ class BatonCluster:
         last = ""
         while time.monotonic() < deadline:
             try:
-                with clients.sync.connect(b.address, timeout=5.0) as conn:
+                with client_sync.connect(b.address, timeout=5.0) as conn:
                     topo = conn.topology()
                 ids = [i.get("node_id") for i in topo.get("instances", [])]
                 if b.node_id in ids and not topo.get("changing"):

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.cluster import BatonCluster, Broker
-from loadtest.history import HistoryWriter, OpKind
+from batonmq.loadtest.cluster import BatonCluster, Broker
+from batonmq.loadtest.history import HistoryWriter, OpKind
 
 __all__ = [
     "KINDS",

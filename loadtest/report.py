@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtest.checker import VIOLATIONS
-from loadtest.runner import RunResult, comparison_rows
+from batonmq.loadtest.checker import VIOLATIONS
+from batonmq.loadtest.runner import RunResult, comparison_rows
 
 __all__ = ["write_report"]
 

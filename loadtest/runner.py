@@ -1,10 +1,10 @@
 """Run a workload against a system, then check and measure its history.
 
 A run: start the system (Baton: N ``baton serve`` processes on free loopback ports, one
-shared ``file:`` log by default; or a RabbitMQ / NATS server, see :mod:`loadtest.peers`)
+shared ``file:`` log by default; or a RabbitMQ / NATS server, see :mod:`batonmq.loadtest.peers`)
 unless it is given; declare the queues; spawn producer and consumer worker processes;
-publish for the duration, applying the fault schedule (:mod:`loadtest.faults`) and
-sampling the servers' CPU and RSS (:mod:`loadtest.procstat`); let the consumers catch
+publish for the duration, applying the fault schedule (:mod:`batonmq.loadtest.faults`) and
+sampling the servers' CPU and RSS (:mod:`batonmq.loadtest.procstat`); let the consumers catch
 up; stop them; drain every queue from the runner (recorded as actor ``drain``) and
 record each queue's final ready + acquired count; stop what was started; merge the
 histories; run the checker; compute rates, latencies and a per-second timeline from the
@@ -26,15 +26,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from loadtest.adapters import open_adapter
-from loadtest.checker import CheckResult, check
-from loadtest.cluster import BatonCluster, ExternalSystem
-from loadtest.faults import FaultEvent, FaultInjector, check_supported
-from loadtest.hist import LogHistogram
-from loadtest.history import HistoryWriter, Op, OpKind, load_run
-from loadtest.procstat import Sampler
-from loadtest.worker import WorkerSpec, consume_queue, worker_main
-from loadtest.workloads import Workload
+from batonmq.loadtest.adapters import open_adapter
+from batonmq.loadtest.checker import CheckResult, check
+from batonmq.loadtest.cluster import BatonCluster, ExternalSystem
+from batonmq.loadtest.faults import FaultEvent, FaultInjector, check_supported
+from batonmq.loadtest.hist import LogHistogram
+from batonmq.loadtest.history import HistoryWriter, Op, OpKind, load_run
+from batonmq.loadtest.procstat import Sampler
+from batonmq.loadtest.worker import WorkerSpec, consume_queue, worker_main
+from batonmq.loadtest.workloads import Workload
 
 __all__ = [
     "System",
@@ -61,7 +61,7 @@ class System(Protocol):
 
     Attributes:
         name: what the reports call it (``baton``, ``rabbitmq``, ``nats``).
-        adapter: the client adapter the workers use (:data:`loadtest.adapters.ADAPTERS`).
+        adapter: the client adapter the workers use (:data:`batonmq.loadtest.adapters.ADAPTERS`).
     """
 
     name: str
@@ -82,7 +82,7 @@ class System(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """One run's settings (``python -m loadtest`` options)."""
+    """One run's settings (``python -m batonmq.loadtest`` options)."""
 
     workload: Workload
     duration: float
@@ -149,11 +149,11 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
     if config.brokers_at:
         raise RuntimeError("--brokers-at is for Baton only: the harness runs the peers itself")
     if config.system == "rabbitmq":
-        from loadtest.peers.rabbitmq import RabbitSystem
+        from batonmq.loadtest.peers.rabbitmq import RabbitSystem
 
         return RabbitSystem(base_dir)
     if config.system == "nats":
-        from loadtest.peers.nats import NatsSystem
+        from batonmq.loadtest.peers.nats import NatsSystem
 
         return NatsSystem(base_dir)
     raise RuntimeError(f"unknown system {config.system!r} (baton, rabbitmq, nats)")

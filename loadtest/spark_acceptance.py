@@ -1,6 +1,6 @@
 """Acceptance run of the import-entries pipeline (issue #5, docs/spark.md):
 
-    python -m loadtest.spark_acceptance [--count 100000] [--workdir DIR] [--json OUT]
+    python -m batonmq.loadtest.spark_acceptance [--count 100000] [--workdir DIR] [--json OUT]
 
 Starts three brokers on one file: log (127.0.0.1), then:
 
@@ -34,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import clients
-from clients.import_entries import committed_position
+from batonmq import clients
+from batonmq.clients.import_entries import committed_position
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
+    return dict(os.environ)
 
 
 class Proc:
@@ -117,7 +117,7 @@ class Cluster:
         self.brokers = [
             Proc(
                 f"broker-{i + 1}",
-                [sys.executable, "-m", "broker", "--log-level", "WARNING", "serve",
+                [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
                  "--listen", f"127.0.0.1:{port}", "--data-dir", str(work / f"node-{i + 1}"),
                  "--log", log_url, "--node-id", f"node-{i + 1}"],
                 work / f"node-{i + 1}.out",
@@ -142,7 +142,7 @@ class Cluster:
 def pipeline(name: str, work: Path, addresses: str, queue: str, ck: Path, table: Path) -> Proc:
     return Proc(
         name,
-        [sys.executable, "-m", "broker", "--log-level", "WARNING", "import-entries", "run",
+        [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "import-entries", "run",
          "--brokers", addresses, "--queue", queue, "--table", str(table),
          "--checkpoint", str(ck), "--trigger", "0.5", "--max-per-trigger", "20000"],
         work / f"{name}.out",
@@ -150,7 +150,7 @@ def pipeline(name: str, work: Path, addresses: str, queue: str, ck: Path, table:
 
 
 def generator(work: Path, addresses: str, queue: str, count: int, rate: float | None, run: str) -> Proc:
-    cmd = [sys.executable, "-m", "broker", "--log-level", "WARNING", "import-entries", "generate",
+    cmd = [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "import-entries", "generate",
            "--brokers", addresses, "--queue", queue, "--count", str(count), "--run", run,
            "--seed", "5"]
     if rate:
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="baton-spark-acceptance-"))
     work.mkdir(parents=True, exist_ok=True)
-    from clients.import_entries import spark_session
+    from batonmq.clients.import_entries import spark_session
 
     cluster = Cluster(work)
     cluster.start()

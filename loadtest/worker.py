@@ -2,11 +2,11 @@
 
 Each worker is its own process (so the Python client is not the bottleneck of the
 measurement) running one uvloop event loop, and writes its own history file (see
-:mod:`loadtest.history`). The runner talks to it only through a shared progress
+:mod:`batonmq.loadtest.history`). The runner talks to it only through a shared progress
 counter and a stop event.
 
 The workers speak to the system under test through a client adapter
-(:mod:`loadtest.adapters`): Baton, RabbitMQ or NATS JetStream, the same loop for each.
+(:mod:`batonmq.loadtest.adapters`): Baton, RabbitMQ or NATS JetStream, the same loop for each.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loadtest.adapters import ClientAdapter, Delivery, Subscription, open_adapter
-from loadtest.history import (
+from batonmq.loadtest.adapters import ClientAdapter, Delivery, Subscription, open_adapter
+from batonmq.loadtest.history import (
     FLAG_NORMAL,
     FLAG_REJECT,
     FLAG_RELEASE,
@@ -30,7 +30,7 @@ from loadtest.history import (
     make_body,
     parse_body,
 )
-from loadtest.workloads import Workload
+from batonmq.loadtest.workloads import Workload
 
 __all__ = ["WorkerSpec", "worker_main", "consume_queue", "Counter", "StopFlag"]
 

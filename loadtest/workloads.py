@@ -1,7 +1,7 @@
 """Workload presets: what the producers and consumers of a run do.
 
 A :class:`Workload` is plain data (frozen, picklable: it is handed to worker processes).
-``python -m loadtest --preset NAME`` picks one of :data:`PRESETS`.
+``python -m batonmq.loadtest --preset NAME`` picks one of :data:`PRESETS`.
 """
 
 from __future__ import annotations

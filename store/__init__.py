@@ -10,7 +10,7 @@ resumes right after the offset (the eventsourcing "tracking" pattern).
 
 The store knows nothing of events; the cluster driver translates the state
 machine's effects into :class:`Batch` calls. The backend is
-:class:`store.rocks.RocksStore` (rocksdict); tests use it too, in a temporary dir.
+:class:`batonmq.store.rocks.RocksStore` (rocksdict); tests use it too, in a temporary dir.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from typing import Any
 import msgpack
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from clients.errors import StoreError
-from store import Batch, Loaded, Store, StoredMessage, StoreReader
+from batonmq.clients.errors import StoreError
+from batonmq.store import Batch, Loaded, Store, StoredMessage, StoreReader
 
 __all__ = ["RocksStore"]
 

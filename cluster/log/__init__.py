@@ -19,12 +19,12 @@ Backends are chosen by URL with :func:`open_log`:
                    ``replication_factor=N`` and ``min_insync_replicas=N`` (both
                    default 1) apply when the topic is created;
                    ``request_timeout_ms=N`` (default 30000) bounds every Kafka
-                   request (details in ``cluster.log.kafka``)
+                   request (details in ``batonmq.cluster.log.kafka``)
 =================  ==========================================================
 
 What a record means (an encoded event) is not the log's business; duplicate
 suppression by (origin node, runtime id, origin sequence) happens where records
-are applied (``cluster.state``), because only there is it deterministic.
+are applied (``batonmq.cluster.state``), because only there is it deterministic.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Sequence
 
-from clients.errors import InvalidArgument
+from batonmq.clients.errors import InvalidArgument
 
 __all__ = ["Log", "Record", "open_log"]
 
@@ -120,13 +120,13 @@ async def open_log(url: str) -> Log:
     if not sep:
         raise InvalidArgument(f"log URL {url!r} has no scheme (memory:, file:PATH, kafka://HOST:PORT/TOPIC)")
     if scheme == "memory":
-        from cluster.log.memory import MemoryLog
+        from batonmq.cluster.log.memory import MemoryLog
 
         return MemoryLog.named(rest) if rest else MemoryLog()
     if scheme == "file":
         if not rest:
             raise InvalidArgument("file: log URL needs a path, e.g. file:/var/lib/baton/log")
-        from cluster.log.file import FileLog
+        from batonmq.cluster.log.file import FileLog
 
         path, _, query = rest.partition("?")
         options: dict[str, int] = {}
@@ -139,7 +139,7 @@ async def open_log(url: str) -> Log:
             options[name] = int(value)
         return await FileLog.open(path, **options)
     if scheme == "kafka":
-        from cluster.log.kafka import KafkaLog
+        from batonmq.cluster.log.kafka import KafkaLog
 
         return await KafkaLog.open(url)
     raise InvalidArgument(

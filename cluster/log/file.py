@@ -37,8 +37,8 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from clients.errors import InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
-from cluster.log import Log, Record
+from batonmq.clients.errors import InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
+from batonmq.cluster.log import Log, Record
 
 __all__ = ["FileLog"]
 

@@ -58,8 +58,8 @@ from aiokafka.errors import (
     for_code,
 )
 
-from clients.errors import BatonError, InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
-from cluster.log import Log, Record
+from batonmq.clients.errors import BatonError, InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
+from batonmq.cluster.log import Log, Record
 
 __all__ = ["KafkaLog", "KafkaURL", "parse_kafka_url"]
 

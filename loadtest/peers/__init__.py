@@ -1,11 +1,11 @@
 """Peer brokers run side by side with Baton: the same workload, on the same machine.
 
 Each peer has a system (its server, started and stopped by the harness on 127.0.0.1
-with its data in the run dir) and a client adapter (:class:`loadtest.adapters.ClientAdapter`):
+with its data in the run dir) and a client adapter (:class:`batonmq.loadtest.adapters.ClientAdapter`):
 
-- :mod:`loadtest.peers.rabbitmq`: RabbitMQ (Debian's ``rabbitmq-server``), one quorum
+- :mod:`batonmq.loadtest.peers.rabbitmq`: RabbitMQ (Debian's ``rabbitmq-server``), one quorum
   queue per work queue, publisher confirms, manual acks, via aio-pika;
-- :mod:`loadtest.peers.nats`: NATS JetStream (Debian's ``nats-server``), one work-queue
+- :mod:`batonmq.loadtest.peers.nats`: NATS JetStream (Debian's ``nats-server``), one work-queue
   stream per work queue with a shared durable pull consumer, via nats-py.
 """
 

@@ -26,10 +26,10 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 
-from loadtest.adapters import Delivery, Subscription
-from loadtest.cluster import free_port
-from loadtest.peers import require_binary, stop_process, wait_for_line
-from loadtest.workloads import Workload
+from batonmq.loadtest.adapters import Delivery, Subscription
+from batonmq.loadtest.cluster import free_port
+from batonmq.loadtest.peers import require_binary, stop_process, wait_for_line
+from batonmq.loadtest.workloads import Workload
 
 __all__ = ["NatsSystem", "NatsAdapter", "stream_name"]
 

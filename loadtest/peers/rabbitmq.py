@@ -24,9 +24,9 @@ import aio_pika
 import aio_pika.abc
 import aiormq.exceptions
 
-from loadtest.adapters import Delivery, Subscription
-from loadtest.cluster import free_port
-from loadtest.peers import require_binary, stop_process, wait_for_line
+from batonmq.loadtest.adapters import Delivery, Subscription
+from batonmq.loadtest.cluster import free_port
+from batonmq.loadtest.peers import require_binary, stop_process, wait_for_line
 
 __all__ = ["RabbitSystem", "RabbitAdapter"]
 

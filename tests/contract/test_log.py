@@ -18,11 +18,11 @@ from typing import ClassVar, cast
 
 import pytest
 
-from clients.errors import InvalidArgument, LogTruncated, LogUnavailable
-from cluster.log import Log, Record, open_log
-from cluster.log.file import FileLog
-from cluster.log.kafka import KafkaLog, KafkaURL, parse_kafka_url
-from cluster.log.memory import MemoryLog
+from batonmq.clients.errors import InvalidArgument, LogTruncated, LogUnavailable
+from batonmq.cluster.log import Log, Record, open_log
+from batonmq.cluster.log.file import FileLog
+from batonmq.cluster.log.kafka import KafkaLog, KafkaURL, parse_kafka_url
+from batonmq.cluster.log.memory import MemoryLog
 from tests.kafka_fixture import start_kafka, stop_kafka
 
 TIMEOUT = 20.0

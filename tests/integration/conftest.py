@@ -47,7 +47,7 @@ class BrokerProcess:
 
     def start(self, timeout: float = 20.0) -> None:
         cmd = [
-            sys.executable, "-m", "broker", "--log-level", "INFO", "serve",
+            sys.executable, "-m", "batonmq.broker", "--log-level", "INFO", "serve",
             "--listen", self.address, "--data-dir", str(self.data_dir),
         ]
         if self.log_url:
@@ -55,7 +55,7 @@ class BrokerProcess:
         if self.node_id:
             cmd += ["--node-id", self.node_id]
         cmd += self.extra
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = dict(os.environ)
         out = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         out.close()

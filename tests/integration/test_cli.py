@@ -1,4 +1,4 @@
-"""The ``baton`` command line (``python -m broker``) run as subprocesses."""
+"""The ``baton`` command line (``python -m batonmq.broker``) run as subprocesses."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ pytestmark = pytest.mark.integration
 
 
 def baton(*args: str, timeout: float = 20.0, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m broker ARGS`` and capture its output."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    """Run ``python -m batonmq.broker ARGS`` and capture its output."""
+    env = dict(os.environ)
     return subprocess.run(
-        [sys.executable, "-m", "broker", *args],
+        [sys.executable, "-m", "batonmq.broker", *args],
         input=None if stdin is None else stdin.decode(),
         capture_output=True,
         text=True,

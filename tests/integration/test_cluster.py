@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-import clients
-from clients.errors import BatonError
+from batonmq import clients
+from batonmq.clients.errors import BatonError
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration

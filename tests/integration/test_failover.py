@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-import clients
-from clients.errors import BatonError, NotAcquired
-from clients.topology import TopologyEvent, TopologyEventType
+from batonmq import clients
+from batonmq.clients.errors import BatonError, NotAcquired
+from batonmq.clients.topology import TopologyEvent, TopologyEventType
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ import signal
 
 import pytest
 
-import clients
-from clients.errors import BatonError, ConnectionClosed
+from batonmq import clients
+from batonmq.clients.errors import BatonError, ConnectionClosed
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -313,7 +313,7 @@ async def test_cancel_returns_unread_messages_without_a_delivery_attempt(
 
 
 async def test_settle_with_bad_positions_is_an_error_not_a_hang(broker: BrokerProcess) -> None:
-    from clients import wire
+    from batonmq.clients import wire
 
     async with await clients.connect(broker.address) as conn:
         await conn.declare_queue("raw")
@@ -385,7 +385,7 @@ async def test_fuzzed_frames_never_crash_the_broker(broker: BrokerProcess) -> No
 
     import msgpack
 
-    from clients import wire
+    from batonmq.clients import wire
 
     rng = random.Random(20261122)
     codec = wire.FrameCodec()

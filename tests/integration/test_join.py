@@ -2,7 +2,7 @@
 
 Real broker processes on one shared log. The figures the issue asks for (200,000
 messages, two depths, p99 before and during a join, log size over minutes) come from
-``python -m loadtest.bench_join`` and ``loadtest.bench_retention``; these tests check
+``python -m batonmq.loadtest.bench_join`` and ``batonmq.loadtest.bench_retention``; these tests check
 the behaviour at sizes CI can afford.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-import clients
-from clients.errors import BatonError
+from batonmq import clients
+from batonmq.clients.errors import BatonError
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_cluster import equal_digests, eventually, topology
 

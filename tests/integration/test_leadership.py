@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import clients
-from clients.errors import InvalidArgument, Timeout
-from clients.leadership import ServiceInfo, Term
+from batonmq import clients
+from batonmq.clients.errors import InvalidArgument, Timeout
+from batonmq.clients.leadership import ServiceInfo, Term
 from tests.integration.conftest import REPO, BrokerProcess
 
 SERVICE = "import-entries"
@@ -174,7 +174,7 @@ async def test_disconnect_hands_over_and_handover_waits_for_the_block(
 
 def _baton(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker", *args], capture_output=True, text=True, cwd=REPO,
+        [sys.executable, "-m", "batonmq.broker", *args], capture_output=True, text=True, cwd=REPO,
         timeout=60,
     )
 

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.history import OpKind, load_run, write_ops
+from batonmq.loadtest.history import OpKind, load_run, write_ops
 from tests.integration.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def loadtest(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = dict(os.environ)
     return subprocess.run(
-        [sys.executable, "-m", "loadtest", *args],
+        [sys.executable, "-m", "batonmq.loadtest", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import clients
+from batonmq import clients
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_guarantees import next_msg
 

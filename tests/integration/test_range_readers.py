@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-import clients
-from clients.errors import InvalidArgument, QueueReserved
+from batonmq import clients
+from batonmq.clients.errors import InvalidArgument, QueueReserved
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration

@@ -22,9 +22,9 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark tests need the 'spark' extra: pip install -e '.[test,spark]'")
 
-import clients
-from clients.errors import Timeout
-from clients.import_entries import committed_position, generate
+from batonmq import clients
+from batonmq.clients.errors import Timeout
+from batonmq.clients.import_entries import committed_position, generate
 from tests.integration.conftest import REPO, BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from clients.import_entries import spark_session
+    from batonmq.clients.import_entries import spark_session
 
     session = spark_session("baton-tests")
     session.sparkContext.setLogLevel("ERROR")
@@ -132,7 +132,7 @@ class Pipeline:
 
     def __init__(self, tmp: Path, brokers: str, queue: str, *extra: str) -> None:
         self.cmd = [
-            sys.executable, "-m", "broker", "--log-level", "WARNING", "import-entries", "run",
+            sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "import-entries", "run",
             "--brokers", brokers, "--queue", queue, "--table", str(tmp / "table"),
             "--checkpoint", str(tmp / "ck"), "--trigger", "0.5", "--max-per-trigger", "3000",
             *extra,
@@ -141,7 +141,7 @@ class Pipeline:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = dict(os.environ)
         with open(self.out, "ab") as out:
             self.proc = subprocess.Popen(
                 self.cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
@@ -222,7 +222,7 @@ def test_two_instances_only_the_leader_runs_the_query_and_the_other_takes_over(
     """The acceptance scenario (loadtest/spark_acceptance.py) at a CI size: two instances
     on one checkpoint, kill -9 of the leader while entries are published, the standby
     finishes from the checkpoint: no duplicate, no gap, queue empty, DLQ once."""
-    from loadtest.spark_acceptance import scenario_takeover
+    from batonmq.loadtest.spark_acceptance import scenario_takeover
 
     cluster = SimpleNamespace(addresses=addresses(brokers))
     result = scenario_takeover(tmp_path, cluster, spark, 6000, 600, 60)  # type: ignore[arg-type]

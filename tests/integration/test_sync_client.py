@@ -1,4 +1,4 @@
-"""The blocking client (``clients.sync``) against a real broker: the same round trip
+"""The blocking client (``batonmq.clients.sync``) against a real broker: the same round trip
 as the async client, timeouts, and a clean stop of its loop thread."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import clients
-from clients.errors import Timeout
+from batonmq import clients
+from batonmq.clients.errors import Timeout
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration

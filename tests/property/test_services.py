@@ -11,10 +11,10 @@ import msgpack
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cluster import codec
-from cluster.events import Candidate, Event, Handover, Heartbeat, Origin, Propose, Resign, Vote
-from cluster.services import host_of
-from cluster.state import Effect, LeaderChanged, QueueState, State
+from batonmq.cluster import codec
+from batonmq.cluster.events import Candidate, Event, Handover, Heartbeat, Origin, Propose, Resign, Vote
+from batonmq.cluster.services import host_of
+from batonmq.cluster.state import Effect, LeaderChanged, QueueState, State
 
 SERVICES = ("s1", "s2")
 

@@ -16,9 +16,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from clients.errors import Fenced, NotOwner, QueueFull
-from cluster import codec
-from cluster.events import (
+from batonmq.clients.errors import Fenced, NotOwner, QueueFull
+from batonmq.cluster import codec
+from batonmq.cluster.events import (
     Accept,
     Acquire,
     Checkpoint,
@@ -37,7 +37,7 @@ from cluster.events import (
     ReleaseAll,
     Vote,
 )
-from cluster.state import (
+from batonmq.cluster.state import (
     Acquired,
     CheckpointApplied,
     Completed,

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import msgpack
 
-from cluster.events import Accept, Acquire, DeclareQueue, Enqueue, Event, Interest, Origin, Reject
-from cluster.log.memory import MemoryLog
-from cluster.node import Node
-from cluster.state import Effect, State
-from cluster.update import Catchup
-from store.rocks import RocksStore
+from batonmq.cluster.events import Accept, Acquire, DeclareQueue, Enqueue, Event, Interest, Origin, Reject
+from batonmq.cluster.log.memory import MemoryLog
+from batonmq.cluster.node import Node
+from batonmq.cluster.state import Effect, State
+from batonmq.cluster.update import Catchup
+from batonmq.store.rocks import RocksStore
 from tests.unit.test_join_events import _cluster
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest.checker import VIOLATIONS, check
-from loadtest.hist import LogHistogram
-from loadtest.history import Op, OpKind, load_run, make_body, parse_body, write_ops
+from batonmq.loadtest.checker import VIOLATIONS, check
+from batonmq.loadtest.hist import LogHistogram
+from batonmq.loadtest.history import Op, OpKind, load_run, make_body, parse_body, write_ops
 
 K = OpKind
 

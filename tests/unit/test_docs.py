@@ -23,7 +23,7 @@ def test_events_md_transitions_diagram_is_current() -> None:
 
 
 def test_protocol_md_lists_every_frame_with_its_op_code() -> None:
-    from clients.wire import FRAME_TYPES
+    from batonmq.clients.wire import FRAME_TYPES
 
     text = (DOCS / "protocol.md").read_text()
     missing = [

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("package", ["broker", "cluster", "store", "clients"])
+@pytest.mark.parametrize("package", [f"batonmq.{p}" for p in ("broker", "cluster", "store", "clients")])
 def test_all_names_exist(package: str) -> None:
     mod = importlib.import_module(package)
     names = getattr(mod, "__all__", None)
@@ -28,7 +28,7 @@ def test_all_names_exist(package: str) -> None:
 
 
 def test_star_import_matches_all() -> None:
-    for package in ("broker", "cluster", "store", "clients"):
+    for package in ("batonmq.broker", "batonmq.cluster", "batonmq.store", "batonmq.clients"):
         namespace: dict[str, object] = {}
         exec(f"from {package} import *", namespace)
         exported = set(namespace) - {"__builtins__"}
@@ -36,21 +36,21 @@ def test_star_import_matches_all() -> None:
 
 
 def test_clients_contract() -> None:
-    import clients
-    import clients.client
-    import clients.errors
-    import clients.sync
+    from batonmq import clients
+    import batonmq.clients.client
+    import batonmq.clients.errors
+    import batonmq.clients.sync
 
     for name in ("connect", "Connection", "Consumer", "Message", "sync", "BatonError",
                  "Topology", "TopologyEvent", "TopologyEventType", "TopologyWatch"):
         assert name in clients.__all__, name
         assert hasattr(clients, name), name
-    import clients.topology
+    import batonmq.clients.topology
 
     assert clients.Topology is clients.topology.Topology
     assert clients.TopologyEvent is clients.topology.TopologyEvent
     assert clients.TopologyWatch is clients.client.TopologyWatch
-    assert isinstance(clients.sync, types.ModuleType) and clients.sync.__name__ == "clients.sync"
+    assert isinstance(clients.sync, types.ModuleType) and clients.sync.__name__ == "batonmq.clients.sync"
     assert callable(clients.sync.connect)
     assert callable(clients.connect)
     assert clients.connect is clients.client.connect
@@ -70,11 +70,11 @@ def test_clients_contract() -> None:
 
 def test_import_clients_does_not_import_the_broker() -> None:
     code = (
-        "import clients, sys; "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('broker', 'cluster', 'store')); "
+        "from batonmq import clients; import sys; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[:2] in (['batonmq', 'broker'], ['batonmq', 'cluster'], ['batonmq', 'store'])); "
         "assert not bad, bad"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = dict(os.environ)
     r = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=60
     )

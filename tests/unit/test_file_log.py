@@ -16,10 +16,10 @@ from typing import Any, cast
 
 import pytest
 
-from clients.errors import LogCorrupt, LogTruncated, LogUnavailable
-from cluster.log import Log, Record
-from cluster.log import file as file_mod
-from cluster.log.file import FileLog
+from batonmq.clients.errors import LogCorrupt, LogTruncated, LogUnavailable
+from batonmq.cluster.log import Log, Record
+from batonmq.cluster.log import file as file_mod
+from batonmq.cluster.log.file import FileLog
 
 TIMEOUT = 30.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,7 +260,7 @@ async def test_a_failed_sync_reports_an_unknown_outcome_and_cuts_nothing(
 
 CHILD = """
 import asyncio, sys
-from cluster.log.file import FileLog
+from batonmq.cluster.log.file import FileLog
 
 async def main(path, name, count, batch):
     log = await FileLog.open(path, segment_bytes=int(sys.argv[5]))
@@ -276,7 +276,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
 
 
 def spawn(path: Path, name: str, count: int, batch: int, segment_bytes: int = 64 << 20) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = dict(os.environ)
     args = [sys.executable, "-c", CHILD, str(path), name, str(count), str(batch), str(segment_bytes)]
     return subprocess.Popen(args, env=env, cwd=ROOT, stderr=subprocess.PIPE)
 

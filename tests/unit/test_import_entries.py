@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from clients.import_entries import ENTRY_TYPES, committed_position, generate, validate
+from batonmq.clients.import_entries import ENTRY_TYPES, committed_position, generate, validate
 
 __all__: list[str] = []
 

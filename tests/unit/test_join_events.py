@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from cluster import codec
-from cluster.codec import MalformedEvent
-from cluster.events import Checkpoint, Heartbeat, Join, Origin, Propose, Vote
-from cluster.state import Completed, Effect, State
+from batonmq.cluster import codec
+from batonmq.cluster.codec import MalformedEvent
+from batonmq.cluster.events import Checkpoint, Heartbeat, Join, Origin, Propose, Vote
+from batonmq.cluster.state import Completed, Effect, State
 
 O = Origin("n1", "r1", 1, 1000)
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.__main__ import load_config
-from loadtest.faults import FaultEvent, FaultSpecError, parse_faults
-from loadtest.history import Op, OpKind, write_ops
-from loadtest.procstat import tree_usage
-from loadtest.runner import analyse_dir, format_comparison, measure, timeline
+from batonmq.loadtest.__main__ import load_config
+from batonmq.loadtest.faults import FaultEvent, FaultSpecError, parse_faults
+from batonmq.loadtest.history import Op, OpKind, write_ops
+from batonmq.loadtest.procstat import tree_usage
+from batonmq.loadtest.runner import analyse_dir, format_comparison, measure, timeline
 
 K = OpKind
 
@@ -100,7 +100,7 @@ def test_timeline_bins_rates_and_marks_faults() -> None:
 
 
 def test_report_and_comparison_from_run_dirs(tmp_path: Path) -> None:
-    from loadtest.report import write_report
+    from batonmq.loadtest.report import write_report
 
     results = []
     for name in ("a", "b"):

@@ -6,8 +6,8 @@ state names you proposer, vote when listed), as the node driver does.
 
 from __future__ import annotations
 
-from clients.errors import Fenced, InvalidArgument, NotOwner
-from cluster.events import (
+from batonmq.clients.errors import Fenced, InvalidArgument, NotOwner
+from batonmq.cluster.events import (
     Acquire,
     DeclareQueue,
     Enqueue,
@@ -19,7 +19,7 @@ from cluster.events import (
     Propose,
     Vote,
 )
-from cluster.state import Acquired, Completed, Effect, MembersChanged, OwnerChanged, State
+from batonmq.cluster.state import Acquired, Completed, Effect, MembersChanged, OwnerChanged, State
 
 
 class Cluster:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from clients.errors import LogUnavailable, QueueNotFound
-from cluster.events import Accept, Acquire, Candidate, DeclareQueue, Enqueue, Interest
-from cluster.log import open_log
-from cluster.log.memory import MemoryLog
-from cluster.node import Node
-from cluster.state import Acquired, Effect, State
-from store.rocks import RocksStore
+from batonmq.clients.errors import LogUnavailable, QueueNotFound
+from batonmq.cluster.events import Accept, Acquire, Candidate, DeclareQueue, Enqueue, Interest
+from batonmq.cluster.log import open_log
+from batonmq.cluster.log.memory import MemoryLog
+from batonmq.cluster.node import Node
+from batonmq.cluster.state import Acquired, Effect, State
+from batonmq.store.rocks import RocksStore
 
 
 async def _node(tmp: Path, name: str, log_url: str) -> Node:

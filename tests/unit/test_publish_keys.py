@@ -9,11 +9,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from clients.errors import QueueFull
-from cluster import codec
-from cluster.codec import MalformedEvent
-from cluster.events import DeclareQueue, Enqueue, Event, Heartbeat, Origin, Propose, Vote
-from cluster.state import Completed, Effect, QueueState, State, Stored
+from batonmq.clients.errors import QueueFull
+from batonmq.cluster import codec
+from batonmq.cluster.codec import MalformedEvent
+from batonmq.cluster.events import DeclareQueue, Enqueue, Event, Heartbeat, Origin, Propose, Vote
+from batonmq.cluster.state import Completed, Effect, QueueState, State, Stored
 
 __all__: list[str] = []
 

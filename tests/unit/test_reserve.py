@@ -9,10 +9,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from clients.errors import QueueFull, QueueReserved
-from cluster import codec
-from cluster.codec import MalformedEvent
-from cluster.events import (
+from batonmq.clients.errors import QueueFull, QueueReserved
+from batonmq.cluster import codec
+from batonmq.cluster.codec import MalformedEvent
+from batonmq.cluster.events import (
     AcceptThrough,
     Acquire,
     DeclareQueue,
@@ -27,7 +27,7 @@ from cluster.events import (
     Reserve,
     Vote,
 )
-from cluster.state import (
+from batonmq.cluster.state import (
     TRANSITIONS,
     Acquired,
     Completed,

@@ -6,12 +6,12 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from clients.errors import Fenced, InvalidArgument
-from cluster import codec
-from cluster.codec import MalformedEvent
-from cluster.events import Candidate, Handover, Heartbeat, Origin, Resign
-from cluster.services import Services, check_candidate, host_of
-from cluster.state import Completed, HandoverRequested, LeaderChanged, State
+from batonmq.clients.errors import Fenced, InvalidArgument
+from batonmq.cluster import codec
+from batonmq.cluster.codec import MalformedEvent
+from batonmq.cluster.events import Candidate, Handover, Heartbeat, Origin, Resign
+from batonmq.cluster.services import Services, check_candidate, host_of
+from batonmq.cluster.state import Completed, HandoverRequested, LeaderChanged, State
 from tests.unit.test_membership import Cluster
 
 A, B, C = "a/1", "b/1", "c/1"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from clients.errors import ProtocolError
-from clients.topology import Topology, TopologyEventType, TopologyTracker
+from batonmq.clients.errors import ProtocolError
+from batonmq.clients.topology import Topology, TopologyEventType, TopologyTracker
 
 __all__: list[str] = []
 

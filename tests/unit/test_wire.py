@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clients import errors, wire
-from clients.wire import (
+from batonmq.clients import errors, wire
+from batonmq.clients.wire import (
     FRAME_TYPES,
     NEED_DATA,
     Frame,
