@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from batonmq.broker.config import DEFAULT_PORT, BrokerConfig, parse_address
-from batonmq.clients.errors import BatonError
+from batonmq.cluster.errors import BatonError
 
 __all__ = ["main"]
 
@@ -105,7 +105,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 def _consume(args: argparse.Namespace) -> int:
     from batonmq import clients
-    from batonmq.clients.errors import Timeout
+    from batonmq.cluster.errors import Timeout
 
     got = 0
     with clients.sync.connect(args.broker) as conn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from batonmq.clients.errors import InvalidArgument
+from batonmq.cluster.errors import InvalidArgument
 
 __all__ = ["BrokerConfig", "parse_address", "DEFAULT_PORT"]
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from batonmq.clients.errors import BatonError, QueueNotFound
+from batonmq.cluster.errors import BatonError, QueueNotFound
 from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
 from batonmq.cluster.node import Node
 from batonmq.cluster.state import Acquired, Effect, MembersChanged, OwnerChanged, QueueGone, ReadyMore

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from batonmq.clients import wire
-from batonmq.clients.errors import BatonError, InvalidArgument, Timeout
+from batonmq.cluster.errors import BatonError, InvalidArgument, Timeout
 from batonmq.cluster.events import Candidate, Handover, Resign
 from batonmq.cluster.node import Node
 from batonmq.cluster.services import MAX_SERVICE_NAME, host_of

@@ -12,7 +12,7 @@ from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.session import Session
-from batonmq.clients.errors import InvalidArgument, QueueNotFound
+from batonmq.cluster.errors import InvalidArgument, QueueNotFound
 from batonmq.cluster.log import Log, open_log
 from batonmq.cluster.node import Node
 from batonmq.cluster.state import Effect

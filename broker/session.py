@@ -18,7 +18,7 @@ import msgpack
 
 from batonmq.clients import wire
 from batonmq.cluster import update
-from batonmq.clients.errors import (
+from batonmq.cluster.errors import (
     BatonError,
     InternalError,
     InvalidArgument,

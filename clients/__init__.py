@@ -10,7 +10,7 @@ Async::
 Blocking: ``clients.sync.connect(...)`` with the same calls. See docs/client.md.
 
 This package is also imported by the broker and the cluster core for
-:mod:`batonmq.clients.wire` and :mod:`batonmq.clients.errors`, so importing it must stay cheap and
+:mod:`batonmq.clients.wire` and :mod:`batonmq.cluster.errors`, so importing it must stay cheap and
 must not import anything outside ``clients/``.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from batonmq.clients import errors, leadership, sync, topology, wire
 from batonmq.clients.client import Connection, Consumer, Message, TopologyWatch, connect
-from batonmq.clients.errors import (
+from batonmq.cluster.errors import (
     BatonError,
     ConnectionClosed,
     FrameTooLarge,

@@ -6,7 +6,7 @@ Layout (STYLE.md "Client layout", after aiokafka ``conn.py``):
   the sans-IO :class:`~batonmq.clients.wire.FrameCodec` and hands whole frames to the connection.
   No StreamReader: one ``data_received`` call decodes every frame in the chunk.
 * :class:`Connection` maps correlation ids to futures. ``Ok`` resolves a future with its
-  result dict, ``Error`` rejects it with :func:`batonmq.clients.errors.for_code`. When the
+  result dict, ``Error`` rejects it with :func:`batonmq.cluster.errors.for_code`. When the
   connection ends, every pending future fails with :class:`ConnectionClosed` chained from
   the cause, and every consumer's iterator raises it too.
 * Writes are coalesced: frames written in one event-loop tick go out in one
@@ -30,7 +30,7 @@ from typing import Any, Final, cast
 from batonmq.clients import errors
 
 _log = logging.getLogger("baton.client")
-from batonmq.clients.errors import (
+from batonmq.cluster.errors import (
     BatonError,
     ConnectionClosed,
     FrameTooLarge,
@@ -295,7 +295,7 @@ class Connection:
 
     Every method is a command: it gets the next correlation id, is written (coalesced
     with the other frames of this loop tick) and returns when the broker's ``Ok``
-    arrives. An ``Error`` reply raises the matching :mod:`batonmq.clients.errors` class. If
+    arrives. An ``Error`` reply raises the matching :mod:`batonmq.cluster.errors` class. If
     the connection ends first the call raises :class:`ConnectionClosed` (the command's
     outcome is then unknown) — unless failover is on: then the connection moves to
     another broker and publishes, subscriptions and read-only or idempotent commands

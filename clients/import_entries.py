@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from batonmq.clients import client as _aio
-from batonmq.clients.errors import BatonError, QueueNotFound
+from batonmq.cluster.errors import BatonError, QueueNotFound
 
 if TYPE_CHECKING:
     import pyarrow as pa

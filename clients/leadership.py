@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from batonmq.clients.errors import BatonError, ConnectionClosed, InvalidArgument, ProtocolError, Timeout
+from batonmq.cluster.errors import BatonError, ConnectionClosed, InvalidArgument, ProtocolError, Timeout
 
 if TYPE_CHECKING:
     from batonmq.clients.client import Connection
@@ -250,7 +250,7 @@ class Term:
 
 
 class _timeout:
-    """``asyncio.timeout`` that raises :class:`batonmq.clients.errors.Timeout` (None: no limit)."""
+    """``asyncio.timeout`` that raises :class:`batonmq.cluster.errors.Timeout` (None: no limit)."""
 
     def __init__(self, seconds: float | None, service: str) -> None:
         self._cm = asyncio.timeout(seconds)

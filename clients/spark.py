@@ -58,7 +58,7 @@ from pyspark.sql.types import StructType
 
 from batonmq.clients import client as _aio
 from batonmq.clients import sync as _sync
-from batonmq.clients.errors import BatonError, InvalidArgument
+from batonmq.cluster.errors import BatonError, InvalidArgument
 
 __all__ = ["SCHEMA", "BatonDataSource", "BatonStreamReader", "RangePartition", "register"]
 

@@ -28,7 +28,7 @@ from typing import Any, Final, TypeVar
 
 from batonmq.clients import client as _aio
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
-from batonmq.clients.errors import ConnectionClosed, InvalidArgument, Timeout
+from batonmq.cluster.errors import ConnectionClosed, InvalidArgument, Timeout
 
 __all__ = ["connect", "SyncConnection", "SyncConsumer", "SyncMessage", "SyncTerm"]
 
@@ -142,7 +142,7 @@ class SyncConnection:
     """A blocking :class:`~batonmq.clients.client.Connection`: the same calls, the same results.
 
     Each call blocks until the broker answers or ``timeout`` seconds pass (then
-    :class:`~batonmq.clients.errors.Timeout`, outcome unknown). It is safe to call from
+    :class:`~batonmq.cluster.errors.Timeout`, outcome unknown). It is safe to call from
     several threads at once.
 
     Attributes:
@@ -411,7 +411,7 @@ class SyncConsumer:
 
     ``for msg in consumer`` blocks until the next message and ends when the consumer is
     cancelled; ``consumer.iter(timeout=...)`` and ``consumer.next(timeout=...)`` raise
-    :class:`~batonmq.clients.errors.Timeout` when no message arrives in time. Use one consumer
+    :class:`~batonmq.cluster.errors.Timeout` when no message arrives in time. Use one consumer
     from one thread at a time.
     """
 

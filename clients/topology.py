@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batonmq.clients.errors import ProtocolError
+from batonmq.cluster.errors import ProtocolError
 
 __all__ = ["Instance", "Topology", "TopologyEventType", "TopologyEvent", "TopologyTracker"]
 

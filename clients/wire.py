@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Final, Union, cast, get_type_hints
 
 import msgpack
 
-from batonmq.clients.errors import FrameTooLarge, ProtocolError, UnknownCommand
+from batonmq.cluster.errors import FrameTooLarge, ProtocolError, UnknownCommand
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import msgpack
 
-from batonmq.clients.errors import BatonError
+from batonmq.cluster.errors import BatonError
 from batonmq.cluster.events import (
     EVENT_TYPES,
     Accept,

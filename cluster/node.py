@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from batonmq.clients.errors import (
+from batonmq.cluster.errors import (
     BatonError,
     JoinFailed,
     LogTruncated,

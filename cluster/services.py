@@ -29,7 +29,7 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from batonmq.clients.errors import InvalidArgument
+from batonmq.cluster.errors import InvalidArgument
 
 __all__ = ["Service", "Services", "Grant", "MAX_SERVICE_NAME", "check_candidate", "host_of"]
 

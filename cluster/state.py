@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import msgpack
 
-from batonmq.clients.errors import (
+from batonmq.cluster.errors import (
     BatonError,
     Fenced,
     InvalidArgument,

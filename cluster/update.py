@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from batonmq.clients import wire
-from batonmq.clients.errors import BatonError, InvalidArgument, Timeout, JoinFailed
+from batonmq.cluster.errors import BatonError, InvalidArgument, Timeout, JoinFailed
 from batonmq.cluster.codec import MalformedEvent, decode
 from batonmq.cluster.events import Heartbeat
 from batonmq.cluster.log import Log

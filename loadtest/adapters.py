@@ -3,7 +3,8 @@
 The workers (:mod:`batonmq.loadtest.worker`) run the same workload on every system through a
 :class:`ClientAdapter`: declare, purge, publish with a confirm, subscribe with a
 prefetch, take deliveries in batches and settle them (ack / release / reject). Baton's
-adapter is here; RabbitMQ's and NATS JetStream's are in :mod:`batonmq.loadtest.peers`.
+adapter is here; RabbitMQ's and NATS JetStream's are in :mod:`batonmq.loadtest.peers`;
+:func:`batonmq.loadtest.connect.open_adapter` picks one by name.
 
 What a settlement means differs by protocol, and the history says which (see
 docs/loadtest.md): Baton confirms a batch of accepts (``ack_many(confirm=True)``); an
@@ -17,7 +18,7 @@ import asyncio
 from typing import Any, NamedTuple, Protocol
 
 from batonmq import clients
-from batonmq.clients.errors import BatonError
+from batonmq.cluster.errors import BatonError
 
 from batonmq.loadtest.workloads import Workload
 
@@ -26,7 +27,6 @@ __all__ = [
     "Subscription",
     "ClientAdapter",
     "BatonAdapter",
-    "open_adapter",
     "ADAPTERS",
 ]
 
@@ -189,22 +189,3 @@ class BatonAdapter:
 
     async def close(self) -> None:
         await self.conn.close()
-
-
-async def open_adapter(system: str, addresses: list[str], workload: Workload) -> ClientAdapter:
-    """Connect to ``system`` (one of :data:`ADAPTERS`) at ``addresses``.
-
-    Raises:
-        ValueError: an unknown system.
-    """
-    if system == "baton":
-        return await BatonAdapter.open(addresses)
-    if system == "rabbitmq":
-        from batonmq.loadtest.peers.rabbitmq import RabbitAdapter
-
-        return await RabbitAdapter.open(addresses)
-    if system == "nats":
-        from batonmq.loadtest.peers.nats import NatsAdapter
-
-        return await NatsAdapter.open(addresses, workload)
-    raise ValueError(f"unknown system {system!r} (known: {', '.join(ADAPTERS)})")

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from batonmq.loadtest.adapters import open_adapter
+from batonmq.loadtest.connect import open_adapter
 from batonmq.loadtest.checker import CheckResult, check
 from batonmq.loadtest.cluster import BatonCluster, ExternalSystem
 from batonmq.loadtest.faults import FaultEvent, FaultInjector, check_supported

@@ -20,7 +20,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from batonmq.loadtest.adapters import ClientAdapter, Delivery, Subscription, open_adapter
+from batonmq.loadtest.adapters import ClientAdapter, Delivery, Subscription
+from batonmq.loadtest.connect import open_adapter
 from batonmq.loadtest.history import (
     FLAG_NORMAL,
     FLAG_REJECT,

@@ -27,7 +27,7 @@ from typing import Any
 import msgpack
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from batonmq.clients.errors import StoreError
+from batonmq.cluster.errors import StoreError
 from batonmq.store import Batch, Loaded, Store, StoredMessage, StoreReader
 
 __all__ = ["RocksStore"]

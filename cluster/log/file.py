@@ -37,8 +37,8 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from batonmq.clients.errors import InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
-from batonmq.cluster.log import Log, Record
+from batonmq.cluster.errors import InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
+from batonmq.cluster.log.base import Log, Record
 
 __all__ = ["FileLog"]
 

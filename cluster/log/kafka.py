@@ -58,8 +58,8 @@ from aiokafka.errors import (
     for_code,
 )
 
-from batonmq.clients.errors import BatonError, InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
-from batonmq.cluster.log import Log, Record
+from batonmq.cluster.errors import BatonError, InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
+from batonmq.cluster.log.base import Log, Record
 
 __all__ = ["KafkaLog", "KafkaURL", "parse_kafka_url"]
 

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import ClassVar
 
-from batonmq.clients.errors import InvalidArgument, LogTruncated, LogUnavailable
-from batonmq.cluster.log import Log, Record
+from batonmq.cluster.errors import InvalidArgument, LogTruncated, LogUnavailable
+from batonmq.cluster.log.base import Log, Record
 
 __all__ = ["MemoryLog"]
 

@@ -18,7 +18,7 @@ from typing import ClassVar, cast
 
 import pytest
 
-from batonmq.clients.errors import InvalidArgument, LogTruncated, LogUnavailable
+from batonmq.cluster.errors import InvalidArgument, LogTruncated, LogUnavailable
 from batonmq.cluster.log import Log, Record, open_log
 from batonmq.cluster.log.file import FileLog
 from batonmq.cluster.log.kafka import KafkaLog, KafkaURL, parse_kafka_url

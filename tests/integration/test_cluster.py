@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from batonmq import clients
-from batonmq.clients.errors import BatonError
+from batonmq.cluster.errors import BatonError
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from batonmq import clients
-from batonmq.clients.errors import BatonError, NotAcquired
+from batonmq.cluster.errors import BatonError, NotAcquired
 from batonmq.clients.topology import TopologyEvent, TopologyEventType
 from tests.integration.conftest import BrokerProcess
 

@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from batonmq import clients
-from batonmq.clients.errors import BatonError, ConnectionClosed
+from batonmq.cluster.errors import BatonError, ConnectionClosed
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from batonmq import clients
-from batonmq.clients.errors import BatonError
+from batonmq.cluster.errors import BatonError
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_cluster import equal_digests, eventually, topology
 

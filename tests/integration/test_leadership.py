@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from batonmq import clients
-from batonmq.clients.errors import InvalidArgument, Timeout
+from batonmq.cluster.errors import InvalidArgument, Timeout
 from batonmq.clients.leadership import ServiceInfo, Term
 from tests.integration.conftest import REPO, BrokerProcess
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from batonmq import clients
-from batonmq.clients.errors import InvalidArgument, QueueReserved
+from batonmq.cluster.errors import InvalidArgument, QueueReserved
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration

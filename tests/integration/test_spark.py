@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark tests need the 'spark' extra: pip install -e '.[test,spark]'")
 
 from batonmq import clients
-from batonmq.clients.errors import Timeout
+from batonmq.cluster.errors import Timeout
 from batonmq.clients.import_entries import committed_position, generate
 from tests.integration.conftest import REPO, BrokerProcess
 

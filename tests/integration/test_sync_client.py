@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from batonmq import clients
-from batonmq.clients.errors import Timeout
+from batonmq.cluster.errors import Timeout
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from batonmq.clients.errors import Fenced, NotOwner, QueueFull
+from batonmq.cluster.errors import Fenced, NotOwner, QueueFull
 from batonmq.cluster import codec
 from batonmq.cluster.events import (
     Accept,

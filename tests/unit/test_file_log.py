@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from batonmq.clients.errors import LogCorrupt, LogTruncated, LogUnavailable
+from batonmq.cluster.errors import LogCorrupt, LogTruncated, LogUnavailable
 from batonmq.cluster.log import Log, Record
 from batonmq.cluster.log import file as file_mod
 from batonmq.cluster.log.file import FileLog

@@ -6,7 +6,7 @@ state names you proposer, vote when listed), as the node driver does.
 
 from __future__ import annotations
 
-from batonmq.clients.errors import Fenced, InvalidArgument, NotOwner
+from batonmq.cluster.errors import Fenced, InvalidArgument, NotOwner
 from batonmq.cluster.events import (
     Acquire,
     DeclareQueue,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batonmq.clients.errors import LogUnavailable, QueueNotFound
+from batonmq.cluster.errors import LogUnavailable, QueueNotFound
 from batonmq.cluster.events import Accept, Acquire, Candidate, DeclareQueue, Enqueue, Interest
 from batonmq.cluster.log import open_log
 from batonmq.cluster.log.memory import MemoryLog

@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from batonmq.clients.errors import QueueFull, QueueReserved
+from batonmq.cluster.errors import QueueFull, QueueReserved
 from batonmq.cluster import codec
 from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.events import (

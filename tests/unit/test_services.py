@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from batonmq.clients.errors import Fenced, InvalidArgument
+from batonmq.cluster.errors import Fenced, InvalidArgument
 from batonmq.cluster import codec
 from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.events import Candidate, Handover, Heartbeat, Origin, Resign

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from batonmq.clients.errors import ProtocolError
+from batonmq.cluster.errors import ProtocolError
 from batonmq.clients.topology import Topology, TopologyEventType, TopologyTracker
 
 __all__: list[str] = []
