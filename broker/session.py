@@ -12,10 +12,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import msgpack
 
+from batonmq.broker.config import BrokerConfig
+from batonmq.broker.delivery import Consumer, Delivery
+from batonmq.broker.leadership import Leadership
+from batonmq.broker.reply import Shape
 from batonmq.clients import wire
 from batonmq.cluster import update
 from batonmq.cluster.errors import (
@@ -42,12 +46,9 @@ from batonmq.cluster.events import (
     Release,
     Reserve,
 )
+from batonmq.cluster.node import Node
 
-if TYPE_CHECKING:
-    from batonmq.broker.delivery import Consumer
-    from batonmq.broker.server import Broker
-
-__all__ = ["Session"]
+__all__ = ["Session", "SessionBroker"]
 
 log = logging.getLogger("baton.session")
 
@@ -68,10 +69,58 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
 }
 
 
+class SessionBroker(Protocol):
+    """What a session needs of the broker that accepted its connection
+    (broker/server.py's :class:`Broker`)."""
+
+    @property
+    def config(self) -> BrokerConfig:
+        """The limits a session enforces (frame, message, headers, prefetch) and the
+        join update's rate."""
+        ...
+
+    @property
+    def version(self) -> str:
+        """The broker's version, told in HelloOk."""
+        ...
+
+    @property
+    def sessions(self) -> set[Session]:
+        """The open sessions: a session adds itself when connected, leaves when lost."""
+        ...
+
+    @property
+    def node(self) -> Node:
+        """This broker's node: commands are submitted to it."""
+        ...
+
+    @property
+    def delivery(self) -> Delivery:
+        """This broker's consumers."""
+        ...
+
+    @property
+    def leadership(self) -> Leadership:
+        """This broker's side of service leadership."""
+        ...
+
+    def queue_stats(self, name: str) -> dict[str, Any]:
+        """The QueueStats answer (raises QueueNotFound)."""
+        ...
+
+    def list_queues(self) -> list[dict[str, Any]]:
+        """Every queue's stats, by name."""
+        ...
+
+    def topology(self) -> dict[str, Any]:
+        """The Topology answer."""
+        ...
+
+
 class Session(asyncio.Protocol):
     """Serves one client connection."""
 
-    def __init__(self, broker: "Broker") -> None:
+    def __init__(self, broker: SessionBroker) -> None:
         self.broker = broker
         self.codec = wire.FrameCodec(broker.config.max_frame)
         self.transport: asyncio.Transport | None = None
@@ -82,7 +131,7 @@ class Session(asyncio.Protocol):
         self.paused = False  # the client is not reading: stop delivering
         self.in_flight = 0
         self._reading_paused = False
-        self.consumers: dict[int, "Consumer"] = {}
+        self.consumers: dict[int, Consumer] = {}
         self._next_tag = 0
         self._out: list[bytes] = []  # encoded frames waiting for this tick's write
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -121,10 +170,10 @@ class Session(asyncio.Protocol):
             try:
                 self._handle(frame)
             except BatonError as exc:
-                self._error(getattr(frame, "corr", 0), exc)
+                self.error(getattr(frame, "corr", 0), exc)
             except Exception as exc:  # a bug: answer, log, keep the broker alive
                 log.exception("error handling %s from %s", type(frame).__name__, self.peer)
-                self._error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
+                self.error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
         self._flush_publishes()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -169,7 +218,8 @@ class Session(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    def _error(self, corr: int, exc: BatonError) -> None:
+    def error(self, corr: int, exc: BatonError) -> None:
+        """Answer ``corr`` with an Error frame."""
         self.send(wire.Error(corr, exc.code, exc.message))
 
     def _fail(self, exc: BatonError) -> None:
@@ -182,28 +232,29 @@ class Session(asyncio.Protocol):
             self.transport.close()
         self.connection_lost(None)
 
-    def deliver(self, c: "Consumer", messages: list[list[Any]]) -> None:
+    def deliver(self, tag: int, messages: list[list[Any]]) -> None:
+        """Send a Deliver frame of ``messages`` to this session's consumer ``tag``."""
         try:
-            self.send(wire.Deliver(c.tag, messages))
+            self.send(wire.Deliver(tag, messages))
         except BatonError as exc:  # cannot happen with the size limits; never wedge a consumer
             log.error("cannot deliver to %s: %s", self.peer, exc)
             self._fail(InternalError(f"delivery failed: {exc.message}"))
 
-    def consumer_cancelled(self, c: "Consumer", exc: BatonError) -> None:
-        self.consumers.pop(c.tag, None)
-        self.send(wire.ConsumerCancelled(c.tag, exc.code, exc.message))
+    def consumer_cancelled(self, tag: int, exc: BatonError) -> None:
+        """The broker ended this session's consumer ``tag``: tell the client why."""
+        self.consumers.pop(tag, None)
+        self.send(wire.ConsumerCancelled(tag, exc.code, exc.message))
 
-    def _reply(
-        self, corr: int, fut: asyncio.Future[dict[str, Any]],
-        shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    def reply(
+        self, corr: int, fut: asyncio.Future[dict[str, Any]], shape: Shape | None = None
     ) -> None:
         """Answer ``corr`` with the future's outcome when it completes."""
-        self._started(1)
+        self.commands_started(1)
 
         def done(f: asyncio.Future[dict[str, Any]]) -> None:
-            self._finished(1)
+            self.commands_finished(1)
             if f.cancelled():
-                self._error(corr, InternalError("command cancelled"))
+                self.error(corr, InternalError("command cancelled"))
                 return
             exc = f.exception()
             if exc is None:
@@ -211,18 +262,17 @@ class Session(asyncio.Protocol):
                 try:
                     self.send(wire.Ok(corr, shape(result) if shape else result))
                 except BatonError as shaped:
-                    self._error(corr, shaped)
+                    self.error(corr, shaped)
             elif isinstance(exc, BatonError):
-                self._error(corr, exc)
+                self.error(corr, exc)
             else:
                 log.error("command %d failed: %r", corr, exc)
-                self._error(corr, InternalError(repr(exc)))
+                self.error(corr, InternalError(repr(exc)))
 
         fut.add_done_callback(done)
 
-    def _submit(self, corr: int, event: Event,
-                shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
-        self._reply(corr, self.broker.node.submit(event), shape)
+    def _submit(self, corr: int, event: Event, shape: Shape | None = None) -> None:
+        self.reply(corr, self.broker.node.submit(event), shape)
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -340,7 +390,7 @@ class Session(asyncio.Protocol):
         try:
             cap = await update.capture(node, f.since, f.queues, f.state)
         except BatonError as exc:
-            self._error(f.corr, exc)
+            self.error(f.corr, exc)
             return
         sent = queues = 0
         rate = self.broker.config.update_max_rate
@@ -382,14 +432,16 @@ class Session(asyncio.Protocol):
         if len(self._out) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
 
-    def _started(self, n: int) -> None:
+    def commands_started(self, n: int) -> None:
         """``n`` more commands in flight; past MAX_IN_FLIGHT stop reading frames."""
         self.in_flight += n
         if self.in_flight >= MAX_IN_FLIGHT and not self._reading_paused and self.transport:
             self._reading_paused = True
             self.transport.pause_reading()
 
-    def _finished(self, n: int) -> None:
+    def commands_finished(self, n: int) -> None:
+        """``n`` commands in flight have completed; below half of MAX_IN_FLIGHT read
+        frames again."""
         self.in_flight -= n
         if self._reading_paused and self.in_flight < MAX_IN_FLIGHT // 2 and self.transport:
             self._reading_paused = False
@@ -411,14 +463,14 @@ class Session(asyncio.Protocol):
             fut = self.broker.node.submit(
                 Enqueue(queue, tuple((b, h) for _, b, h, _ in items), keys)
             )
-            self._started(len(items))
+            self.commands_started(len(items))
             fut.add_done_callback(self._merged_done(items))
 
     def _merged_done(
         self, items: list[tuple[int, bytes, dict[str, Any], str]]
     ) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
         def done(f: asyncio.Future[dict[str, Any]]) -> None:
-            self._finished(len(items))
+            self.commands_finished(len(items))
             exc = f.exception() if not f.cancelled() else InternalError("command cancelled")
             if exc is None:
                 result = f.result()
@@ -433,7 +485,7 @@ class Session(asyncio.Protocol):
             else:
                 err = exc if isinstance(exc, BatonError) else InternalError(repr(exc))
                 for corr, _, _, _ in items:
-                    self._error(corr, err)
+                    self.error(corr, err)
 
         return done
 
@@ -507,7 +559,7 @@ class Session(asyncio.Protocol):
         if fut is None:
             self.send(wire.Ok(f.corr, {"released": 0}))
         else:
-            self._reply(f.corr, fut, lambda r: {"released": r.get("count", 0)})
+            self.reply(f.corr, fut, lambda r: {"released": r.get("count", 0)})
 
     def _settle(
         self, corr: int, tag: int, positions: list[int], kind: type[Accept | Release | Reject]
@@ -546,7 +598,7 @@ class Session(asyncio.Protocol):
 
         fut.add_done_callback(settled)
         delivery.settled(c)  # credit is back now; see Consumer.credit
-        self._reply(
+        self.reply(
             corr,
             fut,
             lambda r: {"count": r["count"], "not_acquired": missing + r["not_acquired"]},
@@ -560,7 +612,7 @@ class Session(asyncio.Protocol):
             raise InvalidArgument("ReadRange needs 0 <= start <= end")
         if not 1 <= f.limit <= MAX_READ_RANGE:
             raise InvalidArgument(f"ReadRange limit must be 1..{MAX_READ_RANGE}")
-        self._reply(f.corr, asyncio.ensure_future(self._read_range_applied(f)))
+        self.reply(f.corr, asyncio.ensure_future(self._read_range_applied(f)))
 
     async def _read_range_applied(self, f: wire.ReadRange) -> dict[str, Any]:
         """Read once this broker has applied every enqueue below ``f.end``: then the
