@@ -15,15 +15,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from batonmq.broker.reply import Replier
 from batonmq.cluster.errors import BatonError, QueueNotFound
 from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
 from batonmq.cluster.node import Node
 from batonmq.cluster.state import Acquired, Effect, MembersChanged, OwnerChanged, QueueGone, ReadyMore
-
-if TYPE_CHECKING:
-    from batonmq.broker.session import Session
 
 __all__ = ["Consumer", "Delivery"]
 
@@ -46,7 +44,7 @@ class Consumer:
         "refill",
     )
 
-    def __init__(self, tag: int, cid: str, queue: str, prefetch: int, session: "Session") -> None:
+    def __init__(self, tag: int, cid: str, queue: str, prefetch: int, session: Replier) -> None:
         self.tag = tag
         self.cid = cid  # replicated consumer id: "node/runtime/n"
         self.queue = queue
@@ -86,7 +84,7 @@ class Delivery:
 
     # -- consumers -------------------------------------------------------------------
 
-    def add(self, queue: str, prefetch: int, session: "Session", tag: int) -> Consumer:
+    def add(self, queue: str, prefetch: int, session: Replier, tag: int) -> Consumer:
         """Register a consumer and start delivering to it.
 
         Raises:
@@ -188,7 +186,9 @@ class Delivery:
                 for c in list(self.by_queue.get(e.queue, ())):
                     c.closed = True
                     self.by_cid.pop(c.cid, None)
-                    c.session.consumer_cancelled(c, QueueNotFound(f"queue {e.queue!r} was deleted"))
+                    c.session.consumer_cancelled(
+                        c.tag, QueueNotFound(f"queue {e.queue!r} was deleted")
+                    )
                 self.by_queue.pop(e.queue, None)
         for q in wake:
             self.pump(q)
@@ -223,10 +223,10 @@ class Delivery:
             out.append([pos, count, m.body, m.headers, m.publish_time])
             size += m.size + 16
             if size >= self._chunk_bytes:
-                c.session.deliver(c, out)
+                c.session.deliver(c.tag, out)
                 out, size = [], 0
         if out:
-            c.session.deliver(c, out)
+            c.session.deliver(c.tag, out)
 
     def pump(self, queue: str) -> None:
         """Ask for as many messages as this queue's consumers have credit for."""

@@ -20,17 +20,15 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from batonmq.broker.reply import Replier
 from batonmq.clients import wire
 from batonmq.cluster.errors import BatonError, InvalidArgument, Timeout
 from batonmq.cluster.events import Candidate, Handover, Resign
 from batonmq.cluster.node import Node
 from batonmq.cluster.services import MAX_SERVICE_NAME, host_of
 from batonmq.cluster.state import Effect, HandoverRequested, LeaderChanged, MembersChanged
-
-if TYPE_CHECKING:
-    from batonmq.broker.session import Session
 
 __all__ = ["Leadership", "MAX_CANDIDACIES", "MAX_HANDOVER_MS"]
 
@@ -46,7 +44,7 @@ MAX_HANDOVER_MS: Final = 3_600_000
 class _Waiter:
     """A Handover frame waiting for a term of ``service`` later than ``token``."""
 
-    session: "Session"
+    session: Replier
     corr: int
     service: str
     token: int
@@ -60,8 +58,8 @@ class Leadership:
         self.node = node
         self.services = list(services or [])  # broker-level candidacies
         self._next_session = 0
-        self._sessions: dict[str, "Session"] = {}  # candidate key -> its session
-        self._candidacies: dict["Session", set[str]] = {}  # session -> services
+        self._sessions: dict[str, Replier] = {}  # candidate key -> its session
+        self._candidacies: dict[Replier, set[str]] = {}  # session -> services
         self._waiters: list[_Waiter] = []
         self._running: set[str] = set()  # broker-level Candidate appended, not yet applied
         self._seen = (-1, -1)  # (services version, view) when effects were last looked at
@@ -96,14 +94,14 @@ class Leadership:
 
     # -- sessions ----------------------------------------------------------------------
 
-    def candidate_key(self, session: "Session") -> str:
+    def candidate_key(self, session: Replier) -> str:
         """The session's candidate key, made at its first Lead."""
         if not session.candidate:
             self._next_session += 1
             session.candidate = f"{self.node.key}/s{self._next_session}"
         return session.candidate
 
-    def lead(self, session: "Session", f: wire.Lead) -> None:
+    def lead(self, session: Replier, f: wire.Lead) -> None:
         """Handle Lead: append Candidate; answer with the term as applied then."""
         _check_name(f.service)
         mine = self._candidacies.setdefault(session, set())
@@ -121,7 +119,7 @@ class Leadership:
                 mine.discard(f.service)
 
         fut.add_done_callback(failed)
-        session._reply(f.corr, fut, lambda _r: self._status(f.service, cand))
+        session.reply(f.corr, fut, lambda _r: self._status(f.service, cand))
 
     def _status(self, service: str, cand: str) -> dict[str, Any]:
         """The candidacy as this broker has applied it (read when the Ok is sent, so
@@ -135,18 +133,18 @@ class Leadership:
             "token": None if s is None or leader is None else s.token,
         }
 
-    def resign(self, session: "Session", f: wire.Resign) -> None:
+    def resign(self, session: Replier, f: wire.Resign) -> None:
         """Handle Resign: append it (also when not a candidate: it is idempotent)."""
         _check_name(f.service)
         self._candidacies.get(session, set()).discard(f.service)
         cand = self.candidate_key(session)
-        session._reply(
+        session.reply(
             f.corr,
             self.node.submit(Resign(f.service, cand)),
             lambda r: {"was_candidate": bool(r.get("was_candidate"))},
         )
 
-    def session_closed(self, session: "Session") -> None:
+    def session_closed(self, session: Replier) -> None:
         """The session ended: resign its candidacies, drop its handover waits."""
         services = self._candidacies.pop(session, set())
         if session.candidate:
@@ -162,22 +160,22 @@ class Leadership:
 
     # -- handover (admin) ----------------------------------------------------------------
 
-    def handover(self, session: "Session", f: wire.Handover) -> None:
+    def handover(self, session: Replier, f: wire.Handover) -> None:
         """Handle Handover: append it; answer when a later term has started."""
         _check_name(f.service)
         if not 1 <= f.timeout_ms <= MAX_HANDOVER_MS:
             raise InvalidArgument(f"timeout_ms must be 1..{MAX_HANDOVER_MS}")
         fut = self.node.submit(Handover(f.service, f.to))
-        session._started(1)
+        session.commands_started(1)
 
         def done(fut: asyncio.Future[dict[str, Any]]) -> None:
-            session._finished(1)
+            session.commands_finished(1)
             if fut.cancelled():
                 return
             exc = fut.exception()
             if exc is not None:
                 if isinstance(exc, BatonError):
-                    session._error(f.corr, exc)
+                    session.error(f.corr, exc)
                 return
             w = _Waiter(session, f.corr, f.service, int(fut.result()["token"]))
             if not self._answer(w, self.node.state.services.get(f.service), None):
@@ -201,7 +199,7 @@ class Leadership:
     def _timed_out(self, w: _Waiter, timeout_ms: int) -> None:
         if w in self._waiters:
             self._waiters.remove(w)
-            w.session._error(
+            w.session.error(
                 w.corr,
                 Timeout(
                     f"no new term of service {w.service!r} within {timeout_ms / 1000:g}s: its"

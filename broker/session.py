@@ -1,31 +1,47 @@
-"""One client connection: a thin asyncio Protocol around the sans-IO FrameCodec.
+"""One client session: a client's commands, routed to the parts of the broker that do them.
 
-Every command completes asynchronously (a future from the node); the session
-answers with Ok or Error when it does, so many commands can be in flight on one
-connection and their completions may come in any order. A malformed or oversized
-frame closes this connection only (with an Error frame, corr 0, first).
+:class:`Session` is the asyncio Protocol the broker's listener makes for each client
+connection. The framing, write coalescing and flow control (commands in flight,
+paused reads) are its base, :class:`~batonmq.broker.connection.ClientConnection`
+(broker/connection.py). The session holds what the protocol keeps per connection
+(greeted or not, its consumers, the single publishes read in one go) and routes
+each frame to its handler:
+
+* publishes (single ones read in one go merged into one Enqueue per queue),
+  settlements, subscriptions and queue administration, here, through the node and
+  the broker's delivery (broker/delivery.py);
+* queries (queue stats, topology), answered from the state applied here;
+* service leadership (``Lead``, ``Resign``, ``Handover``) to broker/leadership.py;
+* a joining broker's ``UpdateRequest`` to broker/donor.py;
+* range reads (``ReadRange``) to broker/ranges.py.
+
+It sees the broker through :class:`SessionBroker` only, and is seen by delivery and
+leadership as a :class:`~batonmq.broker.reply.Replier`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol
 
 import msgpack
 
+from batonmq.broker.config import BrokerConfig
+from batonmq.broker.connection import MAX_IN_FLIGHT, ClientConnection
+from batonmq.broker.delivery import Consumer, Delivery
+from batonmq.broker.donor import UpdateDonor
+from batonmq.broker.leadership import Leadership
+from batonmq.broker.ranges import read_range
+from batonmq.broker.reply import Shape
 from batonmq.clients import wire
-from batonmq.cluster import update
 from batonmq.cluster.errors import (
     BatonError,
     InternalError,
     InvalidArgument,
     MessageTooLarge,
     ProtocolError,
-    QueueNotFound,
-    Timeout,
     UnknownConsumer,
     UnsupportedVersion,
 )
@@ -42,21 +58,12 @@ from batonmq.cluster.events import (
     Release,
     Reserve,
 )
+from batonmq.cluster.node import Node
 
-if TYPE_CHECKING:
-    from batonmq.broker.delivery import Consumer
-    from batonmq.broker.server import Broker
-
-__all__ = ["Session"]
+# MAX_IN_FLIGHT is documented here (docs/protocol.md); it lives in broker/connection.py.
+__all__ = ["MAX_IN_FLIGHT", "Session", "SessionBroker"]
 
 log = logging.getLogger("baton.session")
-
-#: Stop reading a connection's frames while this many of its commands are in flight.
-MAX_IN_FLIGHT = 20_000
-#: Most messages one ReadRange answers with (the reader continues from "next").
-MAX_READ_RANGE = 10_000
-#: How long a ReadRange waits for this broker to apply the queue up to its end.
-READ_RANGE_WAIT = 10.0
 
 _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "durable": (bool,),
@@ -68,31 +75,69 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
 }
 
 
-class Session(asyncio.Protocol):
+class SessionBroker(Protocol):
+    """What a session needs of the broker that accepted its connection
+    (broker/server.py's :class:`Broker`)."""
+
+    @property
+    def config(self) -> BrokerConfig:
+        """The limits a session enforces (frame, message, headers, prefetch) and the
+        join update's rate."""
+        ...
+
+    @property
+    def version(self) -> str:
+        """The broker's version, told in HelloOk."""
+        ...
+
+    @property
+    def sessions(self) -> set[Session]:
+        """The open sessions: a session adds itself when connected, leaves when lost."""
+        ...
+
+    @property
+    def node(self) -> Node:
+        """This broker's node: commands are submitted to it."""
+        ...
+
+    @property
+    def delivery(self) -> Delivery:
+        """This broker's consumers."""
+        ...
+
+    @property
+    def leadership(self) -> Leadership:
+        """This broker's side of service leadership."""
+        ...
+
+    def queue_stats(self, name: str) -> dict[str, Any]:
+        """The QueueStats answer (raises QueueNotFound)."""
+        ...
+
+    def list_queues(self) -> list[dict[str, Any]]:
+        """Every queue's stats, by name."""
+        ...
+
+    def topology(self) -> dict[str, Any]:
+        """The Topology answer."""
+        ...
+
+
+class Session(ClientConnection):
     """Serves one client connection."""
 
-    def __init__(self, broker: "Broker") -> None:
+    def __init__(self, broker: SessionBroker) -> None:
+        super().__init__(broker.config.max_frame)
         self.broker = broker
-        self.codec = wire.FrameCodec(broker.config.max_frame)
-        self.transport: asyncio.Transport | None = None
-        self.peer = "?"
         self.client_name = ""
         self.greeted = False
-        self.closed = False
-        self.paused = False  # the client is not reading: stop delivering
-        self.in_flight = 0
-        self._reading_paused = False
-        self.consumers: dict[int, "Consumer"] = {}
+        self.consumers: dict[int, Consumer] = {}
         self._next_tag = 0
-        self._out: list[bytes] = []  # encoded frames waiting for this tick's write
         self._packer = msgpack.Packer(use_bin_type=True)
         # Single publishes read in one go, per queue, merged into one Enqueue event:
         # (corr, body, headers, idempotency key).
         self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any], str]]] = {}
         self._update: asyncio.Task[None] | None = None  # a join update served here
-        self._writable = asyncio.Event()
-        self._writable.set()
-        self._big = wire.FrameCodec(update.MAX_UPDATE_FRAME)  # encodes update frames
         # Service leadership (broker/leadership.py): "node/runtime/s<n>", made at the
         # first Lead.
         self.candidate = ""
@@ -100,36 +145,11 @@ class Session(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not subclass asyncio.Transport, hence a cast.
-        self.transport = cast(asyncio.Transport, transport)
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        super().connection_made(transport)
         self.broker.sessions.add(self)
 
-    def data_received(self, data: bytes) -> None:
-        codec = self.codec
-        codec.receive_data(data)
-        while not self.closed:
-            try:
-                frame = codec.next_frame()
-            except ProtocolError as exc:
-                self._fail(exc)
-                return
-            if frame is wire.NEED_DATA:
-                break
-            assert isinstance(frame, wire.Frame)
-            try:
-                self._handle(frame)
-            except BatonError as exc:
-                self._error(getattr(frame, "corr", 0), exc)
-            except Exception as exc:  # a bug: answer, log, keep the broker alive
-                log.exception("error handling %s from %s", type(frame).__name__, self.peer)
-                self._error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
-        self._flush_publishes()
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._writable.set()
+        super().connection_lost(exc)
         if self._update is not None:
             self._update.cancel()
         self.broker.sessions.discard(self)
@@ -139,98 +159,40 @@ class Session(asyncio.Protocol):
         if self.greeted:
             self.broker.leadership.session_closed(self)  # resign its candidacies
 
-    def pause_writing(self) -> None:
-        self.paused = True
-        self._writable.clear()
-
     def resume_writing(self) -> None:
-        self.paused = False
-        self._writable.set()
+        super().resume_writing()
         for c in list(self.consumers.values()):
             self.broker.delivery.pump(c.queue)
 
-    # -- sending ---------------------------------------------------------------------------
+    def frames_handled(self) -> None:
+        self._flush_publishes()
 
-    def send(self, frame: wire.Frame) -> None:
-        """Queue a frame; all frames queued in one loop tick go out in one write."""
-        if self.closed or self.transport is None:
-            return
-        out = self._out
-        out.append(self.codec.send(frame))
-        if len(out) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
+    # -- to the consumers (broker/delivery.py) ---------------------------------------------
 
-    def _flush(self) -> None:
-        out = self._out
-        if not out:
-            return
-        data = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-
-    def _error(self, corr: int, exc: BatonError) -> None:
-        self.send(wire.Error(corr, exc.code, exc.message))
-
-    def _fail(self, exc: BatonError) -> None:
-        """Close this connection after telling the client why."""
-        log.info("closing connection from %s: %s", self.peer, exc.message)
-        self.send(wire.Error(0, exc.code, exc.message))
-        self._flush()
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-        self.connection_lost(None)
-
-    def deliver(self, c: "Consumer", messages: list[list[Any]]) -> None:
+    def deliver(self, tag: int, messages: list[list[Any]]) -> None:
+        """Send a Deliver frame of ``messages`` to this session's consumer ``tag``."""
         try:
-            self.send(wire.Deliver(c.tag, messages))
+            self.send(wire.Deliver(tag, messages))
         except BatonError as exc:  # cannot happen with the size limits; never wedge a consumer
             log.error("cannot deliver to %s: %s", self.peer, exc)
-            self._fail(InternalError(f"delivery failed: {exc.message}"))
+            self.fail(InternalError(f"delivery failed: {exc.message}"))
 
-    def consumer_cancelled(self, c: "Consumer", exc: BatonError) -> None:
-        self.consumers.pop(c.tag, None)
-        self.send(wire.ConsumerCancelled(c.tag, exc.code, exc.message))
+    def consumer_cancelled(self, tag: int, exc: BatonError) -> None:
+        """The broker ended this session's consumer ``tag``: tell the client why."""
+        self.consumers.pop(tag, None)
+        self.send(wire.ConsumerCancelled(tag, exc.code, exc.message))
 
-    def _reply(
-        self, corr: int, fut: asyncio.Future[dict[str, Any]],
-        shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    ) -> None:
-        """Answer ``corr`` with the future's outcome when it completes."""
-        self._started(1)
-
-        def done(f: asyncio.Future[dict[str, Any]]) -> None:
-            self._finished(1)
-            if f.cancelled():
-                self._error(corr, InternalError("command cancelled"))
-                return
-            exc = f.exception()
-            if exc is None:
-                result = f.result()
-                try:
-                    self.send(wire.Ok(corr, shape(result) if shape else result))
-                except BatonError as shaped:
-                    self._error(corr, shaped)
-            elif isinstance(exc, BatonError):
-                self._error(corr, exc)
-            else:
-                log.error("command %d failed: %r", corr, exc)
-                self._error(corr, InternalError(repr(exc)))
-
-        fut.add_done_callback(done)
-
-    def _submit(self, corr: int, event: Event,
-                shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
-        self._reply(corr, self.broker.node.submit(event), shape)
+    def _submit(self, corr: int, event: Event, shape: Shape | None = None) -> None:
+        self.reply(corr, self.broker.node.submit(event), shape)
 
     # -- commands ---------------------------------------------------------------------------
 
-    def _handle(self, f: wire.Frame) -> None:
+    def handle_frame(self, f: wire.Frame) -> None:
+        """Route one frame to its handler (the first must be Hello)."""
         t = type(f)
         if not self.greeted:
             if t is not wire.Hello:
-                self._fail(ProtocolError("the first frame must be Hello"))
+                self.fail(ProtocolError("the first frame must be Hello"))
                 return
             assert isinstance(f, wire.Hello)
             self._hello(f)
@@ -315,10 +277,11 @@ class Session(asyncio.Protocol):
             assert isinstance(f, wire.UpdateRequest)
             if self._update is not None and not self._update.done():
                 raise InvalidArgument("an update is already being served on this connection")
-            self._update = asyncio.create_task(self._serve_update(f), name="baton-update")
+            donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate)
+            self._update = asyncio.create_task(donor.serve(f), name="baton-update")
         elif t is wire.ReadRange:
             assert isinstance(f, wire.ReadRange)
-            self._read_range(f)
+            self.reply(f.corr, read_range(self.broker.node, f, self.broker.config.max_frame))
         elif t is wire.Reserve:
             assert isinstance(f, wire.Reserve)
             self._submit(f.corr, Reserve(f.queue, f.holder or None))
@@ -331,70 +294,6 @@ class Session(asyncio.Protocol):
             raise ProtocolError("Hello was already sent on this connection")
         else:
             raise ProtocolError(f"{t.__name__} is not a client command")
-
-    async def _serve_update(self, f: wire.UpdateRequest) -> None:
-        """Stream this broker's state to a joining broker (DESIGN §8, cluster/update.py),
-        chunk by chunk, waiting whenever the joiner's socket is full, so the clients of
-        this broker keep being served in between."""
-        node = self.broker.node
-        try:
-            cap = await update.capture(node, f.since, f.queues, f.state)
-        except BatonError as exc:
-            self._error(f.corr, exc)
-            return
-        sent = queues = 0
-        rate = self.broker.config.update_max_rate
-        began = time.monotonic()
-        try:
-            log.info("serving a join update to %s from log offset %d", self.peer, cap.applied)
-            self._send_big(wire.UpdateState(f.corr, cap.applied, cap.snapshot))
-            async for frame in update.update_frames(cap, f.corr, live=node.state.queues.get):
-                self._send_big(frame)
-                if isinstance(frame, wire.UpdateFront):
-                    sent += len(frame.entries)
-                    await asyncio.sleep(0)  # flush; let clients in between chunks
-                    # A joiner that stops reading must not hold this capture (and
-                    # the log's retention) forever.
-                    await asyncio.wait_for(self._writable.wait(), 30)
-                    if rate:  # the operator's cap on what an update may take
-                        ahead = sent / rate - (time.monotonic() - began)
-                        if ahead > 0:
-                            await asyncio.sleep(ahead)
-                elif type(frame) is wire.UpdateDone:
-                    queues += 1
-                if self.closed:
-                    return
-            self.send(wire.Ok(f.corr, {"applied": cap.applied, "queues": queues, "messages": sent}))
-            log.info("join update to %s done: %d queues, %d messages", self.peer, queues, sent)
-        except asyncio.CancelledError:
-            log.info("join update to %s ended by the joiner after %d messages", self.peer, sent)
-        except TimeoutError:
-            log.warning("join update to %s abandoned: the joiner stopped reading", self.peer)
-            if self.transport is not None:
-                self.transport.close()
-        finally:
-            cap.close()
-
-    def _send_big(self, frame: wire.Frame) -> None:
-        if self.closed or self.transport is None:
-            return
-        self._out.append(self._big.send(frame))
-        if len(self._out) == 1:
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _started(self, n: int) -> None:
-        """``n`` more commands in flight; past MAX_IN_FLIGHT stop reading frames."""
-        self.in_flight += n
-        if self.in_flight >= MAX_IN_FLIGHT and not self._reading_paused and self.transport:
-            self._reading_paused = True
-            self.transport.pause_reading()
-
-    def _finished(self, n: int) -> None:
-        self.in_flight -= n
-        if self._reading_paused and self.in_flight < MAX_IN_FLIGHT // 2 and self.transport:
-            self._reading_paused = False
-            if not self.closed:
-                self.transport.resume_reading()
 
     def _flush_publishes(self) -> None:
         """Submit the merged publishes: one Enqueue per queue, one Ok per publish.
@@ -411,14 +310,14 @@ class Session(asyncio.Protocol):
             fut = self.broker.node.submit(
                 Enqueue(queue, tuple((b, h) for _, b, h, _ in items), keys)
             )
-            self._started(len(items))
+            self.commands_started(len(items))
             fut.add_done_callback(self._merged_done(items))
 
     def _merged_done(
         self, items: list[tuple[int, bytes, dict[str, Any], str]]
     ) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
         def done(f: asyncio.Future[dict[str, Any]]) -> None:
-            self._finished(len(items))
+            self.commands_finished(len(items))
             exc = f.exception() if not f.cancelled() else InternalError("command cancelled")
             if exc is None:
                 result = f.result()
@@ -433,13 +332,13 @@ class Session(asyncio.Protocol):
             else:
                 err = exc if isinstance(exc, BatonError) else InternalError(repr(exc))
                 for corr, _, _, _ in items:
-                    self._error(corr, err)
+                    self.error(corr, err)
 
         return done
 
     def _hello(self, f: wire.Hello) -> None:
         if f.version != wire.PROTOCOL_VERSION:
-            self._fail(
+            self.fail(
                 UnsupportedVersion(
                     f"protocol version {f.version} is not supported (this broker speaks "
                     f"{wire.PROTOCOL_VERSION})"
@@ -507,7 +406,7 @@ class Session(asyncio.Protocol):
         if fut is None:
             self.send(wire.Ok(f.corr, {"released": 0}))
         else:
-            self._reply(f.corr, fut, lambda r: {"released": r.get("count", 0)})
+            self.reply(f.corr, fut, lambda r: {"released": r.get("count", 0)})
 
     def _settle(
         self, corr: int, tag: int, positions: list[int], kind: type[Accept | Release | Reject]
@@ -546,54 +445,11 @@ class Session(asyncio.Protocol):
 
         fut.add_done_callback(settled)
         delivery.settled(c)  # credit is back now; see Consumer.credit
-        self._reply(
+        self.reply(
             corr,
             fut,
             lambda r: {"count": r["count"], "not_acquired": missing + r["not_acquired"]},
         )
-
-
-    # -- range reads (DESIGN §11) ----------------------------------------------------------
-
-    def _read_range(self, f: wire.ReadRange) -> None:
-        if f.start < 0 or f.end < f.start:
-            raise InvalidArgument("ReadRange needs 0 <= start <= end")
-        if not 1 <= f.limit <= MAX_READ_RANGE:
-            raise InvalidArgument(f"ReadRange limit must be 1..{MAX_READ_RANGE}")
-        self._reply(f.corr, asyncio.ensure_future(self._read_range_applied(f)))
-
-    async def _read_range_applied(self, f: wire.ReadRange) -> dict[str, Any]:
-        """Read once this broker has applied every enqueue below ``f.end``: then the
-        answer is the same on every broker (a reserved queue loses positions only by
-        AcceptThrough, below the reader's range), whichever one a reader fails over to."""
-        node = self.broker.node
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + READ_RANGE_WAIT
-        while True:
-            q = node.state.queues.get(f.queue)
-            if q is None:
-                raise QueueNotFound(f"queue {f.queue!r} does not exist")
-            if q.next_pos >= f.end and node.healthy:
-                break
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise Timeout(
-                    f"this broker has applied queue {f.queue!r} up to position {q.next_pos},"
-                    f" not {f.end}, after {READ_RANGE_WAIT:g}s; try another broker"
-                )
-            try:
-                async with asyncio.timeout(remaining):
-                    await node.applied_event.wait()
-            except TimeoutError:
-                pass
-        max_bytes = self.broker.config.max_frame // 2
-        rows = node.store.read_range(q.qid, f.start, f.end, f.limit, max_bytes)
-        size = sum(m.size for _, m in rows)
-        cut = bool(rows) and (len(rows) >= f.limit or size >= max_bytes)
-        return {
-            "messages": [[p, m.body, m.headers, m.publish_time] for p, m in rows],
-            "next": rows[-1][0] + 1 if cut else f.end,
-        }
 
 
 def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:

@@ -1,0 +1,199 @@
+"""One client connection's framing: an asyncio Protocol around the sans-IO FrameCodec.
+
+:class:`ClientConnection` reads frames and hands each to :meth:`handle_frame` (the
+session, broker/session.py, routes them to the commands); it writes frames, all
+those queued in one loop tick in one write; and it does the flow control: reading
+stops while too many commands are in flight, and :attr:`paused` tells the broker's
+delivery that the client is not reading.
+
+Every command completes asynchronously (a future from the node); :meth:`reply`
+answers with Ok or Error when it does, so many commands can be in flight on one
+connection and their completions may come in any order. A malformed or oversized
+frame closes this connection only (with an Error frame, corr 0, first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+from batonmq.broker.reply import Shape
+from batonmq.clients import wire
+from batonmq.cluster.errors import BatonError, InternalError, ProtocolError
+
+__all__ = ["ClientConnection", "MAX_IN_FLIGHT"]
+
+log = logging.getLogger("baton.session")
+
+#: Stop reading a connection's frames while this many of its commands are in flight.
+MAX_IN_FLIGHT = 20_000
+
+
+class ClientConnection(asyncio.Protocol):
+    """Frames in and out of one client connection; subclasses handle the frames.
+
+    Args:
+        max_frame: the largest frame read or written (``BrokerConfig.max_frame``).
+    """
+
+    def __init__(self, max_frame: int) -> None:
+        self.codec = wire.FrameCodec(max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.closed = False
+        self.paused = False  # the client is not reading: stop delivering
+        self.in_flight = 0
+        self._reading_paused = False
+        self._out: list[bytes] = []  # encoded frames waiting for this tick's write
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    # -- what a subclass does with the frames ------------------------------------------
+
+    def handle_frame(self, frame: wire.Frame) -> None:
+        """Handle one frame read from the client.
+
+        Raises:
+            BatonError: answered with an Error frame to the frame's corr (0 if none);
+                the connection stays open.
+        """
+        raise NotImplementedError
+
+    def frames_handled(self) -> None:
+        """Every frame of one read has been handled (not called when the read closed
+        the connection with a framing error)."""
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport, hence a cast.
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def data_received(self, data: bytes) -> None:
+        codec = self.codec
+        codec.receive_data(data)
+        while not self.closed:
+            try:
+                frame = codec.next_frame()
+            except ProtocolError as exc:
+                self.fail(exc)
+                return
+            if frame is wire.NEED_DATA:
+                break
+            assert isinstance(frame, wire.Frame)
+            try:
+                self.handle_frame(frame)
+            except BatonError as exc:
+                self.error(getattr(frame, "corr", 0), exc)
+            except Exception as exc:  # a bug: answer, log, keep the broker alive
+                log.exception("error handling %s from %s", type(frame).__name__, self.peer)
+                self.error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
+        self.frames_handled()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._writable.set()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._writable.set()
+
+    async def drained(self) -> None:
+        """Return once the transport takes writes again (at once if it does now, or
+        once the connection is closed)."""
+        await self._writable.wait()
+
+    def close(self) -> None:
+        """Close the transport (``connection_lost`` follows)."""
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, frame: wire.Frame, codec: wire.FrameCodec | None = None) -> None:
+        """Queue a frame; all frames queued in one loop tick go out in one write.
+
+        Args:
+            codec: encode with this codec instead of the connection's (frames above
+                ``max_frame``: a join update's).
+        """
+        if self.closed or self.transport is None:
+            return
+        out = self._out
+        out.append((codec or self.codec).send(frame))
+        if len(out) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out = self._out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def error(self, corr: int, exc: BatonError) -> None:
+        """Answer ``corr`` with an Error frame."""
+        self.send(wire.Error(corr, exc.code, exc.message))
+
+    def fail(self, exc: BatonError) -> None:
+        """Close this connection after telling the client why."""
+        log.info("closing connection from %s: %s", self.peer, exc.message)
+        self.send(wire.Error(0, exc.code, exc.message))
+        self._flush()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        self.connection_lost(None)
+
+    def reply(
+        self, corr: int, fut: asyncio.Future[dict[str, Any]], shape: Shape | None = None
+    ) -> None:
+        """Answer ``corr`` with the future's outcome when it completes."""
+        self.commands_started(1)
+
+        def done(f: asyncio.Future[dict[str, Any]]) -> None:
+            self.commands_finished(1)
+            if f.cancelled():
+                self.error(corr, InternalError("command cancelled"))
+                return
+            exc = f.exception()
+            if exc is None:
+                result = f.result()
+                try:
+                    self.send(wire.Ok(corr, shape(result) if shape else result))
+                except BatonError as shaped:
+                    self.error(corr, shaped)
+            elif isinstance(exc, BatonError):
+                self.error(corr, exc)
+            else:
+                log.error("command %d failed: %r", corr, exc)
+                self.error(corr, InternalError(repr(exc)))
+
+        fut.add_done_callback(done)
+
+    # -- flow control ----------------------------------------------------------------------
+
+    def commands_started(self, n: int) -> None:
+        """``n`` more commands in flight; past MAX_IN_FLIGHT stop reading frames."""
+        self.in_flight += n
+        if self.in_flight >= MAX_IN_FLIGHT and not self._reading_paused and self.transport:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def commands_finished(self, n: int) -> None:
+        """``n`` commands in flight have completed; below half of MAX_IN_FLIGHT read
+        frames again."""
+        self.in_flight -= n
+        if self._reading_paused and self.in_flight < MAX_IN_FLIGHT // 2 and self.transport:
+            self._reading_paused = False
+            if not self.closed:
+                self.transport.resume_reading()

@@ -1,0 +1,84 @@
+"""The donor side of a join (DESIGN §8): a broker streams its state to a joining one.
+
+A joining broker connects as a client and sends ``UpdateRequest``; the session
+(broker/session.py) starts :meth:`UpdateDonor.serve` as a task, which captures this
+broker's state (cluster/update.py) and sends it chunk by chunk on that connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from batonmq.broker.connection import ClientConnection
+from batonmq.clients import wire
+from batonmq.cluster import update
+from batonmq.cluster.errors import BatonError
+from batonmq.cluster.node import Node
+
+__all__ = ["UpdateDonor"]
+
+log = logging.getLogger("baton.session")
+
+
+class UpdateDonor:
+    """Serves one join update on one client connection.
+
+    Args:
+        conn: the joiner's connection.
+        node: this broker's node (its state is what is sent).
+        max_rate: messages/s sent at most (0: as fast as the joiner takes them).
+    """
+
+    def __init__(self, conn: ClientConnection, node: Node, max_rate: int) -> None:
+        self._conn = conn
+        self._node = node
+        self._rate = max_rate
+        self._big = wire.FrameCodec(update.MAX_UPDATE_FRAME)  # encodes update frames
+
+    async def serve(self, f: wire.UpdateRequest) -> None:
+        """Stream this broker's state to a joining broker (DESIGN §8, cluster/update.py),
+        chunk by chunk, waiting whenever the joiner's socket is full, so the clients of
+        this broker keep being served in between."""
+        conn = self._conn
+        node = self._node
+        try:
+            cap = await update.capture(node, f.since, f.queues, f.state)
+        except BatonError as exc:
+            conn.error(f.corr, exc)
+            return
+        sent = queues = 0
+        rate = self._rate
+        began = time.monotonic()
+        try:
+            log.info("serving a join update to %s from log offset %d", conn.peer, cap.applied)
+            self._send_big(wire.UpdateState(f.corr, cap.applied, cap.snapshot))
+            async for frame in update.update_frames(cap, f.corr, live=node.state.queues.get):
+                self._send_big(frame)
+                if isinstance(frame, wire.UpdateFront):
+                    sent += len(frame.entries)
+                    await asyncio.sleep(0)  # flush; let clients in between chunks
+                    # A joiner that stops reading must not hold this capture (and
+                    # the log's retention) forever.
+                    await asyncio.wait_for(conn.drained(), 30)
+                    if rate:  # the operator's cap on what an update may take
+                        ahead = sent / rate - (time.monotonic() - began)
+                        if ahead > 0:
+                            await asyncio.sleep(ahead)
+                elif type(frame) is wire.UpdateDone:
+                    queues += 1
+                if conn.closed:
+                    return
+            conn.send(wire.Ok(f.corr, {"applied": cap.applied, "queues": queues, "messages": sent}))
+            log.info("join update to %s done: %d queues, %d messages", conn.peer, queues, sent)
+        except asyncio.CancelledError:
+            log.info("join update to %s ended by the joiner after %d messages", conn.peer, sent)
+        except TimeoutError:
+            log.warning("join update to %s abandoned: the joiner stopped reading", conn.peer)
+            conn.close()
+        finally:
+            cap.close()
+
+    def _send_big(self, frame: wire.Frame) -> None:
+        self._conn.send(frame, self._big)

@@ -1,0 +1,79 @@
+"""Range reads (DESIGN §11): the ``ReadRange`` frame, answered from this broker's store.
+
+A range reader holds a queue (``Reserve``) and reads its messages by position,
+from whichever broker it is connected to; :func:`read_range` answers once this
+broker has applied the queue up to the end of the range asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from batonmq.clients import wire
+from batonmq.cluster.errors import InvalidArgument, QueueNotFound, Timeout
+from batonmq.cluster.node import Node
+
+__all__ = ["MAX_READ_RANGE", "READ_RANGE_WAIT", "read_range"]
+
+#: Most messages one ReadRange answers with (the reader continues from "next").
+MAX_READ_RANGE = 10_000
+#: How long a ReadRange waits for this broker to apply the queue up to its end.
+READ_RANGE_WAIT = 10.0
+
+
+def read_range(node: Node, f: wire.ReadRange, max_frame: int) -> asyncio.Future[dict[str, Any]]:
+    """Start reading the range ``f`` asks for.
+
+    Args:
+        node: this broker's node (its state and store).
+        f: the ReadRange frame.
+        max_frame: the connection's largest frame; the answer stays below half of it.
+
+    Returns:
+        The answer's body, once read: ``{"messages": [[position, body, headers,
+        publish_time], ...], "next": the position to read on from}``. It fails with
+        QueueNotFound, or Timeout when this broker has not applied the queue up to
+        ``f.end`` within READ_RANGE_WAIT seconds.
+
+    Raises:
+        InvalidArgument: the range or the limit is out of bounds.
+    """
+    if f.start < 0 or f.end < f.start:
+        raise InvalidArgument("ReadRange needs 0 <= start <= end")
+    if not 1 <= f.limit <= MAX_READ_RANGE:
+        raise InvalidArgument(f"ReadRange limit must be 1..{MAX_READ_RANGE}")
+    return asyncio.ensure_future(_read_range_applied(node, f, max_frame))
+
+
+async def _read_range_applied(node: Node, f: wire.ReadRange, max_frame: int) -> dict[str, Any]:
+    """Read once this broker has applied every enqueue below ``f.end``: then the
+    answer is the same on every broker (a reserved queue loses positions only by
+    AcceptThrough, below the reader's range), whichever one a reader fails over to."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + READ_RANGE_WAIT
+    while True:
+        q = node.state.queues.get(f.queue)
+        if q is None:
+            raise QueueNotFound(f"queue {f.queue!r} does not exist")
+        if q.next_pos >= f.end and node.healthy:
+            break
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise Timeout(
+                f"this broker has applied queue {f.queue!r} up to position {q.next_pos},"
+                f" not {f.end}, after {READ_RANGE_WAIT:g}s; try another broker"
+            )
+        try:
+            async with asyncio.timeout(remaining):
+                await node.applied_event.wait()
+        except TimeoutError:
+            pass
+    max_bytes = max_frame // 2
+    rows = node.store.read_range(q.qid, f.start, f.end, f.limit, max_bytes)
+    size = sum(m.size for _, m in rows)
+    cut = bool(rows) and (len(rows) >= f.limit or size >= max_bytes)
+    return {
+        "messages": [[p, m.body, m.headers, m.publish_time] for p, m in rows],
+        "next": rows[-1][0] + 1 if cut else f.end,
+    }
