@@ -29,7 +29,6 @@ KNOWN_PRIVATE_REACH = {
     "clients/client.py",
     "clients/leadership.py",
     "clients/sync.py",
-    "clients/topology.py",
 }
 KNOWN_LONG = {"cluster/state.py", "clients/client.py"}
 
