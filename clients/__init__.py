@@ -17,7 +17,8 @@ must not import anything outside ``clients/``.
 from __future__ import annotations
 
 from batonmq.clients import errors, leadership, sync, topology, wire
-from batonmq.clients.client import Connection, Consumer, Message, TopologyWatch, connect
+from batonmq.clients.client import Connection, connect
+from batonmq.clients.consumer import Consumer, Message
 from batonmq.cluster.errors import (
     BatonError,
     ConnectionClosed,
@@ -43,6 +44,7 @@ from batonmq.cluster.errors import (
 )
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.clients.topology import Topology, TopologyEvent, TopologyEventType
+from batonmq.clients.watch import TopologyWatch
 from batonmq.clients.wire import PROTOCOL_VERSION
 
 __all__ = [

@@ -454,7 +454,7 @@ class SyncConsumer:
         """
         unread = [m._msg for m in self._local]
         self._local.clear()
-        return self._conn._run(self._consumer._cancel_with_unread(unread))
+        return self._conn._run(self._consumer.cancel_with_unread(unread))
 
     def __iter__(self) -> Iterator[SyncMessage]:
         return self.iter()
@@ -536,7 +536,7 @@ async def _take(consumer: _aio.Consumer, timeout: float | None) -> tuple[list[_a
         return [], True
     if first is None:
         return [], False
-    return consumer._with_buffered(first, _TAKE_MAX), False
+    return consumer.with_buffered(first, _TAKE_MAX), False
 
 
 class SyncMessage:

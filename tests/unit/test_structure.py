@@ -26,11 +26,9 @@ SIZE_REASON = "Size:"
 KNOWN_PRIVATE_REACH = {
     "broker/leadership.py",
     "store/rocks.py",
-    "clients/client.py",
-    "clients/leadership.py",
     "clients/sync.py",
 }
-KNOWN_LONG = {"cluster/state.py", "clients/client.py"}
+KNOWN_LONG = {"cluster/state.py"}
 
 
 def _sources() -> list[Path]:
