@@ -26,7 +26,6 @@ SIZE_REASON = "Size:"
 KNOWN_PRIVATE_REACH = {
     "broker/leadership.py",
     "store/rocks.py",
-    "clients/sync.py",
 }
 KNOWN_LONG = {"cluster/state.py"}
 
