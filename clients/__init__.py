@@ -1,5 +1,15 @@
 """Baton's Python client library.
 
+The one entry point is the package itself: ``from batonmq import clients``. Everything a
+user needs is a name of :data:`__all__` on it, wherever it is defined:
+
+* ``clients.connect`` opens an async :class:`Connection`; ``clients.sync`` is the
+  blocking client module, whose ``clients.sync.connect`` has the same calls;
+* ``clients.Connection``, ``clients.Consumer``, ``clients.Message``, ``clients.Term``
+  and the other result types, ``clients.TopologyWatch`` and the topology events;
+* the error classes (``clients.BatonError`` and its subclasses, also in
+  ``clients.errors``), ``clients.wire`` and ``clients.PROTOCOL_VERSION``.
+
 Async::
 
     from batonmq import clients
@@ -9,15 +19,23 @@ Async::
 
 Blocking: ``clients.sync.connect(...)`` with the same calls. See docs/client.md.
 
+The modules behind it (:mod:`~batonmq.clients.client` the facade,
+:mod:`~batonmq.clients.conn`, :mod:`~batonmq.clients.failover`,
+:mod:`~batonmq.clients.producer`, :mod:`~batonmq.clients.consumer`,
+:mod:`~batonmq.clients.watch`, :mod:`~batonmq.clients.leadership`) are the library's
+inside: import from the package, not from them.
+
 This package is also imported by the broker and the cluster core for
 :mod:`batonmq.clients.wire` and :mod:`batonmq.cluster.errors`, so importing it must stay cheap and
-must not import anything outside ``clients/``.
+must not import anything outside ``clients/`` (nor the Spark source or the
+import-entries pipeline, which load pyspark).
 """
 
 from __future__ import annotations
 
 from batonmq.clients import errors, leadership, sync, topology, wire
-from batonmq.clients.client import Connection, Consumer, Message, TopologyWatch, connect
+from batonmq.clients.client import Connection, connect
+from batonmq.clients.consumer import Consumer, Message
 from batonmq.cluster.errors import (
     BatonError,
     ConnectionClosed,
@@ -43,6 +61,7 @@ from batonmq.cluster.errors import (
 )
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.clients.topology import Topology, TopologyEvent, TopologyEventType
+from batonmq.clients.watch import TopologyWatch
 from batonmq.clients.wire import PROTOCOL_VERSION
 
 __all__ = [

@@ -17,7 +17,8 @@ candidate — or the block was left); ``term.handover_requested`` is set when an
 admin asked for a handover: finish the running work and leave the block.
 
 This module is pure bookkeeping on the client's event loop; the frames are sent by
-the :class:`~batonmq.clients.client.Connection`.
+the connection, which a Term knows only through :class:`LeadershipChannel` (it sends
+Lead and Resign, and routes the pushed LeaderEvents of the service to the Term).
 """
 
 from __future__ import annotations
@@ -27,14 +28,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from batonmq.cluster.errors import BatonError, ConnectionClosed, InvalidArgument, ProtocolError, Timeout
 
-if TYPE_CHECKING:
-    from batonmq.clients.client import Connection
-
-__all__ = ["Term", "ServiceInfo", "HandoverResult"]
+__all__ = ["Term", "ServiceInfo", "HandoverResult", "LeadershipChannel"]
 
 _log = logging.getLogger("baton.client")
 
@@ -96,6 +94,51 @@ class HandoverResult:
     previous: str | None
 
 
+class LeadershipChannel(Protocol):
+    """What a :class:`Term` needs of its connection (``conn.Channel`` implements it)."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection has ended (not while it fails over)."""
+        ...
+
+    @property
+    def reconnecting(self) -> bool:
+        """True while a failover is under way."""
+        ...
+
+    @property
+    def failovers(self) -> int:
+        """How many times the connection failed over: each is a new session."""
+        ...
+
+    def closed_again(self) -> ConnectionClosed:
+        """A fresh ConnectionClosed like the one the connection ended with."""
+        ...
+
+    def lead_request(self, service: str) -> asyncio.Future[dict[str, Any]]:
+        """Send Lead for ``service``; the future of its answer (``candidate``,
+        ``leader``, ``token``)."""
+        ...
+
+    def resign_request(self, service: str) -> asyncio.Future[dict[str, Any]]:
+        """Send Resign for ``service``; the future of its answer."""
+        ...
+
+    def add_term(self, term: Term) -> bool:
+        """Route the service's LeaderEvents to ``term`` (:meth:`Term.leader_event`) and
+        tell it when the session ends (:meth:`Term.session_lost`).
+
+        Returns:
+            False (nothing changed) if another Term of this connection runs for it.
+        """
+        ...
+
+    def remove_term(self, term: Term) -> None:
+        """Stop routing to ``term`` (nothing if another Term took its place)."""
+        ...
+
+
 class Term:
     """One run for leadership of ``service`` on one connection (see the module doc).
 
@@ -108,7 +151,7 @@ class Term:
         handover_requested: set when an admin asked this leader to hand over.
     """
 
-    def __init__(self, conn: "Connection", service: str, timeout: float | None) -> None:
+    def __init__(self, conn: LeadershipChannel, service: str, timeout: float | None) -> None:
         if not isinstance(service, str) or not service:
             raise InvalidArgument("service must be a non-empty str")
         if timeout is not None and not timeout > 0:
@@ -147,15 +190,14 @@ class Term:
         conn = self._conn
         if self._entered:
             raise InvalidArgument("a Term can be entered once; call conn.lead() again")
-        if self.service in conn._terms:
+        if not conn.add_term(self):
             raise InvalidArgument(f"this connection already runs for service {self.service!r}")
         self._entered = True
-        conn._terms[self.service] = self
         try:
             async with _timeout(self._timeout, self.service):
                 while True:
                     self._reset()
-                    result = await conn._lead_request(self.service)
+                    result = await conn.lead_request(self.service)
                     self._session = conn.failovers
                     self.candidate = str(result.get("candidate", ""))
                     if result.get("leader") == self.candidate and self.candidate:
@@ -163,7 +205,7 @@ class Term:
                     while not self._wake.is_set():
                         await self._wake.wait()
                     if conn.closed:
-                        raise conn._closed_again()
+                        raise conn.closed_again()
                     if self.leading and self._session == conn.failovers:
                         return self
                     # A failover while waiting: the new session runs again.
@@ -181,9 +223,9 @@ class Term:
         conn = self._conn
         same_session = self._session == conn.failovers and not conn.closed
         self._finish()
-        if same_session and not conn._reconnecting:
+        if same_session and not conn.reconnecting:
             try:
-                await conn._resign_request(self.service)
+                await conn.resign_request(self.service)
             except ConnectionClosed:
                 pass  # the broker resigns for a session that ends
             except BatonError as err:
@@ -204,8 +246,8 @@ class Term:
         self.token = token
         self._wake.set()
 
-    def _event(self, event: str, token: int, leader: str) -> None:
-        """A LeaderEvent frame for this service."""
+    def leader_event(self, event: str, token: int, leader: str) -> None:
+        """A LeaderEvent frame for this service: ``granted``, ``lost`` or ``handover``."""
         if event == "granted":
             if self.candidate and leader == self.candidate and not self._granted:
                 self._grant(token)
@@ -217,7 +259,7 @@ class Term:
             if self._granted and token == self.token:
                 self.handover_requested.set()
 
-    def _session_lost(self) -> None:
+    def session_lost(self) -> None:
         """The connection failed over or closed: this session's candidacy is gone."""
         if self._granted:
             self.lost.set()
@@ -225,8 +267,7 @@ class Term:
 
     def _finish(self) -> None:
         """The run is over: release the name on the connection; the term is lost."""
-        if self._conn._terms.get(self.service) is self:
-            del self._conn._terms[self.service]
+        self._conn.remove_term(self)
         if self._granted:
             self.lost.set()
         else:
@@ -244,7 +285,7 @@ class Term:
         conn = self._conn
         if not conn.closed:
             try:
-                conn._resign_request(self.service).add_done_callback(_consume)
+                conn.resign_request(self.service).add_done_callback(_consume)
             except BatonError:
                 pass
 

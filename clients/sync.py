@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 from batonmq.clients import client as _aio
+from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.cluster.errors import ConnectionClosed, InvalidArgument, Timeout
 
@@ -184,8 +185,20 @@ class SyncConnection:
         """True once the connection has ended."""
         return self._conn.closed
 
-    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run a coroutine of the async connection on its loop and wait for it, at
+        most :attr:`timeout` seconds.
+
+        Raises:
+            Timeout: no result in time (the coroutine is cancelled; its outcome is
+                unknown).
+            Whatever ``coro`` raises.
+        """
         return self._thread.run(coro, self.timeout)
+
+    def run_unbounded(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """As :meth:`run`, without a time limit (for calls that bound their own wait)."""
+        return self._thread.run(coro, None)
 
     def close(self) -> None:
         """Close the connection and stop its loop thread. Closing twice is harmless."""
@@ -213,11 +226,11 @@ class SyncConnection:
 
     def ping(self) -> float:
         """Round trip to the broker in seconds (see :meth:`Connection.ping`)."""
-        return self._run(self._conn.ping())
+        return self.run(self._conn.ping())
 
     def topology(self) -> dict[str, Any]:
         """The cluster's view (see :meth:`Connection.topology`)."""
-        return self._run(self._conn.topology())
+        return self.run(self._conn.topology())
 
     def declare_queue(
         self,
@@ -231,7 +244,7 @@ class SyncConnection:
         message_ttl: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
-        return self._run(
+        return self.run(
             self._conn.declare_queue(
                 name,
                 durable=durable,
@@ -245,33 +258,33 @@ class SyncConnection:
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue; returns how many messages were dropped."""
-        return self._run(self._conn.delete_queue(name))
+        return self.run(self._conn.delete_queue(name))
 
     def purge_queue(self, name: str) -> int:
         """Drop a queue's ready messages; returns how many."""
-        return self._run(self._conn.purge_queue(name))
+        return self.run(self._conn.purge_queue(name))
 
     def queue_stats(self, name: str) -> dict[str, Any]:
         """A queue's counters (at least ``"ready"`` and ``"acquired"``)."""
-        return self._run(self._conn.queue_stats(name))
+        return self.run(self._conn.queue_stats(name))
 
     def list_queues(self) -> list[dict[str, Any]]:
         """Every queue's stats."""
-        return self._run(self._conn.list_queues())
+        return self.run(self._conn.list_queues())
 
     def reserve(self, queue: str, holder: str | None) -> dict[str, Any]:
         """Reserve a queue for a range reader (see :meth:`batonmq.clients.client.Connection.reserve`)."""
-        return self._run(self._conn.reserve(queue, holder))
+        return self.run(self._conn.reserve(queue, holder))
 
     def accept_through(self, queue: str, through: int, holder: str) -> int:
         """Accept every ready message below ``through`` (see the async client)."""
-        return self._run(self._conn.accept_through(queue, through, holder))
+        return self.run(self._conn.accept_through(queue, through, holder))
 
     def read_range(
         self, queue: str, start: int, end: int, *, limit: int = 10_000
     ) -> tuple[list[list[Any]], int]:
         """Read positions ``start <= p < end`` without acquiring (see the async client)."""
-        return self._run(self._conn.read_range(queue, start, end, limit=limit))
+        return self.run(self._conn.read_range(queue, start, end, limit=limit))
 
     def publish(
         self,
@@ -286,7 +299,7 @@ class SyncConnection:
         Raises:
             The same as :meth:`Connection.publish`, and Timeout.
         """
-        return self._run(
+        return self.run(
             self._conn.publish(queue, body, headers, idempotency_key=idempotency_key)
         )
 
@@ -302,7 +315,7 @@ class SyncConnection:
         Atomic per frame only, as :meth:`Connection.publish_batch`.
         """
         items = list(messages)  # consume the iterable in the caller's thread
-        return self._run(
+        return self.run(
             self._conn.publish_batch(queue, items, idempotency_key=idempotency_key)
         )
 
@@ -318,11 +331,11 @@ class SyncConnection:
 
     def services(self) -> list[ServiceInfo]:
         """Every service's leader, token and candidates (see :meth:`Connection.services`)."""
-        return self._run(self._conn.services())
+        return self.run(self._conn.services())
 
     def service_leader(self, service: str) -> ServiceInfo | None:
         """One service's leadership, or None (see :meth:`Connection.service_leader`)."""
-        return self._run(self._conn.service_leader(service))
+        return self.run(self._conn.service_leader(service))
 
     def handover(
         self, service: str, *, to: str | None = None, timeout: float = 30.0
@@ -369,7 +382,7 @@ class SyncTerm:
         return f"<SyncTerm {self._term!r}>"
 
     def __enter__(self) -> SyncTerm:
-        self._conn._thread.run(self._enter(), None)
+        self._conn.run_unbounded(self._enter())
         return self
 
     async def _enter(self) -> None:
@@ -388,7 +401,7 @@ class SyncTerm:
         tb: TracebackType | None,
     ) -> None:
         try:
-            self._conn._thread.run(self._exit(), self._conn.timeout)
+            self._conn.run(self._exit())
         except (ConnectionClosed, Timeout):
             if exc is None:
                 raise
@@ -407,7 +420,7 @@ async def _mirror(source: asyncio.Event, target: threading.Event) -> None:
 
 
 class SyncConsumer:
-    """A blocking :class:`~batonmq.clients.client.Consumer`: a context manager and an iterator.
+    """A blocking :class:`~batonmq.clients.consumer.Consumer`: a context manager and an iterator.
 
     ``for msg in consumer`` blocks until the next message and ends when the consumer is
     cancelled; ``consumer.iter(timeout=...)`` and ``consumer.next(timeout=...)`` raise
@@ -415,7 +428,7 @@ class SyncConsumer:
     from one thread at a time.
     """
 
-    def __init__(self, conn: SyncConnection, consumer: _aio.Consumer) -> None:
+    def __init__(self, conn: SyncConnection, consumer: Consumer) -> None:
         self._conn = conn
         self._consumer = consumer
         self._local: deque[SyncMessage] = deque()
@@ -431,7 +444,7 @@ class SyncConsumer:
         return self._consumer.tag
 
     def __enter__(self) -> SyncConsumer:
-        self._conn._run(self._consumer.start())
+        self._conn.run(self._consumer.start())
         return self
 
     def __exit__(
@@ -452,9 +465,9 @@ class SyncConsumer:
         Messages taken from the broker but not yet returned by :meth:`next` go
         back without raising their delivery count.
         """
-        unread = [m._msg for m in self._local]
+        unread = [m.message for m in self._local]
         self._local.clear()
-        return self._conn._run(self._consumer._cancel_with_unread(unread))
+        return self._conn.run(self._consumer.cancel_with_unread(unread))
 
     def __iter__(self) -> Iterator[SyncMessage]:
         return self.iter()
@@ -491,7 +504,7 @@ class SyncConsumer:
         """
         if self._local:
             return self._local.popleft()
-        batch, ended = self._conn._thread.run(_take(self._consumer, timeout), None)
+        batch, ended = self._conn.run_unbounded(_take(self._consumer, timeout))
         if not batch:
             if ended:
                 raise StopIteration
@@ -504,24 +517,24 @@ class SyncConsumer:
 
     def ack_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
         """Accept several messages with one frame."""
-        self._conn._run(
-            self._consumer.ack_many([m._msg for m in messages], confirm=confirm)
+        self._conn.run(
+            self._consumer.ack_many([m.message for m in messages], confirm=confirm)
         )
 
     def release_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
         """Release several messages with one frame."""
-        self._conn._run(
-            self._consumer.release_many([m._msg for m in messages], confirm=confirm)
+        self._conn.run(
+            self._consumer.release_many([m.message for m in messages], confirm=confirm)
         )
 
     def reject_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
         """Reject several messages with one frame."""
-        self._conn._run(
-            self._consumer.reject_many([m._msg for m in messages], confirm=confirm)
+        self._conn.run(
+            self._consumer.reject_many([m.message for m in messages], confirm=confirm)
         )
 
 
-async def _take(consumer: _aio.Consumer, timeout: float | None) -> tuple[list[_aio.Message], bool]:
+async def _take(consumer: Consumer, timeout: float | None) -> tuple[list[Message], bool]:
     """Runs on the loop: wait up to ``timeout`` for deliveries and take a batch.
 
     The timeout is applied here, on the loop, and not to the cross-thread future, so a
@@ -536,13 +549,13 @@ async def _take(consumer: _aio.Consumer, timeout: float | None) -> tuple[list[_a
         return [], True
     if first is None:
         return [], False
-    return consumer._with_buffered(first, _TAKE_MAX), False
+    return consumer.with_buffered(first, _TAKE_MAX), False
 
 
 class SyncMessage:
     """A delivered message with blocking :meth:`ack`, :meth:`release` and :meth:`reject`.
 
-    Attributes: the same as :class:`batonmq.clients.client.Message`.
+    Attributes: the same as :class:`batonmq.clients.consumer.Message`.
     """
 
     __slots__ = (
@@ -556,7 +569,7 @@ class SyncMessage:
         "publish_time",
     )
 
-    def __init__(self, conn: SyncConnection, msg: _aio.Message) -> None:
+    def __init__(self, conn: SyncConnection, msg: Message) -> None:
         self._conn = conn
         self._msg = msg
         self.queue = msg.queue
@@ -574,14 +587,19 @@ class SyncMessage:
         """True once ack/release/reject was called."""
         return self._msg.settled
 
+    @property
+    def message(self) -> Message:
+        """The async message underneath (use it only from the client's loop thread)."""
+        return self._msg
+
     def ack(self, *, confirm: bool = False) -> None:
-        """Accept the message (see :meth:`batonmq.clients.client.Message.ack`)."""
-        self._conn._run(self._msg.ack(confirm=confirm))
+        """Accept the message (see :meth:`batonmq.clients.consumer.Message.ack`)."""
+        self._conn.run(self._msg.ack(confirm=confirm))
 
     def release(self, *, confirm: bool = False) -> None:
-        """Give the message back to its queue (see :meth:`batonmq.clients.client.Message.release`)."""
-        self._conn._run(self._msg.release(confirm=confirm))
+        """Give the message back to its queue (see :meth:`batonmq.clients.consumer.Message.release`)."""
+        self._conn.run(self._msg.release(confirm=confirm))
 
     def reject(self, *, confirm: bool = False) -> None:
-        """Reject the message (see :meth:`batonmq.clients.client.Message.reject`)."""
-        self._conn._run(self._msg.reject(confirm=confirm))
+        """Reject the message (see :meth:`batonmq.clients.consumer.Message.reject`)."""
+        self._conn.run(self._msg.reject(confirm=confirm))

@@ -37,9 +37,10 @@ class Instance:
         """``"node_id/runtime"``: the member's identity in the view."""
         return f"{self.node_id}/{self.runtime}"
 
-    def _compared(self) -> tuple[Any, ...]:
-        # ``local`` is left out: it names the answering broker, which changes when the
-        # client fails over, not the cluster.
+    def compared(self) -> tuple[Any, ...]:
+        """What a PROPERTIES_CHANGED event compares: role, address, leadership and
+        properties. ``local`` is left out: it names the answering broker, which
+        changes when the client fails over, not the cluster."""
         return (self.role, self.address, self.leader, dict(self.properties))
 
 
@@ -135,7 +136,7 @@ def classify(old: Topology, new: Topology) -> TopologyEventType | None:
     if old.changing and not new.changing:
         return TopologyEventType.CHANGED  # the change settled without a new view
     if new.leader != old.leader or any(
-        a._compared() != b._compared() for a, b in zip(old.instances, new.instances)
+        a.compared() != b.compared() for a, b in zip(old.instances, new.instances)
     ):
         return TopologyEventType.PROPERTIES_CHANGED
     return None

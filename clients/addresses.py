@@ -1,0 +1,74 @@
+"""Broker addresses: ``"HOST:PORT"`` strings in, ``(host, port)`` pairs out, and back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from batonmq.cluster.errors import InvalidArgument
+
+__all__ = ["DEFAULT_PORT", "parse_addresses", "format_address"]
+
+#: Port used when an address has no ``:PORT``.
+DEFAULT_PORT: Final = 5671
+
+
+def parse_addresses(addresses: str | Sequence[str]) -> list[tuple[str, int]]:
+    """Turn ``"HOST:PORT"`` strings into ``(host, port)`` pairs.
+
+    Args:
+        addresses: one address, a comma-separated list, or a sequence of either.
+            IPv6 hosts are written in brackets: ``"[::1]:5671"``. A missing port
+            means :data:`DEFAULT_PORT`.
+
+    Returns:
+        The addresses in the order given.
+
+    Raises:
+        InvalidArgument: no address, or one that cannot be parsed.
+    """
+    items = [addresses] if isinstance(addresses, str) else list(addresses)
+    out: list[tuple[str, int]] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidArgument(f"address must be a str, got {type(item).__name__}")
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            host, port = part, DEFAULT_PORT
+            if part.startswith("["):
+                end = part.find("]")
+                if end < 0:
+                    raise InvalidArgument(f"bad address {part!r}: missing ']'")
+                host, rest = part[1:end], part[end + 1 :]
+                if rest:
+                    if not rest.startswith(":"):
+                        raise InvalidArgument(f"bad address {part!r}")
+                    port = _parse_port(part, rest[1:])
+            elif part.count(":") == 1:
+                host, port_text = part.split(":")
+                port = _parse_port(part, port_text)
+            elif ":" in part:
+                raise InvalidArgument(f"bad address {part!r}: write IPv6 hosts as [HOST]:PORT")
+            if not host:
+                raise InvalidArgument(f"bad address {part!r}: empty host")
+            out.append((host, port))
+    if not out:
+        raise InvalidArgument("no broker address given")
+    return out
+
+
+def _parse_port(address: str, text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise InvalidArgument(f"bad address {address!r}: port is not a number") from None
+    if not 0 < port < 65536:
+        raise InvalidArgument(f"bad address {address!r}: port out of range")
+    return port
+
+
+def format_address(host: str, port: int) -> str:
+    """``"HOST:PORT"``, with an IPv6 host in brackets (the form :func:`parse_addresses` reads)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
