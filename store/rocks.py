@@ -159,6 +159,12 @@ class _RocksReader(StoreReader):
             return bytes(self._snap[_mkey(qid, pos)])
         except KeyError:
             return None
+        except Exception as exc:
+            # rocksdict 0.3.29's Snapshot has no get() and raises a plain Exception
+            # (not KeyError) for a missing key.
+            if str(exc) == "key not found":
+                return None
+            raise
 
     def close(self) -> None:
         self._snap = None
