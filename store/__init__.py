@@ -9,8 +9,13 @@ with that batch's last offset, so a crash leaves a consistent prefix and a resta
 resumes right after the offset (the eventsourcing "tracking" pattern).
 
 The store knows nothing of events; the cluster driver translates the state
-machine's effects into :class:`Batch` calls. The backend is
-:class:`batonmq.store.rocks.RocksStore` (rocksdict); tests use it too, in a temporary dir.
+machine's effects into :class:`Batch` calls.
+
+Backends subclass :class:`Store`, and each passes tests/contract/test_store.py:
+:class:`batonmq.store.rocks.RocksStore` (rocksdict) is the broker's;
+:class:`batonmq.store.memory.MemoryStore` (plain dicts) is the reference, and the one the
+node's unit tests use. This module imports neither (and no rocksdict): a backend imports
+it, so importing the interface stays cheap and re-exporting a backend here would be a cycle.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["Store", "Batch", "Loaded", "StoredMessage", "StoreReader"]
+__all__ = ["Store", "Batch", "Loaded", "StoredMessage", "StoreReader", "merge_headers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,16 +42,29 @@ class StoredMessage:
 
 @dataclass(slots=True)
 class Loaded:
-    """What a store holds at open: resume applying at ``applied + 1``."""
+    """What a store holds at open: resume applying at ``applied + 1``.
 
+    Snapshots come back as msgpack returns them (a tuple saved is a list loaded).
+    """
+
+    #: The offset of the last commit; -1 if none (a new or reset store).
     applied: int = -1
+    #: The last :meth:`Batch.put_meta` snapshot; None if none.
     meta: list[Any] | None = None
+    #: The last :meth:`Batch.put_queue` snapshot of each queue, by name.
     queues: dict[str, list[Any]] = field(default_factory=dict)
-    keys: list[tuple[int, int, str, int]] = field(default_factory=list)  # publish keys
+    #: The kept publish keys ``(seq, qid, key, first position)``, in seq order.
+    keys: list[tuple[int, int, str, int]] = field(default_factory=list)
 
 
 class Batch(abc.ABC):
-    """Changes written atomically by :meth:`Store.commit`."""
+    """Changes written atomically by :meth:`Store.commit`.
+
+    Nothing of a batch is visible (to reads, readers, :meth:`Store.load`) before its
+    commit; its changes then take effect in the order they were made. A batch that is
+    never committed changes nothing. Commit a batch once, to the store that made it.
+    A write to a position that holds a message replaces it.
+    """
 
     @abc.abstractmethod
     def put_messages(
@@ -61,11 +79,11 @@ class Batch(abc.ABC):
 
     @abc.abstractmethod
     def remove(self, qid: int, positions: list[int]) -> None:
-        """Forget these messages."""
+        """Forget these messages (positions without one are ignored)."""
 
     @abc.abstractmethod
     def remove_range(self, qid: int, lo: int, hi: int) -> None:
-        """Forget messages lo <= position < hi."""
+        """Forget the messages at ``lo <= position < hi`` of queue ``qid``."""
 
     @abc.abstractmethod
     def move(
@@ -79,8 +97,15 @@ class Batch(abc.ABC):
     ) -> bool:
         """Move a message to another queue, merging ``headers`` into its own.
 
+        The source is read as this batch's puts, removes and moves so far leave it: a
+        message put earlier in the same batch is found, one removed or moved away is
+        not. (A source that :meth:`remove_range` or :meth:`drop_queue` removed earlier in
+        the same batch is not covered: ``RocksStore`` still finds it if it was committed
+        before.) The moved message keeps its body and publish time; its headers
+        are its own updated with ``headers``; its enqueue time is ``enqueued_at``.
+
         Returns False if the source message is not here (a joining broker that has
-        not received it yet, DESIGN §8): nothing is written then."""
+        not received it yet, DESIGN §8): nothing changes then."""
 
     @abc.abstractmethod
     def put_raw(self, qid: int, pos: int, raw: bytes) -> None:
@@ -89,7 +114,7 @@ class Batch(abc.ABC):
 
     @abc.abstractmethod
     def drop_queue(self, qid: int) -> None:
-        """Forget every message of a queue."""
+        """Forget every message of queue ``qid``."""
 
     @abc.abstractmethod
     def put_queue(self, name: str, snapshot: list[Any] | None) -> None:
@@ -101,12 +126,13 @@ class Batch(abc.ABC):
 
     @abc.abstractmethod
     def put_keys(self, entries: list[tuple[int, int, str, int]], forget: range) -> None:
-        """Save publish idempotency keys ``(seq, qid, key, first position)``; forget the
-        keys whose seq is in ``forget``."""
+        """Save publish idempotency keys ``(seq, qid, key, first position)``, then forget
+        the keys whose seq is in ``forget`` (a seq in both is forgotten)."""
 
 
 class StoreReader(abc.ABC):
-    """A consistent, read-only view of a store's messages at one moment."""
+    """A consistent, read-only view of a store's messages at one moment: commits made
+    after it was taken are unseen. Close it before its store."""
 
     @abc.abstractmethod
     def get_raw(self, qid: int, pos: int) -> bytes | None:
@@ -114,7 +140,7 @@ class StoreReader(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Release the view."""
+        """Release the view; it must not be used afterwards."""
 
 
 def merge_headers(raw: bytes, headers: dict[str, Any], enqueued_at: int) -> bytes:
@@ -125,11 +151,20 @@ def merge_headers(raw: bytes, headers: dict[str, Any], enqueued_at: int) -> byte
 
 
 class Store(abc.ABC):
-    """A broker's local store."""
+    """A broker's local store. Every backend passes tests/contract/test_store.py.
+
+    What was committed outlives :meth:`close`: the store opened again on the same place
+    (the same directory for ``RocksStore``, :meth:`MemoryStore.reopen
+    <batonmq.store.memory.MemoryStore.reopen>`) loads and reads it. After :meth:`close`,
+    writes (:meth:`commit`, :meth:`reset`, the outbox, :meth:`put_ident`) raise
+    StoreError, and reads and :meth:`reader` raise as well (StoreError, or the
+    backend's own error: reading a closed store is a bug of the caller).
+    """
 
     @abc.abstractmethod
     def load(self) -> Loaded:
-        """Read the applied offset and every snapshot (at start-up)."""
+        """Read the applied offset and every snapshot (at start-up): what the commits
+        so far saved, since the last :meth:`reset`."""
 
     @abc.abstractmethod
     def batch(self) -> Batch:
@@ -137,7 +172,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, batch: Batch, applied: int) -> None:
-        """Write ``batch`` and the applied offset atomically.
+        """Write ``batch`` and the applied offset atomically: once it returns, reads,
+        new readers and :meth:`load` see all of it.
 
         Raises:
             StoreError: the write failed (e.g. disk full); nothing of it is visible.
@@ -158,22 +194,31 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def get_messages(self, qid: int, positions: list[int]) -> list[StoredMessage | None]:
-        """Messages at these positions (None where there is none)."""
+        """The messages of queue ``qid`` at ``positions``: one entry per position, in
+        the order given, None where there is none."""
 
     @abc.abstractmethod
     def scan(self, qid: int, start: int, limit: int) -> list[tuple[int, int]]:
-        """Up to ``limit`` (position, enqueued_at) pairs from ``start`` on, in order."""
+        """``(position, enqueued_at)`` of the messages of queue ``qid`` at positions
+        ``>= start``, in position order (positions without a message are skipped):
+        the first ``limit`` of them (none if ``limit <= 0``)."""
 
     @abc.abstractmethod
     def read_range(
         self, qid: int, start: int, end: int, limit: int, max_bytes: int
     ) -> list[tuple[int, StoredMessage]]:
-        """The messages at positions ``start <= p < end``, in order: at most ``limit``
-        of them, and stopping after the first that brings the total to ``max_bytes``."""
+        """The messages of queue ``qid`` at positions ``start <= p < end``, in position
+        order (positions without a message are skipped).
+
+        At most ``limit`` of them; and the read stops after the first message that
+        brings the sum of their :attr:`StoredMessage.size` to ``max_bytes`` or more, so
+        a message larger than ``max_bytes`` still comes (alone, if first). Empty if
+        ``end <= start``, ``limit <= 0`` or ``max_bytes <= 0``."""
 
     @abc.abstractmethod
     def outbox_put(self, runtime: str, records: list[tuple[int, bytes]]) -> None:
-        """Keep ``(origin seq, record)`` events of this runtime that are not on the log yet.
+        """Keep ``(origin seq, record)`` events of this runtime that are not on the log
+        yet (written at once, outside any batch; a kept seq is replaced).
 
         Raises:
             StoreError: the write failed.
@@ -181,7 +226,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def outbox_remove(self, runtime: str, seqs: list[int]) -> None:
-        """Forget outbox events once they are on the log.
+        """Forget outbox events once they are on the log (seqs not kept are ignored).
 
         Raises:
             StoreError: the write failed.
@@ -189,11 +234,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def outbox_load(self) -> list[tuple[str, int, bytes]]:
-        """Every kept outbox event as ``(runtime, seq, record)``, in seq order per runtime."""
+        """Every kept outbox event as ``(runtime, seq, record)``, grouped by runtime, in
+        seq order per runtime. :meth:`reset` keeps them."""
 
     @abc.abstractmethod
     def get_ident(self, key: str) -> str | None:
-        """A small identity value (node id, cluster id)."""
+        """A small identity value (node id, cluster id); None if never set."""
 
     @abc.abstractmethod
     def put_ident(self, key: str, value: str) -> None:
@@ -201,4 +247,5 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Flush and close."""
+        """Flush and close; call it once, after closing the store's readers (a backend
+        may hold its files while a reader lives)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
@@ -49,15 +49,18 @@ def _qprefix(qid: int) -> bytes:
 
 
 class _RocksBatch(Batch):
-    __slots__ = ("wb", "pending", "store", "_packer")
+    """A write batch of one store: ``packer`` encodes its values, ``get`` reads the
+    store's database (a move's source that this batch has not written)."""
 
-    def __init__(self, store: "RocksStore") -> None:
+    __slots__ = ("wb", "pending", "_get", "_packer")
+
+    def __init__(self, packer: msgpack.Packer, get: Callable[[bytes], bytes | None]) -> None:
         self.wb = WriteBatch(raw_mode=True)
-        self.store = store
+        self._get = get
         # Values put in this batch, so a move of a message enqueued in the same
         # batch finds it before it reaches the database.
         self.pending: dict[bytes, bytes | None] = {}
-        self._packer = store._packer
+        self._packer = packer
 
     def put_messages(
         self,
@@ -101,7 +104,7 @@ class _RocksBatch(Batch):
         enqueued_at: int,
     ) -> bool:
         src = _mkey(src_qid, src_pos)
-        raw = self.pending[src] if src in self.pending else self.store._db.get(src)
+        raw = self.pending[src] if src in self.pending else self._get(src)
         self.remove(src_qid, [src_pos])
         if raw is None:
             return False  # not here (yet): a joining broker's update brings it
@@ -156,6 +159,12 @@ class _RocksReader(StoreReader):
             return bytes(self._snap[_mkey(qid, pos)])
         except KeyError:
             return None
+        except Exception as exc:
+            # rocksdict 0.3.29's Snapshot has no get() and raises a plain Exception
+            # (not KeyError) for a missing key.
+            if str(exc) == "key not found":
+                return None
+            raise
 
     def close(self) -> None:
         self._snap = None
@@ -200,7 +209,7 @@ class RocksStore(Store):
         return out
 
     def batch(self) -> Batch:
-        return _RocksBatch(self)
+        return _RocksBatch(self._packer, self._db.get)
 
     def commit(self, batch: Batch, applied: int) -> None:
         assert isinstance(batch, _RocksBatch)

@@ -1,9 +1,7 @@
-"""The joiner's side of an update (cluster/update.py) against a real store: messages the
-log dead-letters before their body arrives, and what is locked meanwhile."""
+"""The joiner's side of an update (cluster/update.py) on the reference store: messages
+the log dead-letters before their body arrives, and what is locked meanwhile."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import msgpack
 
@@ -12,7 +10,7 @@ from batonmq.cluster.log.memory import MemoryLog
 from batonmq.cluster.node import Node
 from batonmq.cluster.state import Effect, State
 from batonmq.cluster.update import Catchup
-from batonmq.store.rocks import RocksStore
+from batonmq.store.memory import MemoryStore
 from tests.unit.test_join_events import _cluster
 
 
@@ -39,7 +37,7 @@ def _raw(body: bytes) -> bytes:  # the store's encoding: [enqueued_at, publish_t
     return msgpack.packb((5, 5, {"k": 1}, body), use_bin_type=True)
 
 
-async def test_waiting_moves_resolve_when_the_body_arrives(tmp_path: Path) -> None:
+async def test_waiting_moves_resolve_when_the_body_arrives() -> None:
     donor, offset = _cluster()
     feed = _Feed(donor, offset)
     feed.apply(DeclareQueue("dlq"))
@@ -47,7 +45,7 @@ async def test_waiting_moves_resolve_when_the_body_arrives(tmp_path: Path) -> No
     feed.apply(Enqueue("q", ((b"a", {}), (b"b", {}), (b"c", {}))))
     feed.apply(Interest("q", True))
 
-    node = Node("n3", MemoryLog(), RocksStore(str(tmp_path / "store")))
+    node = Node("n3", MemoryLog(), MemoryStore())
     catchup = Catchup(node)
     node.catchup = catchup
     await node.install(donor.applied, donor.full_snapshot())

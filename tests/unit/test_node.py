@@ -1,12 +1,16 @@
-"""The node driver with a real rocksdict store and the memory / file logs.
+"""The node driver on the reference store and the memory / file logs.
 
-Not the pure core, so no fakes: real store in tmp_path, real log backends.
+Not the pure core, so no fakes: the store is :class:`MemoryStore` (it passes the same
+contract suite as the broker's RocksStore, tests/contract/test_store.py), closed and
+reopened for a restart; the logs are real backends. Brokers restarting on RocksStore are
+tests/integration/test_guarantees.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,14 +21,31 @@ from batonmq.cluster.log import open_log
 from batonmq.cluster.log.memory import MemoryLog
 from batonmq.cluster.node import Node
 from batonmq.cluster.state import Acquired, Effect, State
-from batonmq.store.rocks import RocksStore
+from batonmq.store.memory import MemoryStore
 
 
-async def _node(tmp: Path, name: str, log_url: str) -> Node:
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Wait until ``check()`` holds, looking again every millisecond or so (the node
+    runs meanwhile); fail the test if it does not within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.001)
+
+
+async def _node(name: str, log_url: str, store: MemoryStore | None = None) -> Node:
+    """A started node on ``store`` (a new one if None)."""
     log = await open_log(log_url)
-    node = Node(name, log, RocksStore(str(tmp / name)))
+    node = Node(name, log, store if store is not None else MemoryStore())
     await node.start()
     return node
+
+
+def _reopen(node: Node) -> MemoryStore:
+    """The store of a node that closed it, opened again (the broker restarts)."""
+    assert isinstance(node.store, MemoryStore)
+    return node.store.reopen()
 
 
 async def _close(node: Node) -> None:
@@ -34,8 +55,8 @@ async def _close(node: Node) -> None:
     node.store.close()
 
 
-async def test_commands_complete_with_results(tmp_path: Path) -> None:
-    node = await _node(tmp_path, "a", "memory:")
+async def test_commands_complete_with_results() -> None:
+    node = await _node("a", "memory:")
     try:
         assert await node.submit(DeclareQueue("q")) == {"created": True}
         r = await node.submit(Enqueue("q", ((b"x", {"h": 1}), (b"y", {}))))
@@ -51,7 +72,7 @@ async def test_commands_complete_with_results(tmp_path: Path) -> None:
 
 async def test_restart_resumes_from_applied_offset(tmp_path: Path) -> None:
     url = f"file:{tmp_path / 'log'}"
-    node = await _node(tmp_path, "a", url)
+    node = await _node("a", url)
     await node.submit(DeclareQueue("q"))
     for i in range(5):
         await node.submit(Enqueue("q", tuple((b"%d" % (i * 10 + j), {}) for j in range(10))))
@@ -65,7 +86,9 @@ async def test_restart_resumes_from_applied_offset(tmp_path: Path) -> None:
     digest, applied = node.state.digest(), node.state.applied
     await _close(node)
 
-    again = await _node(tmp_path, "a", url)
+    store = _reopen(node)
+    assert store.load().applied == node.state.applied  # where the next start resumes
+    again = await _node("a", url, store)
     try:
         q = again.state.queues["q"]
         # Accepted messages stay gone; the 10 still held by the old runtime's
@@ -85,8 +108,8 @@ async def test_restart_resumes_from_applied_offset(tmp_path: Path) -> None:
 
 async def test_two_replicas_on_one_log_have_equal_digests(tmp_path: Path) -> None:
     url = f"file:{tmp_path / 'log'}"
-    a = await _node(tmp_path, "a", url)
-    b = await _node(tmp_path, "b", url)
+    a = await _node("a", url)
+    b = await _node("b", url)
     try:
         await a.submit(DeclareQueue("q", delivery_limit=2))
         futs = [
@@ -108,8 +131,8 @@ async def test_two_replicas_on_one_log_have_equal_digests(tmp_path: Path) -> Non
         await _close(b)
 
 
-async def test_effects_reach_the_listener_after_the_store(tmp_path: Path) -> None:
-    node = await _node(tmp_path, "a", "memory:")
+async def test_effects_reach_the_listener_after_the_store() -> None:
+    node = await _node("a", "memory:")
     try:
         bodies: list[bytes] = []
 
@@ -132,7 +155,7 @@ async def test_effects_reach_the_listener_after_the_store(tmp_path: Path) -> Non
         await _close(node)
 
 
-async def test_a_failing_log_read_is_retried_not_fatal(tmp_path: Path) -> None:
+async def test_a_failing_log_read_is_retried_not_fatal() -> None:
     """A read error (here: the log fails its first read) stalls applying; the node
     reports unhealthy, retries from the applied offset, and completes the command."""
     log = await open_log("memory:")
@@ -146,7 +169,7 @@ async def test_a_failing_log_read_is_retried_not_fatal(tmp_path: Path) -> None:
         return real_read(start, max_batch=max_batch)
 
     log.read = flaky_read  # type: ignore[method-assign]
-    node = Node("a", log, RocksStore(str(tmp_path / "a")))
+    node = Node("a", log, MemoryStore())
     await asyncio.wait_for(node.start(), 10)
     try:
         assert calls["n"] == 2 and node.healthy
@@ -170,18 +193,17 @@ class _DownLog(MemoryLog):
         return await super().append(records)
 
 
-async def test_appends_wait_out_an_unavailable_log(tmp_path: Path) -> None:
+async def test_appends_wait_out_an_unavailable_log() -> None:
     """While the log cannot be written, commands wait in the outbox and are appended
     once it works again: confirmed late, not failed, and applied once."""
     log = _DownLog()
-    node = Node("a", log, RocksStore(str(tmp_path / "a")))
+    node = Node("a", log, MemoryStore())
     await asyncio.wait_for(node.start(), 10)
     try:
         await node.submit(DeclareQueue("q"))
         log.down = True
         futs = [node.submit(Enqueue("q", ((b"m%d" % i, {}),))) for i in range(20)]
-        while log.failed < 3:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: log.failed >= 3, "three failed appends")
         assert not any(f.done() for f in futs) and not node.healthy
         assert [r for _, _, r in node.store.outbox_load()]  # the publishes are kept
         log.down = False
@@ -193,16 +215,15 @@ async def test_appends_wait_out_an_unavailable_log(tmp_path: Path) -> None:
         await _close(node)
 
 
-async def test_a_full_outbox_refuses_at_once(tmp_path: Path) -> None:
+async def test_a_full_outbox_refuses_at_once() -> None:
     log = _DownLog()
-    node = Node("a", log, RocksStore(str(tmp_path / "a")), max_outbox=5)
+    node = Node("a", log, MemoryStore(), max_outbox=5)
     await asyncio.wait_for(node.start(), 10)
     try:
         await node.submit(DeclareQueue("q"))
         log.down = True
         futs = [node.submit(Enqueue("q", ((b"first", {}),)))]
-        while log.failed < 1:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: log.failed >= 1, "a failed append")
         futs += [node.submit(Enqueue("q", ((b"m", {}),))) for _ in range(10)]
         refused = [f for f in futs if f.done()]
         assert refused and all(isinstance(f.exception(), LogUnavailable) for f in refused)
@@ -213,18 +234,17 @@ async def test_a_full_outbox_refuses_at_once(tmp_path: Path) -> None:
         await _close(node)
 
 
-async def test_kept_publishes_are_published_at_the_next_start(tmp_path: Path) -> None:
+async def test_kept_publishes_are_published_at_the_next_start() -> None:
     """A broker dies while its publishes wait for the log: its next start publishes
     them (the clients got no confirm, so this is at-least-once for them)."""
     log = _DownLog()
-    store = RocksStore(str(tmp_path / "a"))
+    store = MemoryStore()
     node = Node("a", log, store, heartbeat_ms=50)
     await asyncio.wait_for(node.start(), 10)
     await node.submit(DeclareQueue("q"))
     log.down = True
     pending = [node.submit(Enqueue("q", ((b"kept-%d" % i, {}),))) for i in range(3)]
-    while log.failed < 2:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: log.failed >= 2, "two failed appends")
     for t in node._tasks:  # the process dies: no leave, no stop
         t.cancel()
     await asyncio.gather(*node._tasks, return_exceptions=True)
@@ -233,7 +253,7 @@ async def test_kept_publishes_are_published_at_the_next_start(tmp_path: Path) ->
     store.close()
     log.down = False
 
-    again = Node("a", log, RocksStore(str(tmp_path / "a")), heartbeat_ms=50)
+    again = Node("a", log, store.reopen(), heartbeat_ms=50)
     await asyncio.wait_for(again.start(), 20)
     try:
         while again.state.queues["q"].next_pos < 3:
@@ -241,8 +261,12 @@ async def test_kept_publishes_are_published_at_the_next_start(tmp_path: Path) ->
         q = again.state.queues["q"]
         bodies = [m.body for m in again.store.get_messages(q.qid, [0, 1, 2]) if m]
         assert sorted(bodies) == [b"kept-0", b"kept-1", b"kept-2"]
-        await asyncio.sleep(0.2)
-        assert q.next_pos == 3 and again.store.outbox_load() == []
+        # Once the outbox is empty every publish taken again is on the log; all of the
+        # log applied, each kept publish was enqueued once.
+        await eventually(lambda: again.store.outbox_load() == [], "the outbox emptied")
+        end = await log.end_offset()
+        await eventually(lambda: again.state.applied >= end - 1, f"offset {end - 1} applied")
+        assert q.next_pos == 3
     finally:
         await _close(again)
 
@@ -251,18 +275,18 @@ async def test_publish_keys_survive_a_restart(tmp_path: Path) -> None:
     """The key memory is stored key by key; a re-sent publish after a restart of the
     broker is still recognised (and the forgotten keys leave the store)."""
     url = f"file:{tmp_path / 'log'}"
-    node = Node("a", await open_log(url), RocksStore(str(tmp_path / "a")))
+    node = Node("a", await open_log(url), MemoryStore())
     node.state.key_memory = 3
     await node.start()
     await node.submit(DeclareQueue("q"))
     for i in range(5):
         await node.submit(Enqueue("q", ((b"m%d" % i, {}),), ((f"k{i}", 1),)))
     await _close(node)
-    store = RocksStore(str(tmp_path / "a"))
+    store = _reopen(node)
     assert [k for _, _, k, _ in store.load().keys] == ["k2", "k3", "k4"]
     store.close()
 
-    again = Node("a", await open_log(url), RocksStore(str(tmp_path / "a")))
+    again = Node("a", await open_log(url), store.reopen())
     again.state.key_memory = 3
     await again.start()
     try:
@@ -274,9 +298,8 @@ async def test_publish_keys_survive_a_restart(tmp_path: Path) -> None:
 
 async def test_service_leadership_survives_a_restart(tmp_path: Path) -> None:
     url = f"file:{tmp_path / 'log'}"
-    a = await _node(tmp_path, "a", url)
-    b = await _node(tmp_path, "b", url)
-    b_dir = b.store.path
+    a = await _node("a", url)
+    b = await _node("b", url)
     try:
         first = await a.submit(Candidate("svc", a.key))
         await b.submit(Candidate("svc", b.key + "/s1"))
@@ -285,7 +308,7 @@ async def test_service_leadership_survives_a_restart(tmp_path: Path) -> None:
         kept = b.state.services.snapshot()
         await _close(b)
         # What the store kept is the service state b had applied (DESIGN §9).
-        store = RocksStore(b_dir)
+        store = _reopen(b)
         loaded = store.load()
         store.close()
         restored = State()
@@ -294,7 +317,7 @@ async def test_service_leadership_survives_a_restart(tmp_path: Path) -> None:
         assert restored.services.snapshot() == kept
         assert restored.services.get("svc").candidates == [a.key, b.key + "/s1"]  # type: ignore[union-attr]
 
-        b = await _node(tmp_path, "b", url)
+        b = await _node("b", url, store.reopen())
         end = await a.log.end_offset()
         for n in (a, b):
             while n.state.applied < end - 1:
