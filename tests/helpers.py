@@ -33,6 +33,7 @@ __all__ = [
     "equal_digests",
     "eventually",
     "eventually_sync",
+    "now",
     "topology",
     "wait_stats",
     "wait_stats_sync",
@@ -94,6 +95,12 @@ async def eventually(
         if time.monotonic() >= deadline:
             raise _timed_out(what, timeout, last, context)
         await asyncio.sleep(interval)
+
+
+async def now(value: T) -> T:
+    """``value`` as an awaitable, for :func:`eventually` to poll in-process state:
+    ``await eventually(lambda: now(len(done)), "all consumed", until=lambda n: n == 10)``."""
+    return value
 
 
 def eventually_sync(

@@ -86,6 +86,7 @@ class BrokerProcess:
         address = eventually_sync(
             ready, f"the ready line of {self.data_dir.name}", timeout=timeout, context=self.output
         )
+        assert address is not None
         port = int(address.rpartition(":")[2])
         assert self.port in (0, port), f"restarted on port {port}, not {self.port}"
         self.port = port
