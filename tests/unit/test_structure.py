@@ -31,7 +31,7 @@ KNOWN_PRIVATE_REACH = {
     "clients/sync.py",
     "clients/topology.py",
 }
-KNOWN_LONG = {"cluster/state.py", "clients/client.py"}
+KNOWN_LONG = {"clients/client.py"}
 
 
 def _sources() -> list[Path]:
