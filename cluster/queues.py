@@ -85,8 +85,8 @@ class MessageState(enum.Enum):
 
 
 #: (state, operation) -> next state. "release*" is a release that reaches the
-#: delivery limit; "drop" is drop-head overflow, purge or expiry. DEAD_LETTERED
-#: becomes DROPPED when the queue has no (existing) dead-letter queue.
+#: delivery limit; "drop-head" is overflow pushing out the oldest ready message.
+#: DEAD_LETTERED becomes DROPPED when the queue has no (existing) dead-letter queue.
 TRANSITIONS: Final[dict[tuple[MessageState | None, str], MessageState]] = {
     (None, "enqueue"): MessageState.READY,
     (MessageState.READY, "acquire"): MessageState.ACQUIRED,
