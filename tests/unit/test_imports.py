@@ -106,7 +106,6 @@ def test_the_graph_sees_imports_in_functions_and_type_checking_blocks() -> None:
 KNOWN_CYCLES: list[list[str]] = [
     ["batonmq.broker.delivery", "batonmq.broker.leadership", "batonmq.broker.server", "batonmq.broker.session"],
     ["batonmq.clients.client", "batonmq.clients.leadership"],
-    ["batonmq.cluster.node", "batonmq.cluster.update"],
 ]
 
 
