@@ -17,6 +17,8 @@ the desired member list differs from the view: live members in their order, then
 new runtimes in the order of their first heartbeat (new members at the end). Every
 voter listed answers ``Vote``; when all have voted yes the view is established. The
 leader is the first voter of the established view: stable while it lives.
+:func:`duties` is that policy for one runtime: what it should propose and vote on,
+given the membership as applied (the node driver appends what it returns).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Member", "Membership", "VOTER", "OBSERVER"]
+__all__ = ["Member", "Membership", "VOTER", "OBSERVER", "Ballot", "Duties", "duties"]
 
 VOTER = "voter"
 OBSERVER = "observer"
+
+#: A view as proposed or voted on: (view_seq, members in order).
+Ballot = tuple[int, tuple[str, ...]]
 
 
 @dataclass(slots=True)
@@ -261,3 +266,45 @@ class Membership:
         self.refused = {k: v for k, v in s[7]}
         p = s[8]
         self.proposal = None if p is None else Proposal(p[0], list(p[1]), p[2], set(p[3]))
+
+
+@dataclass(frozen=True, slots=True)
+class Duties:
+    """What one runtime should append after an applied batch (None: nothing)."""
+
+    propose: Ballot | None = None  # Propose this view (the cluster id is the caller's)
+    vote: Ballot | None = None  # Vote yes on this open proposal
+
+
+def duties(
+    ms: Membership, me: str, role: str, proposed: Ballot | None, voted: Ballot | None
+) -> Duties:
+    """The propose-vote policy of runtime ``me``, given the membership as applied.
+
+    Args:
+        ms: the membership state.
+        me: the runtime's member key.
+        role: its role (VOTER or OBSERVER): only a voter proposes.
+        proposed: the view it proposed last, if any (it does not propose it again).
+        voted: the proposal it voted on last, if any (it does not vote twice).
+
+    Returns:
+        The view to propose, if ``me`` is the proposer, the view should change and
+        no open proposal for the desired view can still pass; and the open proposal
+        to vote yes on, if ``me`` is one of the voters it waits for.
+    """
+    propose: Ballot | None = None
+    if role == VOTER and ms.proposer() == me and ms.needs_view():
+        wanted = (ms.view_seq + 1, tuple(ms.desired()))
+        if wanted != proposed and (
+            ms.proposal is None or any(ms.suspected(v) for v in ms.voters_pending())
+            or tuple(ms.proposal.members) != wanted[1]
+        ):
+            propose = wanted
+    vote: Ballot | None = None
+    p = ms.proposal
+    if p is not None and me in ms.voters_pending():
+        ballot = (p.seq, tuple(p.members))
+        if ballot != voted:
+            vote = ballot
+    return Duties(propose, vote)

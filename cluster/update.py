@@ -38,20 +38,20 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from batonmq.clients import wire
 from batonmq.cluster.errors import BatonError, InvalidArgument, Timeout, JoinFailed
 from batonmq.cluster.codec import MalformedEvent, decode
 from batonmq.cluster.events import Heartbeat
 from batonmq.cluster.log import Log
-from batonmq.cluster.state import QueueState
-from batonmq.store import Batch, StoreReader, merge_headers
+from batonmq.cluster.state import QueueState, State
+from batonmq.store import Batch, Store, StoreReader, merge_headers
 
-if TYPE_CHECKING:
-    from batonmq.cluster.node import Node
-
-__all__ = ["Capture", "capture", "update_frames", "find_donors", "Catchup", "MAX_UPDATE_FRAME"]
+__all__ = [
+    "Capture", "capture", "update_frames", "find_donors", "Catchup", "MAX_UPDATE_FRAME",
+    "Donor", "Joiner",
+]
 
 log = logging.getLogger("baton.update")
 
@@ -62,6 +62,82 @@ CHUNK_BYTES = 128 * 1024
 CHUNK_COUNT = 500
 
 MessageKey = tuple[int, int]  # (qid, position)
+
+
+class Donor(Protocol):
+    """What the member's side of an update uses of its broker's replica
+    (:class:`batonmq.cluster.node.Node` is one)."""
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def catchup(self) -> "Catchup | None":
+        """The update this broker is itself taking in, if any."""
+        ...
+
+    @property
+    def applied_event(self) -> asyncio.Event:
+        """Set after every applied batch."""
+        ...
+
+    @property
+    def apply_lock(self) -> asyncio.Lock:
+        """Held while a log batch is applied and stored: state == store outside it."""
+        ...
+
+    @property
+    def holds(self) -> set[int]:
+        """Capture offsets of updates being served (the log is kept from there)."""
+        ...
+
+
+class Joiner(Protocol):
+    """What the joiner's side of an update (:class:`Catchup`) uses of its broker's
+    replica (:class:`batonmq.cluster.node.Node` is one)."""
+
+    @property
+    def key(self) -> str:
+        """This runtime's member key."""
+        ...
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def applied_event(self) -> asyncio.Event:
+        """Set after every applied batch."""
+        ...
+
+    @property
+    def apply_lock(self) -> asyncio.Lock:
+        """Held while a log batch is applied and stored: state == store outside it."""
+        ...
+
+    async def install(self, applied: int, snapshot: list[Any]) -> None:
+        """Make a member's captured state (at log offset ``applied``) this broker's."""
+        ...
+
+    def commit_update(self, batch: Batch) -> None:
+        """Write update messages (the caller holds the apply lock)."""
+        ...
+
+    def set_join_progress(self, text: str) -> None:
+        """Show the update's progress to operators."""
+        ...
+
+    def update_finished(self, progress: "Progress") -> None:
+        """The update is taken in: every queue is served here now."""
+        ...
 
 
 # --- the member's side ---------------------------------------------------------------
@@ -88,7 +164,7 @@ class Capture:
     snapshot: list[Any] | None
     plans: list[_QueuePlan]
     reader: StoreReader
-    node: "Node"
+    node: Donor
 
     def close(self) -> None:
         self.reader.close()
@@ -96,7 +172,7 @@ class Capture:
 
 
 async def capture(
-    node: "Node", since: int, queues: list[str] | None, with_state: bool, timeout: float = 30.0
+    node: Donor, since: int, queues: list[str] | None, with_state: bool, timeout: float = 30.0
 ) -> Capture:
     """Capture ``node``'s state for an update, once it has applied offset ``since``.
 
@@ -287,7 +363,7 @@ class Catchup:
     """The joiner's side of an update: installs the index, takes in the messages,
     tracks what is locked, and fails over to another member if the donor dies."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: Joiner) -> None:
         self.node = node
         self.pending: dict[str, int] = {}  # queue -> qid whose messages are not all here
         # Dead-lettered before their body arrived: src -> {dst: (headers, enqueued_at)}

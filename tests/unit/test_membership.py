@@ -1,7 +1,8 @@
 """Membership, views, leadership, fencing and ownership hand-over in the pure core.
 
-A small harness plays the brokers' duties deterministically (propose when the
-state names you proposer, vote when listed), as the node driver does.
+A small harness plays the brokers' duties deterministically: after each step every
+runtime the state knows does what :func:`batonmq.cluster.membership.duties` tells it
+(propose when the state names it proposer, vote when listed), as the node driver does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from batonmq.cluster.events import (
     Propose,
     Vote,
 )
+from batonmq.cluster.membership import Ballot, duties
 from batonmq.cluster.state import Acquired, Completed, Effect, MembersChanged, OwnerChanged, State
 
 
@@ -28,6 +30,9 @@ class Cluster:
         self.seqs: dict[str, int] = {}
         self.offset = -1
         self.effects: list[Effect] = []
+        # What each runtime proposed and voted on last (the node driver remembers it).
+        self.proposed: dict[str, Ballot] = {}
+        self.voted: dict[str, Ballot] = {}
 
     def apply(self, who: str, ev: Event) -> Completed:
         self.seqs[who] = seq = self.seqs.get(who, 0) + 1
@@ -45,17 +50,22 @@ class Cluster:
         self.duties()
 
     def duties(self) -> None:
-        """Propose and vote until the view is what the state wants."""
+        """Every runtime proposes and votes as the policy says, until none has more to do."""
         ms = self.state.membership
         for _ in range(10):
             acted = False
-            proposer = ms.proposer()
-            if proposer is not None and ms.needs_view() and ms.proposal is None:
-                self.apply(proposer, Propose(ms.view_seq + 1, tuple(ms.desired()), "cid"))
-                acted = True
-            for voter in ms.voters_pending():
-                self.apply(voter, Vote(ms.proposal.seq if ms.proposal else 0, True))
-                acted = True
+            for who in list(ms.beat_order):
+                if who not in ms.known:
+                    continue
+                d = duties(ms, who, ms.known[who].role, self.proposed.get(who), self.voted.get(who))
+                if d.propose is not None:
+                    self.proposed[who] = d.propose
+                    self.apply(who, Propose(d.propose[0], d.propose[1], "cid"))
+                    acted = True
+                if d.vote is not None:
+                    self.voted[who] = d.vote
+                    self.apply(who, Vote(d.vote[0], True))
+                    acted = True
             if not acted:
                 return
 

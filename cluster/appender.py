@@ -1,0 +1,306 @@
+"""The appender: this replica's events onto the log, in order, with group commit.
+
+:meth:`Appender.submit` stamps an event with this process's origin (node id,
+runtime id, next sequence number, wall-clock ms) and queues it in the *outbox*; one
+task (:meth:`Appender.run`) writes whatever has queued up as one log batch, so one
+round trip to the log carries many events and origin sequences reach the log in
+order. While the log cannot be written the events wait and the append is retried
+with back-off; publishes are also kept in the store's outbox meanwhile, so a broker
+that dies appends them at its next start (:meth:`Appender.resubmit_leftover`).
+
+A submitted event's future resolves when the event is *both* durable on the log (its
+append returned) and applied here (:meth:`Appender.applied`): that is the moment a
+command takes effect (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from batonmq.cluster.codec import EventEncoder, MalformedEvent, decode
+from batonmq.cluster.effects import Completed
+from batonmq.cluster.errors import BatonError, LogUnavailable, MessageTooLarge, ShuttingDown, StoreError
+from batonmq.cluster.events import Enqueue, Event, Origin
+from batonmq.cluster.health import Health
+from batonmq.cluster.log import Log
+from batonmq.store import Store
+
+__all__ = ["Appender", "ignore_outcome"]
+
+log = logging.getLogger("baton.node")
+
+#: Bytes a log backend may add per record, counted when cutting appends to size.
+_RECORD_OVERHEAD = 64
+
+
+class Appender:
+    """Stamps, queues and appends this runtime's events; completes their futures.
+
+    Args:
+        node_id: this broker's persistent id.
+        runtime_id: this process's runtime id.
+        log: the ordered log.
+        store: this broker's store (its outbox keeps publishes while they wait).
+        health: set False while appends fail.
+        clock: wall-clock milliseconds.
+        max_append: most events per log append.
+        max_outbox: most events waiting for the log; beyond it commands fail with
+            LogUnavailable at once.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        runtime_id: str,
+        log: Log,
+        store: Store,
+        health: Health,
+        *,
+        clock: Callable[[], int],
+        max_append: int,
+        max_outbox: int,
+    ) -> None:
+        self.node_id = node_id
+        self.runtime_id = runtime_id
+        self.log = log
+        self.store = store
+        self.health = health
+        self.closing = False  # set by close(): new submissions fail with ShuttingDown
+        self._clock = clock
+        self._max_append = max_append
+        self._encoder = EventEncoder()
+        self._seq = 0
+        # (seq, record, keep): events not on the log yet, in seq order; "keep" ones
+        # (publishes) are also in the store's outbox while their append is pending.
+        self._outbox: list[tuple[int, bytes, bool]] = []
+        self._max_outbox = max_outbox
+        self._append_error: str | None = None  # why the last append failed, until one works
+        self._leftover: list[tuple[str, int, bytes]] = []
+        self._outbox_failures = 0  # publish batches the store's outbox refused in a row
+        self._outbox_ready = asyncio.Event()
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._durable_seq = 0  # every own seq <= this is durable on the log
+        self._stashed: dict[int, Completed] = {}  # applied before their append returned
+
+    # -- stamping and queueing -----------------------------------------------------
+
+    def stamp(self, event: Event) -> bytes:
+        """The record of ``event`` with this runtime's next origin sequence number."""
+        self._seq += 1
+        return self._encoder.encode(
+            Origin(self.node_id, self.runtime_id, self._seq, self._clock()), event
+        )
+
+    def submit(self, event: Event) -> asyncio.Future[dict[str, Any]]:
+        """Append ``event``; the future resolves with its result once durable and applied.
+
+        The future fails with the event's BatonError (e.g. QueueNotFound) if
+        applying it failed; while the log cannot be written the event waits in the
+        outbox and its append is retried (a publish is also kept in the store, so a
+        broker that dies meanwhile appends it at its next start). It fails with
+        LogUnavailable only when the outbox is full.
+        """
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        if self.closing:
+            fut.set_exception(ShuttingDown("the broker is shutting down"))
+            return fut
+        if len(self._outbox) >= self._max_outbox:
+            fut.set_exception(
+                LogUnavailable(
+                    f"{len(self._outbox)} events wait for the log {self.log.url}, which cannot"
+                    f" be written now ({self._append_error or 'too slow'}); try again later"
+                )
+            )
+            return fut
+        record = self.stamp(event)
+        seq = self._seq
+        if len(record) > self.log.max_record:
+            # Refused alone, so it cannot fail the other events of its append.
+            fut.set_exception(
+                MessageTooLarge(
+                    f"event of {len(record)} bytes is above the log's record limit of "
+                    f"{self.log.max_record}; publish smaller batches"
+                )
+            )
+            return fut
+        self._outbox.append((seq, record, type(event) is Enqueue))
+        self._waiting[seq] = fut
+        self._outbox_ready.set()
+        return fut
+
+    def _take_batch(self) -> list[tuple[int, bytes, bool]]:
+        """The next append: at most ``max_append`` events and the log's batch bytes."""
+        room = self.log.max_append_bytes
+        n = 0
+        for _, record, _ in self._outbox[: self._max_append]:
+            room -= len(record) + _RECORD_OVERHEAD
+            if room < 0 and n > 0:
+                break
+            n += 1
+        batch = self._outbox[:n]
+        del self._outbox[:n]
+        return batch
+
+    # -- appending -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Append what the outbox holds, batch after batch, forever."""
+        while True:
+            await self._outbox_ready.wait()
+            batch = self._take_batch()
+            if not self._outbox:
+                self._outbox_ready.clear()
+            if not batch:
+                continue
+            kept = self._keep([(seq, r) for seq, r, keep in batch if keep])
+            records = [r for _, r, _ in batch]
+            appended = await self._append_retrying(records, batch)
+            if kept:  # on the log now, or refused for good (the client got the error)
+                self._unkeep(self.runtime_id, kept)
+            if not appended:
+                continue
+            self._durable_seq = batch[-1][0]
+            for seq, _, _ in batch:
+                done = self._stashed.pop(seq, None)
+                if done is not None:
+                    self._complete(done)
+
+    async def _append_retrying(self, records: list[bytes], batch: list[tuple[int, bytes, bool]]) -> bool:
+        """Append, retrying with back-off while the log is unavailable. Returns False
+        if the batch was refused for good (its futures failed)."""
+        delay = 0.05
+        while True:
+            try:
+                await self.log.append(records)
+            except LogUnavailable as exc:
+                # Kafka down, disk full: the events wait in order; appliers drop the
+                # duplicates a retry of an append with an unknown outcome may make.
+                if self._append_error is None:
+                    log.error("cannot append to the log, retrying: %s", exc)
+                self._append_error = str(exc)
+                self.health.ok = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            except BatonError as exc:
+                self._fail_batch(batch, exc)
+                return False
+            except Exception as exc:  # a backend bug must not kill the appender
+                log.exception("log append failed")
+                self._fail_batch(batch, LogUnavailable(f"log append failed: {exc}"))
+                return False
+            if self._append_error is not None:
+                log.warning("appending to the log works again")
+                self._append_error = None
+            return True
+
+    def _fail_batch(self, batch: list[tuple[int, bytes, bool]], exc: BatonError) -> None:
+        log.warning("append of %d events failed: %s", len(batch), exc)
+        for seq, _, _ in batch:
+            fut = self._waiting.pop(seq, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+
+    # -- the store's outbox ----------------------------------------------------------
+
+    def _keep(self, records: list[tuple[int, bytes]]) -> list[int]:
+        """Put publishes in the store's outbox before their append; returns their seqs."""
+        if not records:
+            return []
+        try:
+            self.store.outbox_put(self.runtime_id, records)
+        except StoreError as exc:  # the log may still work: go on, without the net
+            self._outbox_failures += 1
+            if self._outbox_failures == 1 or self._outbox_failures % 1000 == 0:
+                log.warning(
+                    "cannot keep publishes in the store's outbox (%d batches so far): %s",
+                    self._outbox_failures, exc,
+                )
+            return []
+        if self._outbox_failures:
+            log.warning("the store's outbox works again after %d failed batches",
+                        self._outbox_failures)
+            self._outbox_failures = 0
+        return [seq for seq, _ in records]
+
+    def _unkeep(self, runtime: str, seqs: list[int]) -> None:
+        try:
+            self.store.outbox_remove(runtime, seqs)
+        except StoreError as exc:  # appended twice at the next start: dropped as duplicates
+            log.warning("cannot clear %d outbox entries: %s", len(seqs), exc)
+
+    def load_leftover(self) -> None:
+        """Read what earlier runs of this node kept in the store's outbox (at start,
+        before anything else touches the store)."""
+        self._leftover = self.store.outbox_load()
+
+    def resubmit_leftover(self) -> None:
+        """Publish again what an earlier run of this node kept but may not have got onto
+        the log (it died first). That run's events are fenced now, so they go out as
+        this runtime's; the publish's idempotency key stops a second enqueue if the
+        earlier append did land (or the client retried it elsewhere)."""
+        if not self._leftover:
+            return
+        by_runtime: dict[str, list[int]] = {}
+        again = 0
+        for runtime, seq, record in self._leftover:
+            by_runtime.setdefault(runtime, []).append(seq)
+            try:
+                _, event = decode(record)
+            except MalformedEvent as exc:
+                log.warning("outbox entry %s/%d unreadable, dropped: %s", runtime, seq, exc)
+                continue
+            if type(event) is Enqueue:
+                self.submit(event).add_done_callback(ignore_outcome)
+                again += 1
+        log.info("publishing again %d publishes kept by an earlier run of this node", again)
+        for runtime, seqs in by_runtime.items():
+            self._unkeep(runtime, seqs)
+        self._leftover = []
+
+    # -- completion ------------------------------------------------------------------
+
+    def applied(self, done: Completed) -> None:
+        """One of this runtime's events was applied: complete its future now if its
+        append returned, else when it does."""
+        if done.seq <= self._durable_seq:
+            self._complete(done)
+        else:
+            self._stashed[done.seq] = done
+
+    def _complete(self, done: Completed) -> None:
+        fut = self._waiting.pop(done.seq, None)
+        if fut is None or fut.done():
+            return
+        if done.error is not None:
+            fut.set_exception(done.error)
+        else:
+            fut.set_result(done.result or {})
+
+    # -- closing ---------------------------------------------------------------------
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Refuse new events and wait (up to ``timeout`` seconds) until the outbox is
+        on the log."""
+        self.closing = True
+        deadline = time.monotonic() + timeout
+        while self._outbox and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    def fail_waiting(self) -> None:
+        """Fail every future still waiting with ShuttingDown (the tasks have stopped)."""
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(ShuttingDown("the broker is shutting down"))
+        self._waiting.clear()
+
+
+def ignore_outcome(fut: asyncio.Future[dict[str, Any]]) -> None:
+    """Background events (membership, republished leftovers): their failures show in
+    the state, not here."""
+    if not fut.cancelled():
+        fut.exception()

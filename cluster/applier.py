@@ -1,0 +1,241 @@
+"""The applier: the log into the state, the state's effects into the store, then out.
+
+One task (:meth:`Applier.run`) tails the log from the applied offset. For each batch
+of records it applies every record to the pure :class:`~batonmq.cluster.state.State`
+under the apply lock, writes the batch's effects and snapshots to the store in one
+write batch together with the batch's last offset (:meth:`Applier.persist`), and
+then dispatches the effects: this runtime's completions to the appender, checkpoints
+to the digest check, and all of them to the listener (the broker). Outside the apply
+lock the state and the store agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from batonmq.cluster.codec import MalformedEvent, decode
+from batonmq.cluster.effects import (
+    CheckpointApplied,
+    Completed,
+    Effect,
+    Moved,
+    QueueGone,
+    Removed,
+    RemovedRange,
+    Stored,
+)
+from batonmq.cluster.errors import LogTruncated, StoreError
+from batonmq.cluster.health import Health
+from batonmq.cluster.log import Log
+from batonmq.cluster.state import State
+from batonmq.store import Store
+
+__all__ = ["Applier", "EffectListener", "Tracker"]
+
+log = logging.getLogger("baton.node")
+
+EffectListener = Callable[[list[Effect]], None]
+MessageKey = tuple[int, int]  # (qid, position)
+
+
+class Tracker(Protocol):
+    """What a joining broker's update tracks of the applied batches (messages whose
+    bodies may not be here yet); :class:`batonmq.cluster.update.Catchup` is one."""
+
+    def removed(self, qid: int, positions: list[int] | range | None) -> None:
+        """Messages left their queue (None: the whole queue was deleted)."""
+        ...
+
+    def missed_move(self, src: MessageKey, dst: MessageKey, headers: dict[str, Any], at: int) -> None:
+        """The log dead-lettered ``src`` before its body arrived here."""
+        ...
+
+
+class Applier:
+    """Applies the log to the state and persists each batch before dispatching it.
+
+    Args:
+        node_id: this broker's persistent id.
+        runtime_id: this process's runtime id (its completions are dispatched).
+        state: the replicated state.
+        log: the ordered log.
+        store: this broker's store.
+        health: set False while reading or storing fails, True after each batch.
+        completed: called with each of this runtime's applied events.
+        checkpointed: called with each checkpoint applied.
+        after_batch: called after each batch is stored and dispatched.
+        truncated: called if the log was truncated past the applied offset (the
+            applier stops).
+        joining: the update being taken in, if any (its hooks see the effects).
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        runtime_id: str,
+        state: State,
+        log: Log,
+        store: Store,
+        health: Health,
+        *,
+        completed: Callable[[Completed], None],
+        checkpointed: Callable[[CheckpointApplied], None],
+        after_batch: Callable[[], None],
+        truncated: Callable[[], None],
+        joining: Callable[[], Tracker | None],
+    ) -> None:
+        self.node_id = node_id
+        self.runtime_id = runtime_id
+        self.state = state
+        self.log = log
+        self.store = store
+        self.health = health
+        self.listener: EffectListener | None = None
+        self.applied_event = asyncio.Event()  # set after every applied batch (tests, tools)
+        # Held while a log batch is applied and stored: state == store outside it.
+        self.lock = asyncio.Lock()
+        self.keys_forgotten = 0  # publish keys below this seq are deleted from the store
+        self._completed = completed
+        self._checkpointed = checkpointed
+        self._after_batch = after_batch
+        self._truncated = truncated
+        self._joining = joining
+
+    async def run(self) -> None:
+        """Apply the log forever. A failing read (corrupt record, log unreachable) is
+        logged loudly and retried from the applied offset: the broker stays up, its
+        commands wait, and ``health`` is not ok until applying works again."""
+        delay = 0.5
+        while True:
+            try:
+                await self._apply_from(self.state.applied + 1)
+            except asyncio.CancelledError:
+                raise
+            except LogTruncated as exc:
+                # Paused or cut off while the others truncated the log past us: this
+                # replica cannot go on; it must start again as a new broker (DESIGN §8).
+                self.health.ok = False
+                log.critical(
+                    "the log was truncated past this broker's applied offset %d (%s): it"
+                    " must rejoin as a new broker", self.state.applied, exc,
+                )
+                self._truncated()
+                return
+            except Exception as exc:
+                self.health.ok = False
+                log.critical(
+                    "cannot read the log after offset %d (retrying in %.1fs): %s",
+                    self.state.applied,
+                    delay,
+                    exc,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _apply_from(self, start: int) -> None:
+        state = self.state
+        async for records in self.log.read(start):
+            out: list[Effect] = []
+            async with self.lock:
+                for offset, record in records:
+                    try:
+                        origin, event = decode(record)
+                    except MalformedEvent as exc:
+                        log.warning("log offset %d: malformed record ignored: %s", offset, exc)
+                        state.skip_malformed(offset)
+                        continue
+                    state.apply(offset, origin, event, out)
+                await self.persist(out, records[-1][0])
+            self.health.ok = True
+            self._dispatch(out)
+            self._after_batch()
+            self.applied_event.set()
+            self.applied_event.clear()
+
+    async def persist(self, effects: list[Effect], offset: int) -> None:
+        """Write the batch's effects and snapshots atomically with ``offset`` (the
+        caller holds the apply lock).
+
+        A failing store (disk full) stalls applying — retried with back-off — but
+        never crashes the broker or skips a batch.
+        """
+        meta, queues = self.state.take_dirty()
+        keys, forget_below = self.state.take_keys()
+        forget = range(self.keys_forgotten, forget_below)
+        delay = 0.1
+        while True:
+            batch = self.store.batch()
+            catchup = self._joining()  # joining: the hooks track messages not here yet
+            for e in effects:
+                t = type(e)
+                if t is Stored:
+                    assert isinstance(e, Stored)
+                    batch.put_messages(e.qid, e.first, e.messages, e.enqueued_at, e.publish_time)
+                elif t is Removed:
+                    assert isinstance(e, Removed)
+                    batch.remove(e.qid, e.positions)
+                    if catchup is not None:
+                        catchup.removed(e.qid, e.positions)
+                elif t is RemovedRange:
+                    assert isinstance(e, RemovedRange)
+                    batch.remove_range(e.qid, e.lo, e.hi)
+                    if catchup is not None:
+                        catchup.removed(e.qid, range(e.lo, e.hi))
+                elif t is Moved:
+                    assert isinstance(e, Moved)
+                    if not batch.move(
+                        e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at
+                    ):
+                        if catchup is not None:
+                            catchup.missed_move(
+                                (e.src_qid, e.src_pos), (e.dst_qid, e.dst_pos), e.headers,
+                                e.enqueued_at,
+                            )
+                        else:
+                            log.error(
+                                "queue id %d position %d dead-lettered but not in the store",
+                                e.src_qid, e.src_pos,
+                            )
+                elif t is QueueGone:
+                    assert isinstance(e, QueueGone)
+                    batch.drop_queue(e.qid)
+                    if catchup is not None:
+                        catchup.removed(e.qid, None)
+            for name, snap in queues.items():
+                batch.put_queue(name, snap)
+            if meta is not None:
+                batch.put_meta(meta)
+            if keys or forget:
+                batch.put_keys(keys, forget)
+            try:
+                self.store.commit(batch, offset)
+            except StoreError as exc:
+                if self.health.ok:
+                    log.error("store write failed, retrying (applying is stalled): %s", exc)
+                self.health.ok = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.keys_forgotten = forget_below
+            if not self.health.ok:
+                log.warning("store writes work again")
+            self.health.ok = True
+            return
+
+    def _dispatch(self, effects: list[Effect]) -> None:
+        node, runtime = self.node_id, self.runtime_id
+        for e in effects:
+            if type(e) is CheckpointApplied:
+                assert isinstance(e, CheckpointApplied)
+                self._checkpointed(e)
+            elif type(e) is Completed and e.node == node and e.runtime == runtime:
+                assert isinstance(e, Completed)
+                self._completed(e)
+        if self.listener is not None:
+            try:
+                self.listener(effects)
+            except Exception:
+                log.exception("effect listener failed")

@@ -1,0 +1,15 @@
+"""Whether a replica works right now: one flag its appender and applier share."""
+
+from __future__ import annotations
+
+__all__ = ["Health"]
+
+
+class Health:
+    """False from a failed append, log read or store write until the next batch is
+    applied and stored (the broker reports it; commands wait meanwhile)."""
+
+    __slots__ = ("ok",)
+
+    def __init__(self) -> None:
+        self.ok = True
