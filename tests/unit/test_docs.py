@@ -121,3 +121,24 @@ def test_events_md_ignored_table_lists_every_reason_the_code_counts() -> None:
     documented = set(re.findall(r"^\| `([\w-]+)` \|", section, re.MULTILINE))
     assert counted - documented == set(), f"reasons not in the events.md table: {sorted(counted - documented)}"
     assert documented - counted == set(), f"reasons the code no longer counts: {sorted(documented - counted)}"
+
+
+def test_design_md_module_map_names_every_module() -> None:
+    text = (DOCS / "design.md").read_text()
+    start = text.index("### Module map")
+    section = text[start : text.index("\n### ", start + 1)]
+    repo = DOCS.parent
+    missing = []
+    for package in ("broker", "cluster", "store", "clients", "loadtest"):
+        for path in sorted((repo / package).rglob("*.py")):
+            if path.parent != repo / package:
+                named = f"`{path.parent.name}/`" in section  # a subpackage, named as a whole
+            elif path.name.startswith("bench_"):
+                named = "bench_*.py" in section
+            elif path.name == "__init__.py" and package in ("broker", "cluster", "loadtest"):
+                named = True  # their __init__ only names the package
+            else:
+                named = f"{path.name}`" in section
+            if not named:
+                missing.append(str(path.relative_to(repo)))
+    assert not missing, f"docs/design.md's module map does not name: {missing}"
