@@ -456,8 +456,10 @@ class KafkaLog(Log):
             finally:
                 if not fetch.done():
                     fetch.cancel()
-            if fetch.cancelled():
-                return []  # closed meanwhile: the caller decides whether to drain
+            if not fetch.done() or fetch.cancelled():
+                # Closed meanwhile (a cancelled task is done only once it has run again):
+                # the caller decides whether to drain.
+                return []
         try:
             fetched = fetch.result()
         except OffsetOutOfRangeError as exc:
