@@ -1,4 +1,4 @@
-"""Print the message life-cycle diagram (Mermaid) built from cluster.state.TRANSITIONS.
+"""Print the message life-cycle diagram (Mermaid) built from cluster.queues.TRANSITIONS.
 
     python docs/gen_transitions.py                       # print the block
     python docs/gen_transitions.py --check docs/events.md  # exit 1 if the doc is stale
@@ -18,11 +18,11 @@ END = "<!-- transitions:end -->"
 
 
 def generate() -> str:
-    """The Mermaid block (with its ``` fences) for cluster.state.TRANSITIONS."""
+    """The Mermaid block (with its ``` fences) for cluster.queues.TRANSITIONS."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if root not in sys.path:
         sys.path.insert(0, root)
-    from batonmq.cluster.state import TRANSITIONS
+    from batonmq.cluster.queues import TRANSITIONS
 
     lines = ["```mermaid", "stateDiagram-v2"]
     for (src, op), dst in TRANSITIONS.items():

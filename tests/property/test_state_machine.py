@@ -6,12 +6,22 @@ who holds what, the delivery counts, what was dead-lettered, and on the order in
 which messages are offered. Every step also goes through the msgpack codec, and
 a replica fed the same records (restored from snapshots midway) must end with the
 same digest.
+
+The model moves its messages only as :data:`batonmq.cluster.state.TRANSITIONS`
+says: each operation looks its (state, operation) pair up in the table and takes
+the state it names, and the terminal states decide what becomes of the message
+(accepted and dropped ones are gone, dead-lettered ones go to the dead-letter
+queue). So the table is checked against the code: a wrong entry makes the model
+disagree with the real State, a missing one fails the model's lookup. Because a
+random walk may miss a rare move, each move of the table is also made once on its
+own, on one message of a real State (the tests at the end).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -20,6 +30,7 @@ from batonmq.cluster.errors import Fenced, NotOwner, QueueFull
 from batonmq.cluster import codec
 from batonmq.cluster.events import (
     Accept,
+    AcceptThrough,
     Acquire,
     Checkpoint,
     DeclareQueue,
@@ -35,13 +46,17 @@ from batonmq.cluster.events import (
     Reject,
     Release,
     ReleaseAll,
+    Reserve,
     Vote,
 )
 from batonmq.cluster.state import (
+    TRANSITIONS,
     Acquired,
     CheckpointApplied,
     Completed,
     Effect,
+    MessageState,
+    Moved,
     QueueState,
     State,
 )
@@ -52,7 +67,21 @@ MEMBERS = ("n1/r1", "n2/r9")
 
 def runtime_of(consumer: str) -> str:
     return consumer.rsplit("/", 1)[0]
+
+
 LIMIT = 2
+#: The operations the model moves messages by; every one is looked up in TRANSITIONS.
+MODELLED_OPS = frozenset(
+    {"enqueue", "acquire", "accept", "release", "release*", "reject", "expire", "drop-head",
+     "purge", "accept-through"}
+)
+READY, ACQUIRED = MessageState.READY, MessageState.ACQUIRED
+
+
+def test_every_operation_of_the_table_is_modelled() -> None:
+    """A transition added to the table must be added to the model too (and the other
+    way round), or the model would not check it."""
+    assert {op for _, op in TRANSITIONS} == MODELLED_OPS
 
 
 class QueueModel(RuleBasedStateMachine):
@@ -62,12 +91,13 @@ class QueueModel(RuleBasedStateMachine):
         self.records: list[bytes] = []
         self.seqs: dict[str, int] = {}
         self.seq = 0
-        # model: position -> [state, consumer, count]
+        # model: position -> [MessageState (READY or ACQUIRED), consumer, count]
         self.msgs: dict[int, list[Any]] = {}
         self.next_pos = 0
         self.dlq_len = 0
         self.max_length: int | None = None
-        self.dropped = 0
+        self.accepted = 0  # messages of q that ended ACCEPTED
+        self.dropped = 0  # ... and DROPPED
         self.keyed: dict[str, tuple[int, int]] = {}  # idempotency key -> (first, count)
         # Two member runtimes: both beat, n1/r1 proposes, both vote (DESIGN §7).
         for m in MEMBERS:
@@ -100,14 +130,31 @@ class QueueModel(RuleBasedStateMachine):
         return done[0]
 
     def _ready(self) -> list[int]:
-        return sorted(p for p, m in self.msgs.items() if m[0] == "ready")
+        return sorted(p for p, m in self.msgs.items() if m[0] is READY)
 
     def _held(self, consumer: str) -> list[int]:
-        return sorted(p for p, m in self.msgs.items() if m[0] == "acquired" and m[1] == consumer)
+        return sorted(p for p, m in self.msgs.items() if m[0] is ACQUIRED and m[1] == consumer)
 
-    def _dead_letter(self, p: int) -> None:
+    def _move(self, p: int, op: str, consumer: str | None = None) -> None:
+        """Move message ``p`` (a new one if not in the model yet) by ``op``, as
+        TRANSITIONS says; a terminal state ends it: an accepted or dropped message is
+        gone (counted), a dead-lettered one is in the dead-letter queue now."""
+        assert op in MODELLED_OPS
+        src = self.msgs[p][0] if p in self.msgs else None
+        assert (src, op) in TRANSITIONS, f"the table has no {op!r} from {src}"
+        dst = TRANSITIONS[(src, op)]
+        if dst is READY or dst is ACQUIRED:
+            m = self.msgs.setdefault(p, [dst, None, 0])
+            m[0:2] = [dst, consumer if dst is ACQUIRED else None]
+            return
         del self.msgs[p]
-        self.dlq_len += 1
+        if dst is MessageState.DEAD_LETTERED:  # the queue has a dead-letter queue
+            self.dlq_len += 1
+        elif dst is MessageState.ACCEPTED:
+            self.accepted += 1
+        else:
+            assert dst is MessageState.DROPPED, dst
+            self.dropped += 1
 
     # -- rules -----------------------------------------------------------------------
 
@@ -167,10 +214,10 @@ class QueueModel(RuleBasedStateMachine):
                 assert isinstance(done.error, QueueFull)
                 return False
             for p in ready[:excess]:
-                self._dead_letter(p)
+                self._move(p, "drop-head")
         assert done.error is None, done.error
         for _ in range(n):
-            self.msgs[self.next_pos] = ["ready", None, 0]
+            self._move(self.next_pos, "enqueue")
             self.next_pos += 1
         return True
 
@@ -215,10 +262,12 @@ class QueueModel(RuleBasedStateMachine):
         assert got[0].positions == expect
         assert got[0].counts == [self.msgs[p][2] for p in expect]
         for p in expect:
-            self.msgs[p][0:2] = ["acquired", consumer]
+            self._move(p, "acquire", consumer)
 
     def _settle_args(self, data: st.DataObject) -> tuple[str, list[int]]:
-        consumer = data.draw(st.sampled_from(CONSUMERS))
+        # Mostly a consumer that holds messages, so that settling them is exercised.
+        holders = sorted({m[1] for m in self.msgs.values() if m[0] is ACQUIRED})
+        consumer = data.draw(st.sampled_from(holders * 3 + list(CONSUMERS)))
         held = self._held(consumer)
         chosen = data.draw(st.lists(st.sampled_from(held), unique=True)) if held else []
         bogus = data.draw(st.lists(st.integers(0, self.next_pos + 2), max_size=2, unique=True))
@@ -235,16 +284,13 @@ class QueueModel(RuleBasedStateMachine):
         ok = [p for p in positions if p in held]
         assert done.result == {"count": len(ok), "not_acquired": [p for p in positions if p not in held]}
         for p in ok:
-            del self.msgs[p]
+            self._move(p, "accept")
 
     def _release_model(self, ok: list[int]) -> None:
         for p in ok:
             m = self.msgs[p]
             m[2] += 1
-            if m[2] >= LIMIT:
-                self._dead_letter(p)
-            else:
-                m[0:2] = ["ready", None]
+            self._move(p, "release*" if m[2] >= LIMIT else "release")
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(data=st.data())
@@ -259,6 +305,21 @@ class QueueModel(RuleBasedStateMachine):
         self._release_model(ok)
 
     @precondition(lambda self: "q" in self.state.queues)
+    @rule(count=st.integers(1, 3))
+    def bounce(self, count: int) -> None:
+        """A consumer of the owner takes messages and gives them straight back (it fails
+        on them): redelivered until the delivery limit dead-letters them."""
+        consumer = next(c for c in CONSUMERS if runtime_of(c) == self.owner)
+        expect = self._ready()[:count]
+        got = [e for e in self._apply(Acquire("q", consumer, count), self.owner) if isinstance(e, Acquired)]
+        assert [e.positions for e in got] == ([expect] if expect else [])
+        for p in expect:
+            self._move(p, "acquire", consumer)
+        done = self._completed(self._apply(Release("q", consumer, tuple(expect)), self.owner))
+        assert done.result is not None and done.result["count"] == len(expect)
+        self._release_model(expect)
+
+    @precondition(lambda self: "q" in self.state.queues)
     @rule(data=st.data())
     def reject(self, data: st.DataObject) -> None:
         consumer, positions = self._settle_args(data)
@@ -266,7 +327,7 @@ class QueueModel(RuleBasedStateMachine):
         self._apply(Reject("q", consumer, tuple(positions)), runtime_of(consumer))
         for p in positions:
             if p in held:
-                self._dead_letter(p)
+                self._move(p, "reject")
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(data=st.data())
@@ -279,8 +340,8 @@ class QueueModel(RuleBasedStateMachine):
             self._apply(ReleaseAll("q", consumer, tuple(unread)), runtime_of(consumer))
         )
         assert done.result is not None and done.result["count"] == len(held)
-        for p in unread:
-            self.msgs[p][0:2] = ["ready", None]
+        for p in unread:  # back without a delivery counted
+            self._move(p, "release")
         self._release_model([p for p in held if p not in unread])
 
     @precondition(lambda self: "q" in self.state.queues)
@@ -289,7 +350,7 @@ class QueueModel(RuleBasedStateMachine):
         through = data.draw(st.integers(-1, self.next_pos))
         self._apply(Expire("q", through))
         for p in [p for p in self._ready() if p <= through]:
-            self._dead_letter(p)
+            self._move(p, "expire")
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule()
@@ -298,7 +359,21 @@ class QueueModel(RuleBasedStateMachine):
         ready = self._ready()
         assert done.result == {"purged": len(ready)}
         for p in ready:
-            del self.msgs[p]
+            self._move(p, "purge")
+
+    @precondition(lambda self: "q" in self.state.queues)
+    @rule(data=st.data())
+    def read_range(self, data: st.DataObject) -> None:
+        """A range reader reserves the queue, commits a position range and lets the
+        queue go: every ready message below the commit is accepted (DESIGN §11)."""
+        through = data.draw(st.integers(0, self.next_pos + 1))
+        self._apply(Reserve("q", "reader"))
+        done = self._completed(self._apply(AcceptThrough("q", through, "reader")))
+        self._apply(Reserve("q", None))
+        gone = [p for p in self._ready() if p < through]
+        assert done.result is not None and done.result["count"] == len(gone)
+        for p in gone:
+            self._move(p, "accept-through")
 
     @rule(back=st.integers(0, 5))
     def duplicate(self, back: int) -> None:
@@ -337,13 +412,15 @@ class QueueModel(RuleBasedStateMachine):
             return
         assert q.ready == len(self._ready())
         assert dict(q.acquired) == {
-            p: m[1] for p, m in self.msgs.items() if m[0] == "acquired"
+            p: m[1] for p, m in self.msgs.items() if m[0] is ACQUIRED
         }
         live_counts = {p: m[2] for p, m in self.msgs.items() if m[2]}
         assert {p: c for p, c in q.counts.items() if c} == live_counts
         assert q.next_pos == self.next_pos
         assert q.length <= (self.max_length or q.length)
         assert self.state.queues["dlq"].ready == self.dlq_len
+        assert q.accepted == self.accepted
+        assert q.dropped + q.purged == self.dropped  # purged: dropped on request
 
     @invariant()
     def snapshot_round_trips(self) -> None:
@@ -386,3 +463,74 @@ class QueueModel(RuleBasedStateMachine):
 
 QueueModel.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestQueueModel = QueueModel.TestCase
+
+
+# -- each move of the table, one message at a time ------------------------------------
+
+#: The operations that bring a message to each state, from nothing.
+PATHS: dict[MessageState | None, list[str]] = {
+    None: [],
+    READY: ["enqueue"],
+    ACQUIRED: ["enqueue", "acquire"],
+}
+OPERATIONS: dict[str, list[Event]] = {
+    "enqueue": [Enqueue("q", ((b"m", {}),))],
+    "acquire": [Acquire("q", "n1/r1/1", 1)],
+    "accept": [Accept("q", "n1/r1/1", (0,))],
+    "release": [Release("q", "n1/r1/1", (0,))],
+    "release*": [Release("q", "n1/r1/1", (0,))],  # at the delivery limit (see PATHS)
+    "reject": [Reject("q", "n1/r1/1", (0,))],
+    "expire": [Expire("q", 0)],
+    "drop-head": [Enqueue("q", ((b"n", {}),))],  # max_length 1: the new one pushes it out
+    "purge": [PurgeQueue("q")],
+    "accept-through": [Reserve("q", "reader"), AcceptThrough("q", 1, "reader"), Reserve("q", None)],
+}
+
+
+class _OneMessage:
+    """Position 0 of queue ``q`` (max_length 1, drop-head, delivery limit 2, dead-letter
+    queue ``dlq``) on a real State, moved by the operations the table names."""
+
+    def __init__(self) -> None:
+        self.state = State()
+        self.seq = 0
+        self._apply(Heartbeat("voter", "", {}))
+        self._apply(Propose(1, ("n1/r1",), "cluster"))
+        self._apply(Vote(1, True))
+        self._apply(DeclareQueue("dlq"))
+        self._apply(
+            DeclareQueue("q", max_length=1, overflow="drop-head", delivery_limit=LIMIT, dead_letter="dlq")
+        )
+        self._apply(Interest("q", True))
+
+    def _apply(self, ev: Event) -> list[Effect]:
+        self.seq += 1
+        out: list[Effect] = []
+        self.state.apply(self.seq, Origin("n1", "r1", self.seq, 1000 + self.seq), ev, out)
+        done = [e for e in out if isinstance(e, Completed)]
+        assert len(done) == 1 and done[0].error is None, done
+        return out
+
+    def do(self, op: str) -> MessageState:
+        """Apply ``op`` to the message; where it is now, as the real State says."""
+        q = self.state.queues["q"]
+        accepted = q.accepted
+        out = [e for ev in OPERATIONS[op] for e in self._apply(ev)]
+        if 0 in q.acquired:
+            return ACQUIRED
+        if q.holds(0):
+            return READY
+        if any(isinstance(e, Moved) and (e.src_qid, e.src_pos) == (q.qid, 0) for e in out):
+            return MessageState.DEAD_LETTERED
+        return MessageState.ACCEPTED if q.accepted > accepted else MessageState.DROPPED
+
+
+@pytest.mark.parametrize("src,op", list(TRANSITIONS), ids=lambda v: str(getattr(v, "name", v)))
+def test_each_move_of_the_table_is_what_the_state_does(src: MessageState | None, op: str) -> None:
+    one = _OneMessage()
+    path = ["enqueue", "acquire", "release", "acquire"] if op == "release*" else PATHS[src]
+    reached = None
+    for step in path:
+        reached = one.do(step)
+    assert reached is src
+    assert one.do(op) is TRANSITIONS[(src, op)]

@@ -22,8 +22,6 @@ MAX_LINES = 800
 #: A module longer than MAX_LINES states why in a docstring paragraph starting so.
 SIZE_REASON = "Size:"
 
-# Modules being split; this list only shrinks, and goes when it is empty.
-KNOWN_LONG = {"cluster/state.py"}
 
 
 def _sources() -> list[Path]:
@@ -105,16 +103,8 @@ def test_no_module_is_long_without_a_reason(path: Path) -> None:
     docstring = ast.get_docstring(ast.parse(source)) or ""
     if lines <= MAX_LINES or SIZE_REASON in docstring:
         return
-    if name in KNOWN_LONG:
-        return
     pytest.fail(
         f"{name} has {lines} lines (more than {MAX_LINES}): split it along its seams, "
         f"or say why not in a docstring paragraph starting {SIZE_REASON!r}"
     )
 
-
-def test_known_long_modules_are_still_long() -> None:
-    for name in KNOWN_LONG:
-        path = REPO / name
-        lines = len(path.read_text().splitlines())
-        assert lines > MAX_LINES, f"{name} has {lines} lines now: take it off KNOWN_LONG"

@@ -1,0 +1,168 @@
+"""What applying an event asks the edges to do: the effects :meth:`State.apply` emits.
+
+The pure core changes only its own index; every consequence outside it (a message body
+to store or forget, a consumer to feed, a leader to announce) is one of these frozen
+values, appended to the ``out`` list of :meth:`batonmq.cluster.state.State.apply`. The
+node driver writes the store's part in one batch with the log offset, then hands all of
+them to the broker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from batonmq.cluster.errors import BatonError
+
+__all__ = [
+    "Effect",
+    "Completed",
+    "Stored",
+    "Removed",
+    "RemovedRange",
+    "Moved",
+    "Acquired",
+    "ReadyMore",
+    "QueueGone",
+    "OwnerChanged",
+    "MembersChanged",
+    "CheckpointApplied",
+    "LeaderChanged",
+    "HandoverRequested",
+]
+
+
+class Effect:
+    """Base of what ``apply`` asks the edges (store, broker) to do."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Completed(Effect):
+    """The event (node, runtime, seq) was applied: its command's completion."""
+
+    node: str
+    runtime: str
+    seq: int
+    result: dict[str, Any] | None
+    error: BatonError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stored(Effect):
+    """Store new messages at positions ``first ..`` of queue ``qid``."""
+
+    qid: int
+    first: int
+    messages: tuple[tuple[bytes, dict[str, Any]], ...]
+    enqueued_at: int
+    publish_time: int
+
+
+@dataclass(frozen=True, slots=True)
+class Removed(Effect):
+    """Forget these messages of queue ``qid``."""
+
+    qid: int
+    positions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class RemovedRange(Effect):
+    """Forget messages ``lo <= position < hi`` of queue ``qid``."""
+
+    qid: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True, slots=True)
+class Moved(Effect):
+    """Move a message to another queue (dead-lettering), adding ``headers``."""
+
+    src_qid: int
+    src_pos: int
+    dst_qid: int
+    dst_pos: int
+    headers: dict[str, Any]
+    enqueued_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired(Effect):
+    """``consumer`` now holds these messages; ``counts[i]`` is positions[i]'s delivery count."""
+
+    queue: str
+    qid: int
+    consumer: str
+    positions: list[int]
+    counts: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyMore(Effect):
+    """The queue's ready count went up (enqueue or release): consumers may get more."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGone(Effect):
+    """The queue was deleted; its consumers end."""
+
+    queue: str
+    qid: int
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerChanged(Effect):
+    """``queue`` has a new owner (a member key, or None)."""
+
+    queue: str
+    owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MembersChanged(Effect):
+    """A view was established (``removed`` left it), or a member's properties changed."""
+
+    view_seq: int
+    members: list[str]
+    removed: list[str]
+    properties: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointApplied(Effect):
+    """A checkpoint was applied at ``offset``; ``digest`` is this replica's state digest
+    there. ``expected`` is the leader's digest at ``prev_offset`` and ``mine`` this
+    replica's own (None where this replica has none: it joined later)."""
+
+    offset: int
+    digest: str
+    prev_offset: int
+    expected: str
+    mine: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderChanged(Effect):
+    """Service ``service`` has a new term: ``leader`` (None: nobody leads now) with
+    fencing ``token`` (the granting event's log offset); ``previous`` led before."""
+
+    service: str
+    leader: str | None
+    token: int
+    previous: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HandoverRequested(Effect):
+    """An admin asked ``leader`` (term ``token``) to hand ``service`` over when its
+    running work is done; ``to`` is the candidate named to lead next, if any."""
+
+    service: str
+    leader: str
+    token: int
+    to: str | None

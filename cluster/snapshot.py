@@ -1,0 +1,99 @@
+"""The replicated state's canonical forms: snapshots and the digest (DESIGN §2, §8).
+
+Pure: no I/O, no clock. Equal states give equal snapshots and equal digests, on every
+replica. The *meta snapshot* is the non-queue part (offset, clock, sequence numbers,
+ignore counts, membership, services, checkpoints); each queue's index has its own
+(:meth:`batonmq.cluster.queues.QueueState.snapshot`), so the node driver stores only
+what a batch changed. The *full snapshot* is everything a joining broker installs;
+the *digest* is a SHA-256 over all of it that checkpoints compare across replicas.
+
+Snapshots written by older versions (without services, checkpoints or a queue's
+reservation) are still read: the missing parts restore empty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Protocol
+
+import msgpack
+
+from batonmq.cluster.keys import PublishKeys
+from batonmq.cluster.membership import Membership
+from batonmq.cluster.queues import QueueState
+from batonmq.cluster.services import Services
+
+__all__ = ["Replicated", "meta_snapshot", "restore_meta", "full_snapshot", "digest"]
+
+
+class Replicated(Protocol):
+    """The parts of the replicated state that snapshots and the digest cover
+    (:class:`batonmq.cluster.state.State` is one)."""
+
+    applied: int
+    clock: int
+    last_seq: dict[str, int]
+    ignored: dict[str, int]
+    checkpoints: list[tuple[int, str]]
+
+    @property
+    def membership(self) -> Membership: ...
+
+    @property
+    def services(self) -> Services: ...
+
+    @property
+    def publish_keys(self) -> PublishKeys: ...
+
+    @property
+    def queues(self) -> dict[str, QueueState]: ...
+
+
+def meta_snapshot(r: Replicated) -> list[Any]:
+    """The non-queue part of the state, canonical."""
+    return [
+        r.applied,
+        r.clock,
+        sorted(r.last_seq.items()),
+        sorted(r.ignored.items()),
+        r.membership.snapshot(),
+        # How many publish keys were ever remembered; the keys themselves are
+        # stored one by one as they come (take_keys), not with every batch.
+        r.publish_keys.total,
+        r.services.snapshot(),
+        [list(c) for c in r.checkpoints],
+    ]
+
+
+def restore_meta(r: Replicated, snap: list[Any]) -> None:
+    """Restore the non-queue part of ``r`` from :func:`meta_snapshot`."""
+    r.applied, r.clock = snap[0], snap[1]
+    r.last_seq = {k: v for k, v in snap[2]}
+    r.ignored = {k: v for k, v in snap[3]}
+    r.membership.restore(snap[4])
+    r.publish_keys.total = snap[5]
+    # Snapshots written before service leadership have no services entry.
+    r.services.restore(snap[6] if len(snap) > 6 else [])
+    r.checkpoints = [(o, d) for o, d in snap[7]] if len(snap) > 7 else []
+
+
+def full_snapshot(r: Replicated) -> list[Any]:
+    """Everything replicated, for a joining broker (DESIGN §8): the meta snapshot,
+    the publish keys and every queue's index (not the messages)."""
+    return [
+        meta_snapshot(r),
+        [list(e) for e in r.publish_keys.entries()],
+        [r.queues[name].snapshot() for name in sorted(r.queues)],
+    ]
+
+
+def digest(r: Replicated) -> str:
+    """SHA-256 over the whole replicated state (hex); equal on replicas of one prefix."""
+    h = hashlib.sha256()
+    packer = msgpack.Packer(use_bin_type=True)
+    h.update(packer.pack(meta_snapshot(r)))
+    # Publish keys in log order (the order decides what is forgotten first).
+    h.update(packer.pack(r.publish_keys.digest_part()))
+    for name in sorted(r.queues):
+        h.update(packer.pack(r.queues[name].snapshot()))
+    return h.hexdigest()
