@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from batonmq.broker.config import DEFAULT_PORT, BrokerConfig, parse_address
+from batonmq.broker.config import DEFAULT_PORT, READY_PREFIX, BrokerConfig, parse_address
 from batonmq.cluster.errors import BatonError
 
 __all__ = ["main"]
@@ -77,7 +77,7 @@ async def _serve_async(config: BrokerConfig) -> int:
         await broker.stop()
         return 2
     # One machine-readable line so scripts and tests know we are serving.
-    print(f"baton ready: listening on {broker.address} node {broker.node.node_id}", flush=True)
+    print(f"{READY_PREFIX}{broker.address} node {broker.node.node_id}", flush=True)
     await stop.wait()
     print("baton: shutting down", flush=True)
     await broker.stop()

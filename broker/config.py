@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from batonmq.cluster.errors import InvalidArgument
 
-__all__ = ["BrokerConfig", "parse_address", "DEFAULT_PORT"]
+__all__ = ["BrokerConfig", "parse_address", "ready_address", "DEFAULT_PORT", "READY_PREFIX"]
 
 DEFAULT_PORT = 5671
 
@@ -28,6 +28,20 @@ def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]
     if not 0 <= number <= 65535:
         raise InvalidArgument(f"bad address {text!r}: port out of range")
     return (host or default_host).strip("[]"), number
+
+
+#: How ``baton serve``'s one machine-readable line starts once it serves:
+#: ``baton ready: listening on HOST:PORT node NODE_ID``, with the port it bound
+#: (the one it got when told ``--listen HOST:0``).
+READY_PREFIX = "baton ready: listening on "
+
+
+def ready_address(line: str) -> str | None:
+    """The ``HOST:PORT`` of a ``baton serve`` ready line, or None for any other line."""
+    if not line.startswith(READY_PREFIX):
+        return None
+    rest = line[len(READY_PREFIX):].split()
+    return rest[0] if rest else None
 
 
 @dataclass(slots=True)

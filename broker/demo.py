@@ -11,21 +11,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 from batonmq import clients
+from batonmq.broker.config import ready_address
 
 __all__ = ["run_demo"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _progress(label: str, done: int, total: int, started: float) -> None:
@@ -82,24 +76,26 @@ async def _round_trip(address: str, count: int, size: int) -> None:
 def run_demo(data_dir: str | None, count: int, size: int) -> int:
     """Run the demo; returns the process exit status."""
     data_dir = data_dir or tempfile.mkdtemp(prefix="baton-demo-")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "batonmq.broker", "serve", "--listen", address, "--data-dir", data_dir]
-    print(f"starting: baton serve --listen {address} --data-dir {data_dir}")
+    listen = "127.0.0.1:0"  # any free port: the ready line says which one
+    cmd = [sys.executable, "-m", "batonmq.broker", "serve", "--listen", listen, "--data-dir", data_dir]
+    print(f"starting: baton serve --listen {listen} --data-dir {data_dir}")
     print(f"          (log: file:{os.path.join(data_dir, 'log')}, the embedded default)")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         assert proc.stdout is not None
         deadline = time.monotonic() + 30
+        address = None
         for raw in proc.stdout:
             line = raw.decode(errors="replace").rstrip()
-            if line.startswith("baton ready"):
+            address = ready_address(line)
+            if address is not None:
                 print(f"  {line}")
                 break
             if time.monotonic() > deadline:
                 break
-        else:
-            print("the broker exited before it was ready", file=sys.stderr)
+        if address is None:
+            what = "did not get ready in 30s" if proc.poll() is None else "exited before it was ready"
+            print(f"the broker {what}", file=sys.stderr)
             return 1
         import uvloop
 

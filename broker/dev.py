@@ -1,8 +1,10 @@
 """``baton dev --nodes N``: a local cluster of N brokers on one shared ``file:`` log.
 
 Each broker is a real ``baton serve`` process with its own data dir under
-``--data-dir`` and the shared log ``file:<data-dir>/log``. The addresses are
-printed once every broker is a member of the view; Ctrl-C (or SIGTERM) stops them
+``--data-dir`` and the shared log ``file:<data-dir>/log``, listening on the
+``--listen`` port and the next ones (with port 0, each on a free port of its own).
+The addresses, from the brokers' ready lines, are printed once every broker is
+a member of the view; Ctrl-C (or SIGTERM) stops them
 all, cleanly.
 """
 
@@ -15,16 +17,18 @@ import sys
 import threading
 import time
 
+from batonmq.broker.config import ready_address
+
 __all__ = ["run_dev"]
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], deadline: float) -> str:
-    """Read the broker's output until its ready line; keep echoing it afterwards."""
+    """Read the broker's output until its ready line; returns the address it names."""
     assert proc.stdout is not None
     for raw in proc.stdout:
-        line = raw.decode(errors="replace").rstrip()
-        if line.startswith("baton ready"):
-            return line
+        address = ready_address(raw.decode(errors="replace").rstrip())
+        if address is not None:
+            return address
         if time.monotonic() > deadline:
             break
     raise RuntimeError(f"broker {proc.pid} did not start (exit {proc.poll()})")
@@ -44,20 +48,19 @@ def run_dev(nodes: int, data_dir: str, host: str, base_port: int, extra: list[st
     addresses = []
     try:
         for i in range(nodes):
-            address = f"{host}:{base_port + i}"
             cmd = [
                 sys.executable, "-m", "batonmq.broker", "serve",
-                "--listen", address,
+                "--listen", f"{host}:{base_port + i if base_port else 0}",
                 "--data-dir", os.path.join(data_dir, f"node-{i + 1}"),
                 "--log", log_url,
                 "--node-id", f"node-{i + 1}",
                 *extra,
             ]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-            addresses.append(address)
         deadline = time.monotonic() + 60
-        for proc, address in zip(procs, addresses):
-            _wait_ready(proc, deadline)
+        for proc in procs:
+            address = _wait_ready(proc, deadline)
+            addresses.append(address)
             print(f"  broker {address} ready", flush=True)
         print(f"cluster of {nodes} on {log_url}", flush=True)
         print(f"addresses: {','.join(addresses)}", flush=True)

@@ -41,6 +41,7 @@ class Broker:
         self.config = config
         self.sessions: set[Session] = set()
         self.address = ""
+        self._bound_port = 0  # the port the first start bound (kept by a rejoin)
         self._server: asyncio.base_events.Server | None = None
         self._log: Log | None = None
         self._store: RocksStore | None = None
@@ -89,17 +90,21 @@ class Broker:
         self._node.on_truncated = self._rejoin
         self._delivery.on_fenced = self._close_sessions
         loop = asyncio.get_running_loop()
+        # A restart in place (a rejoin) listens where the first start did, also when
+        # the configuration says port 0: clients and the cluster know that address.
+        port = self._bound_port or cfg.port
         try:
             # Bound now (the address goes into NodeStarted), serving only once the
             # state has caught up with the log: no answers from a half-replayed state.
             self._server = await loop.create_server(
-                lambda: Session(self), cfg.host, cfg.port, reuse_address=True, start_serving=False
+                lambda: Session(self), cfg.host, port, reuse_address=True, start_serving=False
             )
         except OSError as exc:
             raise InvalidArgument(
-                f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}"
+                f"cannot listen on {cfg.host}:{port}: {exc.strerror or exc}"
             ) from exc
         sock = self._server.sockets[0].getsockname()
+        self._bound_port = int(sock[1])
         self.address = f"{sock[0]}:{sock[1]}"
         await self._node.start(self.address)
         await self._server.start_serving()

@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,12 +31,7 @@ import time
 from typing import Any
 
 from batonmq import clients
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from batonmq.broker.config import ready_address
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -48,33 +42,43 @@ def _pct(values: list[float], q: float) -> float:
 
 
 class _Broker:
+    """One ``baton serve`` on 127.0.0.1:0; its address comes from its ready line."""
+
     def __init__(self, root: str, name: str, log_url: str) -> None:
         self.dir = os.path.join(root, name)
-        self.port = _free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = ""  # known once the broker has printed its ready line
         self.out = open(os.path.join(root, f"{name}.out"), "wb")
         self.cmd = [
-            sys.executable, "-m", "batonmq.broker", "serve", "--listen", self.address,
+            sys.executable, "-m", "batonmq.broker", "serve",
             "--data-dir", self.dir, "--log", log_url, "--node-id", name,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.cmd, stdout=self.out, stderr=subprocess.STDOUT)
+        cmd = [*self.cmd, "--listen", "127.0.0.1:0"]
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT)
+
+    def serving(self) -> bool:
+        """Whether the broker has printed its ready line (which sets ``address``).
+
+        Raises:
+            RuntimeError: the broker exited.
+        """
+        if not self.address:
+            with open(self.out.name, errors="replace") as f:
+                self.address = next(filter(None, map(ready_address, f)), "")
+        assert self.proc is not None
+        if not self.address and self.proc.poll() is not None:
+            raise RuntimeError(f"broker exited: see {self.out.name}")
+        return bool(self.address)
 
     async def ready(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited: see {self.out.name}")
-            try:
-                async with await clients.connect(self.address, timeout=1) as conn:
-                    await conn.ping()
-                    return
-            except clients.BatonError:
-                await asyncio.sleep(0.1)
-        raise RuntimeError(f"broker {self.address} not ready in {timeout}s")
+            if self.serving():
+                return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"broker {self.dir} not ready in {timeout}s")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -209,6 +213,8 @@ async def run_depth(depth: int, args: argparse.Namespace) -> dict[str, Any]:
         report = None
         while report is None and time.monotonic() - t_join < 600:
             await asyncio.sleep(0.05)
+            if not nodes[2].serving():
+                continue
             try:
                 async with await clients.connect(nodes[2].address, timeout=1) as conn:
                     top = await conn.topology()

@@ -17,19 +17,13 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 from batonmq import clients
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from batonmq.broker.config import ready_address
 
 
 def _rss_mb(pid: int) -> tuple[float, float]:
@@ -42,17 +36,19 @@ def _rss_mb(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def _start(data_dir: str, address: str) -> subprocess.Popen[bytes]:
+def _start(data_dir: str, listen: str = "127.0.0.1:0") -> tuple[subprocess.Popen[bytes], str]:
+    """Start a broker; returns it and the address from its ready line (the port it got)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
-         "--listen", address, "--data-dir", data_dir],
+         "--listen", listen, "--data-dir", data_dir],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     assert proc.stdout is not None
     for raw in proc.stdout:
-        if raw.startswith(b"baton ready"):
-            return proc
+        address = ready_address(raw.decode(errors="replace"))
+        if address is not None:
+            return proc, address
     raise SystemExit("broker did not start")
 
 
@@ -99,9 +95,8 @@ def main() -> int:
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="baton-bench-mem-")
-    address = f"127.0.0.1:{_free_port()}"
     print(f"broker data dir {data_dir}; {args.messages} x {args.size} B into one queue")
-    proc = _start(data_dir, address)
+    proc, address = _start(data_dir)
     samples: list[dict[str, float]] = []
     try:
         import uvloop
@@ -110,7 +105,7 @@ def main() -> int:
         filled_rss, filled_peak = _rss_mb(proc.pid)
     finally:
         _stop(proc)
-    proc = _start(data_dir, address)
+    proc, _ = _start(data_dir, address)
     try:
         time.sleep(1)
         restart_rss, _ = _rss_mb(proc.pid)

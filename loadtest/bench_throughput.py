@@ -15,19 +15,13 @@ import argparse
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 from batonmq import clients
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from batonmq.broker.config import ready_address
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -94,17 +88,20 @@ def main() -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     data_dir = tempfile.mkdtemp(prefix="baton-bench-")
-    address = f"127.0.0.1:{_free_port()}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
-         "--listen", address, "--data-dir", data_dir],
+         "--listen", "127.0.0.1:0", "--data-dir", data_dir],
         stdout=subprocess.PIPE,
     )
     try:
         assert proc.stdout is not None
+        address = None
         for raw in proc.stdout:
-            if raw.startswith(b"baton ready"):
+            address = ready_address(raw.decode(errors="replace"))
+            if address is not None:
                 break
+        if address is None:
+            raise SystemExit("broker did not start")
         import uvloop
 
         result = uvloop.run(_run(address, args))

@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batonmq.broker.config import ready_address
 from batonmq.clients import sync as client_sync
 
 __all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIPT"]
@@ -28,11 +29,9 @@ __all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIP
 #: The script that runs a real Kafka for tests and CI (also used by ``--log kafka``).
 KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "kafka"
 
-_READY = b"baton ready"
-
-
 def free_port() -> int:
-    """A port of 127.0.0.1 free right now."""
+    """A port of 127.0.0.1 free right now, for the peers (RabbitMQ, NATS): programs that
+    must be told their ports up front. Baton brokers bind port 0 and report theirs."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -44,7 +43,8 @@ class Broker:
 
     Attributes:
         node_id: its persistent node id (``node-<n>``).
-        address: ``127.0.0.1:PORT`` for clients (kept across restarts).
+        address: ``127.0.0.1:PORT`` for clients, from its first start's ready line
+            (it listens on port 0 then; restarts listen on the port it got).
         data_dir: its data dir (kept across restarts).
         out: its stdout/stderr file (appended to by every start).
         proc: the running process (None before the first start).
@@ -53,13 +53,13 @@ class Broker:
     """
 
     node_id: str
-    address: str
     data_dir: Path
     out: Path
     proc: subprocess.Popen[bytes] | None = None
     state: str = "stopped"
     starts: int = 0
     extra: list[str] = field(default_factory=list)
+    address: str = ""
 
 
 class BatonCluster:
@@ -133,7 +133,6 @@ class BatonCluster:
         n = len(self.brokers) + 1
         b = Broker(
             node_id=f"node-{n}",
-            address=f"127.0.0.1:{free_port()}",
             data_dir=self.data_root / f"node-{n}",
             out=self.base_dir / f"node-{n}.out",
         )
@@ -143,7 +142,7 @@ class BatonCluster:
     def _launch(self, b: Broker) -> None:
         cmd = [
             sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
-            "--listen", b.address,
+            "--listen", b.address or "127.0.0.1:0",
             "--data-dir", str(b.data_dir),
             "--log", self.log_url,
             "--node-id", b.node_id,
@@ -157,12 +156,16 @@ class BatonCluster:
         b.state = "running"
 
     def _wait_ready(self, b: Broker, timeout: float) -> None:
-        """Wait for this start's ready line (the file holds earlier starts' lines too)."""
+        """Wait for this start's ready line (the file holds earlier starts' lines too) and
+        take the broker's address from it."""
         deadline = time.monotonic() + timeout
         marker = f"== harness: start {b.starts} of {b.node_id}".encode()
         while True:
             text = b.out.read_bytes()
-            if _READY in text.rsplit(marker, 1)[-1]:
+            this_start = text.rsplit(marker, 1)[-1].decode(errors="replace").splitlines()
+            address = next(filter(None, map(ready_address, this_start)), None)
+            if address is not None:
+                b.address = address
                 return
             assert b.proc is not None
             if b.proc.poll() is not None:

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,15 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from batonmq import clients
+from batonmq.broker.config import ready_address
 from batonmq.clients.import_entries import committed_position
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -111,28 +105,37 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, *watch: Pro
 
 
 class Cluster:
+    """Brokers on 127.0.0.1 and one file log: each listens on port 0 at its first start
+    and on the port it reported (its ready line) at every restart."""
+
     def __init__(self, work: Path, n: int = 3) -> None:
-        log_url = f"file:{work / 'shared-log'}"
-        self.ports = [_free_port() for _ in range(n)]
-        self.brokers = [
-            Proc(
-                f"broker-{i + 1}",
-                [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
-                 "--listen", f"127.0.0.1:{port}", "--data-dir", str(work / f"node-{i + 1}"),
-                 "--log", log_url, "--node-id", f"node-{i + 1}"],
-                work / f"node-{i + 1}.out",
-            )
-            for i, port in enumerate(self.ports)
-        ]
+        self.log_url = f"file:{work / 'shared-log'}"
+        self.work = work
+        self.ports = [0] * n  # known from each broker's first ready line
+        self.brokers = [Proc(f"broker-{i + 1}", [], work / f"node-{i + 1}.out") for i in range(n)]
 
     @property
     def addresses(self) -> str:
         return ",".join(f"127.0.0.1:{p}" for p in self.ports)
 
     def start(self, i: int | None = None) -> None:
-        for b in self.brokers if i is None else [self.brokers[i]]:
+        for k in range(len(self.brokers)) if i is None else [i]:
+            b = self.brokers[k]
+            b.cmd = [
+                sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
+                "--listen", f"127.0.0.1:{self.ports[k]}", "--data-dir", str(self.work / f"node-{k + 1}"),
+                "--log", self.log_url, "--node-id", f"node-{k + 1}",
+            ]
             b.start()
-            wait_until(lambda: "baton ready" in b.text(), 30, f"{b.name} ready", b)
+            wait_until(lambda: self._reported(b) is not None, 30, f"{b.name} ready", b)
+            address = self._reported(b)
+            assert address is not None
+            self.ports[k] = int(address.rpartition(":")[2])
+
+    @staticmethod
+    def _reported(b: Proc) -> str | None:
+        """The address in the broker's ready line since its last start, if printed."""
+        return next(filter(None, map(ready_address, b.text().splitlines())), None)
 
     def stop(self) -> None:
         for b in self.brokers:

@@ -7,14 +7,13 @@ log at a place (``make``) and whether its records outlive ``close`` (``persisten
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import ClassVar, cast
+from typing import ClassVar
 
 import pytest
 
@@ -23,28 +22,18 @@ from batonmq.cluster.log import Log, Record, open_log
 from batonmq.cluster.log.file import FileLog
 from batonmq.cluster.log.kafka import KafkaLog, KafkaURL, parse_kafka_url
 from batonmq.cluster.log.memory import MemoryLog
+from tests import helpers
+from tests.helpers import eventually, now
 from tests.kafka_fixture import start_kafka, stop_kafka
 
 TIMEOUT = 20.0
 
 
-async def collect(log: Log, start: int, count: int, *, max_batch: int = 1024) -> list[Record]:
+async def collect(
+    log: Log, start: int, count: int, *, max_batch: int = 1024, into: list[Record] | None = None
+) -> list[Record]:
     """Read exactly ``count`` records from ``start`` (failing the test if they don't come)."""
-
-    async def run() -> list[Record]:
-        got: list[Record] = []
-        reader = cast(AsyncGenerator[list[Record], None], log.read(start, max_batch=max_batch))
-        async with contextlib.aclosing(reader):
-            async for batch in reader:
-                assert batch, "read yielded an empty batch"
-                assert len(batch) <= max_batch
-                got.extend(batch)
-                if len(got) >= count:
-                    break
-        assert len(got) == count, f"read {len(got)} records, expected exactly {count}"
-        return got
-
-    return await asyncio.wait_for(run(), TIMEOUT)
+    return await helpers.collect(log, start, count, max_batch=max_batch, timeout=TIMEOUT, into=into)
 
 
 def dense(records: list[Record], start: int) -> list[bytes]:
@@ -99,7 +88,8 @@ class LogContract:
     async def test_read_from_end_tails_new_appends(self, log: Log) -> None:
         await log.append([b"old"])
         reader = asyncio.create_task(collect(log, 1, 3))
-        await asyncio.sleep(0.05)  # the reader is now waiting at the end
+        # Time passes with the reader at the end: it must keep waiting, not return.
+        await asyncio.sleep(0.05)
         assert not reader.done()
         await log.append([b"new-1"])
         await log.append([b"new-2", b"new-3"])
@@ -107,9 +97,9 @@ class LogContract:
 
     async def test_read_beyond_end_waits_for_that_offset(self, log: Log) -> None:
         reader = asyncio.create_task(collect(log, 2, 1))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # time passes with nothing to read (not a wait for something)
         await log.append([b"zero", b"one"])
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # ... and with offsets below 2 only: it must keep waiting
         assert not reader.done()
         await log.append([b"two"])
         assert await asyncio.wait_for(reader, TIMEOUT) == [(2, b"two")]
@@ -132,7 +122,7 @@ class LogContract:
                 batch = [f"{t}:{a}:{i}".encode() for i in range(size)]
                 firsts[t, a] = (await log.append(batch), size)
                 if rng.random() < 0.3:
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)  # interleaving the writers, not a wait
 
         await asyncio.wait_for(asyncio.gather(*(writer(t) for t in range(tasks))), TIMEOUT)
         total = sum(size for _, size in firsts.values())
@@ -197,22 +187,24 @@ class LogContract:
         log = await self.make(tmp_path)
         await log.append([b"x"])
 
+        got: list[Record] = []
+
         async def read_all() -> list[Record]:
-            got: list[Record] = []
             async for batch in log.read(0):
                 got.extend(batch)
             return got
 
         reader = asyncio.create_task(read_all())
-        await asyncio.sleep(0.05)
-        await log.close()
+        await eventually(lambda: now(len(got)), "the reader to read the record", until=lambda n: n == 1)
+        await log.close()  # with the reader waiting at the end
         assert await asyncio.wait_for(reader, TIMEOUT) == [(0, b"x")]
 
     async def test_cancelled_reader_leaves_the_log_usable(self, log: Log) -> None:
         await log.append([b"a"])
-        reader = asyncio.create_task(collect(log, 0, 5))
-        await asyncio.sleep(0.05)  # it has read one record and now waits at the end
-        reader.cancel()
+        seen: list[Record] = []
+        reader = asyncio.create_task(collect(log, 0, 5, into=seen))
+        await eventually(lambda: now(len(seen)), "the reader to read the record", until=lambda n: n == 1)
+        reader.cancel()  # it has read one record and waits at the end
         with pytest.raises(asyncio.CancelledError):
             await reader
         assert await log.append([b"b"]) == 1
@@ -368,8 +360,9 @@ async def test_kafka_down_is_unavailable_and_back_is_usable(tmp_path: Path) -> N
     log = await open_log(f"kafka://{bootstrap}/down-and-back?request_timeout_ms=3000")
     try:
         assert await log.append([b"before"]) == 0
-        reader = asyncio.create_task(collect(log, 0, 2))  # will see one record, then Kafka dies
-        await asyncio.sleep(0.5)
+        seen: list[Record] = []
+        reader = asyncio.create_task(collect(log, 0, 2, into=seen))  # one record, then Kafka dies
+        await eventually(lambda: now(len(seen)), "the reader to read the record", until=lambda n: n == 1)
         await asyncio.to_thread(stop_kafka, tmp_path / "kafka")
         started = time.monotonic()
         with pytest.raises(LogUnavailable, match="Kafka at"):

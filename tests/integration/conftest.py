@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
-import socket
 import subprocess
 import uuid
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from batonmq.broker.config import ready_address
+from tests.helpers import eventually_sync
+
 REPO = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_OUTPUTS = itertools.count(1)  # one output file per BrokerProcess, also on one data dir
 
 
 class BrokerProcess:
-    """One ``baton serve`` process on 127.0.0.1, restartable on the same data dir and port."""
+    """One ``baton serve`` process on 127.0.0.1, restartable on the same data dir and port.
+
+    The first start listens on port 0 and learns the port the broker bound from its
+    ready line (no free-port guess that another process could take first); every
+    restart listens on that same port, so the broker keeps its address.
+    """
 
     def __init__(
         self,
@@ -37,18 +40,27 @@ class BrokerProcess:
         self.log_url = log_url
         self.node_id = node_id
         self.extra = list(extra or [])
-        self.port = free_port()
+        self.port = 0  # known from the first start's ready line
+        self.starts = 0
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = data_dir.parent / f"{data_dir.name}-{self.port}.out"
+        self.log_path = data_dir.parent / f"{data_dir.name}-{next(_OUTPUTS)}.out"
 
     @property
     def address(self) -> str:
+        """``127.0.0.1:PORT`` for clients (known once the broker has started)."""
+        assert self.port, "the broker's address is known once it has started"
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> None:
+        """Start ``baton serve`` and wait for its ready line (the port it bound).
+
+        Raises:
+            RuntimeError: the broker exited before it was ready.
+            AssertionError: it did not get ready within ``timeout`` seconds.
+        """
         cmd = [
             sys.executable, "-m", "batonmq.broker", "--log-level", "INFO", "serve",
-            "--listen", self.address, "--data-dir", str(self.data_dir),
+            "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir),
         ]
         if self.log_url:
             cmd += ["--log", self.log_url]
@@ -56,17 +68,28 @@ class BrokerProcess:
             cmd += ["--node-id", self.node_id]
         cmd += self.extra
         env = dict(os.environ)
-        out = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        out.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.output()}")
-            if b"baton ready" in self.log_path.read_bytes().split(b"baton: shutting down")[-1]:
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"broker did not get ready in {timeout}s:\n{self.output()}")
+        self.starts += 1
+        marker = f"== test: start {self.starts}\n".encode()
+        with open(self.log_path, "ab") as out:
+            out.write(marker)  # earlier starts' ready lines are above it
+            out.flush()
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = self.proc
+
+        def ready() -> str | None:
+            text = self.log_path.read_bytes().rsplit(marker, 1)[-1].decode(errors="replace")
+            found = next(filter(None, map(ready_address, text.splitlines())), None)
+            if found is None and proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {proc.returncode}:\n{self.output()}")
+            return found
+
+        address = eventually_sync(
+            ready, f"the ready line of {self.data_dir.name}", timeout=timeout, context=self.output
+        )
+        assert address is not None
+        port = int(address.rpartition(":")[2])
+        assert self.port in (0, port), f"restarted on port {port}, not {self.port}"
+        self.port = port
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -90,9 +113,7 @@ class BrokerProcess:
         return self.proc.wait(20)
 
     def restart(self) -> None:
-        # The ready line of the previous run is still in the output file.
-        with open(self.log_path, "ab") as f:
-            f.write(b"\nbaton: shutting down (restart by test)\n")
+        """Start the broker again on its data dir and port (after a kill or a stop)."""
         self.start()
 
     def stop(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -12,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, BrokerProcess, free_port
+from batonmq import clients
+from tests.helpers import topology
+from tests.integration.conftest import REPO, BrokerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -125,15 +128,59 @@ def test_serve_listen_address_in_use(tmp_path: Path) -> None:
 
 
 def test_client_commands_without_broker_fail_cleanly() -> None:
-    addr = f"127.0.0.1:{free_port()}"  # nothing listens there
-    for args in (
-        ("publish", "--broker", addr, "q", "x"),
-        ("consume", "q", "--broker", addr, "--timeout", "1"),
-        ("queues", "--broker", addr),
-    ):
-        r = baton(*args)
-        assert r.returncode != 0, args
-        assert addr in r.stderr, r.stderr
-        assert "could not connect" in r.stderr
-        assert "Traceback" not in r.stderr
-        assert r.stdout == ""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))  # held but not listening: connections are refused
+        addr = "127.0.0.1:%d" % bound.getsockname()[1]
+        for args in (
+            ("publish", "--broker", addr, "q", "x"),
+            ("consume", "q", "--broker", addr, "--timeout", "1"),
+            ("queues", "--broker", addr),
+        ):
+            r = baton(*args)
+            assert r.returncode != 0, args
+            assert addr in r.stderr, r.stderr
+            assert "could not connect" in r.stderr
+            assert "Traceback" not in r.stderr
+            assert r.stdout == ""
+
+
+async def test_serve_on_port_0_reports_and_advertises_the_port_it_got(tmp_path: Path) -> None:
+    """``--listen 127.0.0.1:0``: the ready line names the port the broker bound, a
+    client connects there, and the cluster's topology lists that address; a restart
+    on that port keeps it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batonmq.broker", "serve", "--listen", "127.0.0.1:0",
+         "--data-dir", str(tmp_path / "d"), "--node-id", "zero"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)).decode()
+        assert line.startswith("baton ready: listening on 127.0.0.1:"), line
+        addr = line.split()[4]
+        port = int(addr.rpartition(":")[2])
+        assert port != 0, line
+        async with await clients.connect(addr, timeout=5) as conn:
+            assert conn.node_id == "zero"
+            await conn.declare_queue("q")
+            assert await conn.publish("q", b"x") == 0
+        top = await topology(addr)
+        assert [(i["node_id"], i["address"]) for i in top["instances"]] == [("zero", addr)]
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
+        assert proc.stdout is not None
+        proc.stdout.close()
+    # The test harness's brokers start the same way and restart on the port they got.
+    b = BrokerProcess(tmp_path / "b", node_id="b")
+    try:
+        b.start()
+        first = b.address
+        assert b.port != 0
+        assert [i["address"] for i in (await topology(first))["instances"]] == [first]
+        assert b.terminate() == 0
+        b.restart()
+        assert b.address == first
+        assert [i["address"] for i in (await topology(first))["instances"]] == [first]
+    finally:
+        b.stop()

@@ -8,45 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import BatonError
+from tests.helpers import equal_digests, eventually, now, topology
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
-
-
-async def topology(address: str) -> dict[str, Any]:
-    async with await clients.connect(address, timeout=5) as conn:
-        return await conn.topology()
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> float:
-    """Poll ``check`` until true; returns the seconds it took."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if await check():
-            return time.monotonic() - start
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
-async def equal_digests(brokers: list[BrokerProcess]) -> None:
-    """Replicas that applied the same offset must have the same digest (the log
-    keeps moving with heartbeats, so look until they agree on the offset)."""
-    for _ in range(200):
-        tops = [await topology(b.address) for b in brokers]
-        offsets = {t["applied"] for t in tops}
-        if len(offsets) == 1:
-            assert len({t["digest"] for t in tops}) == 1, tops
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("replicas never reported the same applied offset")
 
 
 class Deliveries:
@@ -165,17 +136,14 @@ async def test_consumers_on_two_brokers_share_a_queue(any_cluster: list[BrokerPr
         asyncio.create_task(consume(n2.address, "shared", "c2", log, stop)),
         asyncio.create_task(consume(n3.address, "shared", "c3", log, stop)),
     ]
-    await eventually(lambda: _true(len(log.done) == 1500), 60, "all 1500 consumed")
+    await eventually(lambda: now(len(log.done)), "all 1500 consumed", timeout=60,
+                     until=lambda n: n == 1500)
     stop.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     assert log.violations == []
     assert log.done == set(range(1500))
     assert log.by.get("c2", 0) > 0 and log.by.get("c3", 0) > 0, log.by  # both consumers got some
     await equal_digests(cluster)
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_kill9_of_the_owner_moves_the_queue_within_5s(
@@ -194,9 +162,9 @@ async def test_kill9_of_the_owner_moves_the_queue_within_5s(
         "h2": asyncio.create_task(hoard(n2.address, "busy", "h2", log, let_go, stop)),
         "h3": asyncio.create_task(hoard(n3.address, "busy", "h3", log, let_go, stop)),
     }
-    await eventually(lambda: _true(len(log.done) >= 500), 60, "500 consumed")
-    await eventually(lambda: _true(log.by.get("h2", 0) >= 5 and log.by.get("h3", 0) >= 5), 30,
-                     "both hoarders hold messages")
+    await eventually(lambda: now(len(log.done)), "500 consumed", timeout=60, until=lambda n: n >= 500)
+    await eventually(lambda: now(dict(log.by)), "both hoarders hold messages", timeout=30,
+                     until=lambda by: by.get("h2", 0) >= 5 and by.get("h3", 0) >= 5)
     async with await clients.connect(n1.address) as conn:
         owner = (await conn.queue_stats("busy"))["owner"]
     victim = n2 if owner.startswith("node-2/") else n3
@@ -212,9 +180,11 @@ async def test_kill9_of_the_owner_moves_the_queue_within_5s(
     async def survivor_delivers() -> bool:
         return sum(log.by.get(who, 0) for who in side) > before + 10
 
-    took = await eventually(survivor_delivers, 15, "the survivor delivers again")
+    await eventually(survivor_delivers, "the survivor delivers again", timeout=15)
+    took = time.monotonic() - killed_at
     assert took < 5.0, f"took {took:.1f}s after kill -9 of the owner"
-    await eventually(lambda: _true(log.settled() == total), 90, "every message consumed")
+    await eventually(lambda: now(log.settled()), "every message consumed", timeout=90,
+                     until=lambda n: n == total)
     stop.set()
     await asyncio.wait_for(asyncio.gather(*consumers.values()), 10)
     assert log.violations == []
@@ -258,7 +228,7 @@ async def test_leader_is_stable_and_observers_never_lead(
             t = await topology(n1.address)
             return "node-3" not in [i["node_id"] for i in t["instances"]]
 
-        await eventually(n3_gone, 15, "node-3 dropped")
+        await eventually(n3_gone, "node-3 dropped", timeout=15)
         top = await topology(n2.address)
         assert top["leader"].startswith("node-1/") and top["view"] > view
         # Killing the leader makes the next voter leader — never the observer.
@@ -268,7 +238,7 @@ async def test_leader_is_stable_and_observers_never_lead(
             t = await topology(n2.address)
             return bool(t["leader"]) and t["leader"].startswith("node-2/")
 
-        await eventually(n2_leads, 15, "node-2 leads")
+        await eventually(n2_leads, "node-2 leads", timeout=15)
         top = await topology(observer.address)
         assert [i["node_id"] for i in top["instances"]] == ["node-2", "obs"]
         # The observer still serves clients.
@@ -277,6 +247,8 @@ async def test_leader_is_stable_and_observers_never_lead(
             assert await conn.publish("via-observer", b"x") == 0
         # With node-2 gone too, the observer stays a member and never becomes leader.
         n2.kill9()
+        # Not a wait for something: four seconds (eight heartbeats, past the suspicion
+        # time) pass alone, and the observer must not have made itself leader.
         await asyncio.sleep(4)
         top = await topology(observer.address)
         assert top["leader"] is None or not top["leader"].startswith("obs/")
@@ -306,7 +278,7 @@ async def test_a_paused_broker_is_fenced_and_rejoins(cluster: list[BrokerProcess
         asyncio.create_task(consume(n2.address, "paused", "c2", log, stop)),
         asyncio.create_task(consume(n3.address, "paused", "c3", log, stop)),
     ]
-    await eventually(lambda: _true(len(log.done) >= 300), 60, "300 consumed")
+    await eventually(lambda: now(len(log.done)), "300 consumed", timeout=60, until=lambda n: n >= 300)
     view = (await topology(n1.address))["view"]
     log.fenced.add("c2")
     n2.pause()
@@ -315,9 +287,10 @@ async def test_a_paused_broker_is_fenced_and_rejoins(cluster: list[BrokerProcess
         t = await topology(n1.address)
         return "node-2" not in [i["node_id"] for i in t["instances"]]
 
-    await eventually(dropped, 15, "node-2 dropped from the view")
+    await eventually(dropped, "node-2 dropped from the view", timeout=15)
     # Its consumer's messages were released: it must count as gone for the check.
     log.lost("c2")
+    # The fault, not a wait: node-2 stays stopped a while longer while node-3 goes on.
     await asyncio.sleep(1)
     n2.resume()
 
@@ -325,9 +298,10 @@ async def test_a_paused_broker_is_fenced_and_rejoins(cluster: list[BrokerProcess
         t = await topology(n1.address)
         return [i["node_id"] for i in t["instances"]] == ["node-1", "node-3", "node-2"]
 
-    await eventually(rejoined, 20, "node-2 rejoined at the end")
+    await eventually(rejoined, "node-2 rejoined at the end", timeout=20)
     assert (await topology(n2.address))["view"] > view + 1
-    await eventually(lambda: _true(log.settled() == total), 90, "every message consumed")
+    await eventually(lambda: now(log.settled()), "every message consumed", timeout=90,
+                     until=lambda n: n == total)
     stop.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     assert log.violations == [], log.violations[:5]

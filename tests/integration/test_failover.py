@@ -5,44 +5,20 @@ listener seeing a broker go."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 
 import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import BatonError, NotAcquired
 from batonmq.clients.topology import TopologyEvent, TopologyEventType
+from tests.helpers import equal_digests, eventually, now
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
 def connected_to(conn: clients.Connection, cluster: list[BrokerProcess]) -> BrokerProcess:
     return next(b for b in cluster if b.address == conn.address)
-
-
-async def equal_digests(brokers: list[BrokerProcess]) -> None:
-    """Replicas at one applied offset have one digest (it covers the key memory)."""
-    for _ in range(300):
-        tops = []
-        for b in brokers:
-            async with await clients.connect(b.address, timeout=5) as c:
-                tops.append(await c.topology())
-        if len({t["applied"] for t in tops}) == 1:
-            assert len({t["digest"] for t in tops}) == 1, tops
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("replicas never reported the same applied offset")
 
 
 async def test_publishes_are_enqueued_exactly_once_across_a_kill9(
@@ -64,8 +40,8 @@ async def test_publishes_are_enqueued_exactly_once_across_a_kill9(
                 failed[body] = exc
 
     async def killer() -> None:
-        while len(confirmed) < total // 5:
-            await asyncio.sleep(0.005)
+        await eventually(lambda: now(len(confirmed)), f"{total // 5} publishes confirmed",
+                         timeout=60, until=lambda n: n >= total // 5, interval=0.005)
         await asyncio.to_thread(victim.kill9)
 
     async with asyncio.timeout(90):
@@ -126,7 +102,7 @@ async def test_a_consumer_keeps_receiving_after_its_broker_is_killed(
         async def failed_over() -> bool:
             return conn.failovers >= 1
 
-        await eventually(failed_over, 30, "the consumer's connection failed over")
+        await eventually(failed_over, "the consumer's connection failed over", timeout=30)
         with pytest.raises(NotAcquired, match="failed over"):
             await held.ack()
         assert not held.settled
@@ -155,13 +131,13 @@ async def test_topology_listener_sees_a_broker_leave(cluster: list[BrokerProcess
     async def got(kind: TopologyEventType, members: int) -> bool:
         return any(e.type is kind and len(e.new.instances) == members for e in events)
 
-    await eventually(lambda: got(TopologyEventType.INIT, 3), 10, "INIT with three brokers")
+    await eventually(lambda: got(TopologyEventType.INIT, 3), "INIT with three brokers", timeout=10)
     assert events[0].type is TopologyEventType.INIT and events[0].old is None
     init = events[0].new
     assert init.leader in init.members and sum(i.local for i in init.instances) == 1
     victim = next(b for b in cluster if b.address != conn.address)
     await asyncio.to_thread(victim.kill9)
-    await eventually(lambda: got(TopologyEventType.CHANGED, 2), 40, "CHANGED to two brokers")
+    await eventually(lambda: got(TopologyEventType.CHANGED, 2), "CHANGED to two brokers", timeout=40)
     changed = next(e for e in events if e.type is TopologyEventType.CHANGED)
     assert changed.old is not None and changed.new.view > changed.old.view
     assert victim.address not in {i.address for i in changed.new.instances}

@@ -15,6 +15,7 @@ import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import BatonError, ConnectionClosed
+from tests.helpers import drain, eventually, now
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -23,23 +24,6 @@ pytestmark = pytest.mark.integration
 async def next_msg(consumer: clients.Consumer, timeout: float = 10.0) -> clients.Message:
     """The consumer's next message, or fail the test after ``timeout`` seconds."""
     return await asyncio.wait_for(consumer.__aiter__().__anext__(), timeout)
-
-
-async def _drain(addr: str, queue: str, *, idle: float = 1.0, ack: bool = True) -> list[clients.Message]:
-    """Consume until nothing arrives for ``idle`` seconds."""
-    got: list[clients.Message] = []
-    async with await clients.connect(addr) as conn:
-        async with conn.consume(queue, prefetch=500) as consumer:
-            it = consumer.__aiter__()
-            while True:
-                try:
-                    msg = await asyncio.wait_for(it.__anext__(), idle)
-                except asyncio.TimeoutError:
-                    break
-                got.append(msg)
-                if ack:
-                    await msg.ack(confirm=True)
-    return got
 
 
 async def test_round_trip_and_stats(broker: BrokerProcess) -> None:
@@ -84,14 +68,14 @@ async def test_guarantee_1_and_8_confirmed_publishes_survive_kill9(broker: Broke
             pass  # the broker died under us: unconfirmed ones may or may not be there
 
     tasks = [asyncio.create_task(producer(k)) for k in range(4)]
-    while len(confirmed) < 1500:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: now(len(confirmed)), "1500 publishes confirmed", timeout=60,
+                     until=lambda n: n >= 1500, interval=0.01)
     broker.kill9()
     stop.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 20)
     assert len(confirmed) >= 1500
     broker.restart()
-    got = await _drain(broker.address, "durable")
+    got = await drain(broker.address, "durable")
     bodies = [m.body for m in got]
     assert confirmed <= set(bodies), f"{len(confirmed - set(bodies))} confirmed messages lost"
     assert len(bodies) == len(set(bodies)), "a message was enqueued twice"
@@ -118,7 +102,7 @@ async def test_guarantee_3_and_8_accepted_never_return_after_kill9(broker: Broke
     async with await clients.connect(broker.address) as conn:
         stats = await conn.queue_stats("work")
     assert stats["ready"] + stats["acquired"] == 3000 - len(accepted)
-    rest = await _drain(broker.address, "work")
+    rest = await drain(broker.address, "work")
     positions = {m.position for m in rest}
     assert not positions & accepted, "an accepted message was delivered again"
     assert positions | accepted == set(range(3000)), "a message was lost"
@@ -161,7 +145,7 @@ async def test_guarantee_5_reject_and_delivery_limit_dead_letter(broker: BrokerP
                 if stats["ready"] + stats["acquired"] == 0:
                     break
         assert deliveries == 1 + 3  # the poison message is delivered exactly 3 times
-        dead = await _drain(broker.address, "dlq")
+        dead = await drain(broker.address, "dlq")
         by_body = {m.body: m for m in dead}
         assert set(by_body) == {b"bad", b"poison"}
         assert by_body[b"bad"].headers["x-death-reason"] == "rejected"
@@ -188,7 +172,7 @@ async def test_guarantee_6_consumer_disconnect_releases(broker: BrokerProcess) -
         assert (await conn.queue_stats("dc"))["acquired"] == 5
     writer.close()
     await doomed.close()  # the socket closes; no Cancel was sent for the consumer
-    got = await _drain(broker.address, "dc")
+    got = await drain(broker.address, "dc")
     assert sorted(m.position for m in got) == list(range(10))
     counts = {m.position: m.delivery_count for m in got}
     assert all(counts[m.position] == 1 for m in first)
@@ -227,7 +211,7 @@ async def test_sigterm_is_clean_and_loses_nothing(broker: BrokerProcess) -> None
                 assert broker.terminate() == 0
     assert "broker stopped" in broker.output()
     broker.restart()
-    rest = await _drain(broker.address, "t")
+    rest = await drain(broker.address, "t")
     assert sorted(m.body for m in rest) == [b"b", b"c"]
 
 
@@ -299,15 +283,15 @@ async def test_cancel_returns_unread_messages_without_a_delivery_attempt(
                 first = await next_msg(consumer)
                 seen.append((first.position, first.delivery_count))
                 # Rounds 1 and 2 see all ten; position 0 is gone by round 3.
-                async with asyncio.timeout(10):
-                    while consumer.buffered < (9 if rnd < 2 else 8):
-                        await asyncio.sleep(0.01)
+                want = 9 if rnd < 2 else 8
+                await eventually(lambda: now(consumer.buffered), f"{want} messages buffered",
+                                 until=lambda n: n >= want, interval=0.01)
         assert seen == [(0, 0), (0, 1), (1, 0)]
         stats = await conn.queue_stats("buffered")
         # Position 0 was handed out twice (delivery_limit 2): dead-lettered (dropped);
         # the 9 buffered ones were never processed and are all still there.
         assert (stats["ready"], stats["dropped"]) == (9, 1)
-        got = await _drain(broker.address, "buffered")
+        got = await drain(broker.address, "buffered")
         assert {m.delivery_count for m in got} <= {0, 1}
         assert sorted(m.position for m in got) == list(range(1, 10))
 
@@ -361,7 +345,7 @@ async def test_headers_are_bounded_and_big_headers_are_delivered(broker: BrokerP
         # 2,000 messages with 4 KiB headers at a big prefetch: delivered in several frames.
         big = {"h": "v" * 4096}
         await conn.publish_batch("hdr", [(b"m", big)] * 2000)
-        got = await _drain(broker.address, "hdr")
+        got = await drain(broker.address, "hdr")
         assert len(got) == 2000 and all(m.headers == big for m in got)
 
 

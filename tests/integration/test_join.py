@@ -19,8 +19,8 @@ import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import BatonError
+from tests.helpers import drain, equal_digests, eventually, topology
 from tests.integration.conftest import BrokerProcess
-from tests.integration.test_cluster import equal_digests, eventually, topology
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ async def checkpoint_agreement(nodes: list[BrokerProcess], timeout: float = 30) 
                 return False
         return True
 
-    await eventually(verified, timeout, "a digest check at a checkpoint on every broker")
+    await eventually(verified, "a digest check at a checkpoint on every broker", timeout=timeout)
 
 
 async def publish_backlog(address: str, queues: list[str], per_queue: int, size: int) -> dict[str, set[bytes]]:
@@ -115,10 +115,9 @@ class Load:
 
     async def consume(self, address: str, queue: str) -> None:
         async with await clients.connect(address) as conn:
-            for _ in range(100):  # declared through another broker: wait until applied here
-                if queue in {q["queue"] for q in await conn.list_queues()}:
-                    break
-                await asyncio.sleep(0.05)
+            # Declared through another broker: wait until it is applied here.
+            await eventually(conn.list_queues, f"queue {queue!r} on {address}",
+                             until=lambda qs: queue in {q["queue"] for q in qs})
             async with conn.consume(queue, prefetch=50) as consumer:
                 while not self.stop.is_set():
                     batch = await consumer.get_many(50, timeout=0.2)
@@ -131,20 +130,14 @@ class Load:
                         self.acked[queue].extend(m.body for m in batch)
 
 
-async def drain(address: str, queue: str) -> list[bytes]:
-    """Everything left in ``queue``, consumed (and acked) through ``address``."""
-    out: list[bytes] = []
+async def drain_ready(address: str, queue: str) -> list[bytes]:
+    """The bodies of everything ``queue`` holds ready now, consumed (and acked) through
+    ``address``."""
     async with await clients.connect(address) as conn:
         left = (await conn.queue_stats(queue))["ready"]
-        if not left:
-            return out
-        async with conn.consume(queue, prefetch=500) as consumer:
-            deadline = time.monotonic() + 60
-            while len(out) < left and time.monotonic() < deadline:
-                batch = await consumer.get_many(500, timeout=1)
-                await consumer.ack_many(batch, confirm=True)
-                out.extend(m.body for m in batch)
-    return out
+    if not left:
+        return []
+    return [m.body for m in await drain(address, queue, count=left)]
 
 
 @pytest.mark.parametrize("kind", ["file", "kafka"])
@@ -177,7 +170,7 @@ async def test_a_broker_joins_a_busy_cluster(
             asyncio.create_task(load.consume(a, "q01")),
             asyncio.create_task(load.consume(a, "q10")),
         ]
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # pacing: the load runs a while before the join
         await asyncio.to_thread(nodes[2].start, 60)
         out = nodes[2].output()
         assert "joining at log offset" in out and "index from" in out, out
@@ -188,9 +181,9 @@ async def test_a_broker_joins_a_busy_cluster(
             report = await join_done(nodes[2].address)
             return report is not None
 
-        await eventually(finished, 60, "the join update to finish")
+        await eventually(finished, "the join update to finish", timeout=60)
         assert report is not None and report["queues"] == len(queues) + 1, report
-        await asyncio.sleep(1.0)  # load on after the join too
+        await asyncio.sleep(1.0)  # pacing: load on after the join too
         load.stop.set()
         await asyncio.gather(*tasks)
         assert not load.errors, load.errors[:5]
@@ -201,9 +194,9 @@ async def test_a_broker_joins_a_busy_cluster(
         # Everything left is served by the joiner now: each confirmed message is
         # acked exactly once overall, or sits in the DLQ (rejected from q01).
         j = nodes[2].address
-        dlq = await drain(j, "dlq")
+        dlq = await drain_ready(j, "dlq")
         for q in queues:
-            rest = await drain(j, q)
+            rest = await drain_ready(j, q)
             expected = backlog[q] | load.sent[q]
             got = load.acked[q] + rest + [m for m in dlq if m.startswith(f"{q}:".encode())]
             assert len(got) == len(set(got)), f"{q}: a message came twice"
@@ -236,14 +229,16 @@ async def test_the_joiner_finishes_from_another_member_when_the_updater_dies(
         served = {b.address: b.log_path.read_text().count("serving a join update") for b in nodes[:2]}
         started = threading.Thread(target=nodes[2].start, args=(60,))
         started.start()
-        donor = None
-        deadline = time.monotonic() + 30
-        while donor is None and time.monotonic() < deadline:
-            for b in nodes[:2]:
-                if b.log_path.read_text().count("serving a join update") > served[b.address]:
-                    donor = b
-            await asyncio.sleep(0.05)
-        assert donor is not None, "no member served the update"
+
+        async def serving() -> list[BrokerProcess]:
+            return [
+                b for b in nodes[:2]
+                if b.log_path.read_text().count("serving a join update") > served[b.address]
+            ]
+
+        donor = (await eventually(serving, "a member serving the update", timeout=30))[-1]
+        # The fault's timing, not a wait for something: the update takes about two
+        # seconds, so the kill lands in its middle.
         await asyncio.sleep(0.5)
         donor.kill9()
         started.join(60)
@@ -252,13 +247,13 @@ async def test_the_joiner_finishes_from_another_member_when_the_updater_dies(
         async def finished() -> bool:
             return await join_done(nodes[2].address) is not None
 
-        await eventually(finished, 60, "the join to finish from the other member")
+        await eventually(finished, "the join to finish from the other member", timeout=60)
         out = nodes[2].output()
         assert "broke off" in out and "not done" in out, out
         assert "done: " not in donor.output().split("serving a join update")[-1]
         await equal_digests([survivor, nodes[2]])
         for q in queues:
-            got = await drain(nodes[2].address, q)
+            got = await drain_ready(nodes[2].address, q)
             assert len(got) == len(set(got)) and set(got) == backlog[q], q
     finally:
         for n in nodes:
@@ -297,7 +292,7 @@ async def test_the_log_is_truncated_under_a_steady_load(
             asyncio.create_task(load.consume(nodes[1].address, "steady")),
         ]
         sizes = []
-        for _ in range(12):
+        for _ in range(12):  # sampling the log's size under the load, once a second
             await asyncio.sleep(1)
             if kind == "file":
                 sizes.append(_log_bytes(tmp_path / "shared-log")[0])
@@ -342,9 +337,9 @@ async def test_a_broker_whose_offset_was_truncated_rejoins_as_new(tmp_path: Path
         async def finished() -> bool:
             return await join_done(nodes[1].address) is not None
 
-        await eventually(finished, 30, "the rejoin update")
+        await eventually(finished, "the rejoin update", timeout=30)
         await equal_digests(nodes)
-        got = await drain(nodes[1].address, "keep")
+        got = await drain_ready(nodes[1].address, "keep")
         assert sorted(got) == sorted(backlog["keep"])
     finally:
         for n in nodes:
@@ -364,7 +359,7 @@ async def test_a_paused_broker_left_behind_by_truncation_rejoins_by_itself(tmp_p
             await conn.declare_queue("keep")
             await conn.declare_queue("churn")
         backlog = await publish_backlog(a, ["keep"], 500, 100)
-        await eventually(lambda: _has(nodes[1].address, "keep", 500), 10, "replicated")
+        await eventually(lambda: _has(nodes[1].address, "keep", 500), "replicated", timeout=10)
         paused_at = (await topology(nodes[1].address))["applied"]
         nodes[1].pause()
         await churn_until_truncated(a, tmp_path / "shared-log", paused_at)
@@ -379,10 +374,10 @@ async def test_a_paused_broker_left_behind_by_truncation_rejoins_by_itself(tmp_p
             except BatonError:
                 return False
 
-        await eventually(rejoined, 60, "the paused broker to rejoin as new")
+        await eventually(rejoined, "the paused broker to rejoin as new", timeout=60)
         assert "starts again as a new broker" in nodes[1].log_path.read_text()
         await equal_digests(nodes)
-        got = await drain(nodes[1].address, "keep")
+        got = await drain_ready(nodes[1].address, "keep")
         assert sorted(got) == sorted(backlog["keep"])
     finally:
         for n in nodes:
@@ -402,7 +397,7 @@ async def churn_until_truncated(address: str, log_dir: Path, past: int) -> None:
         return _log_bytes(log_dir)[1] > past + 500
 
     try:
-        await eventually(truncated, 60, f"the log truncated past offset {past}")
+        await eventually(truncated, f"the log truncated past offset {past}", timeout=60)
     finally:
         load.stop.set()
         await asyncio.gather(*tasks)

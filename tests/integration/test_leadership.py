@@ -16,6 +16,7 @@ import pytest
 from batonmq import clients
 from batonmq.cluster.errors import InvalidArgument, Timeout
 from batonmq.clients.leadership import ServiceInfo, Term
+from tests.helpers import eventually, eventually_sync
 from tests.integration.conftest import REPO, BrokerProcess
 
 SERVICE = "import-entries"
@@ -30,19 +31,19 @@ async def _wait_leading(term: Term, enter: "asyncio.Task[Term]", seconds: float)
 
 
 async def _info_when(
-    conn: clients.Connection, check: "Callable[[ServiceInfo | None], bool]", seconds: float = 10
+    conn: clients.Connection, check: "Callable[[ServiceInfo | None], bool]", seconds: float = 10,
+    service: str = SERVICE,
 ) -> ServiceInfo | None:
     """The service as ``conn``'s broker applied it, once ``check`` holds (brokers apply
     the log independently: one may be a few events behind another)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        info = await conn.service_leader(SERVICE)
-        if check(info) or time.monotonic() > deadline:
-            return info
-        await asyncio.sleep(0.05)
+    return await eventually(
+        lambda: conn.service_leader(service), f"service {service!r} on {conn.address}",
+        timeout=seconds, until=check,
+    )
 
 
 async def _still_waiting(enter: "asyncio.Task[Term]", seconds: float = 0.5) -> None:
+    """The candidacy is still waiting after ``seconds``: time passing is the point."""
     await asyncio.sleep(seconds)
     assert not enter.done(), "a second session got the term while the first held it"
 
@@ -59,6 +60,8 @@ async def test_kill9_of_the_leaders_broker_moves_the_term(cluster: list[BrokerPr
             assert t1.token >= 0 and t1.candidate.startswith("node-1/")
             term2 = conn2.lead(SERVICE)
             enter2 = asyncio.ensure_future(term2.__aenter__())
+            # Runs second: a candidate on b2 before term3 asks (the order is checked below).
+            await _info_when(conn2, lambda i: i is not None and term2.candidate in i.candidates)
             await _still_waiting(enter2)
             term3 = conn3.lead(SERVICE)
             enter3 = asyncio.ensure_future(term3.__aenter__())
@@ -92,12 +95,11 @@ async def test_kill9_of_the_leaders_broker_moves_the_term(cluster: list[BrokerPr
         await conn3.close()
     # The surviving replicas agree on the service state (once both applied the resigns).
     async with await clients.connect(b3.address) as c3, await clients.connect(b2.address) as c2:
-        for _ in range(50):
-            s3, s2 = await c3.services(), await c2.services()
-            if s3 == s2 == []:
-                break
-            await asyncio.sleep(0.1)
-        assert s3 == s2 == []
+
+        async def both() -> tuple[list[ServiceInfo], list[ServiceInfo]]:
+            return await c3.services(), await c2.services()
+
+        await eventually(both, "no service left on b3 and b2", until=lambda ss: ss == ([], []))
 
 
 async def test_disconnect_hands_over_and_handover_waits_for_the_block(
@@ -123,11 +125,11 @@ async def test_disconnect_hands_over_and_handover_waits_for_the_block(
         # 2. An admin handover waits until the leader leaves its block.
         term4 = conn4.lead(SERVICE)
         enter4 = asyncio.ensure_future(term4.__aenter__())
-        await asyncio.sleep(0.3)
+        await _info_when(admin, lambda i: i is not None and term4.candidate in i.candidates)
         handover = asyncio.ensure_future(admin.handover(SERVICE, timeout=20))
         await asyncio.wait_for(term2.handover_requested.wait(), 10)
         assert term2.leading  # still its term: it finishes its work first
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # time passes: the handover waits all the same
         assert not handover.done() and not enter4.done()
         await term2.__aexit__(None, None, None)  # the work is done: leave the block
         done = await asyncio.wait_for(handover, 10)
@@ -139,13 +141,13 @@ async def test_disconnect_hands_over_and_handover_waits_for_the_block(
         # 3. A handover the leader does not act on times out; it still leads.
         term5 = conn2.lead(SERVICE)
         enter5 = asyncio.ensure_future(term5.__aenter__())
-        await asyncio.sleep(0.3)
+        await _info_when(admin, lambda i: i is not None and term5.candidate in i.candidates)
         with pytest.raises(Timeout):
             await admin.handover(SERVICE, timeout=0.5)
         assert term4.leading and term4.handover_requested.is_set() and not enter5.done()
         # ... and one naming the waiting candidate's node completes when it leaves.
         named = asyncio.ensure_future(admin.handover(SERVICE, to="node-2", timeout=10))
-        await asyncio.sleep(0.2)
+        await _info_when(admin, lambda i: i is not None and i.handover_to == term5.candidate)
         await term4.__aexit__(None, None, None)
         done = await asyncio.wait_for(named, 10)
         await _wait_leading(term5, enter5, 10)
@@ -187,11 +189,9 @@ async def test_broker_level_candidates_cli_and_restart(tmp_path: Path) -> None:
         a.start()
         b.start()
         async with await clients.connect(b.address) as conn:
-            for _ in range(50):  # b's candidacy is appended once it joined
-                info = await conn.service_leader("cron")
-                if info is not None and len(info.candidates) == 2:
-                    break
-                await asyncio.sleep(0.1)
+            # b's candidacy is appended once it joined.
+            info = await _info_when(conn, lambda i: i is not None and len(i.candidates) == 2,
+                                    service="cron")
             assert info is not None and info.leader is not None
             assert info.leader.startswith("a/") and info.candidates[1].startswith("b/")
             first = info.token
@@ -204,11 +204,11 @@ async def test_broker_level_candidates_cli_and_restart(tmp_path: Path) -> None:
             out = _baton("handover", "cron", "--broker", a.address, "--timeout", "10")
             assert out.returncode == 0, out.stderr
             assert "b/" in out.stdout
-            for _ in range(100):  # b applies the new term a little after a answered
-                info = await conn.service_leader("cron")
-                if info is not None and info.leader is not None and info.leader.startswith("b/"):
-                    break
-                await asyncio.sleep(0.05)
+            # b applies the new term a little after a answered.
+            info = await _info_when(
+                conn, lambda i: i is not None and i.leader is not None and i.leader.startswith("b/"),
+                service="cron",
+            )
             assert info is not None and info.leader is not None and info.leader.startswith("b/")
             assert info.token is not None and info.token > first
             second = info.token
@@ -219,19 +219,22 @@ async def test_broker_level_candidates_cli_and_restart(tmp_path: Path) -> None:
         b.terminate()
         b.restart()
         async with await clients.connect(b.address) as conn:
-            for _ in range(50):
-                info = await conn.service_leader("cron")
-                if info is not None and len(info.candidates) == 2 and info.leader is not None \
-                        and info.leader.startswith("a/"):
-                    break
-                await asyncio.sleep(0.1)
+            info = await _info_when(
+                conn,
+                lambda i: i is not None and len(i.candidates) == 2 and i.leader is not None
+                and i.leader.startswith("a/"),
+                service="cron",
+            )
             assert info is not None and info.leader is not None and info.leader.startswith("a/")
             assert info.token is not None and info.token > second
             async with await clients.connect(a.address) as conn_a:
-                for _ in range(50):  # once a has applied what b has
-                    if await conn_a.services() == await conn.services():
-                        break
-                    await asyncio.sleep(0.1)
+
+                async def both() -> tuple[list[ServiceInfo], list[ServiceInfo]]:
+                    return await conn_a.services(), await conn.services()
+
+                # Once a has applied what b has.
+                await eventually(both, "a and b to list the same services",
+                                 until=lambda ss: ss[0] == ss[1])
                 assert await conn_a.services() == await conn.services()
     finally:
         a.stop()
@@ -252,11 +255,10 @@ def test_sync_client_leads_and_hands_over(broker: BrokerProcess) -> None:
 
             th = threading.Thread(target=second)
             th.start()
-            for _ in range(50):
-                info = c1.service_leader("svc")
-                if info is not None and len(info.candidates) == 2:
-                    break
-                time.sleep(0.05)
+            info = eventually_sync(
+                lambda: c1.service_leader("svc"), "a second candidate for svc",
+                until=lambda i: i is not None and len(i.candidates) == 2,
+            )
             assert info is not None and info.leader == t1.candidate
             done: list[clients.HandoverResult] = []
             admin = threading.Thread(target=lambda: done.append(c1.handover("svc", timeout=20)))

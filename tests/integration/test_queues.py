@@ -7,41 +7,16 @@ idempotence and validation, several consumers with prefetch, stats / list_queues
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
 
 from batonmq import clients
+from tests.helpers import drain, wait_stats
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_guarantees import next_msg
 
 pytestmark = pytest.mark.integration
-
-
-async def _drain(addr: str, queue: str, *, idle: float = 0.5) -> list[clients.Message]:
-    """Consume and ack (confirmed) until nothing arrives for ``idle`` seconds."""
-    got: list[clients.Message] = []
-    async with await clients.connect(addr) as conn:
-        async with conn.consume(queue, prefetch=500) as consumer:
-            while (msg := await consumer.get(timeout=idle)) is not None:
-                got.append(msg)
-                await msg.ack(confirm=True)
-    return got
-
-
-async def _wait_stats(
-    conn: clients.Connection, queue: str, check: Any, timeout: float = 5.0
-) -> dict[str, Any]:
-    """Poll queue_stats until ``check(stats)`` is true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = await conn.queue_stats(queue)
-        if check(stats):
-            return stats
-        if time.monotonic() > deadline:
-            pytest.fail(f"queue {queue!r} stats never matched within {timeout}s: {stats}")
-        await asyncio.sleep(0.05)
 
 
 async def _no_more(consumer: clients.Consumer, wait: float = 0.4) -> None:
@@ -70,7 +45,7 @@ async def test_max_length_reject_publish(broker: BrokerProcess) -> None:
             assert (msg.position, msg.body) == (0, b"m0")
             await msg.ack(confirm=True)
             assert (await conn.queue_stats("capped"))["accepted"] == 1
-        stats = await _wait_stats(conn, "capped", lambda s: s["acquired"] == 0)
+        stats = await wait_stats(conn, "capped", acquired=0)
         assert stats["ready"] == 2
         with pytest.raises(clients.QueueFull):
             await conn.publish_batch("capped", [b"x1", b"x2"])
@@ -80,7 +55,7 @@ async def test_max_length_reject_publish(broker: BrokerProcess) -> None:
         assert await conn.publish_batch("capped", [b"m3"]) == [3]
         with pytest.raises(clients.QueueFull):
             await conn.publish("capped", b"m4")
-        rest = await _drain(broker.address, "capped", idle=0.5)
+        rest = await drain(broker.address, "capped", idle=0.5)
         assert [m.body for m in rest] == [b"m1", b"m2", b"m3"]
 
 
@@ -99,10 +74,10 @@ async def test_max_length_drop_head_dead_letters_oldest(broker: BrokerProcess) -
             await conn.publish_batch("head", [b"y%d" % i for i in range(4)])
         assert (await conn.queue_stats("head"))["enqueued"] == 6
 
-    kept = await _drain(broker.address, "head", idle=0.5)
+    kept = await drain(broker.address, "head", idle=0.5)
     assert [(m.position, m.body) for m in kept] == [(3, b"m3"), (4, b"m4"), (5, b"m5")]
     assert all(m.delivery_count == 0 for m in kept)
-    dead = await _drain(broker.address, "head.dlq", idle=0.5)
+    dead = await drain(broker.address, "head.dlq", idle=0.5)
     assert [m.body for m in dead] == [b"m0", b"m1", b"m2"]
     for i, m in enumerate(dead):
         assert m.headers["x-death-reason"] == "maxlen"
@@ -117,7 +92,7 @@ async def test_max_length_drop_head_without_dlq_just_drops(broker: BrokerProcess
         await conn.publish("head2", b"c")
         stats = await conn.queue_stats("head2")
         assert (stats["ready"], stats["dropped"], stats["dead_lettered"]) == (2, 1, 0)
-    kept = await _drain(broker.address, "head2", idle=0.5)
+    kept = await drain(broker.address, "head2", idle=0.5)
     assert [m.body for m in kept] == [b"b", b"c"]
 
 
@@ -133,19 +108,19 @@ async def test_message_ttl_expires_and_dead_letters(broker: BrokerProcess) -> No
         await conn.publish_batch("ttl", [b"t0", b"t1", b"t2"])
         await conn.publish_batch("ttl.plain", [b"p0", b"p1"])
         assert (await conn.queue_stats("ttl"))["ready"] == 3  # not yet expired
-        stats = await _wait_stats(conn, "ttl", lambda s: s["expired"] == 3)
+        stats = await wait_stats(conn, "ttl", expired=3)
         assert (stats["ready"], stats["acquired"], stats["accepted"]) == (0, 0, 0)
-        stats = await _wait_stats(conn, "ttl.plain", lambda s: s["expired"] == 2)
+        stats = await wait_stats(conn, "ttl.plain", expired=2)
         assert stats["ready"] == 0
         # The DLQ has no TTL: the expired messages wait there.
         dstats = await conn.queue_stats("ttl.dlq")
         assert (dstats["ready"], dstats["expired"]) == (3, 0)
-    dead = await _drain(broker.address, "ttl.dlq", idle=0.5)
+    dead = await drain(broker.address, "ttl.dlq", idle=0.5)
     assert [m.body for m in dead] == [b"t0", b"t1", b"t2"]
     assert [m.headers["x-death-position"] for m in dead] == [0, 1, 2]
     assert all(m.headers["x-death-reason"] == "expired" for m in dead)
     assert all(m.headers["x-death-queue"] == "ttl" for m in dead)
-    assert await _drain(broker.address, "ttl.plain", idle=0.3) == []
+    assert await drain(broker.address, "ttl.plain", idle=0.3) == []
 
 
 async def test_message_consumed_before_ttl_is_delivered_normally(broker: BrokerProcess) -> None:
@@ -155,14 +130,15 @@ async def test_message_consumed_before_ttl_is_delivered_normally(broker: BrokerP
             await conn.publish("fast", b"quick", headers={"h": 1})
             msg = await next_msg(consumer, timeout=5)
             assert (msg.body, msg.headers, msg.delivery_count) == (b"quick", {"h": 1}, 0)
-            # Held by the consumer past its TTL: acquired messages do not expire.
+            # Held by the consumer past its TTL: acquired messages do not expire. (Time
+            # passing is the point here, not a wait for something.)
             await asyncio.sleep(0.7)
             await msg.ack(confirm=True)
             stats = await conn.queue_stats("fast")
             assert (stats["accepted"], stats["expired"], stats["ready"]) == (1, 0, 0), stats
         # A message published while nobody consumes it expires.
         await conn.publish("fast", b"late")
-        stats = await _wait_stats(conn, "fast", lambda s: s["expired"] == 1)
+        stats = await wait_stats(conn, "fast", expired=1)
         assert (stats["ready"], stats["accepted"]) == (0, 1)
 
 
@@ -175,7 +151,7 @@ async def test_purge_keeps_acquired_messages(broker: BrokerProcess) -> None:
         await conn.publish_batch("p", [b"%d" % i for i in range(10)])
         async with conn.consume("p", prefetch=3) as consumer:
             held = [await next_msg(consumer) for _ in range(3)]
-            await _wait_stats(conn, "p", lambda s: s["acquired"] == 3)
+            await wait_stats(conn, "p", acquired=3)
             assert await conn.purge_queue("p") == 7
             stats = await conn.queue_stats("p")
             assert (stats["ready"], stats["acquired"], stats["purged"]) == (0, 3, 7)
@@ -285,7 +261,7 @@ async def test_competing_consumers_share_disjointly(broker: BrokerProcess) -> No
                     if msg is None:
                         continue
                     got[k].append(msg)
-                    await asyncio.sleep(0.005)  # some work, so the others get a turn
+                    await asyncio.sleep(0.005)  # pacing: some work, so the others get a turn
                     await msg.ack(confirm=True)
                     if sum(map(len, got)) == n:
                         done.set()
@@ -339,7 +315,7 @@ async def test_prefetch_limits_unsettled_messages(broker: BrokerProcess) -> None
                 assert (stats["acquired"], stats["ready"], stats["accepted"]) == (8, 3, 9)
                 assert len({m.position for m in more_a + more_b}) == 8
             # Cancelling released what the consumers held.
-            stats = await _wait_stats(conn, "pf", lambda s: s["acquired"] == 0)
+            stats = await wait_stats(conn, "pf", acquired=0)
             assert (stats["ready"], stats["redelivered"]) == (11, 8)
 
 
@@ -358,7 +334,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
             await msgs[0].ack(confirm=True)
             await msgs[1].release(confirm=True)  # back (count 1)
             await msgs[2].reject(confirm=True)  # to s.a
-            stats = await _wait_stats(conn, "s.b", lambda s: s["acquired"] == 2)
+            stats = await wait_stats(conn, "s.b", acquired=2)
             assert stats["consumers"] == 1
             # The one broker owns the queue while its consumer is there (DESIGN §6).
             owner = stats.pop("owner")

@@ -4,12 +4,11 @@ cluster, and AcceptThrough accepts what the reader committed."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import InvalidArgument, QueueReserved
+from tests.helpers import eventually
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -91,9 +90,9 @@ async def test_any_broker_answers_a_range_the_same(cluster: list[BrokerProcess])
         assert [p for p, _ in answers[0]] == positions
         await first.accept_through("q", 250, "reader")
         async with await clients.connect(addresses[2]) as conn:
-            for _ in range(50):  # node-3 applies the accept a little later
-                messages, _ = await conn.read_range("q", 0, end)
-                if messages[0][0] == 250:
-                    break
-                await asyncio.sleep(0.05)
+            # node-3 applies the accept a little later.
+            messages, _ = await eventually(
+                lambda: conn.read_range("q", 0, end), "node-3 to apply the accept",
+                until=lambda r: bool(r[0]) and r[0][0][0] == 250,
+            )
             assert [m[0] for m in messages] == positions[250:]

@@ -12,8 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +24,7 @@ pytest.importorskip("pyspark", reason="the Spark tests need the 'spark' extra: p
 from batonmq import clients
 from batonmq.cluster.errors import Timeout
 from batonmq.clients.import_entries import committed_position, generate
+from tests.helpers import eventually_sync
 from tests.integration.conftest import REPO, BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -167,14 +167,16 @@ class Pipeline:
                 self.proc.wait(10)
 
 
-def wait_for(check: Any, timeout: float, what: str, pipeline: Pipeline) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_for(check: Callable[[], bool], timeout: float, what: str, pipeline: Pipeline) -> None:
+    """Poll ``check`` while the pipeline runs (its output goes with a failure)."""
+
+    def probe() -> bool:
         if check():
-            return
+            return True
         assert pipeline.proc is None or pipeline.proc.poll() is None, pipeline.output()
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s: {what}\n{pipeline.output()}")
+        return False
+
+    eventually_sync(probe, what, timeout=timeout, interval=0.2, context=pipeline.output)
 
 
 @pytest.mark.timeout(300)

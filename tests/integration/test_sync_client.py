@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import Timeout
+from tests.helpers import wait_stats_sync
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -18,17 +18,6 @@ pytestmark = pytest.mark.integration
 
 def _client_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name == "baton-client"}
-
-
-def _wait_stats(conn: clients.sync.SyncConnection, queue: str, key: str, value: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 5
-    while True:
-        stats = conn.queue_stats(queue)
-        if stats[key] == value:
-            return stats
-        if time.monotonic() > deadline:
-            pytest.fail(f"{queue!r} {key} never became {value}: {stats}")
-        time.sleep(0.02)
 
 
 def test_sync_round_trip(broker: BrokerProcess) -> None:
@@ -74,7 +63,7 @@ def test_sync_round_trip(broker: BrokerProcess) -> None:
             consumer.ack_many(msgs[3:], confirm=True)
             with pytest.raises(Timeout):
                 consumer.next(timeout=0.3)
-            stats = _wait_stats(conn, "sq", "accepted", 4)
+            stats = wait_stats_sync(conn, "sq", accepted=4)
             assert (stats["ready"], stats["acquired"], stats["redelivered"], stats["dead_lettered"]) == (
                 0, 0, 1, 1,
             )
@@ -108,7 +97,7 @@ def test_sync_consumer_iter_and_cancel(broker: BrokerProcess) -> None:
             assert [m.body for m in held] == [b"d", b"e"]
             assert consumer.cancel() == 2
         assert got == [b"a", b"b", b"c"]
-        stats = _wait_stats(conn, "it", "ready", 2)
+        stats = wait_stats_sync(conn, "it", ready=2)
         assert (stats["acquired"], stats["accepted"], stats["redelivered"]) == (0, 3, 2)
 
 

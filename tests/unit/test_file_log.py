@@ -20,27 +20,17 @@ from batonmq.cluster.errors import LogCorrupt, LogTruncated, LogUnavailable
 from batonmq.cluster.log import Log, Record
 from batonmq.cluster.log import file as file_mod
 from batonmq.cluster.log.file import FileLog
+from tests import helpers
+from tests.helpers import eventually, now
 
 TIMEOUT = 30.0
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = struct.Struct(">IQI")
 
 
-async def collect(log: Log, start: int, count: int) -> list[Record]:
+async def collect(log: Log, start: int, count: int, *, into: list[Record] | None = None) -> list[Record]:
     """Read exactly ``count`` records from ``start``."""
-
-    async def run() -> list[Record]:
-        got: list[Record] = []
-        reader = cast(AsyncGenerator[list[Record], None], log.read(start))
-        async with contextlib.aclosing(reader):
-            async for batch in reader:
-                got.extend(batch)
-                if len(got) >= count:
-                    break
-        assert len(got) == count
-        return got
-
-    return await asyncio.wait_for(run(), TIMEOUT)
+    return await helpers.collect(log, start, count, timeout=TIMEOUT, into=into)
 
 
 def segments(path: Path) -> list[Path]:
@@ -261,6 +251,8 @@ async def test_a_failed_sync_reports_an_unknown_outcome_and_cuts_nothing(
 CHILD = """
 import asyncio, sys
 from batonmq.cluster.log.file import FileLog
+from tests import helpers
+from tests.helpers import eventually, now
 
 async def main(path, name, count, batch):
     log = await FileLog.open(path, segment_bytes=int(sys.argv[5]))
@@ -322,11 +314,14 @@ async def test_two_processes_append_to_one_log(tmp_path: Path) -> None:
 async def test_reader_sees_appends_of_another_process(tmp_path: Path) -> None:
     log = await filled(tmp_path, 2, poll_interval=0.01)
     try:
-        reader = asyncio.create_task(collect(log, 2, 50))
-        await asyncio.sleep(0.05)
+        seen: list[Record] = []
+        reader = asyncio.create_task(collect(log, 0, 52, into=seen))
+        # Once it has read the two records there, it waits at the end of the log.
+        await eventually(lambda: now(len(seen)), "the reader at the end", until=lambda n: n == 2)
         await wait_ok(spawn(tmp_path, "other", 50, 10))
         got = await asyncio.wait_for(reader, TIMEOUT)
-        assert got == [(2 + i, f"other:{i}".encode()) for i in range(50)]
+        assert got[:2] == [(0, b"r0"), (1, b"r1")]
+        assert got[2:] == [(2 + i, f"other:{i}".encode()) for i in range(50)]
         assert await log.end_offset() == 52  # the end reflects the other process too
         assert await log.append([b"mine"]) == 52
     finally:
@@ -343,11 +338,13 @@ async def test_a_writer_stuck_in_its_sync_does_not_hold_the_others(
     stuck = await FileLog.open(str(tmp_path))
     other = await FileLog.open(str(tmp_path))
     release = threading.Event()
+    syncing = threading.Event()  # the stuck writer is in its sync
     real = file_mod._datasync
     stuck_fds: set[int] = set()
 
     def sync(fd: int) -> None:
         if fd in stuck_fds:
+            syncing.set()
             release.wait(TIMEOUT)
         real(fd)
 
@@ -356,7 +353,7 @@ async def test_a_writer_stuck_in_its_sync_does_not_hold_the_others(
         await stuck.append([b"warm-up"])
         stuck_fds.add(stuck._tail.fd)  # from now on its syncs hang
         pending = asyncio.ensure_future(stuck.append([b"stuck"]))
-        await asyncio.sleep(0.2)
+        assert await asyncio.to_thread(syncing.wait, TIMEOUT), "the append never synced"
         assert not pending.done()
         assert await asyncio.wait_for(other.append([b"other"]), 5) == 2
         release.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from typing import Any
 
@@ -17,6 +18,7 @@ from batonmq.clients.wire import (
     Frame,
     FrameCodec,
 )
+from tests.helpers import decode_frames
 
 __all__: list[str] = []
 
@@ -80,16 +82,6 @@ def _encode_raw(items: Any) -> bytes:
     return struct.pack(">I", len(payload)) + payload
 
 
-def _decode_all(codec: FrameCodec) -> list[Frame]:
-    out: list[Frame] = []
-    while True:
-        frame = codec.next_frame()
-        if frame is NEED_DATA:
-            return out
-        assert isinstance(frame, Frame)
-        out.append(frame)
-
-
 def test_samples_cover_every_frame_type() -> None:
     assert set(SAMPLES) == set(FRAME_TYPES.values())
     assert len(FRAME_TYPES) == len({cls.OP for cls in FRAME_TYPES.values()})
@@ -125,7 +117,7 @@ def test_many_frames_in_one_chunk() -> None:
     frames = list(SAMPLES.values()) * 3
     chunk = b"".join(codec.send(f) for f in frames)
     codec.receive_data(chunk)
-    assert _decode_all(codec) == frames
+    assert decode_frames(codec) == frames
     assert codec.buffered == 0
 
 
@@ -135,10 +127,10 @@ def test_chunk_ending_mid_frame_keeps_the_tail() -> None:
     data = codec.send(first) + codec.send(second)
     cut = len(codec.send(first)) + 3  # inside the second frame's length prefix
     codec.receive_data(data[:cut])
-    assert _decode_all(codec) == [first]
+    assert decode_frames(codec) == [first]
     assert codec.buffered == 3
     codec.receive_data(data[cut:])
-    assert _decode_all(codec) == [second]
+    assert decode_frames(codec) == [second]
 
 
 def test_bytearray_and_memoryview_bodies_decode_as_bytes() -> None:
@@ -268,14 +260,8 @@ def test_errors_round_trip_through_an_error_frame() -> None:
 
 def _drain_or_protocol_error(codec: FrameCodec) -> None:
     """Take every frame; only ProtocolError subclasses may escape (and end the stream)."""
-    while True:
-        try:
-            frame = codec.next_frame()
-        except errors.ProtocolError:
-            return
-        if frame is NEED_DATA:
-            return
-        assert isinstance(frame, Frame)
+    with contextlib.suppress(errors.ProtocolError):
+        decode_frames(codec)
 
 
 @settings(max_examples=500, deadline=None)
@@ -336,7 +322,7 @@ def test_any_split_of_a_frame_stream_decodes_the_same(
     for cut in [*cuts, len(stream)]:
         codec.receive_data(stream[start:cut])
         start = cut
-        got.extend(_decode_all(codec))
+        got.extend(decode_frames(codec))
     assert got == frames
 
 
