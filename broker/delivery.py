@@ -21,6 +21,7 @@ from batonmq.broker.reply import Replier
 from batonmq.cluster.errors import BatonError, QueueNotFound
 from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
 from batonmq.cluster.node import Node
+from batonmq.cluster.results import Counted, Settled
 from batonmq.cluster.state import Acquired, Effect, MembersChanged, OwnerChanged, QueueGone, ReadyMore
 
 __all__ = ["Consumer", "Delivery"]
@@ -129,7 +130,7 @@ class Delivery:
 
     def remove(
         self, c: Consumer, unread: list[int] | None = None
-    ) -> asyncio.Future[dict[str, Any]] | None:
+    ) -> asyncio.Future[Settled] | None:
         """Stop a consumer; everything it holds goes back to the queue (those in
         ``unread``, never handed to the application, without a delivery attempt).
 
@@ -335,8 +336,8 @@ class Delivery:
                     self.node.submit(Expire(q.name, through)).add_done_callback(_quiet)
 
 
-def _after_acquire(d: Delivery, c: Consumer) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
-    def done(fut: asyncio.Future[dict[str, Any]]) -> None:
+def _after_acquire(d: Delivery, c: Consumer) -> Callable[[asyncio.Future[Counted]], None]:
+    def done(fut: asyncio.Future[Counted]) -> None:
         c.acquiring = 0
         if fut.cancelled():
             return

@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from batonmq.cluster.errors import (
     BatonError,
@@ -39,6 +39,7 @@ from batonmq.cluster.errors import (
 from batonmq.cluster.codec import EventEncoder, MalformedEvent, decode
 from batonmq.cluster.events import Checkpoint, Enqueue, Event, Heartbeat, Join, Leave, Origin, Propose, Vote
 from batonmq.cluster.log import Log
+from batonmq.cluster.results import Result
 from batonmq.cluster.state import (
     CheckpointApplied,
     Completed,
@@ -57,6 +58,9 @@ from batonmq.store import Batch, Loaded, Store
 __all__ = ["Node"]
 
 log = logging.getLogger("baton.node")
+
+#: What a submitted event answers (its class names it: cluster/events.py).
+R = TypeVar("R", bound="Result | None")
 
 EffectListener = Callable[[list[Effect]], None]
 
@@ -133,7 +137,8 @@ class Node:
         self._outbox_failures = 0  # publish batches the store's outbox refused in a row
         self._keys_forgotten = 0  # publish keys below this seq are deleted from the store
         self._outbox_ready = asyncio.Event()
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        # seq -> the future submit() returned: each of its event's result type.
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._durable_seq = 0  # every own seq <= this is durable on the log
         self._stashed: dict[int, Completed] = {}  # applied before their append returned
         self._tasks: list[asyncio.Task[None]] = []
@@ -383,7 +388,7 @@ class Node:
                 pass
 
     async def _heartbeat_loop(self) -> None:
-        beat: asyncio.Future[dict[str, Any]] | None = None
+        beat: asyncio.Future[None] | None = None
         while True:
             if beat is None or beat.done():  # no pile of beats while the log is down
                 beat = self.submit(
@@ -442,8 +447,9 @@ class Node:
 
     # -- appending -----------------------------------------------------------------
 
-    def submit(self, event: Event) -> asyncio.Future[dict[str, Any]]:
-        """Append ``event``; the future resolves with its result once durable and applied.
+    def submit(self, event: Event[R]) -> asyncio.Future[R]:
+        """Append ``event``; the future resolves with its result once durable and applied
+        (the result type its class names, cluster/results.py; None for membership events).
 
         The future fails with the event's BatonError (e.g. QueueNotFound) if
         applying it failed; while the log cannot be written the event waits in the
@@ -451,7 +457,7 @@ class Node:
         broker that dies meanwhile appends it at its next start). It fails with
         LogUnavailable only when the outbox is full.
         """
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         if self._closing:
             fut.set_exception(ShuttingDown("the broker is shutting down"))
             return fut
@@ -767,10 +773,10 @@ class Node:
         if done.error is not None:
             fut.set_exception(done.error)
         else:
-            fut.set_result(done.result or {})
+            fut.set_result(done.result)
 
 
-def _ignore_outcome(fut: asyncio.Future[dict[str, Any]]) -> None:
+def _ignore_outcome(fut: asyncio.Future[Any]) -> None:
     """Background membership events: their failures show in the state, not here."""
     if not fut.cancelled():
         fut.exception()
