@@ -83,9 +83,8 @@ class ClientConnection(asyncio.Protocol):
             except ProtocolError as exc:
                 self.fail(exc)
                 return
-            if frame is wire.NEED_DATA:
-                break
-            assert isinstance(frame, wire.Frame)
+            if not isinstance(frame, wire.Frame):
+                break  # NEED_DATA: the rest of the frame is still to come
             try:
                 self.handle_frame(frame)
             except BatonError as exc:

@@ -229,15 +229,13 @@ class Leadership:
             return  # no service changed and no new view: nothing here (the hot path)
         self._seen = seen
         for e in effects:
-            t = type(e)
-            if t is LeaderChanged:
-                assert isinstance(e, LeaderChanged)
-                self._leader_changed(e)
-            elif t is HandoverRequested:
-                assert isinstance(e, HandoverRequested)
-                self._handover_requested(e)
-            elif t is MembersChanged and self.services:
-                self._run_for_services()  # fenced and back: run again
+            match e:
+                case LeaderChanged():
+                    self._leader_changed(e)
+                case HandoverRequested():
+                    self._handover_requested(e)
+                case MembersChanged() if self.services:
+                    self._run_for_services()  # fenced and back: run again
 
     def _push(self, cand: str | None, service: str, event: str, token: int, leader: str) -> None:
         if cand is None:

@@ -200,114 +200,94 @@ class Session(ClientConnection):
 
     def handle_frame(self, f: wire.Frame) -> None:
         """Route one frame to its handler (the first must be Hello)."""
-        t = type(f)
         if not self.greeted:
-            if t is not wire.Hello:
+            if isinstance(f, wire.Hello):
+                self._hello(f)
+            else:
                 self.fail(ProtocolError("the first frame must be Hello"))
-                return
-            assert isinstance(f, wire.Hello)
-            self._hello(f)
             return
-        if t is wire.Publish:
-            assert isinstance(f, wire.Publish)
-            self._check_body(f.body, f.headers)
-            q = self.broker.node.state.queues.get(f.queue)
-            if q is not None and q.max_length is None:
-                self._publishes.setdefault(f.queue, []).append(
-                    (f.corr, f.body, f.headers, f.key)
-                )
-                return
-            self._flush_publishes()
-            self._submit(
-                f.corr,
-                Enqueue(f.queue, ((f.body, f.headers),), ((f.key, 1),) if f.key else ()),
-                lambda r: Published(r.first_position),
-            )
+        if isinstance(f, wire.Publish):
+            self._publish(f)
             return
         # Anything else is submitted after the publishes read before it (log order
         # = the order the client sent them).
         self._flush_publishes()
-        if t is wire.PublishBatch:
-            assert isinstance(f, wire.PublishBatch)
-            messages = self._batch(f.messages)
-            self._submit(
-                f.corr,
-                Enqueue(f.queue, messages, ((f.key, len(messages)),) if f.key else ()),
-                # A re-sent batch reports its original positions (cluster/state.py),
-                # without the key spans' positions.
-                lambda r: Enqueued(r.first_position, r.count),
-            )
-        elif t is wire.Ack:
-            assert isinstance(f, wire.Ack)
-            self._settle(f.corr, f.consumer, f.positions, Accept)
-        elif t is wire.Release:
-            assert isinstance(f, wire.Release)
-            self._settle(f.corr, f.consumer, f.positions, Release)
-        elif t is wire.Reject:
-            assert isinstance(f, wire.Reject)
-            self._settle(f.corr, f.consumer, f.positions, Reject)
-        elif t is wire.Subscribe:
-            assert isinstance(f, wire.Subscribe)
-            self._subscribe(f)
-        elif t is wire.Cancel:
-            assert isinstance(f, wire.Cancel)
-            self._cancel(f)
-        elif t is wire.DeclareQueue:
-            assert isinstance(f, wire.DeclareQueue)
-            self._submit(f.corr, _declare_event(f.queue, f.options), as_is)
-        elif t is wire.DeleteQueue:
-            assert isinstance(f, wire.DeleteQueue)
-            self._submit(f.corr, DeleteQueue(f.queue), as_is)
-        elif t is wire.PurgeQueue:
-            assert isinstance(f, wire.PurgeQueue)
-            self._submit(f.corr, PurgeQueue(f.queue), as_is)
-        elif t is wire.QueueStats:
-            assert isinstance(f, wire.QueueStats)
-            self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
-        elif t is wire.ListQueues:
-            assert isinstance(f, wire.ListQueues)
-            self.send(wire.ok(f.corr, QueueList(self.broker.list_queues())))
-        elif t is wire.Topology:
-            assert isinstance(f, wire.Topology)
-            self.send(wire.Ok(f.corr, self.broker.topology()))
-        elif t is wire.Lead:
-            assert isinstance(f, wire.Lead)
-            self.broker.leadership.lead(self, f)
-        elif t is wire.Resign:
-            assert isinstance(f, wire.Resign)
-            self.broker.leadership.resign(self, f)
-        elif t is wire.Services:
-            assert isinstance(f, wire.Services)
-            self.send(wire.ok(f.corr, self.broker.leadership.describe()))
-        elif t is wire.Handover:
-            assert isinstance(f, wire.Handover)
-            self.broker.leadership.handover(self, f)
-        elif t is wire.Ping:
-            assert isinstance(f, wire.Ping)
-            self.send(wire.Ok(f.corr, {}))
-        elif t is wire.UpdateRequest:
-            assert isinstance(f, wire.UpdateRequest)
-            if self._update is not None and not self._update.done():
-                raise InvalidArgument("an update is already being served on this connection")
-            donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate)
-            self._update = asyncio.create_task(donor.serve(f), name="baton-update")
-        elif t is wire.ReadRange:
-            assert isinstance(f, wire.ReadRange)
-            self.reply(
-                f.corr, read_range(self.broker.node, f, self.broker.config.max_frame), as_is
-            )
-        elif t is wire.Reserve:
-            assert isinstance(f, wire.Reserve)
-            self._submit(f.corr, Reserve(f.queue, f.holder or None), as_is)
-        elif t is wire.AcceptThrough:
-            assert isinstance(f, wire.AcceptThrough)
-            if f.through < 0:
-                raise InvalidArgument("through must be a non-negative position")
-            self._submit(f.corr, AcceptThrough(f.queue, f.through, f.holder), as_is)
-        elif t is wire.Hello:
-            raise ProtocolError("Hello was already sent on this connection")
-        else:
-            raise ProtocolError(f"{t.__name__} is not a client command")
+        match f:
+            case wire.PublishBatch():
+                messages = self._batch(f.messages)
+                self._submit(
+                    f.corr,
+                    Enqueue(f.queue, messages, ((f.key, len(messages)),) if f.key else ()),
+                    # A re-sent batch reports its original positions (cluster/state.py),
+                    # without the key spans' positions.
+                    lambda r: Enqueued(r.first_position, r.count),
+                )
+            case wire.Ack():
+                self._settle(f.corr, f.consumer, f.positions, Accept)
+            case wire.Release():
+                self._settle(f.corr, f.consumer, f.positions, Release)
+            case wire.Reject():
+                self._settle(f.corr, f.consumer, f.positions, Reject)
+            case wire.Subscribe():
+                self._subscribe(f)
+            case wire.Cancel():
+                self._cancel(f)
+            case wire.DeclareQueue():
+                self._submit(f.corr, _declare_event(f.queue, f.options), as_is)
+            case wire.DeleteQueue():
+                self._submit(f.corr, DeleteQueue(f.queue), as_is)
+            case wire.PurgeQueue():
+                self._submit(f.corr, PurgeQueue(f.queue), as_is)
+            case wire.QueueStats():
+                self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
+            case wire.ListQueues():
+                self.send(wire.ok(f.corr, QueueList(self.broker.list_queues())))
+            case wire.Topology():
+                self.send(wire.Ok(f.corr, self.broker.topology()))
+            case wire.Lead():
+                self.broker.leadership.lead(self, f)
+            case wire.Resign():
+                self.broker.leadership.resign(self, f)
+            case wire.Services():
+                self.send(wire.ok(f.corr, self.broker.leadership.describe()))
+            case wire.Handover():
+                self.broker.leadership.handover(self, f)
+            case wire.Ping():
+                self.send(wire.Ok(f.corr, {}))
+            case wire.UpdateRequest():
+                if self._update is not None and not self._update.done():
+                    raise InvalidArgument("an update is already being served on this connection")
+                donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate)
+                self._update = asyncio.create_task(donor.serve(f), name="baton-update")
+            case wire.ReadRange():
+                self.reply(
+                    f.corr, read_range(self.broker.node, f, self.broker.config.max_frame), as_is
+                )
+            case wire.Reserve():
+                self._submit(f.corr, Reserve(f.queue, f.holder or None), as_is)
+            case wire.AcceptThrough():
+                if f.through < 0:
+                    raise InvalidArgument("through must be a non-negative position")
+                self._submit(f.corr, AcceptThrough(f.queue, f.through, f.holder), as_is)
+            case wire.Hello():
+                raise ProtocolError("Hello was already sent on this connection")
+            case _:
+                raise ProtocolError(f"{type(f).__name__} is not a client command")
+
+    def _publish(self, f: wire.Publish) -> None:
+        """One publish: merged with the others read in one go when its queue has no
+        max_length (see :meth:`_flush_publishes`), else submitted alone."""
+        self._check_body(f.body, f.headers)
+        q = self.broker.node.state.queues.get(f.queue)
+        if q is not None and q.max_length is None:
+            self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers, f.key))
+            return
+        self._flush_publishes()
+        self._submit(
+            f.corr,
+            Enqueue(f.queue, ((f.body, f.headers),), ((f.key, 1),) if f.key else ()),
+            lambda r: Published(r.first_position),
+        )
 
     def _flush_publishes(self) -> None:
         """Submit the merged publishes: one Enqueue per queue, one Ok per publish.
