@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
+from typing import TypeVar, cast
 
 from batonmq.broker.reply import Shape
 from batonmq.clients import wire
@@ -28,6 +28,8 @@ log = logging.getLogger("baton.session")
 
 #: Stop reading a connection's frames while this many of its commands are in flight.
 MAX_IN_FLIGHT = 20_000
+
+R = TypeVar("R")
 
 
 class ClientConnection(asyncio.Protocol):
@@ -81,9 +83,8 @@ class ClientConnection(asyncio.Protocol):
             except ProtocolError as exc:
                 self.fail(exc)
                 return
-            if frame is wire.NEED_DATA:
-                break
-            assert isinstance(frame, wire.Frame)
+            if not isinstance(frame, wire.Frame):
+                break  # NEED_DATA: the rest of the frame is still to come
             try:
                 self.handle_frame(frame)
             except BatonError as exc:
@@ -154,22 +155,20 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
         self.connection_lost(None)
 
-    def reply(
-        self, corr: int, fut: asyncio.Future[dict[str, Any]], shape: Shape | None = None
-    ) -> None:
-        """Answer ``corr`` with the future's outcome when it completes."""
+    def reply(self, corr: int, fut: asyncio.Future[R], shape: Shape[R]) -> None:
+        """Answer ``corr`` with the future's outcome when it completes: Ok with
+        ``shape`` of its result, or Error."""
         self.commands_started(1)
 
-        def done(f: asyncio.Future[dict[str, Any]]) -> None:
+        def done(f: asyncio.Future[R]) -> None:
             self.commands_finished(1)
             if f.cancelled():
                 self.error(corr, InternalError("command cancelled"))
                 return
             exc = f.exception()
             if exc is None:
-                result = f.result()
                 try:
-                    self.send(wire.Ok(corr, shape(result) if shape else result))
+                    self.send(wire.ok(corr, shape(f.result())))
                 except BatonError as shaped:
                     self.error(corr, shaped)
             elif isinstance(exc, BatonError):

@@ -21,6 +21,7 @@ from batonmq.broker.reply import Replier
 from batonmq.cluster.errors import BatonError, QueueNotFound
 from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
 from batonmq.cluster.node import Node
+from batonmq.cluster.results import Counted, Settled
 from batonmq.cluster.state import Acquired, Effect, MembersChanged, OwnerChanged, QueueGone, ReadyMore
 
 __all__ = ["Consumer", "Delivery"]
@@ -129,7 +130,7 @@ class Delivery:
 
     def remove(
         self, c: Consumer, unread: list[int] | None = None
-    ) -> asyncio.Future[dict[str, Any]] | None:
+    ) -> asyncio.Future[Settled] | None:
         """Stop a consumer; everything it holds goes back to the queue (those in
         ``unread``, never handed to the application, without a delivery attempt).
 
@@ -158,38 +159,33 @@ class Delivery:
         """Called by the node after every applied (and stored) batch."""
         wake: set[str] = set()
         for e in effects:
-            t = type(e)
-            if t is Acquired:
-                assert isinstance(e, Acquired)
-                self._deliver(e)
-            elif t is ReadyMore:
-                assert isinstance(e, ReadyMore)
-                if e.queue in self.by_queue:
-                    wake.add(e.queue)
-            elif t is OwnerChanged:
-                assert isinstance(e, OwnerChanged)
-                self._handing_off.discard(e.queue)
-                if e.owner == self.node.key:
-                    self._owned_since[e.queue] = time.monotonic()
-                    wake.add(e.queue)
-                else:
+            match e:
+                case Acquired():
+                    self._deliver(e)
+                case ReadyMore():
+                    if e.queue in self.by_queue:
+                        wake.add(e.queue)
+                case OwnerChanged():
+                    self._handing_off.discard(e.queue)
+                    if e.owner == self.node.key:
+                        self._owned_since[e.queue] = time.monotonic()
+                        wake.add(e.queue)
+                    else:
+                        self._owned_since.pop(e.queue, None)
+                case MembersChanged():
+                    if self.node.key in e.removed:
+                        self._fenced()
+                case QueueGone():
+                    self._interest.discard(e.queue)
+                    self._deferred.discard(e.queue)
                     self._owned_since.pop(e.queue, None)
-            elif t is MembersChanged:
-                assert isinstance(e, MembersChanged)
-                if self.node.key in e.removed:
-                    self._fenced()
-            elif t is QueueGone:
-                assert isinstance(e, QueueGone)
-                self._interest.discard(e.queue)
-                self._deferred.discard(e.queue)
-                self._owned_since.pop(e.queue, None)
-                for c in list(self.by_queue.get(e.queue, ())):
-                    c.closed = True
-                    self.by_cid.pop(c.cid, None)
-                    c.session.consumer_cancelled(
-                        c.tag, QueueNotFound(f"queue {e.queue!r} was deleted")
-                    )
-                self.by_queue.pop(e.queue, None)
+                    for c in list(self.by_queue.get(e.queue, ())):
+                        c.closed = True
+                        self.by_cid.pop(c.cid, None)
+                        c.session.consumer_cancelled(
+                            c.tag, QueueNotFound(f"queue {e.queue!r} was deleted")
+                        )
+                    self.by_queue.pop(e.queue, None)
         for q in wake:
             self.pump(q)
 
@@ -335,8 +331,8 @@ class Delivery:
                     self.node.submit(Expire(q.name, through)).add_done_callback(_quiet)
 
 
-def _after_acquire(d: Delivery, c: Consumer) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
-    def done(fut: asyncio.Future[dict[str, Any]]) -> None:
+def _after_acquire(d: Delivery, c: Consumer) -> Callable[[asyncio.Future[Counted]], None]:
+    def done(fut: asyncio.Future[Counted]) -> None:
         c.acquiring = 0
         if fut.cancelled():
             return

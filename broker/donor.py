@@ -16,6 +16,7 @@ from batonmq.clients import wire
 from batonmq.cluster import update
 from batonmq.cluster.errors import BatonError
 from batonmq.cluster.node import Node
+from batonmq.cluster.results import UpdateSent
 
 __all__ = ["UpdateDonor"]
 
@@ -70,7 +71,7 @@ class UpdateDonor:
                     queues += 1
                 if conn.closed:
                     return
-            conn.send(wire.Ok(f.corr, {"applied": cap.applied, "queues": queues, "messages": sent}))
+            conn.send(wire.ok(f.corr, UpdateSent(cap.applied, queues, sent)))
             log.info("join update to %s done: %d queues, %d messages", conn.peer, queues, sent)
         except asyncio.CancelledError:
             log.info("join update to %s ended by the joiner after %d messages", conn.peer, sent)

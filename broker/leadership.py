@@ -27,7 +27,15 @@ from batonmq.clients import wire
 from batonmq.cluster.errors import BatonError, InvalidArgument, Timeout
 from batonmq.cluster.events import Candidate, Handover, Resign
 from batonmq.cluster.node import Node
-from batonmq.cluster.services import MAX_SERVICE_NAME, host_of
+from batonmq.cluster.results import (
+    Candidacy,
+    HandedOver,
+    HandoverAsked,
+    LeadStatus,
+    Resigned,
+    ServiceList,
+)
+from batonmq.cluster.services import MAX_SERVICE_NAME, Service, host_of
 from batonmq.cluster.state import Effect, HandoverRequested, LeaderChanged, MembersChanged
 
 __all__ = ["Leadership", "MAX_CANDIDACIES", "MAX_HANDOVER_MS"]
@@ -83,8 +91,8 @@ class Leadership:
             self._running.add(name)
             self.node.submit(Candidate(name, me)).add_done_callback(self._ran(name))
 
-    def _ran(self, name: str) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
-        def done(fut: asyncio.Future[dict[str, Any]]) -> None:
+    def _ran(self, name: str) -> Callable[[asyncio.Future[Candidacy]], None]:
+        def done(fut: asyncio.Future[Candidacy]) -> None:
             self._running.discard(name)
             exc = None if fut.cancelled() else fut.exception()
             if exc is not None:
@@ -114,24 +122,24 @@ class Leadership:
         self._sessions[cand] = session
         fut = self.node.submit(Candidate(f.service, cand))
 
-        def failed(fut: asyncio.Future[dict[str, Any]]) -> None:
+        def failed(fut: asyncio.Future[Candidacy]) -> None:
             if (fut.cancelled() or fut.exception() is not None) and not session.closed:
                 mine.discard(f.service)
 
         fut.add_done_callback(failed)
         session.reply(f.corr, fut, lambda _r: self._status(f.service, cand))
 
-    def _status(self, service: str, cand: str) -> dict[str, Any]:
+    def _status(self, service: str, cand: str) -> LeadStatus:
         """The candidacy as this broker has applied it (read when the Ok is sent, so
         it is never older than a LeaderEvent sent before it)."""
         s = self.node.state.services.get(service)
         leader = None if s is None else s.leader
-        return {
-            "service": service,
-            "candidate": cand,
-            "leader": leader,
-            "token": None if s is None or leader is None else s.token,
-        }
+        return LeadStatus(
+            service=service,
+            candidate=cand,
+            leader=leader,
+            token=None if s is None or leader is None else s.token,
+        )
 
     def resign(self, session: Replier, f: wire.Resign) -> None:
         """Handle Resign: append it (also when not a candidate: it is idempotent)."""
@@ -141,7 +149,7 @@ class Leadership:
         session.reply(
             f.corr,
             self.node.submit(Resign(f.service, cand)),
-            lambda r: {"was_candidate": bool(r.get("was_candidate"))},
+            lambda r: Resigned(r.was_candidate),
         )
 
     def session_closed(self, session: Replier) -> None:
@@ -154,9 +162,9 @@ class Leadership:
         for w in [w for w in self._waiters if w.session is session]:
             self._drop_waiter(w)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ServiceList:
         """The Services frame's answer."""
-        return {"services": self.node.state.services.describe()}
+        return ServiceList(self.node.state.services.describe())
 
     # -- handover (admin) ----------------------------------------------------------------
 
@@ -168,7 +176,7 @@ class Leadership:
         fut = self.node.submit(Handover(f.service, f.to))
         session.commands_started(1)
 
-        def done(fut: asyncio.Future[dict[str, Any]]) -> None:
+        def done(fut: asyncio.Future[HandoverAsked]) -> None:
             session.commands_finished(1)
             if fut.cancelled():
                 return
@@ -177,7 +185,7 @@ class Leadership:
                 if isinstance(exc, BatonError):
                     session.error(f.corr, exc)
                 return
-            w = _Waiter(session, f.corr, f.service, int(fut.result()["token"]))
+            w = _Waiter(session, f.corr, f.service, fut.result().token)
             if not self._answer(w, self.node.state.services.get(f.service), None):
                 w.timer = asyncio.get_running_loop().call_later(
                     f.timeout_ms / 1000, self._timed_out, w, f.timeout_ms
@@ -186,14 +194,11 @@ class Leadership:
 
         fut.add_done_callback(done)
 
-    def _answer(self, w: _Waiter, s: Any, previous: str | None) -> bool:
+    def _answer(self, w: _Waiter, s: Service | None, previous: str | None) -> bool:
         """Answer ``w`` if the service has a term later than the one asked to hand over."""
         if s is None or s.leader is None or s.token <= w.token:
             return False
-        w.session.send(
-            wire.Ok(w.corr, {"service": w.service, "leader": s.leader, "token": s.token,
-                             "previous": previous})
-        )
+        w.session.send(wire.ok(w.corr, HandedOver(w.service, s.leader, s.token, previous)))
         return True
 
     def _timed_out(self, w: _Waiter, timeout_ms: int) -> None:
@@ -224,15 +229,13 @@ class Leadership:
             return  # no service changed and no new view: nothing here (the hot path)
         self._seen = seen
         for e in effects:
-            t = type(e)
-            if t is LeaderChanged:
-                assert isinstance(e, LeaderChanged)
-                self._leader_changed(e)
-            elif t is HandoverRequested:
-                assert isinstance(e, HandoverRequested)
-                self._handover_requested(e)
-            elif t is MembersChanged and self.services:
-                self._run_for_services()  # fenced and back: run again
+            match e:
+                case LeaderChanged():
+                    self._leader_changed(e)
+                case HandoverRequested():
+                    self._handover_requested(e)
+                case MembersChanged() if self.services:
+                    self._run_for_services()  # fenced and back: run again
 
     def _push(self, cand: str | None, service: str, event: str, token: int, leader: str) -> None:
         if cand is None:

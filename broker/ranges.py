@@ -8,11 +8,10 @@ broker has applied the queue up to the end of the range asked for.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
 from batonmq.clients import wire
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound, Timeout
 from batonmq.cluster.node import Node
+from batonmq.cluster.results import RangeRead
 
 __all__ = ["MAX_READ_RANGE", "READ_RANGE_WAIT", "read_range"]
 
@@ -22,7 +21,7 @@ MAX_READ_RANGE = 10_000
 READ_RANGE_WAIT = 10.0
 
 
-def read_range(node: Node, f: wire.ReadRange, max_frame: int) -> asyncio.Future[dict[str, Any]]:
+def read_range(node: Node, f: wire.ReadRange, max_frame: int) -> asyncio.Future[RangeRead]:
     """Start reading the range ``f`` asks for.
 
     Args:
@@ -31,8 +30,8 @@ def read_range(node: Node, f: wire.ReadRange, max_frame: int) -> asyncio.Future[
         max_frame: the connection's largest frame; the answer stays below half of it.
 
     Returns:
-        The answer's body, once read: ``{"messages": [[position, body, headers,
-        publish_time], ...], "next": the position to read on from}``. It fails with
+        The answer, once read: ``[position, body, headers, publish_time]`` per
+        message and the position to read on from. It fails with
         QueueNotFound, or Timeout when this broker has not applied the queue up to
         ``f.end`` within READ_RANGE_WAIT seconds.
 
@@ -46,7 +45,7 @@ def read_range(node: Node, f: wire.ReadRange, max_frame: int) -> asyncio.Future[
     return asyncio.ensure_future(_read_range_applied(node, f, max_frame))
 
 
-async def _read_range_applied(node: Node, f: wire.ReadRange, max_frame: int) -> dict[str, Any]:
+async def _read_range_applied(node: Node, f: wire.ReadRange, max_frame: int) -> RangeRead:
     """Read once this broker has applied every enqueue below ``f.end``: then the
     answer is the same on every broker (a reserved queue loses positions only by
     AcceptThrough, below the reader's range), whichever one a reader fails over to."""
@@ -73,7 +72,7 @@ async def _read_range_applied(node: Node, f: wire.ReadRange, max_frame: int) -> 
     rows = node.store.read_range(q.qid, f.start, f.end, f.limit, max_bytes)
     size = sum(m.size for _, m in rows)
     cut = bool(rows) and (len(rows) >= f.limit or size >= max_bytes)
-    return {
-        "messages": [[p, m.body, m.headers, m.publish_time] for p, m in rows],
-        "next": rows[-1][0] + 1 if cut else f.end,
-    }
+    return RangeRead(
+        messages=[[p, m.body, m.headers, m.publish_time] for p, m in rows],
+        next=rows[-1][0] + 1 if cut else f.end,
+    )

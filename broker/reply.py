@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from batonmq.clients import wire
 from batonmq.cluster.errors import BatonError
+from batonmq.cluster.results import Result
 
-__all__ = ["Replier", "Shape"]
+__all__ = ["Replier", "Shape", "as_is"]
 
-#: Turns a command's result into the Ok frame's body (may raise BatonError).
-Shape = Callable[[dict[str, Any]], dict[str, Any]]
+R = TypeVar("R")
+
+#: Turns what a command's future resolves with into the result its Ok frame carries
+#: (may raise BatonError).
+Shape = Callable[[R], Result]
+
+
+def as_is(result: Result) -> Result:
+    """The :data:`Shape` of a command whose result is its answer as it is."""
+    return result
 
 
 class Replier(Protocol):
@@ -47,11 +56,9 @@ class Replier(Protocol):
         """Queue a frame for this tick's write (dropped once closed)."""
         ...
 
-    def reply(
-        self, corr: int, fut: asyncio.Future[dict[str, Any]], shape: Shape | None = None
-    ) -> None:
-        """Answer ``corr`` with the future's outcome (Ok, shaped, or Error) when it
-        completes; the command counts as in flight until then."""
+    def reply(self, corr: int, fut: asyncio.Future[R], shape: Shape[R]) -> None:
+        """Answer ``corr`` with the future's outcome (Ok with its result shaped, or
+        Error) when it completes; the command counts as in flight until then."""
         ...
 
     def error(self, corr: int, exc: BatonError) -> None:

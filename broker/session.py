@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgpack
 
@@ -34,7 +34,7 @@ from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.donor import UpdateDonor
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.ranges import read_range
-from batonmq.broker.reply import Shape
+from batonmq.broker.reply import Shape, as_is
 from batonmq.clients import wire
 from batonmq.cluster.errors import (
     BatonError,
@@ -59,11 +59,22 @@ from batonmq.cluster.events import (
     Reserve,
 )
 from batonmq.cluster.node import Node
+from batonmq.cluster.results import (
+    Cancelled,
+    Enqueued,
+    Published,
+    QueueList,
+    Result,
+    Settled,
+    Subscribed,
+)
 
 # MAX_IN_FLIGHT is documented here (docs/protocol.md); it lives in broker/connection.py.
 __all__ = ["MAX_IN_FLIGHT", "Session", "SessionBroker"]
 
 log = logging.getLogger("baton.session")
+
+R = TypeVar("R", bound="Result | None")
 
 _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "durable": (bool,),
@@ -182,118 +193,101 @@ class Session(ClientConnection):
         self.consumers.pop(tag, None)
         self.send(wire.ConsumerCancelled(tag, exc.code, exc.message))
 
-    def _submit(self, corr: int, event: Event, shape: Shape | None = None) -> None:
+    def _submit(self, corr: int, event: Event[R], shape: Shape[R]) -> None:
         self.reply(corr, self.broker.node.submit(event), shape)
 
     # -- commands ---------------------------------------------------------------------------
 
     def handle_frame(self, f: wire.Frame) -> None:
         """Route one frame to its handler (the first must be Hello)."""
-        t = type(f)
         if not self.greeted:
-            if t is not wire.Hello:
+            if isinstance(f, wire.Hello):
+                self._hello(f)
+            else:
                 self.fail(ProtocolError("the first frame must be Hello"))
-                return
-            assert isinstance(f, wire.Hello)
-            self._hello(f)
             return
-        if t is wire.Publish:
-            assert isinstance(f, wire.Publish)
-            self._check_body(f.body, f.headers)
-            q = self.broker.node.state.queues.get(f.queue)
-            if q is not None and q.max_length is None:
-                self._publishes.setdefault(f.queue, []).append(
-                    (f.corr, f.body, f.headers, f.key)
-                )
-                return
-            self._flush_publishes()
-            self._submit(
-                f.corr,
-                Enqueue(f.queue, ((f.body, f.headers),), ((f.key, 1),) if f.key else ()),
-                lambda r: {"position": r["first_position"]},
-            )
+        if isinstance(f, wire.Publish):
+            self._publish(f)
             return
         # Anything else is submitted after the publishes read before it (log order
         # = the order the client sent them).
         self._flush_publishes()
-        if t is wire.PublishBatch:
-            assert isinstance(f, wire.PublishBatch)
-            messages = self._batch(f.messages)
-            self._submit(
-                f.corr,
-                Enqueue(f.queue, messages, ((f.key, len(messages)),) if f.key else ()),
-                # A re-sent batch reports its original positions (cluster/state.py).
-                lambda r: {"first_position": r["first_position"], "count": r["count"]},
-            )
-        elif t is wire.Ack:
-            assert isinstance(f, wire.Ack)
-            self._settle(f.corr, f.consumer, f.positions, Accept)
-        elif t is wire.Release:
-            assert isinstance(f, wire.Release)
-            self._settle(f.corr, f.consumer, f.positions, Release)
-        elif t is wire.Reject:
-            assert isinstance(f, wire.Reject)
-            self._settle(f.corr, f.consumer, f.positions, Reject)
-        elif t is wire.Subscribe:
-            assert isinstance(f, wire.Subscribe)
-            self._subscribe(f)
-        elif t is wire.Cancel:
-            assert isinstance(f, wire.Cancel)
-            self._cancel(f)
-        elif t is wire.DeclareQueue:
-            assert isinstance(f, wire.DeclareQueue)
-            self._submit(f.corr, _declare_event(f.queue, f.options))
-        elif t is wire.DeleteQueue:
-            assert isinstance(f, wire.DeleteQueue)
-            self._submit(f.corr, DeleteQueue(f.queue))
-        elif t is wire.PurgeQueue:
-            assert isinstance(f, wire.PurgeQueue)
-            self._submit(f.corr, PurgeQueue(f.queue))
-        elif t is wire.QueueStats:
-            assert isinstance(f, wire.QueueStats)
-            self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
-        elif t is wire.ListQueues:
-            assert isinstance(f, wire.ListQueues)
-            self.send(wire.Ok(f.corr, {"queues": self.broker.list_queues()}))
-        elif t is wire.Topology:
-            assert isinstance(f, wire.Topology)
-            self.send(wire.Ok(f.corr, self.broker.topology()))
-        elif t is wire.Lead:
-            assert isinstance(f, wire.Lead)
-            self.broker.leadership.lead(self, f)
-        elif t is wire.Resign:
-            assert isinstance(f, wire.Resign)
-            self.broker.leadership.resign(self, f)
-        elif t is wire.Services:
-            assert isinstance(f, wire.Services)
-            self.send(wire.Ok(f.corr, self.broker.leadership.describe()))
-        elif t is wire.Handover:
-            assert isinstance(f, wire.Handover)
-            self.broker.leadership.handover(self, f)
-        elif t is wire.Ping:
-            assert isinstance(f, wire.Ping)
-            self.send(wire.Ok(f.corr, {}))
-        elif t is wire.UpdateRequest:
-            assert isinstance(f, wire.UpdateRequest)
-            if self._update is not None and not self._update.done():
-                raise InvalidArgument("an update is already being served on this connection")
-            donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate)
-            self._update = asyncio.create_task(donor.serve(f), name="baton-update")
-        elif t is wire.ReadRange:
-            assert isinstance(f, wire.ReadRange)
-            self.reply(f.corr, read_range(self.broker.node, f, self.broker.config.max_frame))
-        elif t is wire.Reserve:
-            assert isinstance(f, wire.Reserve)
-            self._submit(f.corr, Reserve(f.queue, f.holder or None))
-        elif t is wire.AcceptThrough:
-            assert isinstance(f, wire.AcceptThrough)
-            if f.through < 0:
-                raise InvalidArgument("through must be a non-negative position")
-            self._submit(f.corr, AcceptThrough(f.queue, f.through, f.holder))
-        elif t is wire.Hello:
-            raise ProtocolError("Hello was already sent on this connection")
-        else:
-            raise ProtocolError(f"{t.__name__} is not a client command")
+        match f:
+            case wire.PublishBatch():
+                messages = self._batch(f.messages)
+                self._submit(
+                    f.corr,
+                    Enqueue(f.queue, messages, ((f.key, len(messages)),) if f.key else ()),
+                    # A re-sent batch reports its original positions (cluster/state.py),
+                    # without the key spans' positions.
+                    lambda r: Enqueued(r.first_position, r.count),
+                )
+            case wire.Ack():
+                self._settle(f.corr, f.consumer, f.positions, Accept)
+            case wire.Release():
+                self._settle(f.corr, f.consumer, f.positions, Release)
+            case wire.Reject():
+                self._settle(f.corr, f.consumer, f.positions, Reject)
+            case wire.Subscribe():
+                self._subscribe(f)
+            case wire.Cancel():
+                self._cancel(f)
+            case wire.DeclareQueue():
+                self._submit(f.corr, _declare_event(f.queue, f.options), as_is)
+            case wire.DeleteQueue():
+                self._submit(f.corr, DeleteQueue(f.queue), as_is)
+            case wire.PurgeQueue():
+                self._submit(f.corr, PurgeQueue(f.queue), as_is)
+            case wire.QueueStats():
+                self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
+            case wire.ListQueues():
+                self.send(wire.ok(f.corr, QueueList(self.broker.list_queues())))
+            case wire.Topology():
+                self.send(wire.Ok(f.corr, self.broker.topology()))
+            case wire.Lead():
+                self.broker.leadership.lead(self, f)
+            case wire.Resign():
+                self.broker.leadership.resign(self, f)
+            case wire.Services():
+                self.send(wire.ok(f.corr, self.broker.leadership.describe()))
+            case wire.Handover():
+                self.broker.leadership.handover(self, f)
+            case wire.Ping():
+                self.send(wire.Ok(f.corr, {}))
+            case wire.UpdateRequest():
+                if self._update is not None and not self._update.done():
+                    raise InvalidArgument("an update is already being served on this connection")
+                donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate)
+                self._update = asyncio.create_task(donor.serve(f), name="baton-update")
+            case wire.ReadRange():
+                self.reply(
+                    f.corr, read_range(self.broker.node, f, self.broker.config.max_frame), as_is
+                )
+            case wire.Reserve():
+                self._submit(f.corr, Reserve(f.queue, f.holder or None), as_is)
+            case wire.AcceptThrough():
+                if f.through < 0:
+                    raise InvalidArgument("through must be a non-negative position")
+                self._submit(f.corr, AcceptThrough(f.queue, f.through, f.holder), as_is)
+            case wire.Hello():
+                raise ProtocolError("Hello was already sent on this connection")
+            case _:
+                raise ProtocolError(f"{type(f).__name__} is not a client command")
+
+    def _publish(self, f: wire.Publish) -> None:
+        """One publish: merged with the others read in one go when its queue has no
+        max_length (see :meth:`_flush_publishes`), else submitted alone."""
+        self._check_body(f.body, f.headers)
+        q = self.broker.node.state.queues.get(f.queue)
+        if q is not None and q.max_length is None:
+            self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers, f.key))
+            return
+        self._flush_publishes()
+        self._submit(
+            f.corr,
+            Enqueue(f.queue, ((f.body, f.headers),), ((f.key, 1),) if f.key else ()),
+            lambda r: Published(r.first_position),
+        )
 
     def _flush_publishes(self) -> None:
         """Submit the merged publishes: one Enqueue per queue, one Ok per publish.
@@ -315,20 +309,20 @@ class Session(ClientConnection):
 
     def _merged_done(
         self, items: list[tuple[int, bytes, dict[str, Any], str]]
-    ) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
-        def done(f: asyncio.Future[dict[str, Any]]) -> None:
+    ) -> Callable[[asyncio.Future[Enqueued]], None]:
+        def done(f: asyncio.Future[Enqueued]) -> None:
             self.commands_finished(len(items))
             exc = f.exception() if not f.cancelled() else InternalError("command cancelled")
             if exc is None:
                 result = f.result()
                 # With keys, each publish's own position (a re-sent one keeps its
                 # original); without, they are consecutive.
-                positions = result.get("positions")
+                positions: list[int] | range | None = result.positions
                 if positions is None:
-                    first = result["first_position"]
+                    first = result.first_position
                     positions = range(first, first + len(items))
                 for (corr, _, _, _), position in zip(items, positions):
-                    self.send(wire.Ok(corr, {"position": position}))
+                    self.send(wire.ok(corr, Published(position)))
             else:
                 err = exc if isinstance(exc, BatonError) else InternalError(repr(exc))
                 for corr, _, _, _ in items:
@@ -395,7 +389,7 @@ class Session(ClientConnection):
         tag = self._next_tag
         c = self.broker.delivery.add(f.queue, f.prefetch, self, tag)
         self.consumers[tag] = c
-        self.send(wire.Ok(f.corr, {"consumer": tag}))
+        self.send(wire.ok(f.corr, Subscribed(tag)))
         self.broker.delivery.pump(f.queue)
 
     def _cancel(self, f: wire.Cancel) -> None:
@@ -404,9 +398,9 @@ class Session(ClientConnection):
             raise UnknownConsumer(f"no consumer {f.consumer} on this connection")
         fut = self.broker.delivery.remove(c, f.unread)
         if fut is None:
-            self.send(wire.Ok(f.corr, {"released": 0}))
+            self.send(wire.ok(f.corr, Cancelled(0)))
         else:
-            self.reply(f.corr, fut, lambda r: {"released": r.get("count", 0)})
+            self.reply(f.corr, fut, lambda r: Cancelled(r.count))
 
     def _settle(
         self, corr: int, tag: int, positions: list[int], kind: type[Accept | Release | Reject]
@@ -414,7 +408,8 @@ class Session(ClientConnection):
         """Settle what the consumer holds; report the rest as ``not_acquired``.
 
         Clients coalesce many callers' settlements into one frame, so one stale
-        position must not fail the others: Ok({"count": n, "not_acquired": [...]}).
+        position must not fail the others: they are answered with :class:`Settled`
+        (``count`` settled, the rest ``not_acquired``).
         """
         c = self.consumers.get(tag)
         if c is None:
@@ -431,13 +426,13 @@ class Session(ClientConnection):
             else:
                 missing.append(p)  # never delivered to it, settled already, or twice here
         if not mine:
-            self.send(wire.Ok(corr, {"count": 0, "not_acquired": missing}))
+            self.send(wire.ok(corr, Settled(0, missing)))
             return
         c.settling += len(mine)
         fut = self.broker.node.submit(kind(c.queue, c.cid, tuple(mine)))
         delivery = self.broker.delivery
 
-        def settled(f: asyncio.Future[dict[str, Any]]) -> None:
+        def settled(f: asyncio.Future[Settled]) -> None:
             c.settling -= len(mine)
             if f.cancelled() or f.exception() is not None:
                 held.update(mine)  # still ours: released if we disconnect
@@ -445,11 +440,7 @@ class Session(ClientConnection):
 
         fut.add_done_callback(settled)
         delivery.settled(c)  # credit is back now; see Consumer.credit
-        self.reply(
-            corr,
-            fut,
-            lambda r: {"count": r["count"], "not_acquired": missing + r["not_acquired"]},
-        )
+        self.reply(corr, fut, lambda r: Settled(r.count, missing + r.not_acquired))
 
 
 def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:

@@ -33,7 +33,6 @@ from batonmq.clients.conn import Channel
 from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.clients.producer import Producer
-from batonmq.clients.results import int_field
 from batonmq.clients.topology import TopologyEvent, TopologyTracker
 from batonmq.clients.watch import TopologyWatch
 from batonmq.clients.wire import (
@@ -50,8 +49,20 @@ from batonmq.clients.wire import (
     Reserve,
     Services,
     Topology,
+    read_result,
 )
-from batonmq.cluster.errors import BatonError, ConnectionClosed, InvalidArgument, ProtocolError
+from batonmq.cluster.errors import BatonError, ConnectionClosed, InvalidArgument
+from batonmq.cluster.results import (
+    AcceptedThrough,
+    Declared,
+    Deleted,
+    HandedOver,
+    Purged,
+    QueueList,
+    RangeRead,
+    Reserved,
+    ServiceList,
+)
 
 __all__ = [
     "DEFAULT_PORT",
@@ -350,10 +361,7 @@ class Connection:
         """
         corr = self._next_corr()
         result = await self._request(Services(corr), corr, retry=True)
-        items = result.get("services")
-        if not isinstance(items, list):
-            raise ProtocolError("Services result has no 'services' list")
-        return [ServiceInfo.from_mapping(m) for m in items]
+        return [ServiceInfo.from_mapping(m) for m in read_result(ServiceList, result).services]
 
     async def service_leader(self, service: str) -> ServiceInfo | None:
         """One service's :class:`~batonmq.clients.leadership.ServiceInfo` (None: it has no
@@ -399,15 +407,8 @@ class Connection:
                 result = await self._request(frame, corr)
         except TimeoutError:
             raise errors.Timeout(f"no answer to handover of {service!r} from the broker") from None
-        try:
-            return HandoverResult(
-                str(result["service"]),
-                str(result["leader"]),
-                int(result["token"]),
-                None if result.get("previous") is None else str(result["previous"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed handover result: {exc!r}") from exc
+        term = read_result(HandedOver, result)
+        return HandoverResult(term.service, term.leader, term.token, term.previous)
 
     async def ping(self) -> float:
         """Round trip to the broker.
@@ -465,7 +466,9 @@ class Connection:
         }
         corr = self._next_corr()
         # Idempotent (create, or check the settings), so sent again after a failover.
-        return await self._request(DeclareQueue(corr, name, options), corr, retry=True)
+        result = await self._request(DeclareQueue(corr, name, options), corr, retry=True)
+        read_result(Declared, result)  # checked; the caller gets the map
+        return result
 
     async def delete_queue(self, name: str) -> int:
         """Delete a queue with every message in it; its consumers are cancelled.
@@ -477,7 +480,8 @@ class Connection:
             QueueNotFound: no such queue.
         """
         corr = self._next_corr()
-        return int_field(await self._request(DeleteQueue(corr, name), corr), "deleted")
+        result = await self._request(DeleteQueue(corr, name), corr)
+        return read_result(Deleted, result).deleted
 
     async def purge_queue(self, name: str) -> int:
         """Drop every ready message of a queue (acquired ones stay with their consumers).
@@ -489,7 +493,8 @@ class Connection:
             QueueNotFound: no such queue.
         """
         corr = self._next_corr()
-        return int_field(await self._request(PurgeQueue(corr, name), corr), "purged")
+        result = await self._request(PurgeQueue(corr, name), corr)
+        return read_result(Purged, result).purged
 
     async def queue_stats(self, name: str) -> dict[str, Any]:
         """A queue's counters.
@@ -507,10 +512,7 @@ class Connection:
         """Every queue's stats (the same mappings as :meth:`queue_stats`)."""
         corr = self._next_corr()
         result = await self._request(ListQueues(corr), corr, retry=True)
-        queues = result.get("queues")
-        if not isinstance(queues, list):
-            raise ProtocolError("ListQueues result has no 'queues' list")
-        return queues
+        return read_result(QueueList, result).queues
 
     # --- range readers (the Spark source, DESIGN §11; docs/protocol.md) ---------------
 
@@ -531,7 +533,9 @@ class Connection:
         """
         corr = self._next_corr()
         # Idempotent for the same holder: sent again after a failover.
-        return await self._request(Reserve(corr, queue, holder or ""), corr, retry=True)
+        result = await self._request(Reserve(corr, queue, holder or ""), corr, retry=True)
+        read_result(Reserved, result)  # checked; the caller gets the map
+        return result
 
     async def accept_through(self, queue: str, through: int, holder: str) -> int:
         """As the holder of ``queue``'s reservation, accept every ready message below
@@ -546,7 +550,7 @@ class Connection:
         """
         corr = self._next_corr()
         result = await self._request(AcceptThrough(corr, queue, through, holder), corr, retry=True)
-        return int_field(result, "count")
+        return read_result(AcceptedThrough, result).count
 
     async def read_range(
         self, queue: str, start: int, end: int, *, limit: int = 10_000
@@ -569,10 +573,8 @@ class Connection:
         """
         corr = self._next_corr()
         result = await self._request(ReadRange(corr, queue, start, end, limit), corr, retry=True)
-        messages = result.get("messages")
-        if not isinstance(messages, list):
-            raise ProtocolError(f"ReadRange result has no 'messages' list: {result!r}")
-        return messages, int_field(result, "next")
+        read = read_result(RangeRead, result)
+        return read.messages, read.next
 
     async def publish(
         self,

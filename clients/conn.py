@@ -398,59 +398,55 @@ class Channel:
 
     def dispatch(self, frame: Frame) -> None:
         """Route one frame from the broker (called from data_received)."""
-        kind = type(frame)
-        if kind is Ok:
-            assert isinstance(frame, Ok)
-            self.failover.answered(frame.corr)
-            if self._subscribing:
-                consumer = self._subscribing.pop(frame.corr, None)
+        match frame:
+            case Ok():
+                self.failover.answered(frame.corr)
+                if self._subscribing:
+                    consumer = self._subscribing.pop(frame.corr, None)
+                    if consumer is not None:
+                        # Register before the caller resumes: Deliver may follow in this chunk.
+                        consumer.subscribed(frame.result)
+                fut = self._pending.pop(frame.corr, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(frame.result)
+            case Deliver():
+                consumer = self._consumers.get(frame.consumer)
                 if consumer is not None:
-                    # Register before the caller resumes: Deliver may follow in this chunk.
-                    consumer.subscribed(frame.result)
-            fut = self._pending.pop(frame.corr, None)
-            if fut is not None and not fut.done():
-                fut.set_result(frame.result)
-        elif kind is Deliver:
-            assert isinstance(frame, Deliver)
-            consumer = self._consumers.get(frame.consumer)
-            if consumer is not None:
-                consumer.deliver(frame.messages)
-            # else: a delivery that crossed our Cancel; the broker releases it.
-        elif kind is Error:
-            assert isinstance(frame, Error)
-            err = errors.for_code(frame.code, frame.message)
-            if frame.corr == 0:
-                self.abort(err)
-                return
-            if (
-                frame.corr == self._hello_corr
-                and self._hello is not None
-                and not self._hello.done()
-            ):
-                self._hello.set_exception(err)
-                return
-            self.failover.answered(frame.corr)
-            self._subscribing.pop(frame.corr, None)
-            fut = self._pending.pop(frame.corr, None)
-            if fut is not None and not fut.done():
-                fut.set_exception(err)
-        elif kind is LeaderEvent:
-            assert isinstance(frame, LeaderEvent)
-            term = self._terms.get(frame.service)
-            if term is not None:
-                term.leader_event(frame.event, frame.token, frame.leader)
-        elif kind is ConsumerCancelled:
-            assert isinstance(frame, ConsumerCancelled)
-            consumer = self._consumers.pop(frame.consumer, None)
-            if consumer is not None:
-                consumer.end(errors.for_code(frame.code, frame.message))
-        elif kind is HelloOk:
-            assert isinstance(frame, HelloOk)
-            if self._hello is None or self._hello.done():
-                raise ProtocolError("unexpected HelloOk")
-            self._hello.set_result(frame)
-        else:
-            raise ProtocolError(f"the broker sent a client-side frame: {kind.__name__}")
+                    consumer.deliver(frame.messages)
+                # else: a delivery that crossed our Cancel; the broker releases it.
+            case Error():
+                err = errors.for_code(frame.code, frame.message)
+                if frame.corr == 0:
+                    self.abort(err)
+                    return
+                if (
+                    frame.corr == self._hello_corr
+                    and self._hello is not None
+                    and not self._hello.done()
+                ):
+                    self._hello.set_exception(err)
+                    return
+                self.failover.answered(frame.corr)
+                self._subscribing.pop(frame.corr, None)
+                fut = self._pending.pop(frame.corr, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(err)
+            case LeaderEvent():
+                term = self._terms.get(frame.service)
+                if term is not None:
+                    term.leader_event(frame.event, frame.token, frame.leader)
+            case ConsumerCancelled():
+                consumer = self._consumers.pop(frame.consumer, None)
+                if consumer is not None:
+                    consumer.end(errors.for_code(frame.code, frame.message))
+            case HelloOk():
+                if self._hello is None or self._hello.done():
+                    raise ProtocolError("unexpected HelloOk")
+                self._hello.set_result(frame)
+            case _:
+                raise ProtocolError(
+                    f"the broker sent a client-side frame: {type(frame).__name__}"
+                )
 
     def expect_subscribed(self, corr: int, consumer: Consumer) -> None:
         """Hand the Ok of the Subscribe ``corr`` to ``consumer.subscribed`` before its

@@ -29,7 +29,8 @@ from batonmq.cluster.errors import (
     ProtocolError,
     UnknownConsumer,
 )
-from batonmq.clients.wire import Ack, Cancel, Frame, Reject, Release, Subscribe
+from batonmq.clients.wire import Ack, Cancel, Frame, Reject, Release, Subscribe, read_result
+from batonmq.cluster.results import Cancelled, Settled, Subscribed
 
 __all__ = ["ConsumerChannel", "Consumer", "Message", "ACK", "RELEASE", "REJECT"]
 
@@ -203,9 +204,7 @@ class Consumer:
         Raises:
             ProtocolError: the result has no consumer tag.
         """
-        tag = result.get("consumer")
-        if not isinstance(tag, int):
-            raise ProtocolError(f"Subscribe result has no int 'consumer': {result!r}")
+        tag = read_result(Subscribed, result).consumer
         self.tag = tag
         if self._state == _ENDED and not self._abandoned:
             return  # ended while (re-)subscribing: e.g. closed
@@ -322,8 +321,7 @@ class Consumer:
             raise
         finally:
             conn.remove_consumer(self.tag)
-        released = result.get("released", 0)
-        return released if isinstance(released, int) else 0
+        return read_result(Cancelled, result).released
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -531,7 +529,10 @@ def _fan_out(
     exc = None if done.cancelled() else done.exception()
     missing: set[int] = set()
     if exc is None and not done.cancelled():
-        missing = set(done.result().get("not_acquired") or ())
+        try:
+            missing = set(read_result(Settled, done.result()).not_acquired)
+        except ProtocolError as bad:
+            exc = bad
     for waiter, position in zip(waiters, positions):
         if waiter.done():
             continue

@@ -95,26 +95,23 @@ def _need(cond: bool, why: str) -> None:
 
 def _text(obj: dict[str, Any], name: str) -> str:
     value = obj.get(name)
-    _need(isinstance(value, str) and 0 < len(value) <= 200, f"payload.{name} must be a string")
-    assert isinstance(value, str)
+    if not (isinstance(value, str) and 0 < len(value) <= 200):
+        raise _Invalid(f"payload.{name} must be a string")
     return value
 
 
 def _amount(obj: dict[str, Any], positive: bool) -> float:
     value = obj.get("amount")
-    _need(
-        isinstance(value, (int, float)) and not isinstance(value, bool),
-        "payload.amount must be a number",
-    )
-    assert isinstance(value, (int, float))
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _Invalid("payload.amount must be a number")
     _need(value > 0 if positive else value >= 0, f"payload.amount {value} out of range")
     return float(value)
 
 
 def _currency(obj: dict[str, Any]) -> str:
     value = obj.get("currency")
-    _need(isinstance(value, str) and bool(_CURRENCY.match(value)), "payload.currency must be ISO 4217")
-    assert isinstance(value, str)
+    if not (isinstance(value, str) and _CURRENCY.match(value)):
+        raise _Invalid("payload.currency must be ISO 4217")
     return value
 
 

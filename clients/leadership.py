@@ -31,6 +31,8 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from batonmq.cluster.errors import BatonError, ConnectionClosed, InvalidArgument, ProtocolError, Timeout
+from batonmq.cluster.results import LeadStatus
+from batonmq.clients.wire import read_result
 
 __all__ = ["Term", "ServiceInfo", "HandoverResult", "LeadershipChannel"]
 
@@ -117,8 +119,8 @@ class LeadershipChannel(Protocol):
         ...
 
     def lead_request(self, service: str) -> asyncio.Future[dict[str, Any]]:
-        """Send Lead for ``service``; the future of its answer (``candidate``,
-        ``leader``, ``token``)."""
+        """Send Lead for ``service``; the future of its answer (a
+        :class:`~batonmq.cluster.results.LeadStatus` map)."""
         ...
 
     def resign_request(self, service: str) -> asyncio.Future[dict[str, Any]]:
@@ -197,11 +199,15 @@ class Term:
             async with _timeout(self._timeout, self.service):
                 while True:
                     self._reset()
-                    result = await conn.lead_request(self.service)
+                    status = read_result(LeadStatus, await conn.lead_request(self.service))
                     self._session = conn.failovers
-                    self.candidate = str(result.get("candidate", ""))
-                    if result.get("leader") == self.candidate and self.candidate:
-                        self._grant(int(result["token"]))
+                    self.candidate = status.candidate
+                    if (
+                        status.leader == self.candidate
+                        and self.candidate
+                        and status.token is not None
+                    ):
+                        self._grant(status.token)
                     while not self._wake.is_set():
                         await self._wake.wait()
                     if conn.closed:

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from batonmq.cluster.errors import InvalidArgument, MessageTooLarge
-from batonmq.clients.results import consume_result, int_field
-from batonmq.clients.wire import Frame, Publish, PublishBatch
+from batonmq.cluster.results import Enqueued, Published
+from batonmq.clients.results import consume_result
+from batonmq.clients.wire import Frame, Publish, PublishBatch, read_result
 
 __all__ = ["ProducerChannel", "Producer"]
 
@@ -109,7 +110,7 @@ class Producer:
             await channel.wait_writable()
         corr = channel.next_corr()
         result = await channel.request(Publish(corr, queue, data, hdrs, key), corr, retry=True)
-        return int_field(result, "position")
+        return read_result(Published, result).position
 
     async def publish_batch(
         self,
@@ -179,8 +180,9 @@ class Producer:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-            first = int_field(result, "first_position")
-            positions.extend(range(first, first + int_field(result, "count")))
+            batch = read_result(Enqueued, result)
+            first = batch.first_position
+            positions.extend(range(first, first + batch.count))
         return positions
 
 

@@ -1,13 +1,15 @@
-"""Small helpers shared by the client's modules: futures nobody awaits, result fields."""
+"""Small helper shared by the client's modules: futures nobody awaits.
+
+(The results the broker answers with are :mod:`batonmq.cluster.results`, read from
+the Ok frames with :func:`batonmq.clients.wire.read_result`.)
+"""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from batonmq.cluster.errors import ProtocolError
-
-__all__ = ["consume_result", "int_field"]
+__all__ = ["consume_result"]
 
 
 def consume_result(fut: asyncio.Future[Any]) -> None:
@@ -15,15 +17,3 @@ def consume_result(fut: asyncio.Future[Any]) -> None:
     that asyncio does not log it as never retrieved."""
     if not fut.cancelled():
         fut.exception()
-
-
-def int_field(result: dict[str, Any], key: str) -> int:
-    """The int ``result[key]`` of a broker's answer.
-
-    Raises:
-        ProtocolError: the field is missing or not an int.
-    """
-    value = result.get(key)
-    if not isinstance(value, int):
-        raise ProtocolError(f"the broker's result has no int {key!r}: {result!r}")
-    return value

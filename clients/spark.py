@@ -82,6 +82,7 @@ _READ_LIMIT: Final = 10_000
 _MIN_SPLIT: Final = 1_000
 
 _T = TypeVar("_T")
+_Number = TypeVar("_Number", int, float)
 
 
 def register(spark: SparkSession) -> None:
@@ -112,13 +113,13 @@ def _options(options: Any) -> _Options:
             raise InvalidArgument(f"the baton source needs the option {name!r}")
         return str(value)
 
-    def positive(name: str, default: str, kind: Callable[[str], _T]) -> _T:
+    def positive(name: str, default: str, kind: Callable[[str], _Number]) -> _Number:
         text = get(name, default)
         try:
             value = kind(text)
         except ValueError:
             raise InvalidArgument(f"option {name!r} must be a number, got {text!r}") from None
-        if not value > 0:  # type: ignore[operator]
+        if not value > 0:
             raise InvalidArgument(f"option {name!r} must be positive, got {text!r}")
         return value
 

@@ -14,12 +14,15 @@ and turn frames into bytes with :meth:`FrameCodec.send`. The asyncio sides in
 from __future__ import annotations
 
 import struct
+import types
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, Final, Union, cast, get_type_hints
+from typing import Any, ClassVar, Final, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 import msgpack
 
 from batonmq.cluster.errors import FrameTooLarge, ProtocolError, UnknownCommand
+from batonmq.cluster.results import RESULT_TYPES, Result
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -62,6 +65,9 @@ __all__ = [
     "LEADER_EVENTS",
     "FRAME_TYPES",
     "FrameCodec",
+    "ok",
+    "result_map",
+    "read_result",
 ]
 
 PROTOCOL_VERSION: Final = 1
@@ -69,6 +75,9 @@ PROTOCOL_VERSION: Final = 1
 DEFAULT_MAX_FRAME: Final = 16 * 1024 * 1024
 
 _LEN = struct.Struct(">I")
+
+
+R = TypeVar("R", bound=Result)
 
 
 class _NeedData:
@@ -679,3 +688,98 @@ def decode_payload(payload: bytes | memoryview) -> Frame:
                 f" got {type(value).__name__}"
             )
     return FRAME_TYPES[op](*values)
+
+
+# --- command results in Ok frames (cluster/results.py) -------------------------------
+
+#: Tells whether a value read off the wire has a field's type.
+_Check = Callable[[Any], bool]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(hint: Any) -> _Check:
+    """The check for a result field's type (a msgpack value: no sets, no tuples)."""
+    if hint is Any:
+        return lambda value: True
+    if hint is int:
+        return _is_int
+    if hint is type(None):
+        return lambda value: value is None
+    origin = get_origin(hint)
+    if origin is Union or origin is types.UnionType:
+        parts = tuple(_check(arg) for arg in get_args(hint))
+        return lambda value: any(part(value) for part in parts)
+    if origin is list:
+        (item,) = get_args(hint)
+        each = _check(item)
+        return lambda value: isinstance(value, list) and all(each(v) for v in value)
+    if origin is dict:
+        return lambda value: isinstance(value, dict)  # a map's contents are its reader's
+    if isinstance(hint, type):
+        return lambda value: isinstance(value, hint)
+    raise TypeError(f"no wire check for a result field of type {hint!r}")
+
+
+# Per result class: (field, its check, its type as written, left out while None), in
+# field order; read once from the dataclass definitions so it cannot drift from them.
+_RESULT_SCHEMA: Final[dict[type[Result], tuple[tuple[str, _Check, str, bool], ...]]] = {
+    cls: tuple(
+        (
+            f.name,
+            _check(get_type_hints(cls)[f.name]),
+            str(f.type),
+            f.default is None,
+        )
+        for f in fields(cls)
+    )
+    for cls in RESULT_TYPES
+}
+
+
+def result_map(result: Result) -> dict[str, Any]:
+    """The map form of ``result`` that an ``Ok`` frame carries: field name -> value,
+    without the fields whose default is None while they are None."""
+    out: dict[str, Any] = {}
+    for name, _, _, optional in _RESULT_SCHEMA[type(result)]:
+        value = getattr(result, name)
+        if value is not None or not optional:
+            out[name] = value
+    return out
+
+
+def ok(corr: int, result: Result) -> Ok:
+    """The ``Ok`` frame answering command ``corr`` with ``result``."""
+    return Ok(corr, result_map(result))
+
+
+def read_result(kind: type[R], result: Mapping[str, Any]) -> R:
+    """Read an ``Ok`` frame's result map as a ``kind`` (the inverse of :func:`result_map`).
+
+    Raises:
+        ProtocolError: a field is missing or has the wrong type.
+    """
+    values: list[Any] = []
+    for name, check, typename, optional in _RESULT_SCHEMA[kind]:
+        if name in result:
+            value = result[name]
+            if not check(value):
+                raise ProtocolError(
+                    f"the broker's {kind.__name__} result has {name!r} of type"
+                    f" {type(value).__name__}, not {typename}: {_short(result)}"
+                )
+        elif optional:
+            value = None
+        else:
+            raise ProtocolError(
+                f"the broker's {kind.__name__} result has no {name!r}: {_short(result)}"
+            )
+        values.append(value)
+    return kind(*values)
+
+
+def _short(result: Mapping[str, Any]) -> str:
+    text = repr(result)
+    return text if len(text) <= 200 else text[:200] + "..."

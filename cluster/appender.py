@@ -19,17 +19,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from batonmq.cluster.codec import EventEncoder, MalformedEvent, decode
 from batonmq.cluster.effects import Completed
 from batonmq.cluster.errors import BatonError, LogUnavailable, MessageTooLarge, ShuttingDown, StoreError
-from batonmq.cluster.events import Enqueue, Event, Origin
+from batonmq.cluster.events import AnyEvent, Enqueue, Event, Origin
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import Log
+from batonmq.cluster.results import Result
 from batonmq.store import Store
 
-__all__ = ["Appender", "ignore_outcome"]
+__all__ = ["Appender", "ignore_outcome", "R"]
+
+#: What a submitted event answers (its class names it: cluster/events.py).
+R = TypeVar("R", bound="Result | None")
 
 log = logging.getLogger("baton.node")
 
@@ -82,20 +86,21 @@ class Appender:
         self._leftover: list[tuple[str, int, bytes]] = []
         self._outbox_failures = 0  # publish batches the store's outbox refused in a row
         self._outbox_ready = asyncio.Event()
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        # seq -> the future submit() returned: each of its event's result type.
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._durable_seq = 0  # every own seq <= this is durable on the log
         self._stashed: dict[int, Completed] = {}  # applied before their append returned
 
     # -- stamping and queueing -----------------------------------------------------
 
-    def stamp(self, event: Event) -> bytes:
+    def stamp(self, event: AnyEvent) -> bytes:
         """The record of ``event`` with this runtime's next origin sequence number."""
         self._seq += 1
         return self._encoder.encode(
             Origin(self.node_id, self.runtime_id, self._seq, self._clock()), event
         )
 
-    def submit(self, event: Event) -> asyncio.Future[dict[str, Any]]:
+    def submit(self, event: Event[R]) -> asyncio.Future[R]:
         """Append ``event``; the future resolves with its result once durable and applied.
 
         The future fails with the event's BatonError (e.g. QueueNotFound) if
@@ -104,7 +109,7 @@ class Appender:
         broker that dies meanwhile appends it at its next start). It fails with
         LogUnavailable only when the outbox is full.
         """
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         if self.closing:
             fut.set_exception(ShuttingDown("the broker is shutting down"))
             return fut
@@ -279,7 +284,7 @@ class Appender:
         if done.error is not None:
             fut.set_exception(done.error)
         else:
-            fut.set_result(done.result or {})
+            fut.set_result(done.result)
 
     # -- closing ---------------------------------------------------------------------
 
@@ -299,7 +304,7 @@ class Appender:
         self._waiting.clear()
 
 
-def ignore_outcome(fut: asyncio.Future[dict[str, Any]]) -> None:
+def ignore_outcome(fut: asyncio.Future[Any]) -> None:
     """Background events (membership, republished leftovers): their failures show in
     the state, not here."""
     if not fut.cancelled():

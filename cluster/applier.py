@@ -170,40 +170,35 @@ class Applier:
             batch = self.store.batch()
             catchup = self._joining()  # joining: the hooks track messages not here yet
             for e in effects:
-                t = type(e)
-                if t is Stored:
-                    assert isinstance(e, Stored)
-                    batch.put_messages(e.qid, e.first, e.messages, e.enqueued_at, e.publish_time)
-                elif t is Removed:
-                    assert isinstance(e, Removed)
-                    batch.remove(e.qid, e.positions)
-                    if catchup is not None:
-                        catchup.removed(e.qid, e.positions)
-                elif t is RemovedRange:
-                    assert isinstance(e, RemovedRange)
-                    batch.remove_range(e.qid, e.lo, e.hi)
-                    if catchup is not None:
-                        catchup.removed(e.qid, range(e.lo, e.hi))
-                elif t is Moved:
-                    assert isinstance(e, Moved)
-                    if not batch.move(
-                        e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at
-                    ):
+                match e:
+                    case Stored():
+                        batch.put_messages(e.qid, e.first, e.messages, e.enqueued_at, e.publish_time)
+                    case Removed():
+                        batch.remove(e.qid, e.positions)
                         if catchup is not None:
-                            catchup.missed_move(
-                                (e.src_qid, e.src_pos), (e.dst_qid, e.dst_pos), e.headers,
-                                e.enqueued_at,
-                            )
-                        else:
-                            log.error(
-                                "queue id %d position %d dead-lettered but not in the store",
-                                e.src_qid, e.src_pos,
-                            )
-                elif t is QueueGone:
-                    assert isinstance(e, QueueGone)
-                    batch.drop_queue(e.qid)
-                    if catchup is not None:
-                        catchup.removed(e.qid, None)
+                            catchup.removed(e.qid, e.positions)
+                    case RemovedRange():
+                        batch.remove_range(e.qid, e.lo, e.hi)
+                        if catchup is not None:
+                            catchup.removed(e.qid, range(e.lo, e.hi))
+                    case Moved():
+                        if not batch.move(
+                            e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at
+                        ):
+                            if catchup is not None:
+                                catchup.missed_move(
+                                    (e.src_qid, e.src_pos), (e.dst_qid, e.dst_pos), e.headers,
+                                    e.enqueued_at,
+                                )
+                            else:
+                                log.error(
+                                    "queue id %d position %d dead-lettered but not in the store",
+                                    e.src_qid, e.src_pos,
+                                )
+                    case QueueGone():
+                        batch.drop_queue(e.qid)
+                        if catchup is not None:
+                            catchup.removed(e.qid, None)
             for name, snap in queues.items():
                 batch.put_queue(name, snap)
             if meta is not None:
@@ -228,12 +223,11 @@ class Applier:
     def _dispatch(self, effects: list[Effect]) -> None:
         node, runtime = self.node_id, self.runtime_id
         for e in effects:
-            if type(e) is CheckpointApplied:
-                assert isinstance(e, CheckpointApplied)
-                self._checkpointed(e)
-            elif type(e) is Completed and e.node == node and e.runtime == runtime:
-                assert isinstance(e, Completed)
-                self._completed(e)
+            match e:
+                case CheckpointApplied():
+                    self._checkpointed(e)
+                case Completed() if e.node == node and e.runtime == runtime:
+                    self._completed(e)
         if self.listener is not None:
             try:
                 self.listener(effects)

@@ -16,9 +16,10 @@ from typing import Any
 
 from batonmq.cluster.effects import CheckpointApplied
 from batonmq.cluster.errors import BatonError
-from batonmq.cluster.events import Checkpoint, Event
+from batonmq.cluster.events import Checkpoint
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import Log
+from batonmq.cluster.results import Checkpointed
 from batonmq.cluster.state import State
 
 __all__ = ["Checkpoints"]
@@ -46,7 +47,7 @@ class Checkpoints:
         log: Log,
         health: Health,
         joined: asyncio.Event,
-        submit: Callable[[Event], asyncio.Future[dict[str, Any]]],
+        submit: Callable[[Checkpoint], asyncio.Future[Checkpointed]],
         interval_ms: int,
     ) -> None:
         self.key = key

@@ -16,8 +16,8 @@ from batonmq.cluster.errors import BatonError
 from batonmq.cluster.events import (
     EVENT_TYPES,
     Accept,
+    AnyEvent,
     Enqueue,
-    Event,
     Origin,
     Propose,
     Reject,
@@ -54,7 +54,7 @@ class EventEncoder:
     def __init__(self) -> None:
         self._packer = msgpack.Packer(use_bin_type=True)
 
-    def encode(self, origin: Origin, event: Event) -> bytes:
+    def encode(self, origin: Origin, event: AnyEvent) -> bytes:
         items: list[Any] = [origin.node, origin.runtime, origin.seq, origin.ts, event.OP]
         name: str
         for name in event.__slots__:  # a slotted dataclass's slots are its fields
@@ -65,12 +65,12 @@ class EventEncoder:
 _default_encoder = EventEncoder()
 
 
-def encode(origin: Origin, event: Event) -> bytes:
+def encode(origin: Origin, event: AnyEvent) -> bytes:
     """Encode one event with its envelope."""
     return _default_encoder.encode(origin, event)
 
 
-def decode(record: bytes) -> tuple[Origin, Event]:
+def decode(record: bytes) -> tuple[Origin, AnyEvent]:
     """Decode one log record.
 
     Raises:
@@ -190,7 +190,7 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
 }
 
 
-def _check_scalars(event: Event) -> None:
+def _check_scalars(event: AnyEvent) -> None:
     name: str
     for name in event.__slots__:
         allowed = _SCALAR_CHECKS.get(name)

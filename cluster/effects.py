@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batonmq.cluster.errors import BatonError
+from batonmq.cluster.results import Result
 
 __all__ = [
     "Effect",
@@ -40,12 +41,13 @@ class Effect:
 
 @dataclass(frozen=True, slots=True)
 class Completed(Effect):
-    """The event (node, runtime, seq) was applied: its command's completion."""
+    """The event (node, runtime, seq) was applied: its command's completion, with what
+    applying it answered (None for the membership events, and with ``error``)."""
 
     node: str
     runtime: str
     seq: int
-    result: dict[str, Any] | None
+    result: Result | None
     error: BatonError | None = None
 
 

@@ -7,17 +7,37 @@ event, so a retried append is applied once; the time is the only way time enters
 the state machine.
 
 Events are frozen, slotted dataclasses with an explicit op-code; the msgpack codec
-is :mod:`batonmq.cluster.codec`. No ad-hoc dicts in the logic.
+is :mod:`batonmq.cluster.codec`. No ad-hoc dicts in the logic. Each event class names
+what applying it answers (``class DeleteQueue(Event[Deleted])``, cluster/results.py;
+None for the membership events), so :meth:`batonmq.cluster.node.Node.submit` returns
+a future of that type.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Generic, TypeAlias, TypeVar
+
+from batonmq.cluster.results import (
+    AcceptedThrough,
+    Candidacy,
+    Checkpointed,
+    Counted,
+    Declared,
+    Deleted,
+    Enqueued,
+    HandoverAsked,
+    Owner,
+    Purged,
+    Reserved,
+    Result,
+    Settled,
+)
 
 __all__ = [
     "Origin",
     "Event",
+    "AnyEvent",
     "DeclareQueue",
     "DeleteQueue",
     "PurgeQueue",
@@ -61,18 +81,27 @@ class Origin:
     ts: int
 
 
+#: What applying an event answers (cluster/results.py), or None.
+R_co = TypeVar("R_co", bound="Result | None", covariant=True)
+
+
 @dataclass(frozen=True, slots=True)
-class Event:
-    """Base of every event; ``OP`` is its op-code on the log."""
+class Event(Generic[R_co]):
+    """Base of every event; ``OP`` is its op-code on the log. ``R_co`` is what
+    applying it answers (the command's result)."""
 
     OP: ClassVar[int] = 0
+
+
+#: Any event, whatever it answers.
+AnyEvent: TypeAlias = "Event[Result | None]"
 
 
 # --- wiring ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class DeclareQueue(Event):
+class DeclareQueue(Event[Declared]):
     """Create a queue, or check an existing one has the same settings.
 
     ``delivery_limit``: a message is delivered at most this many times; the
@@ -90,7 +119,7 @@ class DeclareQueue(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class DeleteQueue(Event):
+class DeleteQueue(Event[Deleted]):
     """Delete a queue and all its messages; its consumers are cancelled."""
 
     OP: ClassVar[int] = 2
@@ -98,7 +127,7 @@ class DeleteQueue(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class PurgeQueue(Event):
+class PurgeQueue(Event[Purged]):
     """Drop every ready message; acquired ones stay with their consumers."""
 
     OP: ClassVar[int] = 3
@@ -109,7 +138,7 @@ class PurgeQueue(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Enqueue(Event):
+class Enqueue(Event[Enqueued]):
     """Append messages to a queue, atomically; positions are assigned at apply time.
 
     ``messages`` is a tuple of ``(body, headers)`` pairs.
@@ -130,7 +159,7 @@ class Enqueue(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Acquire(Event):
+class Acquire(Event[Counted]):
     """Acquire up to ``count`` of the queue's next ready messages for ``consumer``.
 
     The applier picks the positions (lowest ready first), so two acquires can
@@ -144,7 +173,7 @@ class Acquire(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Accept(Event):
+class Accept(Event[Settled]):
     """The consumer accepted these messages: forget them (guarantee 3)."""
 
     OP: ClassVar[int] = 12
@@ -154,7 +183,7 @@ class Accept(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Release(Event):
+class Release(Event[Settled]):
     """Give messages back to the queue; their delivery count goes up (guarantee 4)."""
 
     OP: ClassVar[int] = 13
@@ -164,7 +193,7 @@ class Release(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Reject(Event):
+class Reject(Event[Settled]):
     """Dead-letter these messages, or drop them if the queue has no DLQ (guarantee 5)."""
 
     OP: ClassVar[int] = 14
@@ -174,7 +203,7 @@ class Reject(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class ReleaseAll(Event):
+class ReleaseAll(Event[Settled]):
     """Release every message ``consumer`` holds on ``queue`` (cancel, disconnect).
 
     Those in ``unread`` were never handed to the application: they go back with
@@ -188,7 +217,7 @@ class ReleaseAll(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Expire(Event):
+class Expire(Event[Counted]):
     """Ready messages at positions <= ``through`` have passed the queue's TTL.
 
     Appended by a broker that read the messages' enqueue times; the applier does
@@ -202,7 +231,7 @@ class Expire(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Reserve(Event):
+class Reserve(Event[Reserved]):
     """Reserve ``queue`` for one range reader (the Spark source, DESIGN §11), or end the
     reservation (``holder`` None).
 
@@ -218,7 +247,7 @@ class Reserve(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class AcceptThrough(Event):
+class AcceptThrough(Event[AcceptedThrough]):
     """The reservation's ``holder`` has processed every message below ``through``:
     accept (forget) every *ready* message at a position < ``through``.
 
@@ -235,7 +264,7 @@ class AcceptThrough(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Interest(Event):
+class Interest(Event[Owner]):
     """The origin broker has (``on``) or no longer has consumers for ``queue``.
 
     With no owner, the first interest applied makes its broker the owner; an
@@ -248,7 +277,7 @@ class Interest(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Handoff(Event):
+class Handoff(Event[Owner]):
     """The owner passes ``queue`` on: to ``to`` if that broker is interested, else to
     the next interested broker after it in view order (time slice, DESIGN §6)."""
 
@@ -261,7 +290,7 @@ class Handoff(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat(Event):
+class Heartbeat(Event[None]):
     """The origin runtime is alive; its role, client address and properties.
 
     ``hold`` is the lowest log offset this runtime still needs on the log: its applied
@@ -277,7 +306,7 @@ class Heartbeat(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Propose(Event):
+class Propose(Event[None]):
     """Propose view ``view_seq`` with these members ("node/runtime"), in order."""
 
     OP: ClassVar[int] = 31
@@ -287,7 +316,7 @@ class Propose(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Vote(Event):
+class Vote(Event[None]):
     """A listed voter's answer to the open proposal for ``view_seq``."""
 
     OP: ClassVar[int] = 32
@@ -296,14 +325,14 @@ class Vote(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Leave(Event):
+class Leave(Event[None]):
     """The origin runtime shuts down cleanly: drop it from the next view at once."""
 
     OP: ClassVar[int] = 33
 
 
 @dataclass(frozen=True, slots=True)
-class Join(Event):
+class Join(Event[None]):
     """A new runtime (empty store) joins without replaying the log (DESIGN §8).
 
     Appended before it asks a member for the state; the member that serves the
@@ -320,7 +349,7 @@ class Join(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Checkpoint(Event):
+class Checkpoint(Event[Checkpointed]):
     """Appended by the leader now and then. Every replica computes its state digest
     when it applies a checkpoint; the next checkpoint carries the leader's digest
     at the previous one (``prev_offset``, ``prev_digest``), and a replica whose own
@@ -335,7 +364,7 @@ class Checkpoint(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate(Event):
+class Candidate(Event[Candidacy]):
     """``candidate`` runs for leader of ``service``.
 
     A candidate is the origin broker runtime itself ("node/runtime") or a client
@@ -350,7 +379,7 @@ class Candidate(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Resign(Event):
+class Resign(Event[Candidacy]):
     """``candidate`` stops running for ``service`` (its session ended, or it left
     its ``lead`` block). If it led, the next candidate gets a new term."""
 
@@ -360,7 +389,7 @@ class Resign(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Handover(Event):
+class Handover(Event[HandoverAsked]):
     """An admin asks the leader of ``service`` to hand over, when its running work
     is done; the next term goes to ``to`` (a candidate key, or a prefix of one such
     as a node id) if that is a candidate then, else to the first candidate.
@@ -371,7 +400,7 @@ class Handover(Event):
     to: str = ""
 
 
-EVENT_TYPES: Final[dict[int, type[Event]]] = {
+EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
     cls.OP: cls
     for cls in (
         DeclareQueue,

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from batonmq.cluster.appender import Appender, ignore_outcome
+from batonmq.cluster.appender import Appender, R, ignore_outcome
 from batonmq.cluster.applier import Applier, EffectListener
 from batonmq.cluster.checkpoints import Checkpoints
 from batonmq.cluster.errors import (
@@ -181,7 +181,7 @@ class Node:
         """The log's start offset after this broker's last truncation."""
         return self.checkpoints.truncated_before
 
-    def submit(self, event: Event) -> asyncio.Future[dict[str, Any]]:
+    def submit(self, event: Event[R]) -> asyncio.Future[R]:
         """Append ``event``; the future resolves with its result once durable and applied.
 
         The future fails with the event's BatonError (e.g. QueueNotFound) if
@@ -388,7 +388,7 @@ class Node:
                 pass
 
     async def _heartbeat_loop(self) -> None:
-        beat: asyncio.Future[dict[str, Any]] | None = None
+        beat: asyncio.Future[None] | None = None
         while True:
             if beat is None or beat.done():  # no pile of beats while the log is down
                 beat = self.submit(

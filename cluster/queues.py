@@ -60,6 +60,16 @@ from batonmq.cluster.events import (
     Reserve,
 )
 from batonmq.cluster.keys import PublishKeys
+from batonmq.cluster.results import (
+    AcceptedThrough,
+    Counted,
+    Declared,
+    Deleted,
+    Enqueued,
+    Purged,
+    Reserved,
+    Settled,
+)
 
 __all__ = [
     "MAX_QUEUE_NAME",
@@ -313,7 +323,7 @@ class QueueIndex:
 
     # -- wiring -------------------------------------------------------------------
 
-    def declare(self, key: str, ev: DeclareQueue) -> dict[str, Any]:
+    def declare(self, key: str, ev: DeclareQueue) -> Declared:
         """Create a queue (``key`` declares it), or confirm one with the same settings.
 
         Raises:
@@ -335,7 +345,7 @@ class QueueIndex:
                 raise QueueExists(
                     f"queue {ev.queue!r} exists with other settings: {q.stats()}"
                 )
-            return {"created": False}
+            return Declared(created=False)
         self.queues[ev.queue] = QueueState(
             ev.queue,
             self.ledger.applied,
@@ -348,16 +358,16 @@ class QueueIndex:
             declared_by=key,
         )
         self.dirty.add(ev.queue)
-        return {"created": True}
+        return Declared(created=True)
 
-    def delete(self, name: str, out: list[Effect]) -> dict[str, Any]:
+    def delete(self, name: str, out: list[Effect]) -> Deleted:
         """Delete queue ``name`` with its messages; its consumers end."""
         q = self.queue(name)
         del self.queues[name]
         out.append(QueueGone(name, q.qid))
-        return {"deleted": q.length}
+        return Deleted(deleted=q.length)
 
-    def purge(self, ev: PurgeQueue, out: list[Effect]) -> dict[str, Any]:
+    def purge(self, ev: PurgeQueue, out: list[Effect]) -> Purged:
         """Drop every ready message of the queue (acquired ones stay)."""
         q = self.queue(ev.queue)
         returned = sorted(q.returned)
@@ -371,11 +381,11 @@ class QueueIndex:
                 q.counts.pop(p, None)
             q.returned = []
         q.purged += n
-        return {"purged": n}
+        return Purged(purged=n)
 
     # -- messages -----------------------------------------------------------------
 
-    def enqueue(self, origin: Origin, ev: Enqueue, out: list[Effect]) -> dict[str, Any]:
+    def enqueue(self, origin: Origin, ev: Enqueue, out: list[Effect]) -> Enqueued:
         """Publish messages at the back of the queue (re-sent keyed spans are not enqueued
         again: they are answered with their original positions).
 
@@ -391,11 +401,7 @@ class QueueIndex:
             if dups:
                 self.ledger.ignore("duplicate-publish", dups)
             if not messages:  # every span was applied before: a re-sent publish
-                return {
-                    "first_position": starts[0],
-                    "count": len(ev.messages),
-                    "positions": starts,
-                }
+                return Enqueued(starts[0], len(ev.messages), starts)
         n = len(messages)
         if q.max_length is not None and q.length + n > q.max_length:
             excess = q.length + n - q.max_length
@@ -422,12 +428,12 @@ class QueueIndex:
         out.append(Stored(q.qid, first, messages, self.ledger.clock, origin.ts))
         out.append(ReadyMore(q.name))
         if starts is None:
-            return {"first_position": first, "count": n}
+            return Enqueued(first, n)
         for key, pos in fresh:
             self.keys.remember(q.qid, key, pos)
-        return {"first_position": first, "count": n, "positions": starts}
+        return Enqueued(first, n, starts)
 
-    def acquire(self, key: str, ev: Acquire, out: list[Effect]) -> dict[str, Any]:
+    def acquire(self, key: str, ev: Acquire, out: list[Effect]) -> Counted:
         """The owner ``key`` hands up to ``ev.count`` ready messages, lowest first, to a
         consumer of its own.
 
@@ -440,11 +446,11 @@ class QueueIndex:
             self.ledger.ignore("not-owner")
             raise NotOwner(f"{key} does not own queue {q.name!r} (owner: {q.owner})")
         if ev.count <= 0:
-            return {"count": 0}
+            return Counted(0)
         if q.reserved_by is not None:
             # A range reader has the queue: consumers get nothing (DESIGN §11).
             self.ledger.ignore("reserved")
-            return {"count": 0}
+            return Counted(0)
         positions = q.take_ready(ev.count)
         if positions:
             acquired, counts, consumer = q.acquired, q.counts, ev.consumer
@@ -453,7 +459,7 @@ class QueueIndex:
             out.append(
                 Acquired(q.name, q.qid, consumer, positions, [counts.get(p, 0) for p in positions])
             )
-        return {"count": len(positions)}
+        return Counted(len(positions))
 
     def _held(self, q: QueueState, consumer: str, positions: tuple[int, ...] | list[int]) -> tuple[list[int], list[int]]:
         """Split positions into those ``consumer`` holds and the rest (ignored, counted)."""
@@ -470,7 +476,7 @@ class QueueIndex:
             self.ledger.ignore("not-acquired", len(other))
         return held, other
 
-    def accept(self, ev: Accept, out: list[Effect]) -> dict[str, Any]:
+    def accept(self, ev: Accept, out: list[Effect]) -> Settled:
         """The consumer is done with messages it holds: they leave the queue."""
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
@@ -481,11 +487,11 @@ class QueueIndex:
                     counts.pop(p, None)
             q.accepted += len(held)
             out.append(Removed(q.qid, held))
-        return {"count": len(held), "not_acquired": other}
+        return Settled(len(held), other)
 
     def release(
         self, name: str, consumer: str, positions: tuple[int, ...] | list[int], out: list[Effect]
-    ) -> dict[str, Any]:
+    ) -> Settled:
         """``consumer`` gives held messages back: ready again, or dead-lettered at the
         delivery limit."""
         q = self.queue(name)
@@ -502,9 +508,9 @@ class QueueIndex:
         q.redelivered += back
         if back:
             out.append(ReadyMore(q.name))
-        return {"count": len(held), "not_acquired": other}
+        return Settled(len(held), other)
 
-    def release_all(self, ev: ReleaseAll, out: list[Effect]) -> dict[str, Any]:
+    def release_all(self, ev: ReleaseAll, out: list[Effect]) -> Settled:
         """A consumer ends: everything it holds goes back; those it never handed to the
         application (``ev.unread``) without counting a delivery."""
         q = self.queue(ev.queue)
@@ -517,24 +523,24 @@ class QueueIndex:
         if back:
             out.append(ReadyMore(q.name))
         done = self.release(ev.queue, ev.consumer, [p for p in held if p not in unread], out)
-        return {"count": done["count"] + len(back), "not_acquired": []}
+        return Settled(done.count + len(back), [])
 
-    def reject(self, ev: Reject, out: list[Effect]) -> dict[str, Any]:
+    def reject(self, ev: Reject, out: list[Effect]) -> Settled:
         """The consumer refuses messages it holds: they are dead-lettered."""
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
         for p in held:
             self._dead_letter(q, p, "rejected", out, was_acquired=True)
-        return {"count": len(held), "not_acquired": other}
+        return Settled(len(held), other)
 
-    def expire(self, ev: Expire, out: list[Effect]) -> dict[str, Any]:
+    def expire(self, ev: Expire, out: list[Effect]) -> Counted:
         """Ready messages up to position ``ev.through`` outlived the queue's TTL."""
         q = self.queue(ev.queue)
         if q.reserved_by is not None:
             # TTL waits while a range reader has the queue: a position it may read
             # (or re-read after a crash) must not vanish under it.
             self.ledger.ignore("reserved")
-            return {"count": 0}
+            return Counted(0)
         gone: list[int] = []
         while q.returned and q.returned[0] <= ev.through:
             gone.append(heapq.heappop(q.returned))
@@ -550,11 +556,11 @@ class QueueIndex:
             for p in gone:
                 q.counts.pop(p, None)
             out.append(Removed(q.qid, gone))
-        return {"count": len(gone)}
+        return Counted(len(gone))
 
     # -- range readers (DESIGN §11) -------------------------------------------------------
 
-    def reserve(self, ev: Reserve, out: list[Effect]) -> dict[str, Any]:
+    def reserve(self, ev: Reserve, out: list[Effect]) -> Reserved:
         """A range reader takes the queue (``ev.holder``) or lets it go (None).
 
         Raises:
@@ -577,14 +583,14 @@ class QueueIndex:
             q.reserved_by = holder
         # "acquired": messages consumers took before the reservation; a reader waits
         # until they are settled before it reads (they could come back below its range).
-        return {
-            "reserved_by": q.reserved_by,
-            "acquired": len(q.acquired),
-            "head": q.head,
-            "next_position": q.next_pos,
-        }
+        return Reserved(
+            reserved_by=q.reserved_by,
+            acquired=len(q.acquired),
+            head=q.head,
+            next_position=q.next_pos,
+        )
 
-    def accept_through(self, ev: AcceptThrough, out: list[Effect]) -> dict[str, Any]:
+    def accept_through(self, ev: AcceptThrough, out: list[Effect]) -> AcceptedThrough:
         """The reservation's holder commits every ready position below ``ev.through``.
 
         Raises:
@@ -614,7 +620,7 @@ class QueueIndex:
             n += through - q.cursor
             q.cursor = through
         q.accepted += n
-        return {"count": n, "head": q.head}
+        return AcceptedThrough(count=n, head=q.head)
 
     def _dead_letter(
         self,

@@ -54,12 +54,12 @@ from batonmq.cluster.events import (
     Accept,
     AcceptThrough,
     Acquire,
+    AnyEvent,
     Checkpoint,
     Candidate,
     DeclareQueue,
     DeleteQueue,
     Enqueue,
-    Event,
     Expire,
     Handoff,
     Handover,
@@ -80,6 +80,7 @@ from batonmq.cluster.events import (
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import VOTER, Membership
 from batonmq.cluster.queues import MAX_QUEUE_NAME, TRANSITIONS, MessageState, QueueIndex, QueueState
+from batonmq.cluster.results import Candidacy, Checkpointed, HandoverAsked, Owner, Result
 from batonmq.cluster.services import Grant, Services, check_candidate
 
 __all__ = [
@@ -162,7 +163,7 @@ class State:
 
     # -- driving ------------------------------------------------------------------
 
-    def apply(self, offset: int, origin: Origin, event: Event, out: list[Effect]) -> None:
+    def apply(self, offset: int, origin: Origin, event: AnyEvent, out: list[Effect]) -> None:
         """Apply one event at log ``offset``, appending its effects to ``out``."""
         self.applied = offset
         self._meta_dirty = True
@@ -174,9 +175,11 @@ class State:
         self.last_seq[key] = origin.seq
         if origin.ts > self.clock:
             self.clock = origin.ts
+        result: Result | None
         try:
-            if type(event) in MEMBERSHIP_EVENTS:
-                result = self._membership_event(key, origin, event, out)
+            if isinstance(event, MEMBERSHIP_EVENTS):
+                self._membership_event(key, origin, event, out)
+                result = None  # membership events answer nothing
             elif key not in self.membership.member_set:
                 # Fencing (DESIGN §4): only members of the established view act.
                 self.ignore("fenced")
@@ -198,46 +201,58 @@ class State:
         """Count ``n`` events (or parts of one) ignored, deterministically, for ``reason``."""
         self.ignored[reason] = self.ignored.get(reason, 0) + n
 
-    def _dispatch(self, key: str, origin: Origin, ev: Event, out: list[Effect]) -> dict[str, Any]:
+    def _dispatch(self, key: str, origin: Origin, ev: AnyEvent, out: list[Effect]) -> Result:
         # Ordered by frequency on the hot path.
-        t = type(ev)
-        if t is Enqueue:
-            return self.index.enqueue(origin, ev, out)  # type: ignore[arg-type]
-        if t is Acquire:
-            return self.index.acquire(key, ev, out)  # type: ignore[arg-type]
-        if t in (Accept, Release, Reject, ReleaseAll):
-            # Only a consumer's own broker settles its messages.
-            if not ev.consumer.startswith(key + "/"):  # type: ignore[attr-defined]
-                self.ignore("not-own-consumer")
-                raise InvalidArgument(f"{key} cannot settle for consumer {ev.consumer}")  # type: ignore[attr-defined]
-            if t is Accept:
-                return self.index.accept(ev, out)  # type: ignore[arg-type]
-            if t is Release:
-                return self.index.release(ev.queue, ev.consumer, ev.positions, out)  # type: ignore[attr-defined]
-            if t is Reject:
-                return self.index.reject(ev, out)  # type: ignore[arg-type]
-            return self.index.release_all(ev, out)  # type: ignore[arg-type]
-        if t is Expire:
-            return self.index.expire(ev, out)  # type: ignore[arg-type]
-        if t is AcceptThrough:
-            return self.index.accept_through(ev, out)  # type: ignore[arg-type]
-        if t is Reserve:
-            return self.index.reserve(ev, out)  # type: ignore[arg-type]
-        if t is Interest:
-            return self._interest(key, ev, out)  # type: ignore[arg-type]
-        if t is Handoff:
-            return self._handoff(key, ev, out)  # type: ignore[arg-type]
-        if t is DeclareQueue:
-            return self.index.declare(key, ev)  # type: ignore[arg-type]
-        if t is DeleteQueue:
-            return self.index.delete(ev.queue, out)  # type: ignore[attr-defined]
-        if t is PurgeQueue:
-            return self.index.purge(ev, out)  # type: ignore[arg-type]
-        if t is Checkpoint:
-            return self._checkpoint(key, ev, out)  # type: ignore[arg-type]
-        if t is Candidate or t is Resign or t is Handover:
-            return self._service_event(key, ev, out)
-        raise InvalidArgument(f"event {t.__name__} is not applicable")
+        match ev:
+            case Enqueue():
+                return self.index.enqueue(origin, ev, out)
+            case Acquire():
+                return self.index.acquire(key, ev, out)
+            case Accept():
+                self._own_consumer(key, ev.consumer)
+                return self.index.accept(ev, out)
+            case Release():
+                self._own_consumer(key, ev.consumer)
+                return self.index.release(ev.queue, ev.consumer, ev.positions, out)
+            case Reject():
+                self._own_consumer(key, ev.consumer)
+                return self.index.reject(ev, out)
+            case ReleaseAll():
+                self._own_consumer(key, ev.consumer)
+                return self.index.release_all(ev, out)
+            case Expire():
+                return self.index.expire(ev, out)
+            case AcceptThrough():
+                return self.index.accept_through(ev, out)
+            case Reserve():
+                return self.index.reserve(ev, out)
+            case Interest():
+                return self._interest(key, ev, out)
+            case Handoff():
+                return self._handoff(key, ev, out)
+            case DeclareQueue():
+                return self.index.declare(key, ev)
+            case DeleteQueue():
+                return self.index.delete(ev.queue, out)
+            case PurgeQueue():
+                return self.index.purge(ev, out)
+            case Checkpoint():
+                return self._checkpoint(key, ev, out)
+            case Candidate() | Resign():
+                return self._candidacy(key, ev, out)
+            case Handover():
+                return self._handover(ev, out)
+        raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
+
+    def _own_consumer(self, key: str, consumer: str) -> None:
+        """Only a consumer's own broker settles its messages.
+
+        Raises:
+            InvalidArgument: ``consumer`` is not one of ``key``'s.
+        """
+        if not consumer.startswith(key + "/"):
+            self.ignore("not-own-consumer")
+            raise InvalidArgument(f"{key} cannot settle for consumer {consumer}")
 
     # -- ownership (DESIGN §6) ---------------------------------------------------------
 
@@ -258,7 +273,7 @@ class State:
             q.owner = owner
             out.append(OwnerChanged(q.name, owner))
 
-    def _interest(self, key: str, ev: Interest, out: list[Effect]) -> dict[str, Any]:
+    def _interest(self, key: str, ev: Interest, out: list[Effect]) -> Owner:
         q = self.index.queue(ev.queue)
         if ev.on:
             if key not in q.interested:
@@ -270,9 +285,9 @@ class State:
                 q.interested.remove(key)
             if q.owner == key:
                 self._set_owner(q, self._next_interested(q, key), out)
-        return {"owner": q.owner}
+        return Owner(q.owner)
 
-    def _handoff(self, key: str, ev: Handoff, out: list[Effect]) -> dict[str, Any]:
+    def _handoff(self, key: str, ev: Handoff, out: list[Effect]) -> Owner:
         q = self.index.queue(ev.queue)
         if q.owner != key:
             self.ignore("not-owner")
@@ -280,24 +295,23 @@ class State:
         to = ev.to if ev.to in q.interested and ev.to != key else self._next_interested(q, key)
         if to is not None:
             self._set_owner(q, to, out)
-        return {"owner": q.owner}
+        return Owner(q.owner)
 
     # -- service leadership (DESIGN §7, cluster/services.py) ----------------------------
 
-    def _service_event(self, key: str, ev: Event, out: list[Effect]) -> dict[str, Any]:
+    def _handover(self, ev: Handover, out: list[Effect]) -> HandoverAsked:
+        leader, token, to = self.services.handover(ev.service, ev.to, self.applied)
+        out.append(HandoverRequested(ev.service, leader, token, to))
+        return HandoverAsked(service=ev.service, leader=leader, token=token, to=to)
+
+    def _candidacy(self, key: str, ev: Candidate | Resign, out: list[Effect]) -> Candidacy:
         services = self.services
-        if type(ev) is Handover:
-            assert isinstance(ev, Handover)
-            leader, token, to = services.handover(ev.service, ev.to, self.applied)
-            out.append(HandoverRequested(ev.service, leader, token, to))
-            return {"service": ev.service, "leader": leader, "token": token, "to": to}
-        assert isinstance(ev, (Candidate, Resign))
         try:
             check_candidate(key, ev.service, ev.candidate)
         except InvalidArgument:
             self.ignore("not-own-candidate")  # a broker acts only for its own sessions
             raise
-        if type(ev) is Candidate:
+        if isinstance(ev, Candidate):
             grant = services.candidate(ev.service, ev.candidate, self.applied)
             was = True
         else:
@@ -305,13 +319,13 @@ class State:
         if grant is not None:
             self._granted(grant, out)
         s = services.get(ev.service)
-        return {
-            "service": ev.service,
-            "candidate": ev.candidate,
-            "was_candidate": was,
-            "leader": None if s is None else s.leader,
-            "token": None if s is None or s.leader is None else s.token,
-        }
+        return Candidacy(
+            service=ev.service,
+            candidate=ev.candidate,
+            was_candidate=was,
+            leader=None if s is None else s.leader,
+            token=None if s is None or s.leader is None else s.token,
+        )
 
     def _granted(self, g: Grant, out: list[Effect]) -> None:
         out.append(LeaderChanged(g.service, g.leader, g.token, g.previous))
@@ -319,38 +333,34 @@ class State:
     # -- membership (DESIGN §7) ---------------------------------------------------------
 
     def _membership_event(
-        self, key: str, origin: Origin, ev: Event, out: list[Effect]
-    ) -> dict[str, Any]:
+        self, key: str, origin: Origin, ev: Heartbeat | Propose | Vote | Leave | Join,
+        out: list[Effect],
+    ) -> None:
         ms = self.membership
-        if type(ev) is Heartbeat:
-            assert isinstance(ev, Heartbeat)
-            if ev.role not in (VOTER, "observer"):
-                raise InvalidArgument(f"unknown role {ev.role!r}")
-            if ms.heartbeat(
-                key, origin.node, origin.runtime, ev.role, ev.address, ev.properties, ev.hold
-            ):
-                out.append(MembersChanged(ms.view_seq, list(ms.members), [], properties=True))
-            return {}
-        if type(ev) is Leave:
-            ms.leave(key)
-            return {}
-        if type(ev) is Join:
-            return {}  # a marker: the update is captured at or after it (DESIGN §8)
-        if type(ev) is Propose:
-            assert isinstance(ev, Propose)
-            why = ms.propose(key, ev.view_seq, list(ev.members), ev.cluster_id)
-            if why is not None:
-                self.ignore("bad-proposal")
-                raise InvalidArgument(why)
-            return {}
-        assert isinstance(ev, Vote)
-        established = ms.vote(key, ev.view_seq, ev.yes)
-        if established is not None:
-            members, removed = established
-            for gone in removed:
-                self._drop_member(gone, out)
-            out.append(MembersChanged(ms.view_seq, members, removed))
-        return {}
+        match ev:
+            case Heartbeat():
+                if ev.role not in (VOTER, "observer"):
+                    raise InvalidArgument(f"unknown role {ev.role!r}")
+                if ms.heartbeat(
+                    key, origin.node, origin.runtime, ev.role, ev.address, ev.properties, ev.hold
+                ):
+                    out.append(MembersChanged(ms.view_seq, list(ms.members), [], properties=True))
+            case Leave():
+                ms.leave(key)
+            case Join():
+                pass  # a marker: the update is captured at or after it (DESIGN §8)
+            case Propose():
+                why = ms.propose(key, ev.view_seq, list(ev.members), ev.cluster_id)
+                if why is not None:
+                    self.ignore("bad-proposal")
+                    raise InvalidArgument(why)
+            case Vote():
+                established = ms.vote(key, ev.view_seq, ev.yes)
+                if established is not None:
+                    members, removed = established
+                    for gone in removed:
+                        self._drop_member(gone, out)
+                    out.append(MembersChanged(ms.view_seq, members, removed))
 
     def _drop_member(self, key: str, out: list[Effect]) -> None:
         """A runtime left the view: what its consumers held goes back (guarantee 6),
@@ -380,7 +390,7 @@ class State:
 
     # -- checkpoints (DESIGN §8) ------------------------------------------------------
 
-    def _checkpoint(self, key: str, ev: Checkpoint, out: list[Effect]) -> dict[str, Any]:
+    def _checkpoint(self, key: str, ev: Checkpoint, out: list[Effect]) -> Checkpointed:
         if key != self.membership.leader():
             self.ignore("not-leader")
             raise InvalidArgument(f"{key} is not the leader; only the leader checkpoints")
@@ -390,7 +400,7 @@ class State:
         digest = self.digest()
         self.checkpoints = (self.checkpoints + [(self.applied, digest)])[-2:]
         out.append(CheckpointApplied(self.applied, digest, ev.prev_offset, ev.prev_digest, mine))
-        return {"offset": self.applied, "digest": digest}
+        return Checkpointed(offset=self.applied, digest=digest)
 
 
     # -- persistence and digests (cluster/snapshot.py) ---------------------------------

@@ -278,9 +278,8 @@ async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[
                     origin, event = decode(record)
                 except MalformedEvent:
                     continue
-                if type(event) is not Heartbeat or origin.node == node_id:
+                if not isinstance(event, Heartbeat) or origin.node == node_id:
                     continue
-                assert isinstance(event, Heartbeat)
                 key = f"{origin.node}/{origin.runtime}"
                 if event.address:
                     found.setdefault(key, event.address)
@@ -288,7 +287,7 @@ async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[
             if found and max(beats.values()) >= 2:
                 break
     finally:
-        await reader.aclose()  # type: ignore[attr-defined]
+        await reader.aclose()
     return list(found.values())
 
 
@@ -324,8 +323,7 @@ class _Link:
     async def next(self, timeout: float | None = None) -> wire.Frame:
         while True:
             frame = self.codec.next_frame()
-            if frame is not wire.NEED_DATA:
-                assert isinstance(frame, wire.Frame)
+            if isinstance(frame, wire.Frame):  # else NEED_DATA: read more
                 if isinstance(frame, wire.Error):
                     raise wire_error(self.address, frame)
                 return frame
@@ -490,34 +488,30 @@ class Catchup:
         ready_at = node.state.applied
         while True:
             frame = await link.next(20)  # a paused or dead member: ask another one
-            t = type(frame)
-            if t is wire.UpdateState:
-                assert isinstance(frame, wire.UpdateState)
-                ready_at = frame.applied
-            elif t is wire.UpdateQueue:
-                assert isinstance(frame, wire.UpdateQueue)
-                self.progress.messages[frame.queue] = frame.count
-                self.progress.received[frame.queue] = 0
-            elif t is wire.UpdateFront:
-                assert isinstance(frame, wire.UpdateFront)
-                # Only once this replica has applied as far as the capture: then "is it
-                # still in my index" is the question that decides (module docstring).
-                while node.state.applied < ready_at:
-                    await node.applied_event.wait()
-                async with node.apply_lock:
-                    self._take(frame.qid, frame.entries)
-                await asyncio.sleep(0)  # let the apply loop and clients in between chunks
-            elif t is wire.UpdateDone:
-                assert isinstance(frame, wire.UpdateDone)
-                if self.pending.get(frame.queue) == frame.qid:
-                    del self.pending[frame.queue]
-                    self.progress.queues_done += 1
-                    self._maybe_unlocked(frame.queue)
-                self._report()
-            elif t is wire.Ok:
-                return
-            else:
-                raise JoinFailed(f"unexpected {t.__name__} in an update")
+            match frame:
+                case wire.UpdateState():
+                    ready_at = frame.applied
+                case wire.UpdateQueue():
+                    self.progress.messages[frame.queue] = frame.count
+                    self.progress.received[frame.queue] = 0
+                case wire.UpdateFront():
+                    # Only once this replica has applied as far as the capture: then "is
+                    # it still in my index" is the question that decides (module docstring).
+                    while node.state.applied < ready_at:
+                        await node.applied_event.wait()
+                    async with node.apply_lock:
+                        self._take(frame.qid, frame.entries)
+                    await asyncio.sleep(0)  # let the apply loop and clients in between chunks
+                case wire.UpdateDone():
+                    if self.pending.get(frame.queue) == frame.qid:
+                        del self.pending[frame.queue]
+                        self.progress.queues_done += 1
+                        self._maybe_unlocked(frame.queue)
+                    self._report()
+                case wire.Ok():
+                    return
+                case _:
+                    raise JoinFailed(f"unexpected {type(frame).__name__} in an update")
 
     def _take(self, qid: int, entries: list[Any]) -> None:
         """Write the messages this replica's index still holds (under the apply lock)."""

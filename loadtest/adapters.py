@@ -20,7 +20,6 @@ from typing import Any, NamedTuple, Protocol
 from batonmq import clients
 from batonmq.cluster.errors import BatonError
 
-from batonmq.loadtest.workloads import Workload
 
 __all__ = [
     "Delivery",

@@ -8,7 +8,7 @@ no backend, so a backend and the registry never import each other.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 __all__ = ["Log", "Record"]
 
@@ -45,7 +45,7 @@ class Log(abc.ABC):
         """
 
     @abc.abstractmethod
-    def read(self, start: int, *, max_batch: int = 1024) -> AsyncIterator[list[Record]]:
+    def read(self, start: int, *, max_batch: int = 1024) -> AsyncGenerator[list[Record], None]:
         """Yield batches of records from offset ``start`` on, waiting at the end.
 
         The iterator never ends on its own; stop consuming it (or close the log)

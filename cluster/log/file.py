@@ -33,7 +33,7 @@ import os
 import struct
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -278,7 +278,7 @@ class FileLog(Log):
         """Run a writer-side job on the log's thread, turning OSError into LogUnavailable."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, _guard, self.url, fn, *args)
 
-    async def read(self, start: int, *, max_batch: int = 1024) -> AsyncIterator[list[Record]]:
+    async def read(self, start: int, *, max_batch: int = 1024) -> AsyncGenerator[list[Record], None]:
         if max_batch < 1:
             raise InvalidArgument("max_batch must be at least 1")
         loop = asyncio.get_running_loop()

@@ -41,7 +41,7 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -388,7 +388,7 @@ class KafkaLog(Log):
 
     # ---- reading -----------------------------------------------------------------------
 
-    async def read(self, start: int, *, max_batch: int = 1024) -> AsyncIterator[list[Record]]:
+    async def read(self, start: int, *, max_batch: int = 1024) -> AsyncGenerator[list[Record], None]:
         if max_batch < 1:
             raise InvalidArgument("max_batch must be at least 1")
         if self._closed:

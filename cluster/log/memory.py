@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import ClassVar
 
 from batonmq.cluster.errors import InvalidArgument, LogTruncated, LogUnavailable
@@ -43,7 +43,7 @@ class MemoryLog(Log):
             self._grew.notify_all()
         return first
 
-    async def read(self, start: int, *, max_batch: int = 1024) -> AsyncIterator[list[Record]]:
+    async def read(self, start: int, *, max_batch: int = 1024) -> AsyncGenerator[list[Record], None]:
         pos = start
         while True:
             if pos < self._start:

@@ -49,6 +49,7 @@ from batonmq.cluster.events import (
     Reserve,
     Vote,
 )
+from batonmq.cluster.results import AcceptedThrough, Declared, Enqueued, Purged, Settled
 from batonmq.cluster.state import (
     TRANSITIONS,
     Acquired,
@@ -173,7 +174,7 @@ class QueueModel(RuleBasedStateMachine):
                 )
             )
         )
-        assert done.result == {"created": True}
+        assert done.result == Declared(created=True)
         self.max_length, self.overflow = max_length, overflow
         for m in MEMBERS:  # both have consumers; the first interest makes the owner
             self._apply(Interest("q", True), m)
@@ -202,7 +203,7 @@ class QueueModel(RuleBasedStateMachine):
     def enqueue(self, n: int) -> None:
         out = self._apply(Enqueue("q", tuple((b"m%d" % i, {}) for i in range(n))))
         if self._enqueue_model(self._completed(out), n):
-            assert self._completed(out).result == {"first_position": self.next_pos - n, "count": n}
+            assert self._completed(out).result == Enqueued(self.next_pos - n, n)
 
     def _enqueue_model(self, done: Completed, n: int) -> bool:
         """Model a new publish of ``n`` messages; False if it was refused (QueueFull)."""
@@ -234,7 +235,7 @@ class QueueModel(RuleBasedStateMachine):
                 self._apply(Enqueue("q", tuple((b"r", {}) for _ in range(count)), ((key, count),)))
             )
             assert done.error is None, done.error
-            assert done.result == {"first_position": first, "count": count, "positions": [first]}
+            assert done.result == Enqueued(first, count, [first])
             assert {name: q.snapshot() for name, q in self.state.queues.items()} == before
             return
         key = f"k{len(self.keyed)}"
@@ -243,7 +244,7 @@ class QueueModel(RuleBasedStateMachine):
             self._apply(Enqueue("q", tuple((b"k%d" % i, {}) for i in range(n)), ((key, n),)))
         )
         if self._enqueue_model(done, n):
-            assert done.result == {"first_position": first, "count": n, "positions": [first]}
+            assert done.result == Enqueued(first, n, [first])
             self.keyed[key] = (first, n)
 
     @precondition(lambda self: "q" in self.state.queues)
@@ -282,7 +283,7 @@ class QueueModel(RuleBasedStateMachine):
             self._apply(Accept("q", consumer, tuple(positions)), runtime_of(consumer))
         )
         ok = [p for p in positions if p in held]
-        assert done.result == {"count": len(ok), "not_acquired": [p for p in positions if p not in held]}
+        assert done.result == Settled(len(ok), [p for p in positions if p not in held])
         for p in ok:
             self._move(p, "accept")
 
@@ -301,7 +302,7 @@ class QueueModel(RuleBasedStateMachine):
             self._apply(Release("q", consumer, tuple(positions)), runtime_of(consumer))
         )
         ok = [p for p in positions if p in held]
-        assert done.result is not None and done.result["count"] == len(ok)
+        assert isinstance(done.result, Settled) and done.result.count == len(ok)
         self._release_model(ok)
 
     @precondition(lambda self: "q" in self.state.queues)
@@ -316,7 +317,7 @@ class QueueModel(RuleBasedStateMachine):
         for p in expect:
             self._move(p, "acquire", consumer)
         done = self._completed(self._apply(Release("q", consumer, tuple(expect)), self.owner))
-        assert done.result is not None and done.result["count"] == len(expect)
+        assert isinstance(done.result, Settled) and done.result.count == len(expect)
         self._release_model(expect)
 
     @precondition(lambda self: "q" in self.state.queues)
@@ -339,7 +340,7 @@ class QueueModel(RuleBasedStateMachine):
         done = self._completed(
             self._apply(ReleaseAll("q", consumer, tuple(unread)), runtime_of(consumer))
         )
-        assert done.result is not None and done.result["count"] == len(held)
+        assert isinstance(done.result, Settled) and done.result.count == len(held)
         for p in unread:  # back without a delivery counted
             self._move(p, "release")
         self._release_model([p for p in held if p not in unread])
@@ -357,7 +358,7 @@ class QueueModel(RuleBasedStateMachine):
     def purge(self) -> None:
         done = self._completed(self._apply(PurgeQueue("q")))
         ready = self._ready()
-        assert done.result == {"purged": len(ready)}
+        assert done.result == Purged(len(ready))
         for p in ready:
             self._move(p, "purge")
 
@@ -371,7 +372,7 @@ class QueueModel(RuleBasedStateMachine):
         done = self._completed(self._apply(AcceptThrough("q", through, "reader")))
         self._apply(Reserve("q", None))
         gone = [p for p in self._ready() if p < through]
-        assert done.result is not None and done.result["count"] == len(gone)
+        assert isinstance(done.result, AcceptedThrough) and done.result.count == len(gone)
         for p in gone:
             self._move(p, "accept-through")
 

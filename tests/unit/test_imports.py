@@ -134,12 +134,26 @@ def test_the_state_machine_loads_no_io_and_no_client() -> None:
     assert not other, other
 
 
-def test_the_client_loads_no_broker_store_or_core_beyond_the_errors() -> None:
+# The leaves of the core that the client shares: the errors and the command results.
+CLIENT_SHARED = ("batonmq.cluster.errors", "batonmq.cluster.results")
+
+
+def test_the_client_loads_no_broker_store_or_core_beyond_the_shared_leaves() -> None:
     loaded = _loaded_after("from batonmq import clients")
     assert "batonmq.clients.client" in loaded
     bad = sorted(
         m for m in loaded
         if m.startswith(("batonmq.broker", "batonmq.store", "batonmq.loadtest"))
-        or (m.startswith("batonmq.cluster.") and m != "batonmq.cluster.errors")
+        or (m.startswith("batonmq.cluster.") and m not in CLIENT_SHARED)
     )
     assert not bad, f"importing the client loads the broker side: {bad}"
+
+
+def test_the_shared_leaves_import_no_other_batonmq_module() -> None:
+    graph = import_graph()
+    assert graph["batonmq.cluster.errors"] == set()
+    assert graph["batonmq.cluster.results"] <= {"batonmq.cluster.errors"}
+    loaded = _loaded_after("import batonmq.cluster.results")
+    assert {m for m in loaded if m.startswith("batonmq.")} <= {
+        "batonmq.cluster", *CLIENT_SHARED
+    }

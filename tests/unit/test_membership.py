@@ -21,6 +21,7 @@ from batonmq.cluster.events import (
     Vote,
 )
 from batonmq.cluster.membership import Ballot, duties
+from batonmq.cluster.results import Counted
 from batonmq.cluster.state import Acquired, Completed, Effect, MembersChanged, OwnerChanged, State
 
 
@@ -133,7 +134,7 @@ def test_view_change_releases_holdings_passes_ownership_and_fences() -> None:
     q = c.state.queues["q"]
     assert q.owner == "b/1"
     assert isinstance(c.apply("a/1", Acquire("q", "a/1/1", 3)).error, NotOwner)
-    assert c.apply("b/1", Acquire("q", "b/1/1", 4)).result == {"count": 4}
+    assert c.apply("b/1", Acquire("q", "b/1/1", 4)).result == Counted(4)
     # b is paused (SIGSTOP): a keeps beating; the view drops b at one log position.
     for _ in range(6):
         c.beat("a/1")
@@ -150,7 +151,7 @@ def test_view_change_releases_holdings_passes_ownership_and_fences() -> None:
     assert c.state.membership.members == ["a/1", "b/1"]
     got = c.apply("a/1", Acquire("q", "a/1/1", 2))
     acquired = [e for e in c.effects if isinstance(e, Acquired)][-1]
-    assert got.result == {"count": 2} and acquired.positions == [0, 1]
+    assert got.result == Counted(2) and acquired.positions == [0, 1]
 
 
 def test_clean_leave_is_dropped_without_waiting() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from batonmq.cluster.results import Declared, Enqueued
 from batonmq.cluster.errors import LogUnavailable, QueueNotFound
 from batonmq.cluster.events import Accept, Acquire, Candidate, DeclareQueue, Enqueue, Interest
 from batonmq.cluster.log import open_log
@@ -58,9 +59,9 @@ async def _close(node: Node) -> None:
 async def test_commands_complete_with_results() -> None:
     node = await _node("a", "memory:")
     try:
-        assert await node.submit(DeclareQueue("q")) == {"created": True}
+        assert await node.submit(DeclareQueue("q")) == Declared(created=True)
         r = await node.submit(Enqueue("q", ((b"x", {"h": 1}), (b"y", {}))))
-        assert r == {"first_position": 0, "count": 2}
+        assert r == Enqueued(first_position=0, count=2)
         with pytest.raises(QueueNotFound):
             await node.submit(Enqueue("missing", ((b"x", {}),)))
         msgs = node.store.get_messages(node.state.queues["q"].qid, [0, 1, 2])
@@ -173,7 +174,7 @@ async def test_a_failing_log_read_is_retried_not_fatal() -> None:
     await asyncio.wait_for(node.start(), 10)
     try:
         assert calls["n"] == 2 and node.healthy
-        assert await node.submit(DeclareQueue("q")) == {"created": True}
+        assert await node.submit(DeclareQueue("q")) == Declared(created=True)
     finally:
         await _close(node)
 
@@ -208,7 +209,7 @@ async def test_appends_wait_out_an_unavailable_log() -> None:
         assert [r for _, _, r in node.store.outbox_load()]  # the publishes are kept
         log.down = False
         results = await asyncio.wait_for(asyncio.gather(*futs), 10)
-        assert sorted(r["first_position"] for r in results) == list(range(20))
+        assert sorted(r.first_position for r in results) == list(range(20))
         assert node.state.queues["q"].next_pos == 20
         assert node.store.outbox_load() == []  # on the log now: no longer kept
     finally:
@@ -291,7 +292,7 @@ async def test_publish_keys_survive_a_restart(tmp_path: Path) -> None:
     await again.start()
     try:
         r = await again.submit(Enqueue("q", ((b"m4", {}),), (("k4", 1),)))
-        assert r["first_position"] == 4 and again.state.queues["q"].next_pos == 5
+        assert r.first_position == 4 and again.state.queues["q"].next_pos == 5
     finally:
         await _close(again)
 
@@ -304,7 +305,7 @@ async def test_service_leadership_survives_a_restart(tmp_path: Path) -> None:
         first = await a.submit(Candidate("svc", a.key))
         await b.submit(Candidate("svc", b.key + "/s1"))
         await b.submit(Candidate("other", b.key))
-        assert first["leader"] == a.key
+        assert first.leader == a.key
         kept = b.state.services.snapshot()
         await _close(b)
         # What the store kept is the service state b had applied (DESIGN §9).

@@ -13,6 +13,7 @@ from batonmq.cluster.errors import QueueFull
 from batonmq.cluster import codec
 from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.events import DeclareQueue, Enqueue, Event, Heartbeat, Origin, Propose, Vote
+from batonmq.cluster.results import Enqueued
 from batonmq.cluster.state import Completed, Effect, QueueState, State, Stored
 
 __all__: list[str] = []
@@ -56,13 +57,12 @@ def test_same_key_twice_enqueues_once_with_the_original_position() -> None:
     a, b = State(), State()
     log = Log(a, b)
     first, out = log.apply(Enqueue("q", msgs(b"x"), (("k1", 1),)))
-    assert first.result == {"first_position": 0, "count": 1, "positions": [0]}
+    assert first.result == Enqueued(0, 1, [0])
     assert any(isinstance(e, Stored) for e in out)
     log.apply(Enqueue("q", msgs(b"y"), (("k2", 1),)))
     again, out = log.apply(Enqueue("q", msgs(b"x"), (("k1", 1),)))
     assert again.error is None
-    assert again.result is not None and again.result["first_position"] == 0
-    assert again.result["positions"] == [0]
+    assert again.result == Enqueued(0, 1, [0])
     assert not any(isinstance(e, Stored) for e in out)  # nothing stored again
     q = a.queues["q"]
     assert (q.next_pos, q.enqueued, q.ready) == (2, 2, 2)
@@ -75,10 +75,9 @@ def test_a_batch_resent_reports_its_original_range() -> None:
     log = Log(a)
     log.apply(Enqueue("q", msgs(b"0"), (("a", 1),)))
     done, _ = log.apply(Enqueue("q", msgs(b"1", b"2", b"3"), (("batch", 3),)))
-    assert (done.result or {})["first_position"] == 1
+    assert done.result == Enqueued(1, 3, [1])
     again, _ = log.apply(Enqueue("q", msgs(b"1", b"2", b"3"), (("batch", 3),)))
-    assert again.result is not None
-    assert (again.result["first_position"], again.result["count"]) == (1, 3)
+    assert again.result == Enqueued(1, 3, [1])
     assert a.queues["q"].next_pos == 4
 
 
@@ -90,16 +89,15 @@ def test_a_merged_enqueue_with_some_resent_publishes_enqueues_only_the_new() -> 
         Enqueue("q", msgs(b"c", b"a", b"d", b"b", b"e"),
                 (("kc", 1), ("ka", 1), ("", 1), ("kb", 1), ("ke", 1)))
     )
-    assert done.result is not None
     # New ones get consecutive new positions; re-sent ones their original.
-    assert done.result["positions"] == [2, 0, 3, 1, 4]
+    assert isinstance(done.result, Enqueued) and done.result.positions == [2, 0, 3, 1, 4]
     stored = [e for e in out if isinstance(e, Stored)]
     assert len(stored) == 1 and stored[0].first == 2
     assert [m[0] for m in stored[0].messages] == [b"c", b"d", b"e"]
     assert a.queues["q"].next_pos == 5
     # The same key twice in one event: the second copy is the re-send.
     done, _ = log.apply(Enqueue("q", msgs(b"f", b"f"), (("kf", 1), ("kf", 1))))
-    assert done.result is not None and done.result["positions"] == [5, 5]
+    assert isinstance(done.result, Enqueued) and done.result.positions == [5, 5]
     assert a.queues["q"].next_pos == 6
 
 
@@ -109,7 +107,7 @@ def test_keys_are_per_queue_and_an_unkeyed_publish_is_never_deduplicated() -> No
     log.apply(DeclareQueue("other"))
     log.apply(Enqueue("q", msgs(b"x"), (("k", 1),)))
     done, _ = log.apply(Enqueue("other", msgs(b"x"), (("k", 1),)))
-    assert (done.result or {})["first_position"] == 0
+    assert done.result == Enqueued(0, 1, [0])
     assert a.queues["other"].next_pos == 1
     log.apply(Enqueue("q", msgs(b"x")))
     log.apply(Enqueue("q", msgs(b"x")))
@@ -126,7 +124,7 @@ def test_a_publish_that_failed_is_not_remembered() -> None:
     assert (a.queues["small"].qid, "k2") not in a.keys
     # Re-sent publish of a full queue: still the original answer, no QueueFull.
     again, _ = log.apply(Enqueue("small", msgs(b"1"), (("k1", 1),)))
-    assert again.error is None and (again.result or {})["first_position"] == 0
+    assert again.error is None and again.result == Enqueued(0, 1, [0])
 
 
 def test_the_key_memory_is_bounded_oldest_first() -> None:

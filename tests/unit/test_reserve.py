@@ -4,7 +4,7 @@ position, only for the holder, cumulatively and idempotently; replicas agree."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgpack
 import pytest
@@ -27,6 +27,7 @@ from batonmq.cluster.events import (
     Reserve,
     Vote,
 )
+from batonmq.cluster.results import AcceptedThrough, Counted, Reserved
 from batonmq.cluster.state import (
     TRANSITIONS,
     Acquired,
@@ -39,6 +40,8 @@ from batonmq.cluster.state import (
     RemovedRange,
     State,
 )
+
+R = TypeVar("R")
 
 __all__: list[str] = []
 
@@ -74,11 +77,11 @@ class Log:
         assert len(done) == 1
         return done[0], outs[0]
 
-    def ok(self, ev: Event) -> dict[str, Any]:
+    def ok(self, ev: Event[R]) -> R:
         done, _ = self.apply(ev)
         assert done.error is None, done.error
         assert done.result is not None
-        return done.result
+        return cast(R, done.result)
 
     def publish(self, n: int) -> None:
         self.ok(Enqueue("q", tuple((b"m%d" % i, {}) for i in range(n))))
@@ -88,17 +91,17 @@ def test_a_reserved_queue_gives_consumers_nothing_until_released() -> None:
     s = State()
     log = Log(s)
     log.publish(5)
-    assert log.ok(Reserve("q", "spark")) == {
-        "reserved_by": "spark", "acquired": 0, "head": 0, "next_position": 5,
-    }
+    assert log.ok(Reserve("q", "spark")) == Reserved(
+        reserved_by="spark", acquired=0, head=0, next_position=5,
+    )
     done, out = log.apply(Acquire("q", CONSUMER, 3))
-    assert done.result == {"count": 0}
+    assert done.result == Counted(0)
     assert not any(isinstance(e, Acquired) for e in out)
     assert s.ignored["reserved"] == 1
     done, out = log.apply(Reserve("q", None))
-    assert (done.result or {})["reserved_by"] is None
+    assert isinstance(done.result, Reserved) and done.result.reserved_by is None
     assert ReadyMore("q") in out  # wakes the consumers
-    assert log.ok(Acquire("q", CONSUMER, 3)) == {"count": 3}
+    assert log.ok(Acquire("q", CONSUMER, 3)) == Counted(3)
 
 
 def test_reserve_is_idempotent_for_the_holder_and_refused_for_another() -> None:
@@ -117,10 +120,10 @@ def test_reserve_reports_messages_consumers_took_before() -> None:
     log = Log(State())
     log.publish(4)
     log.ok(Acquire("q", CONSUMER, 2))
-    assert log.ok(Reserve("q", "r"))["acquired"] == 2
+    assert log.ok(Reserve("q", "r")).acquired == 2
     log.ok(Release("q", CONSUMER, (0, 1)))
     result = log.ok(Reserve("q", "r"))
-    assert (result["acquired"], result["head"]) == (0, 0)
+    assert (result.acquired, result.head) == (0, 0)
 
 
 def test_accept_through_is_cumulative_idempotent_and_clamped() -> None:
@@ -129,11 +132,11 @@ def test_accept_through_is_cumulative_idempotent_and_clamped() -> None:
     log.publish(10)
     log.ok(Reserve("q", "r"))
     done, out = log.apply(AcceptThrough("q", 4, "r"))
-    assert done.result == {"count": 4, "head": 4}
+    assert done.result == AcceptedThrough(count=4, head=4)
     assert RemovedRange(a.queues["q"].qid, 0, 4) in out
-    assert log.ok(AcceptThrough("q", 4, "r"))["count"] == 0  # a repeat
-    assert log.ok(AcceptThrough("q", 2, "r"))["count"] == 0  # an older commit
-    assert log.ok(AcceptThrough("q", 99, "r")) == {"count": 6, "head": 10}  # clamped to the tail
+    assert log.ok(AcceptThrough("q", 4, "r")).count == 0  # a repeat
+    assert log.ok(AcceptThrough("q", 2, "r")).count == 0  # an older commit
+    assert log.ok(AcceptThrough("q", 99, "r")) == AcceptedThrough(6, 10)  # clamped to the tail
     q = a.queues["q"]
     assert (q.ready, q.accepted, q.cursor, q.next_pos) == (0, 10, 10, 10)
     log.publish(2)  # later messages are not accepted by the earlier commit
@@ -149,7 +152,7 @@ def test_accept_through_takes_released_messages_and_leaves_acquired_ones() -> No
     log.ok(Release("q", CONSUMER, (1,)))  # 1 is ready again, with a delivery count
     log.ok(Reserve("q", "r"))
     done, out = log.apply(AcceptThrough("q", 5, "r"))
-    assert done.result == {"count": 3, "head": 5}  # 1, 3, 4
+    assert done.result == AcceptedThrough(count=3, head=5)  # 1, 3, 4
     qid = s.queues["q"].qid
     assert Removed(qid, [1]) in out and RemovedRange(qid, 3, 5) in out
     q = s.queues["q"]
@@ -174,12 +177,12 @@ def test_no_expiry_and_no_drop_head_under_a_reader() -> None:
     log = Log(s, max_length=3, overflow="drop-head", message_ttl_ms=10)
     log.publish(3)
     log.ok(Reserve("q", "r"))
-    assert log.ok(Expire("q", 2)) == {"count": 0}
+    assert log.ok(Expire("q", 2)) == Counted(0)
     done, _ = log.apply(Enqueue("q", ((b"x", {}),)))
     assert isinstance(done.error, QueueFull)
     assert s.queues["q"].ready == 3
     log.ok(Reserve("q", None))
-    assert log.ok(Expire("q", 0)) == {"count": 1}
+    assert log.ok(Expire("q", 0)) == Counted(1)
 
 
 def test_the_reservation_survives_a_snapshot_and_is_in_the_digest() -> None:

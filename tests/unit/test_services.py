@@ -10,6 +10,7 @@ from batonmq.cluster.errors import Fenced, InvalidArgument
 from batonmq.cluster import codec
 from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.events import Candidate, Handover, Heartbeat, Origin, Resign
+from batonmq.cluster.results import Candidacy, HandoverAsked
 from batonmq.cluster.services import Services, check_candidate, host_of
 from batonmq.cluster.state import Completed, HandoverRequested, LeaderChanged, State
 from tests.unit.test_membership import Cluster
@@ -41,8 +42,8 @@ def test_first_candidate_leads_with_its_offset_as_token() -> None:
     c = three()
     done = c.apply(A, Candidate("svc", f"{A}/s1"))
     first = c.offset
-    assert done.error is None and done.result is not None
-    assert done.result["leader"] == f"{A}/s1" and done.result["token"] == first
+    assert done.error is None and isinstance(done.result, Candidacy)
+    assert done.result.leader == f"{A}/s1" and done.result.token == first
     c.apply(B, Candidate("svc", f"{B}/s1"))
     c.apply(B, Candidate("svc", f"{A}/s1".replace(A, B)))  # the same again: no change
     assert leader(c) == (f"{A}/s1", first)
@@ -56,11 +57,11 @@ def test_resign_of_a_waiting_candidate_changes_nothing() -> None:
     token = c.offset
     c.apply(B, Candidate("svc", B))
     done = c.apply(B, Resign("svc", B))
-    assert done.result is not None and done.result["was_candidate"] is True
+    assert isinstance(done.result, Candidacy) and done.result.was_candidate is True
     assert leader(c) == (A, token)
     again = c.apply(B, Resign("svc", B))
-    assert again.error is None and again.result is not None
-    assert again.result["was_candidate"] is False
+    assert again.error is None and isinstance(again.result, Candidacy)
+    assert again.result.was_candidate is False
     assert len(changes(c)) == 1
 
 
@@ -167,7 +168,7 @@ def test_handover_waits_for_the_leader_to_resign() -> None:
     t1 = c.offset
     c.apply(B, Candidate("svc", f"{B}/s1"))
     done = c.apply(C, Handover("svc"))
-    assert done.result == {"service": "svc", "leader": f"{A}/s1", "token": t1, "to": None}
+    assert done.result == HandoverAsked(service="svc", leader=f"{A}/s1", token=t1, to=None)
     req = [e for e in c.effects if isinstance(e, HandoverRequested)]
     assert req == [HandoverRequested("svc", f"{A}/s1", t1, None)]
     s = c.state.services.get("svc")
@@ -187,7 +188,7 @@ def test_handover_to_a_named_candidate_or_node() -> None:
     c.apply(B, Candidate("svc", f"{B}/s1"))
     c.apply(C, Candidate("svc", f"{C}/s4"))
     done = c.apply(B, Handover("svc", "c"))  # a node id names its first candidate
-    assert done.result is not None and done.result["to"] == f"{C}/s4"
+    assert isinstance(done.result, HandoverAsked) and done.result.to == f"{C}/s4"
     c.apply(A, Resign("svc", f"{A}/s1"))
     assert leader(c)[0] == f"{C}/s4"
     # Named by full key; if the target is gone when the leader resigns, the first one leads.
@@ -277,7 +278,7 @@ def test_helpers() -> None:
 def test_completions_carry_the_term() -> None:
     c = three()
     done = c.apply(A, Candidate("svc", f"{A}/s1"))
-    assert isinstance(done, Completed) and done.result is not None
-    assert done.result["candidate"] == f"{A}/s1"
+    assert isinstance(done, Completed) and isinstance(done.result, Candidacy)
+    assert done.result.candidate == f"{A}/s1"
     done = c.apply(B, Candidate("svc", f"{B}/s1"))
-    assert done.result is not None and done.result["leader"] == f"{A}/s1"
+    assert isinstance(done.result, Candidacy) and done.result.leader == f"{A}/s1"
