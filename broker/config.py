@@ -62,16 +62,16 @@ class BrokerConfig:
         properties: instance properties shown in the topology (e.g. zone=a).
         heartbeat_ms: heartbeat interval; a member is suspected after
             ``suspect_beats`` beats of another member without its own (~3 s).
-        time_slice_ms: how long an owner keeps a queue others want (DESIGN §6).
+        time_slice_ms: how long an owner keeps a queue others want (docs/design.md §6).
         checkpoint_ms: how often the leader checkpoints: a cross-replica digest
             check, and the log truncated below the checkpoint before (0: never,
             the log grows forever).
         join: how a broker with an empty data dir starts on a log others use:
-            "auto" (state from a live member, DESIGN §8; replay if none and the log
+            "auto" (state from a live member, docs/design.md §8; replay if none and the log
             is whole), "update" or "replay".
         update_max_rate: messages/s this broker streams to a joining broker at most
             (0: as fast as the joiner takes them).
-        services: services this broker itself runs for leader of (DESIGN §7).
+        services: services this broker itself runs for leader of (docs/design.md §7).
     """
 
     data_dir: str

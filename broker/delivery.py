@@ -103,13 +103,13 @@ class Delivery:
         return c
 
     def _want(self, queue: str, on: bool) -> None:
-        """Declare (or withdraw) this broker's interest in a queue (DESIGN §6)."""
+        """Declare (or withdraw) this broker's interest in a queue (docs/design.md §6)."""
         if on == (queue in self._interest):
             return
         if on:
             self._interest.add(queue)
             if self.node.locked(queue):
-                # Still being updated here (DESIGN §8): no interest, hence never
+                # Still being updated here (docs/design.md §8): no interest, hence never
                 # the owner, until every message of it is in this store.
                 self._deferred.add(queue)
                 return
@@ -284,7 +284,7 @@ class Delivery:
     async def _slice_loop(self) -> None:
         """Hand owned queues on when another broker wants them and our slice is over,
         or at once when none of our consumers can take more. A queue whose consumers
-        are all here is never handed off (DESIGN §6)."""
+        are all here is never handed off (docs/design.md §6)."""
         while True:
             await asyncio.sleep(min(0.05, self._time_slice / 4))
             now = time.monotonic()

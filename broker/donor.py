@@ -1,4 +1,4 @@
-"""The donor side of a join (DESIGN §8): a broker streams its state to a joining one.
+"""The donor side of a join (docs/design.md §8): a broker streams its state to a joining one.
 
 A joining broker connects as a client and sends ``UpdateRequest``; the session
 (broker/session.py) starts :meth:`UpdateDonor.serve` as a task, which captures this
@@ -39,7 +39,7 @@ class UpdateDonor:
         self._big = wire.FrameCodec(update.MAX_UPDATE_FRAME)  # encodes update frames
 
     async def serve(self, f: wire.UpdateRequest) -> None:
-        """Stream this broker's state to a joining broker (DESIGN §8, cluster/update.py),
+        """Stream this broker's state to a joining broker (docs/design.md §8, cluster/update.py),
         chunk by chunk, waiting whenever the joiner's socket is full, so the clients of
         this broker keep being served in between."""
         conn = self._conn

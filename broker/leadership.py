@@ -1,4 +1,4 @@
-"""Service leadership on one broker (DESIGN §7): the edge around cluster/services.py.
+"""Service leadership on one broker (docs/design.md §7): the edge around cluster/services.py.
 
 * **Sessions** run for leader with the ``Lead`` frame: each session that does gets a
   candidate key ``"node/runtime/s<n>"``; the broker appends ``Candidate`` and, when

@@ -1,4 +1,4 @@
-"""Range reads (DESIGN §11): the ``ReadRange`` frame, answered from this broker's store.
+"""Range reads (docs/design.md §11): the ``ReadRange`` frame, answered from this broker's store.
 
 A range reader holds a queue (``Reserve``) and reads its messages by position,
 from whichever broker it is connected to; :func:`read_range` answers once this

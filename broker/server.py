@@ -94,7 +94,7 @@ class Broker:
         # the configuration says port 0: clients and the cluster know that address.
         port = self._bound_port or cfg.port
         try:
-            # Bound now (the address goes into NodeStarted), serving only once the
+            # Bound now (the address goes into this broker's heartbeats), serving only once the
             # state has caught up with the log: no answers from a half-replayed state.
             self._server = await loop.create_server(
                 lambda: Session(self), cfg.host, port, reuse_address=True, start_serving=False
@@ -123,7 +123,7 @@ class Broker:
             log.exception("leadership effect handling failed")
 
     def _node_id(self, store: RocksStore) -> str:
-        """The persistent node id: kept in the store, made at first start (DESIGN §7)."""
+        """The persistent node id: kept in the store, made at first start (docs/design.md §7)."""
         kept = store.get_ident("node_id")
         wanted = self.config.node_id
         if kept is not None and wanted is not None and kept != wanted:
@@ -139,7 +139,7 @@ class Broker:
 
     def _rejoin(self) -> None:
         """The log moved on past this broker's state: stop everything and start again,
-        which finds the applied offset gone and joins as a new broker (DESIGN §8)."""
+        which finds the applied offset gone and joins as a new broker (docs/design.md §8)."""
         if self._rejoining is None or self._rejoining.done():
             self._rejoining = asyncio.create_task(self._restart(), name="baton-rejoin")
 
@@ -197,7 +197,7 @@ class Broker:
         return stats
 
     def topology(self) -> dict[str, Any]:
-        """The view as applied here (DESIGN §7), plus this replica's offset and digest."""
+        """The view as applied here (docs/design.md §7), plus this replica's offset and digest."""
         node = self.node
         ms = node.state.membership
         leader = ms.leader()
@@ -229,7 +229,7 @@ class Broker:
             "healthy": node.healthy,
             "applied": node.state.applied,
             "digest": node.state.digest(),
-            # DESIGN §8: this broker's join (progress while it runs, then its figures),
+            # docs/design.md §8: this broker's join (progress while it runs, then its figures),
             # the last checkpoint and any digest mismatch seen (a bug if not 0).
             "join": (
                 {"state": "updating", "progress": node.catchup.progress.text()}

@@ -278,7 +278,7 @@ class Connection:
     # --- commands ---------------------------------------------------------------------
 
     async def topology(self) -> dict[str, Any]:
-        """The cluster as the connected broker has applied it (DESIGN §7).
+        """The cluster as the connected broker has applied it (docs/design.md §7).
 
         Returns:
             A mapping with ``cluster_id``, ``view`` (the view's sequence number),
@@ -301,7 +301,7 @@ class Connection:
         interval: float = 0.5,
         min_event_delay: float = 0.2,
     ) -> TopologyWatch:
-        """Call ``listener`` with topology events (DESIGN §7) until stopped.
+        """Call ``listener`` with topology events (docs/design.md §7) until stopped.
 
         Polls :meth:`topology` every ``interval`` seconds and feeds a
         :class:`~batonmq.clients.topology.TopologyTracker`: the first answer gives INIT, then
@@ -324,7 +324,7 @@ class Connection:
             raise InvalidArgument("min_event_delay must be >= 0")
         return TopologyWatch(self, listener, interval, TopologyTracker(min_event_delay))
 
-    # --- service leadership (DESIGN §7) -------------------------------------------------
+    # --- service leadership (docs/design.md §7) -------------------------------------------------
 
     def lead(self, service: str, *, timeout: float | None = None) -> Term:
         """Run for leader of ``service``; use the result as ``async with``.
@@ -514,7 +514,7 @@ class Connection:
         result = await self._request(ListQueues(corr), corr, retry=True)
         return read_result(QueueList, result).queues
 
-    # --- range readers (the Spark source, DESIGN §11; docs/protocol.md) ---------------
+    # --- range readers (the Spark source, docs/design.md §11; docs/protocol.md) ---------------
 
     async def reserve(self, queue: str, holder: str | None) -> dict[str, Any]:
         """Reserve ``queue`` for the range reader ``holder`` (None: end the reservation).

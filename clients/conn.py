@@ -10,7 +10,7 @@ Layout (after aiokafka ``conn.py``):
   connection ends, every pending future fails with :class:`ConnectionClosed` chained from
   the cause, every consumer's iterator raises it too, and every Term is lost.
 * Writes are coalesced: frames written in one event-loop tick go out in one
-  ``transport.write`` (DESIGN §13 "batch at every boundary").
+  ``transport.write`` (docs/design.md §13 "batch at every boundary").
 * A channel outlives its transports: its :class:`~batonmq.clients.failover.Failover` moves
   it to another broker when one is lost, and sends again what may be sent again.
 * The channel routes pushed frames: Deliver and ConsumerCancelled to the

@@ -647,7 +647,7 @@ class Message:
         round trip per message. If the connection ends before the broker applied
         it, the message is redelivered (at-least-once), as with any broker. With
         ``confirm=True`` it returns once the broker applied the accept: from then
-        on the message can never come back (DESIGN §5, guarantee 3).
+        on the message can never come back (docs/design.md §5, guarantee 3).
 
         Raises:
             InvalidArgument: the message was already settled (nothing sent).

@@ -1,4 +1,4 @@
-"""The import-entries pipeline (DESIGN §11, docs/spark.md): a generator of realistic
+"""The import-entries pipeline (docs/design.md §11, docs/spark.md): a generator of realistic
 import entries, their validation, and the Spark job that streams a queue of them into
 a table exactly once, run by whichever of several instances leads the service.
 

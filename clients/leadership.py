@@ -1,4 +1,4 @@
-"""Service leadership for applications (DESIGN §7): one leader among candidates.
+"""Service leadership for applications (docs/design.md §7): one leader among candidates.
 
 Use it through :meth:`batonmq.clients.client.Connection.lead`::
 

@@ -1,4 +1,4 @@
-"""A PySpark streaming data source for Baton queues (DESIGN §11, docs/spark.md).
+"""A PySpark streaming data source for Baton queues (docs/design.md §11, docs/spark.md).
 
 Register it, then read a queue as a stream::
 
@@ -26,7 +26,7 @@ so that consumers do not take messages from under it (docs/protocol.md, "Range
 readers"). Several runs of one pipeline (restarts, a standby taking over) use the same
 holder; a second pipeline on the same queue is refused with QueueReserved.
 
-Where the calls run (notes/spark-python-source.md): ``initialOffset``,
+Where the calls run (PySpark's Python data source, pyspark.sql.datasource): ``initialOffset``,
 ``latestOffset``, ``partitions`` and ``commit`` in one long-lived Python process per
 query run; ``read`` in executor Python workers, on a pickled copy of the reader — it
 opens its own connection. An exception in a driver-side call ends the query, so

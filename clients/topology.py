@@ -1,4 +1,4 @@
-"""The cluster's topology as a client sees it, and the listener events (DESIGN §7).
+"""The cluster's topology as a client sees it, and the listener events (docs/design.md §7).
 
 Pure: no I/O, no clock. :class:`Topology` is one snapshot of the ``topology``
 command's answer; :class:`TopologyTracker` turns a sequence of snapshots (with the
@@ -108,7 +108,7 @@ class Topology:
 
 
 class TopologyEventType(enum.Enum):
-    """What happened to the topology (DESIGN §7)."""
+    """What happened to the topology (docs/design.md §7)."""
 
     INIT = "init"  # the first snapshot
     CHANGING = "changing"  # a view change is under way

@@ -1,4 +1,4 @@
-"""The topology watch: :meth:`Connection.watch_topology`'s polling task (DESIGN §7).
+"""The topology watch: :meth:`Connection.watch_topology`'s polling task (docs/design.md §7).
 
 :class:`TopologyWatch` polls the connection's ``topology`` command and feeds the pure
 :class:`~batonmq.clients.topology.TopologyTracker`, whose events go to the listener. It

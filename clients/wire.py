@@ -334,7 +334,7 @@ class Topology(Frame):
     corr: int
 
 
-# --- broker to broker: a joining broker's update (DESIGN §8) -----------------------
+# --- broker to broker: a joining broker's update (docs/design.md §8) -----------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +394,7 @@ class UpdateDone(Frame):
     corr: int
     queue: str
     qid: int
-# --- range readers (the Spark source, DESIGN §11) ---------------------------------------
+# --- range readers (the Spark source, docs/design.md §11) ---------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +441,7 @@ class AcceptThrough(Frame):
     holder: str
 
 
-# --- service leadership (DESIGN §7) ------------------------------------------------------
+# --- service leadership (docs/design.md §7) ------------------------------------------------------
 
 #: The ``event`` values of :class:`LeaderEvent`.
 LEADER_EVENTS: Final = ("granted", "lost", "handover")

@@ -10,7 +10,7 @@ that dies appends them at its next start (:meth:`Appender.resubmit_leftover`).
 
 A submitted event's future resolves when the event is *both* durable on the log (its
 append returned) and applied here (:meth:`Appender.applied`): that is the moment a
-command takes effect (DESIGN §5).
+command takes effect (docs/design.md §5).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ class Applier:
                 raise
             except LogTruncated as exc:
                 # Paused or cut off while the others truncated the log past us: this
-                # replica cannot go on; it must start again as a new broker (DESIGN §8).
+                # replica cannot go on; it must start again as a new broker (docs/design.md §8).
                 self.health.ok = False
                 log.critical(
                     "the log was truncated past this broker's applied offset %d (%s): it"

@@ -1,4 +1,4 @@
-"""Checkpoints and log retention (DESIGN §8).
+"""Checkpoints and log retention (docs/design.md §8).
 
 The leader appends a :class:`~batonmq.cluster.events.Checkpoint` every
 ``checkpoint_ms``, carrying its state digest at the previous checkpoint; every
@@ -96,7 +96,7 @@ class Checkpoints:
 
     def checked(self, e: CheckpointApplied) -> None:
         """A checkpoint applied here: compare this replica's digest at the previous one
-        with the leader's (DESIGN §8). A difference is a bug: say so loudly."""
+        with the leader's (docs/design.md §8). A difference is a bug: say so loudly."""
         self.last = {"offset": e.offset, "digest": e.digest}
         if e.mine is None or not e.expected:
             return

@@ -159,14 +159,14 @@ class Fenced(BatonError):
 
 
 class NotOwner(BatonError):
-    """Only the queue's current owner may acquire its messages (DESIGN §6)."""
+    """Only the queue's current owner may acquire its messages (docs/design.md §6)."""
 
     code = 27
     retriable = True
 
 
 class JoinFailed(BatonError):
-    """A joining broker could not get the cluster's state from a member (DESIGN §8):
+    """A joining broker could not get the cluster's state from a member (docs/design.md §8):
     none answered, or the update broke off. The joiner retries with another member."""
 
     code = 28

@@ -1,4 +1,4 @@
-"""Replicated events: what goes on the ordered log (DESIGN §4, docs/events.md).
+"""Replicated events: what goes on the ordered log (docs/design.md §4, docs/events.md).
 
 Every record on the log is one event with an envelope (:class:`Origin`): the node
 that appended it, that node's runtime id (one per process), its origin sequence
@@ -221,7 +221,7 @@ class Expire(Event[Counted]):
     """Ready messages at positions <= ``through`` have passed the queue's TTL.
 
     Appended by a broker that read the messages' enqueue times; the applier does
-    not read a clock (DESIGN §2). Expired messages are dead-lettered if the queue
+    not read a clock (docs/design.md §2). Expired messages are dead-lettered if the queue
     has a DLQ.
     """
 
@@ -232,7 +232,7 @@ class Expire(Event[Counted]):
 
 @dataclass(frozen=True, slots=True)
 class Reserve(Event[Reserved]):
-    """Reserve ``queue`` for one range reader (the Spark source, DESIGN §11), or end the
+    """Reserve ``queue`` for one range reader (the Spark source, docs/design.md §11), or end the
     reservation (``holder`` None).
 
     While a queue is reserved no consumer acquires from it (consumers stay subscribed
@@ -260,7 +260,7 @@ class AcceptThrough(Event[AcceptedThrough]):
     holder: str
 
 
-# --- ownership (DESIGN §6) ------------------------------------------------------------
+# --- ownership (docs/design.md §6) ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,14 +279,14 @@ class Interest(Event[Owner]):
 @dataclass(frozen=True, slots=True)
 class Handoff(Event[Owner]):
     """The owner passes ``queue`` on: to ``to`` if that broker is interested, else to
-    the next interested broker after it in view order (time slice, DESIGN §6)."""
+    the next interested broker after it in view order (time slice, docs/design.md §6)."""
 
     OP: ClassVar[int] = 21
     queue: str
     to: str = ""
 
 
-# --- membership (DESIGN §7) ------------------------------------------------------------
+# --- membership (docs/design.md §7) ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +294,7 @@ class Heartbeat(Event[None]):
     """The origin runtime is alive; its role, client address and properties.
 
     ``hold`` is the lowest log offset this runtime still needs on the log: its applied
-    offset, or less while it serves a join update from an older point (DESIGN §8).
+    offset, or less while it serves a join update from an older point (docs/design.md §8).
     The leader truncates the log only below every live runtime's hold; -1: unknown.
     """
 
@@ -333,7 +333,7 @@ class Leave(Event[None]):
 
 @dataclass(frozen=True, slots=True)
 class Join(Event[None]):
-    """A new runtime (empty store) joins without replaying the log (DESIGN §8).
+    """A new runtime (empty store) joins without replaying the log (docs/design.md §8).
 
     Appended before it asks a member for the state; the member that serves the
     update captures its state at a batch boundary at or after this event, so the
@@ -345,7 +345,7 @@ class Join(Event[None]):
     address: str
 
 
-# --- retention and cross-replica checks (DESIGN §8) -----------------------------------
+# --- retention and cross-replica checks (docs/design.md §8) -----------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +360,7 @@ class Checkpoint(Event[Checkpointed]):
     OP: ClassVar[int] = 71
     prev_offset: int = -1
     prev_digest: str = ""
-# --- service leadership (DESIGN §7, last bullet; cluster/services.py) ------------------
+# --- service leadership (docs/design.md §7, last bullet; cluster/services.py) ------------------
 
 
 @dataclass(frozen=True, slots=True)

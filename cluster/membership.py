@@ -1,4 +1,4 @@
-"""Membership, views and leadership, in log order (DESIGN §7). Pure: no I/O, no clock.
+"""Membership, views and leadership, in log order (docs/design.md §7). Pure: no I/O, no clock.
 
 Members are broker *runtimes*, keyed ``"node/runtime"``: a restarted broker is a new
 member, and events from a runtime that the established view does not contain are

@@ -7,7 +7,7 @@ A :class:`Node` is one broker's replica of the cluster state. It composes:
   as one log batch (group commit), retries while the log is unavailable, keeps
   publishes in the store meanwhile, and resolves each event's future once it is
   *both* durable on the log and applied here: the moment a command takes effect
-  (DESIGN §5);
+  (docs/design.md §5);
 * the **applier** (``cluster/applier.py``) — one task tails the log from the applied
   offset, applies each record to the state, writes the batch's effects and snapshots
   to the store with the batch's last offset, then dispatches the effects
@@ -67,14 +67,14 @@ class Node:
         max_append: most events per log append.
         max_outbox: most events waiting for the log (while it is unavailable);
             beyond it commands fail with LogUnavailable at once.
-        role: "voter" or "observer" (DESIGN §7).
+        role: "voter" or "observer" (docs/design.md §7).
         properties: instance properties published with heartbeats (e.g. a zone).
         heartbeat_ms: interval between heartbeats; suspicion comes after
             ``suspect_beats`` of another member's beats (observers: 3x).
         checkpoint_ms: how often the leader appends a checkpoint (digest check,
             log truncation); 0: never.
         join: how a broker with an empty store starts on a non-empty log:
-            "auto" (an update from a live member, DESIGN §8; replay the log from
+            "auto" (an update from a live member, docs/design.md §8; replay the log from
             offset 0 if no member is alive and the log was never truncated),
             "update" (only an update), or "replay" (always replay the log).
     """
@@ -225,7 +225,7 @@ class Node:
         elif have and loaded.applied + 1 < first:
             why = f"the log was truncated past its applied offset {loaded.applied} (it starts at {first})"
         if why is not None:
-            # DESIGN §8: a broker whose offset is gone joins like a new one.
+            # docs/design.md §8: a broker whose offset is gone joins like a new one.
             log.warning("node %s starts again as a new broker: %s", self.node_id, why)
             self.store.reset()
             self.store.put_ident("update", "")  # set again if an update is installed
@@ -275,7 +275,7 @@ class Node:
             self.role,
         )
 
-    # -- joining live (DESIGN §8, cluster/update.py) -----------------------------------
+    # -- joining live (docs/design.md §8, cluster/update.py) -----------------------------------
 
     async def _join(self, first: int, timeout: float) -> None:
         """Get the state from a live member instead of replaying the log.
@@ -377,7 +377,7 @@ class Node:
         """The lowest log offset this broker still needs (Heartbeat.hold)."""
         return min([self.state.applied, *self.holds])
 
-    # -- leaving, heartbeats and membership duties (DESIGN §7) ---------------------------
+    # -- leaving, heartbeats and membership duties (docs/design.md §7) ---------------------------
 
     async def leave(self) -> None:
         """Tell the cluster this runtime leaves (clean shutdown): no suspicion wait."""

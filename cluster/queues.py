@@ -1,4 +1,4 @@
-"""Queues and the life cycle of their messages (DESIGN §2, §5, §11). Pure: no I/O, no clock.
+"""Queues and the life cycle of their messages (docs/design.md §2, §5, §11). Pure: no I/O, no clock.
 
 Each queue's replicated state is an *index*, not its messages (:class:`QueueState`):
 the next position, the cursor below which every message was handed out at least once,
@@ -107,7 +107,7 @@ TRANSITIONS: Final[dict[tuple[MessageState | None, str], MessageState]] = {
     (MessageState.READY, "expire"): MessageState.DEAD_LETTERED,
     (MessageState.READY, "drop-head"): MessageState.DEAD_LETTERED,
     (MessageState.READY, "purge"): MessageState.DROPPED,
-    # The holder of a queue's reservation committed a position range (DESIGN §11).
+    # The holder of a queue's reservation committed a position range (docs/design.md §11).
     (MessageState.READY, "accept-through"): MessageState.ACCEPTED,
 }
 
@@ -140,7 +140,7 @@ class QueueState:
     dropped: int = 0
     expired: int = 0
     purged: int = 0
-    owner: str | None = None  # the member that may acquire (DESIGN §6)
+    owner: str | None = None  # the member that may acquire (docs/design.md §6)
     interested: list[str] = field(default_factory=list)  # members with consumers
     reserved_by: str | None = None  # the range reader that has the queue (Reserve)
 
@@ -448,7 +448,7 @@ class QueueIndex:
         if ev.count <= 0:
             return Counted(0)
         if q.reserved_by is not None:
-            # A range reader has the queue: consumers get nothing (DESIGN §11).
+            # A range reader has the queue: consumers get nothing (docs/design.md §11).
             self.ledger.ignore("reserved")
             return Counted(0)
         positions = q.take_ready(ev.count)
@@ -558,7 +558,7 @@ class QueueIndex:
             out.append(Removed(q.qid, gone))
         return Counted(len(gone))
 
-    # -- range readers (DESIGN §11) -------------------------------------------------------
+    # -- range readers (docs/design.md §11) -------------------------------------------------------
 
     def reserve(self, ev: Reserve, out: list[Effect]) -> Reserved:
         """A range reader takes the queue (``ev.holder``) or lets it go (None).

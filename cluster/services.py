@@ -1,4 +1,4 @@
-"""Service leadership in log order (DESIGN §7, last bullet). Pure: no I/O, no clock.
+"""Service leadership in log order (docs/design.md §7, last bullet). Pure: no I/O, no clock.
 
 A *service* is a named singleton (e.g. ``import-entries``) with one leader among its
 candidates. A candidate is a broker runtime (``"node/runtime"``, its member key) or

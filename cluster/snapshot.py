@@ -1,4 +1,4 @@
-"""The replicated state's canonical forms: snapshots and the digest (DESIGN §2, §8).
+"""The replicated state's canonical forms: snapshots and the digest (docs/design.md §2, §8).
 
 Pure: no I/O, no clock. Equal states give equal snapshots and equal digests, on every
 replica. The *meta snapshot* is the non-queue part (offset, clock, sequence numbers,
@@ -78,7 +78,7 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
 
 
 def full_snapshot(r: Replicated) -> list[Any]:
-    """Everything replicated, for a joining broker (DESIGN §8): the meta snapshot,
+    """Everything replicated, for a joining broker (docs/design.md §8): the meta snapshot,
     the publish keys and every queue's index (not the messages)."""
     return [
         meta_snapshot(r),

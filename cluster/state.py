@@ -1,4 +1,4 @@
-"""The replicated state machine: the cluster applied from the ordered log (DESIGN §2, §4, §5).
+"""The replicated state machine: the cluster applied from the ordered log (docs/design.md §2, §4, §5).
 
 ``State.apply(offset, origin, event, out)`` is deterministic: no I/O, no clock, no
 randomness. Every broker that applies the same log prefix holds the same state and
@@ -17,7 +17,7 @@ the established view, dispatches each event, and answers it with a
 * ``cluster/effects.py`` — what ``apply`` asks the store and the broker to do;
 * ``cluster/membership.py`` and ``cluster/services.py`` — views and service leadership.
 
-Queue ownership (who may acquire, DESIGN §6), what a member leaving the view releases,
+Queue ownership (who may acquire, docs/design.md §6), what a member leaving the view releases,
 and checkpoints are applied here. Everything those modules define that other code
 uses is importable from this module too.
 """
@@ -170,7 +170,7 @@ class State:
         key = f"{origin.node}/{origin.runtime}"
         last = self.last_seq.get(key, -1)
         if origin.seq <= last:
-            self.ignore("duplicate")  # a retried append: applied once (DESIGN §3)
+            self.ignore("duplicate")  # a retried append: applied once (docs/design.md §3)
             return
         self.last_seq[key] = origin.seq
         if origin.ts > self.clock:
@@ -181,7 +181,7 @@ class State:
                 self._membership_event(key, origin, event, out)
                 result = None  # membership events answer nothing
             elif key not in self.membership.member_set:
-                # Fencing (DESIGN §4): only members of the established view act.
+                # Fencing (docs/design.md §4): only members of the established view act.
                 self.ignore("fenced")
                 raise Fenced(f"{key} is not in the established view {self.membership.view_seq}")
             else:
@@ -254,7 +254,7 @@ class State:
             self.ignore("not-own-consumer")
             raise InvalidArgument(f"{key} cannot settle for consumer {consumer}")
 
-    # -- ownership (DESIGN §6) ---------------------------------------------------------
+    # -- ownership (docs/design.md §6) ---------------------------------------------------------
 
     def _next_interested(self, q: QueueState, after: str | None) -> str | None:
         """The next interested member after ``after`` in view order (cyclic), not it."""
@@ -297,7 +297,7 @@ class State:
             self._set_owner(q, to, out)
         return Owner(q.owner)
 
-    # -- service leadership (DESIGN §7, cluster/services.py) ----------------------------
+    # -- service leadership (docs/design.md §7, cluster/services.py) ----------------------------
 
     def _handover(self, ev: Handover, out: list[Effect]) -> HandoverAsked:
         leader, token, to = self.services.handover(ev.service, ev.to, self.applied)
@@ -330,7 +330,7 @@ class State:
     def _granted(self, g: Grant, out: list[Effect]) -> None:
         out.append(LeaderChanged(g.service, g.leader, g.token, g.previous))
 
-    # -- membership (DESIGN §7) ---------------------------------------------------------
+    # -- membership (docs/design.md §7) ---------------------------------------------------------
 
     def _membership_event(
         self, key: str, origin: Origin, ev: Heartbeat | Propose | Vote | Leave | Join,
@@ -348,7 +348,7 @@ class State:
             case Leave():
                 ms.leave(key)
             case Join():
-                pass  # a marker: the update is captured at or after it (DESIGN §8)
+                pass  # a marker: the update is captured at or after it (docs/design.md §8)
             case Propose():
                 why = ms.propose(key, ev.view_seq, list(ev.members), ev.cluster_id)
                 if why is not None:
@@ -384,11 +384,11 @@ class State:
                 self._set_owner(q, self._next_interested(q, key), out)
                 self.dirty.add(name)
         # Its broker-level and session candidacies go; a service it led gets a new
-        # term at this log position (DESIGN §7).
+        # term at this log position (docs/design.md §7).
         for grant in self.services.drop_member(key, self.applied, self.membership.member_set):
             self._granted(grant, out)
 
-    # -- checkpoints (DESIGN §8) ------------------------------------------------------
+    # -- checkpoints (docs/design.md §8) ------------------------------------------------------
 
     def _checkpoint(self, key: str, ev: Checkpoint, out: list[Effect]) -> Checkpointed:
         if key != self.membership.leader():
@@ -414,7 +414,7 @@ class State:
         snapshot.restore_meta(self, snap)
 
     def full_snapshot(self) -> list[Any]:
-        """Everything replicated, for a joining broker (DESIGN §8): the meta snapshot,
+        """Everything replicated, for a joining broker (docs/design.md §8): the meta snapshot,
         the publish keys and every queue's index (not the messages)."""
         return snapshot.full_snapshot(self)
 

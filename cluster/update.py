@@ -1,4 +1,4 @@
-"""A broker joining a live cluster: the reverse-order update (DESIGN §8, after Qpid's).
+"""A broker joining a live cluster: the reverse-order update (docs/design.md §8, after Qpid's).
 
 A broker with an empty store does not replay the log's history. It appends
 :class:`~batonmq.cluster.events.Join`, finds live members by the heartbeats that follow

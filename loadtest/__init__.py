@@ -1,3 +1,3 @@
-"""Load-test harness (issue 6): workloads, faults, history checker, reports."""
+"""Load-test harness: workloads, faults, history checker, reports."""
 
 __all__: list[str] = []

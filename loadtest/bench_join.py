@@ -1,4 +1,4 @@
-"""Benchmark: a broker joining a busy cluster (issue 4, DESIGN §8).
+"""Benchmark: a broker joining a busy cluster (docs/design.md §8).
 
 Two brokers on one embedded file log hold ``--depth`` messages in ``--queues``
 queues, after ``--history`` more were published and consumed (a long log history

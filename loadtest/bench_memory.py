@@ -3,7 +3,7 @@
 Starts a real ``baton serve`` (embedded file log), publishes N messages of S bytes
 into one queue with confirms, and samples the broker's RSS (``/proc/PID/status``)
 as the queue grows; then restarts the broker on the same data dir and samples the
-RSS after recovery. The goal (issue 2): 2,000,000 x 1 KiB must not need 2 GB of
+RSS after recovery. The goal: 2,000,000 x 1 KiB must not need 2 GB of
 heap — the state machine keeps an index (a few integers per queue for fresh
 messages), the bodies stay in rocksdict and the log.
 

@@ -1,4 +1,4 @@
-"""Benchmark: the log's size under a steady load (issue 4, DESIGN §8 retention).
+"""Benchmark: the log's size under a steady load (docs/design.md §8, retention).
 
 Starts ``--brokers`` brokers on one embedded file log (``--segment-mb`` segments),
 runs a steady publish/consume load (``--rate`` messages/s of ``--size`` bytes, acked)

@@ -1,9 +1,9 @@
-"""The history checker: does a run's history keep Baton's guarantees (DESIGN §5)?
+"""The history checker: does a run's history keep Baton's guarantees (docs/design.md §5)?
 
 Pure: :func:`check` takes the merged records (see :mod:`batonmq.loadtest.history`) in time order
 and returns a :class:`CheckResult`; no clock, no files, no broker.
 
-What it counts (each a guarantee of DESIGN §5):
+What it counts (each a guarantee of docs/design.md §5):
 
 - ``lost`` (§5.1, §5.5): a confirmed publish that was never accepted anywhere (neither in
   its queue nor in a dead-letter queue it reached), was not dropped by design (rejected,

@@ -62,7 +62,7 @@ class OpKind(enum.IntEnum):
     DELIVER = 4
     #: The consumer asked to accept it.
     ACK_INVOKE = 5
-    #: The broker confirmed the accept: it must never come back (DESIGN §5.3).
+    #: The broker confirmed the accept: it must never come back (docs/design.md §5.3).
     ACK_OK = 6
     #: The accept failed or its outcome is unknown: the hold ended either way.
     ACK_FAIL = 7

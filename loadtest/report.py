@@ -230,7 +230,7 @@ def write_report(results: Sequence[RunResult], out_dir: str | Path, title: str =
                  + (html.escape(f" Machine load (1-min average, before -> after each run, "
                                 f"{cfg.get('cpus')} CPUs): {loads}.") if loads else "")
                  + "</p>")
-    parts.append("<h2>Checker (DESIGN §5)</h2>")
+    parts.append("<h2>Checker (docs/design.md §5)</h2>")
     crow = []
     for r in results:
         counts = r.check.counts

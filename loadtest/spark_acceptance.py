@@ -1,4 +1,4 @@
-"""Acceptance run of the import-entries pipeline (issue #5, docs/spark.md):
+"""Acceptance run of the import-entries pipeline (docs/spark.md):
 
     python -m batonmq.loadtest.spark_acceptance [--count 100000] [--workdir DIR] [--json OUT]
 

@@ -1,4 +1,4 @@
-"""The broker's local durable state (DESIGN §9).
+"""The broker's local durable state (docs/design.md §9).
 
 A store holds, per broker: message bodies by (queue id, position), the snapshots of
 the replicated queue indexes, the applied log offset, small identity values, and the
@@ -105,7 +105,7 @@ class Batch(abc.ABC):
         are its own updated with ``headers``; its enqueue time is ``enqueued_at``.
 
         Returns False if the source message is not here (a joining broker that has
-        not received it yet, DESIGN §8): nothing changes then."""
+        not received it yet, docs/design.md §8): nothing changes then."""
 
     @abc.abstractmethod
     def put_raw(self, qid: int, pos: int, raw: bytes) -> None:

@@ -1,4 +1,4 @@
-"""The ordered log: one interface, several backends (DESIGN §3).
+"""The ordered log: one interface, several backends (docs/design.md §3).
 
 A log is a sequence of opaque records (bytes) at dense integer offsets starting
 at 0. Appends are durable when they return. Readers tail: :meth:`Log.read` yields

@@ -440,7 +440,7 @@ class FileLog(Log):
         except OSError as exc:
             # Others may have appended after us: nothing can be cut. Readers may have
             # seen the records; the caller treats the outcome as unknown and retries
-            # (appliers drop the duplicates, DESIGN §3).
+            # (appliers drop the duplicates, docs/design.md §3).
             tail.seek(0, tail.base)
             raise LogUnavailable(f"sync of {path} failed, append outcome unknown: {exc}") from exc
         return firsts

@@ -1,4 +1,4 @@
-"""The ordered log's conformance suite (DESIGN §3, §12): every backend passes all of it.
+"""The ordered log's conformance suite (docs/design.md §3, §12): every backend passes all of it.
 
 Adding a backend is one subclass of :class:`LogContract` that says how to open a fresh
 log at a place (``make``) and whether its records outlive ``close`` (``persistent``).

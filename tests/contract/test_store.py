@@ -1,4 +1,4 @@
-"""The store's conformance suite (DESIGN §9): every backend passes all of it.
+"""The store's conformance suite (docs/design.md §9): every backend passes all of it.
 
 Adding a backend is one subclass of :class:`StoreContract` that says how to open a fresh
 store at a place (``make``) and how to open it again there after ``close`` (``restart``,

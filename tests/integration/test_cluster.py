@@ -1,4 +1,4 @@
-"""A replicated cluster: three real brokers on one shared log (issue 3): a file: log, and
+"""A replicated cluster: three real brokers on one shared log: a file: log, and
 for the tests on `any_cluster` also a topic on a real Kafka broker.
 
 Default timeouts (heartbeat 500 ms, suspicion after 6 beats of another member).

@@ -1,4 +1,4 @@
-"""DESIGN §5 guarantees against a real ``baton serve`` process on the file log.
+"""docs/design.md §5 guarantees against a real ``baton serve`` process on the file log.
 
 1 publish confirmed => durable (kill -9 mid-stream), 3 accept => never again,
 4 release => back with count + 1, 5 reject / delivery limit => dead-lettered,

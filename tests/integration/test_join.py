@@ -1,4 +1,4 @@
-"""Brokers joining live, restart recovery and log retention (issue 4, DESIGN §8).
+"""Brokers joining live, restart recovery and log retention (docs/design.md §8).
 
 Real broker processes on one shared log. The figures the issue asks for (200,000
 messages, two depths, p99 before and during a join, log size over minutes) come from
@@ -53,7 +53,7 @@ async def join_done(address: str) -> dict[str, Any] | None:
 
 async def checkpoint_agreement(nodes: list[BrokerProcess], timeout: float = 30) -> None:
     """Every broker verified the leader's digest at a checkpoint after now, and none saw
-    a mismatch (the cross-replica check of DESIGN §8)."""
+    a mismatch (the cross-replica check of docs/design.md §8)."""
     start = {b.address: (await topology(b.address))["applied"] for b in nodes}
 
     async def verified() -> bool:

@@ -1,4 +1,4 @@
-"""Service leadership end to end (DESIGN §7): client sessions on different brokers of a
+"""Service leadership end to end (docs/design.md §7): client sessions on different brokers of a
 real three-broker cluster compete for a service; kill -9, disconnects and admin
 handovers move the leadership, with growing fencing tokens."""
 

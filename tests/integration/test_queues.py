@@ -336,7 +336,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
             await msgs[2].reject(confirm=True)  # to s.a
             stats = await wait_stats(conn, "s.b", acquired=2)
             assert stats["consumers"] == 1
-            # The one broker owns the queue while its consumer is there (DESIGN §6).
+            # The one broker owns the queue while its consumer is there (docs/design.md §6).
             owner = stats.pop("owner")
             assert owner is not None and owner.startswith(conn.node_id + "/")
             assert stats.pop("interested") == [owner]

@@ -1,4 +1,4 @@
-"""Range readers against real brokers (DESIGN §11, docs/protocol.md "Range readers"):
+"""Range readers against real brokers (docs/design.md §11, docs/protocol.md "Range readers"):
 Reserve keeps consumers away, ReadRange reads without acquiring, from any broker of a
 cluster, and AcceptThrough accepts what the reader committed."""
 

@@ -1,5 +1,5 @@
 """The Spark source and the import-entries pipeline with real Spark (local[2]) and real
-broker processes (DESIGN §11, docs/spark.md).
+broker processes (docs/design.md §11, docs/spark.md).
 
 One Spark session is shared by the module (its start costs ~8 s); the pipeline runs
 in its own processes so that its driver can be killed with ``kill -9``.

@@ -1,6 +1,6 @@
 """Service leadership under random logs (hypothesis): candidates come and go, leaders
 resign, admins ask for handovers, brokers die and join. After every step the
-invariants of DESIGN §7 hold, and a replica that applies the same records (restored
+invariants of docs/design.md §7 hold, and a replica that applies the same records (restored
 from a snapshot midway) ends with the same digest."""
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class QueueModel(RuleBasedStateMachine):
         self.accepted = 0  # messages of q that ended ACCEPTED
         self.dropped = 0  # ... and DROPPED
         self.keyed: dict[str, tuple[int, int]] = {}  # idempotency key -> (first, count)
-        # Two member runtimes: both beat, n1/r1 proposes, both vote (DESIGN §7).
+        # Two member runtimes: both beat, n1/r1 proposes, both vote (docs/design.md §7).
         for m in MEMBERS:
             self._apply(Heartbeat("voter", "", {}), m)
         self._apply(Propose(1, MEMBERS, "cluster"), "n1/r1")
@@ -366,7 +366,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def read_range(self, data: st.DataObject) -> None:
         """A range reader reserves the queue, commits a position range and lets the
-        queue go: every ready message below the commit is accepted (DESIGN §11)."""
+        queue go: every ready message below the commit is accepted (docs/design.md §11)."""
         through = data.draw(st.integers(0, self.next_pos + 1))
         self._apply(Reserve("q", "reader"))
         done = self._completed(self._apply(AcceptThrough("q", through, "reader")))
@@ -394,7 +394,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule()
     def checkpoint(self) -> None:
         """The leader checkpoints, carrying its digest at the previous checkpoint: this
-        replica's own there must be the same (DESIGN §8)."""
+        replica's own there must be the same (docs/design.md §8)."""
         prev = self.state.checkpoints[-1] if self.state.checkpoints else (-1, "")
         out = self._apply(Checkpoint(prev[0], prev[1]))
         done = [e for e in out if isinstance(e, CheckpointApplied)]
@@ -430,7 +430,7 @@ class QueueModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         # A replica applying the same records, restored from snapshots halfway,
-        # ends with the same digest (DESIGN §2: two replicas, one log).
+        # ends with the same digest (docs/design.md §2: two replicas, one log).
         replica = State()
         half = len(self.records) // 2
         for i, record in enumerate(self.records[:half]):
@@ -446,7 +446,7 @@ class QueueModel(RuleBasedStateMachine):
             restored.apply(i, origin, ev, [])
         assert restored.digest() == self.state.digest()
         # A joiner installs a member's full snapshot taken at some offset and applies
-        # the rest of the log from there: the same digest again (DESIGN §8).
+        # the rest of the log from there: the same digest again (docs/design.md §8).
         joiner = State()
         joiner.install(replica.full_snapshot())
         assert joiner.digest() == replica.digest()

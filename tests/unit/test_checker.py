@@ -1,4 +1,4 @@
-"""The load-test history checker catches each broken guarantee (DESIGN §5, §12)."""
+"""The load-test history checker catches each broken guarantee (docs/design.md §5, §12)."""
 
 from __future__ import annotations
 

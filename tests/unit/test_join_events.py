@@ -1,4 +1,4 @@
-"""Join, Checkpoint and Heartbeat.hold on the log (DESIGN §8): codec and state."""
+"""Join, Checkpoint and Heartbeat.hold on the log (docs/design.md §8): codec and state."""
 
 from __future__ import annotations
 

@@ -308,7 +308,7 @@ async def test_service_leadership_survives_a_restart(tmp_path: Path) -> None:
         assert first.leader == a.key
         kept = b.state.services.snapshot()
         await _close(b)
-        # What the store kept is the service state b had applied (DESIGN §9).
+        # What the store kept is the service state b had applied (docs/design.md §9).
         store = _reopen(b)
         loaded = store.load()
         store.close()

@@ -1,4 +1,4 @@
-"""Range readers in the pure state machine (DESIGN §11): Reserve keeps consumers, TTL
+"""Range readers in the pure state machine (docs/design.md §11): Reserve keeps consumers, TTL
 and drop-head away from a queue; AcceptThrough accepts every ready message below a
 position, only for the holder, cumulatively and idempotently; replicas agree."""
 
