@@ -22,7 +22,14 @@ from batonmq.cluster.errors import BatonError, QueueNotFound
 from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
 from batonmq.cluster.node import Node
 from batonmq.cluster.results import Counted, Settled
-from batonmq.cluster.state import Acquired, Effect, MembersChanged, OwnerChanged, QueueGone, ReadyMore
+from batonmq.cluster.effects import (
+    Acquired,
+    Effect,
+    MembersChanged,
+    OwnerChanged,
+    QueueGone,
+    ReadyMore,
+)
 
 __all__ = ["Consumer", "Delivery"]
 

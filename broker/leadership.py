@@ -36,7 +36,7 @@ from batonmq.cluster.results import (
     ServiceList,
 )
 from batonmq.cluster.services import MAX_SERVICE_NAME, Service, host_of
-from batonmq.cluster.state import Effect, HandoverRequested, LeaderChanged, MembersChanged
+from batonmq.cluster.effects import Effect, HandoverRequested, LeaderChanged, MembersChanged
 
 __all__ = ["Leadership", "MAX_CANDIDACIES", "MAX_HANDOVER_MS"]
 

@@ -15,7 +15,7 @@ from batonmq.broker.session import Session
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound
 from batonmq.cluster.log import Log, open_log
 from batonmq.cluster.node import Node
-from batonmq.cluster.state import Effect
+from batonmq.cluster.effects import Effect
 from batonmq.store.rocks import RocksStore
 
 __all__ = ["Broker", "VERSION"]

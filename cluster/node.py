@@ -47,7 +47,8 @@ from batonmq.cluster.events import Event, Heartbeat, Join, Leave, Propose, Vote
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import Log
 from batonmq.cluster.membership import Ballot, duties
-from batonmq.cluster.state import QueueState, State
+from batonmq.cluster.queues import QueueState
+from batonmq.cluster.state import State
 from batonmq.cluster.update import Catchup, Progress, find_donors
 from batonmq.store import Batch, Loaded, Store
 

@@ -28,20 +28,13 @@ from typing import Any
 
 from batonmq.cluster import snapshot
 from batonmq.cluster.effects import (
-    Acquired,
     CheckpointApplied,
     Completed,
     Effect,
     HandoverRequested,
     LeaderChanged,
     MembersChanged,
-    Moved,
     OwnerChanged,
-    QueueGone,
-    ReadyMore,
-    Removed,
-    RemovedRange,
-    Stored,
 )
 from batonmq.cluster.errors import (
     BatonError,
@@ -79,32 +72,11 @@ from batonmq.cluster.events import (
 )
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import VOTER, Membership
-from batonmq.cluster.queues import MAX_QUEUE_NAME, TRANSITIONS, MessageState, QueueIndex, QueueState
+from batonmq.cluster.queues import QueueIndex, QueueState
 from batonmq.cluster.results import Candidacy, Checkpointed, HandoverAsked, Owner, Result
 from batonmq.cluster.services import Grant, Services, check_candidate
 
-__all__ = [
-    "MessageState",
-    "TRANSITIONS",
-    "State",
-    "QueueState",
-    "Effect",
-    "Completed",
-    "Stored",
-    "Removed",
-    "RemovedRange",
-    "Moved",
-    "Acquired",
-    "ReadyMore",
-    "QueueGone",
-    "OwnerChanged",
-    "MembersChanged",
-    "CheckpointApplied",
-    "LeaderChanged",
-    "HandoverRequested",
-    "MAX_QUEUE_NAME",
-    "KEY_MEMORY",
-]
+__all__ = ["State"]
 
 
 class State:

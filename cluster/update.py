@@ -45,7 +45,8 @@ from batonmq.cluster.errors import BatonError, InvalidArgument, Timeout, JoinFai
 from batonmq.cluster.codec import MalformedEvent, decode
 from batonmq.cluster.events import Heartbeat
 from batonmq.cluster.log import Log
-from batonmq.cluster.state import QueueState, State
+from batonmq.cluster.queues import QueueState
+from batonmq.cluster.state import State
 from batonmq.store import Batch, Store, StoreReader, merge_headers
 
 __all__ = [

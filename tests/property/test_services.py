@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from batonmq.cluster import codec
 from batonmq.cluster.events import Candidate, Event, Handover, Heartbeat, Origin, Propose, Resign, Vote
 from batonmq.cluster.services import host_of
-from batonmq.cluster.state import Effect, LeaderChanged, QueueState, State
+from batonmq.cluster.effects import Effect, LeaderChanged
+from batonmq.cluster.queues import QueueState
+from batonmq.cluster.state import State
 
 SERVICES = ("s1", "s2")
 

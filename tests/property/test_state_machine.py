@@ -50,17 +50,9 @@ from batonmq.cluster.events import (
     Vote,
 )
 from batonmq.cluster.results import AcceptedThrough, Declared, Enqueued, Purged, Settled
-from batonmq.cluster.state import (
-    TRANSITIONS,
-    Acquired,
-    CheckpointApplied,
-    Completed,
-    Effect,
-    MessageState,
-    Moved,
-    QueueState,
-    State,
-)
+from batonmq.cluster.effects import Acquired, CheckpointApplied, Completed, Effect, Moved
+from batonmq.cluster.queues import MessageState, QueueState, TRANSITIONS
+from batonmq.cluster.state import State
 
 CONSUMERS = ("n1/r1/1", "n1/r1/2", "n2/r9/1")
 MEMBERS = ("n1/r1", "n2/r9")

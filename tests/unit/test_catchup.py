@@ -8,7 +8,8 @@ import msgpack
 from batonmq.cluster.events import Accept, Acquire, DeclareQueue, Enqueue, Event, Interest, Origin, Reject
 from batonmq.cluster.log.memory import MemoryLog
 from batonmq.cluster.node import Node
-from batonmq.cluster.state import Effect, State
+from batonmq.cluster.effects import Effect
+from batonmq.cluster.state import State
 from batonmq.cluster.update import Catchup
 from batonmq.store.memory import MemoryStore
 from tests.unit.test_join_events import _cluster

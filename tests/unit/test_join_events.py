@@ -8,7 +8,8 @@ import pytest
 from batonmq.cluster import codec
 from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.events import Checkpoint, Heartbeat, Join, Origin, Propose, Vote
-from batonmq.cluster.state import Completed, Effect, State
+from batonmq.cluster.effects import Completed, Effect
+from batonmq.cluster.state import State
 
 O = Origin("n1", "r1", 1, 1000)
 

@@ -22,7 +22,8 @@ from batonmq.cluster.events import (
 )
 from batonmq.cluster.membership import Ballot, duties
 from batonmq.cluster.results import Counted
-from batonmq.cluster.state import Acquired, Completed, Effect, MembersChanged, OwnerChanged, State
+from batonmq.cluster.effects import Acquired, Completed, Effect, MembersChanged, OwnerChanged
+from batonmq.cluster.state import State
 
 
 class Cluster:

@@ -21,7 +21,8 @@ from batonmq.cluster.events import Accept, Acquire, Candidate, DeclareQueue, Enq
 from batonmq.cluster.log import open_log
 from batonmq.cluster.log.memory import MemoryLog
 from batonmq.cluster.node import Node
-from batonmq.cluster.state import Acquired, Effect, State
+from batonmq.cluster.effects import Acquired, Effect
+from batonmq.cluster.state import State
 from batonmq.store.memory import MemoryStore
 
 

@@ -14,7 +14,9 @@ from batonmq.cluster import codec
 from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.events import DeclareQueue, Enqueue, Event, Heartbeat, Origin, Propose, Vote
 from batonmq.cluster.results import Enqueued
-from batonmq.cluster.state import Completed, Effect, QueueState, State, Stored
+from batonmq.cluster.effects import Completed, Effect, Stored
+from batonmq.cluster.queues import QueueState
+from batonmq.cluster.state import State
 
 __all__: list[str] = []
 

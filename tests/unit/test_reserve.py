@@ -28,18 +28,9 @@ from batonmq.cluster.events import (
     Vote,
 )
 from batonmq.cluster.results import AcceptedThrough, Counted, Reserved
-from batonmq.cluster.state import (
-    TRANSITIONS,
-    Acquired,
-    Completed,
-    Effect,
-    MessageState,
-    QueueState,
-    ReadyMore,
-    Removed,
-    RemovedRange,
-    State,
-)
+from batonmq.cluster.effects import Acquired, Completed, Effect, ReadyMore, Removed, RemovedRange
+from batonmq.cluster.queues import MessageState, QueueState, TRANSITIONS
+from batonmq.cluster.state import State
 
 R = TypeVar("R")
 

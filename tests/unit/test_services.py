@@ -12,7 +12,8 @@ from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.events import Candidate, Handover, Heartbeat, Origin, Resign
 from batonmq.cluster.results import Candidacy, HandoverAsked
 from batonmq.cluster.services import Services, check_candidate, host_of
-from batonmq.cluster.state import Completed, HandoverRequested, LeaderChanged, State
+from batonmq.cluster.effects import Completed, HandoverRequested, LeaderChanged
+from batonmq.cluster.state import State
 from tests.unit.test_membership import Cluster
 
 A, B, C = "a/1", "b/1", "c/1"
