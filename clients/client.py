@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -576,15 +576,15 @@ class Connection:
         read = read_result(RangeRead, result)
         return read.messages, read.next
 
-    async def publish(
+    def publish(
         self,
         queue: str,
         body: bytes | bytearray | memoryview,
         headers: Mapping[str, Any] | None = None,
         *,
         idempotency_key: str | None = None,
-    ) -> int:
-        """Publish one message and wait until the broker confirms it.
+    ) -> Coroutine[Any, Any, int]:
+        """Publish one message and wait until the broker confirms it (``await`` it).
 
         A confirmed message is durable on the log: it is never lost afterwards.
         Every publish carries an idempotency key; the cluster enqueues a publish
@@ -610,9 +610,9 @@ class Connection:
             ConnectionClosed: the connection ended before the confirmation; the message
                 may or may not have been enqueued.
         """
-        return await self._producer.publish(
-            queue, body, headers, idempotency_key=idempotency_key
-        )
+        # The producer's own coroutine, not one that awaits it: a publish is the hot
+        # path, and a coroutine frame per call is a measurable share of its cost.
+        return self._producer.publish(queue, body, headers, idempotency_key=idempotency_key)
 
     async def publish_batch(
         self,

@@ -697,7 +697,7 @@ _Check = Callable[[Any], bool]
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int  # msgpack decodes ints as int exactly (and bool is no int here)
 
 
 def _check(hint: Any) -> _Check:
@@ -761,23 +761,27 @@ def read_result(kind: type[R], result: Mapping[str, Any]) -> R:
     Raises:
         ProtocolError: a field is missing or has the wrong type.
     """
+    # On the path of every confirmed publish and settle: one lookup per field.
     values: list[Any] = []
     for name, check, typename, optional in _RESULT_SCHEMA[kind]:
-        if name in result:
-            value = result[name]
-            if not check(value):
+        value = result.get(name, _ABSENT)
+        if value is _ABSENT:
+            if not optional:
                 raise ProtocolError(
-                    f"the broker's {kind.__name__} result has {name!r} of type"
-                    f" {type(value).__name__}, not {typename}: {_short(result)}"
+                    f"the broker's {kind.__name__} result has no {name!r}: {_short(result)}"
                 )
-        elif optional:
             value = None
-        else:
+        elif not check(value):
             raise ProtocolError(
-                f"the broker's {kind.__name__} result has no {name!r}: {_short(result)}"
+                f"the broker's {kind.__name__} result has {name!r} of type"
+                f" {type(value).__name__}, not {typename}: {_short(result)}"
             )
         values.append(value)
     return kind(*values)
+
+
+#: A field not in a result map (None is a value a field may have).
+_ABSENT: Final = object()
 
 
 def _short(result: Mapping[str, Any]) -> str:
