@@ -158,7 +158,6 @@ class Connection:
         max_message: the largest message body the broker accepts, in bytes.
     """
 
-
     def __init__(self, channel: Channel) -> None:
         """Wrap an open channel (:func:`connect` makes both)."""
         self._channel = channel
