@@ -1,4 +1,5 @@
-"""Queues and the life cycle of their messages (docs/design.md §2, §5, §11). Pure: no I/O, no clock.
+"""Queues and the life cycle of their messages (docs/design.md §2, §5, §11).
+Pure: no I/O, no clock.
 
 Each queue's replicated state is an *index*, not its messages (:class:`QueueState`):
 the next position, the cursor below which every message was handed out at least once,

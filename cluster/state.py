@@ -1,4 +1,5 @@
-"""The replicated state machine: the cluster applied from the ordered log (docs/design.md §2, §4, §5).
+"""The replicated state machine: the cluster applied from the ordered log
+(docs/design.md §2, §4, §5).
 
 ``State.apply(offset, origin, event, out)`` is deterministic: no I/O, no clock, no
 randomness. Every broker that applies the same log prefix holds the same state and

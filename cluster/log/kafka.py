@@ -27,7 +27,8 @@ How the contract maps onto Kafka:
   order on the partition is the order of the returned offsets.
 * An append that fails with LogUnavailable because Kafka did not answer in time has an
   *unknown* outcome: it may still become visible (unlike the file backend, where a failed
-  append is never visible). Appliers drop the duplicates a retry can then produce (docs/design.md §3).
+  append is never visible). Appliers drop the duplicates a retry can then produce
+  (docs/design.md §3).
   After any failed append the producer is replaced, so its sequence numbers start afresh.
 * Readers are consumers without a group (``assign`` + ``seek``); they commit nothing.
 """
