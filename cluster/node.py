@@ -328,7 +328,7 @@ class Node:
         # Keys below the snapshot's oldest were never in this store: nothing to delete.
         self.applier.keys_forgotten = self.state.keys_floor()
         async with self.apply_lock:
-            await self._persist([], applied)
+            await self.applier.persist([], applied)
 
     def locked(self, queue: str) -> bool:
         """Is ``queue`` still being updated here (no interest, no delivery)?"""
@@ -443,6 +443,3 @@ class Node:
         if self.on_truncated is not None:
             self.on_truncated()
 
-    async def _persist(self, effects: list[Effect], offset: int) -> None:
-        """Write effects and snapshots with ``offset`` (the caller holds the apply lock)."""
-        await self.applier.persist(effects, offset)

@@ -58,7 +58,7 @@ async def test_waiting_moves_resolve_when_the_body_arrives() -> None:
     for ev in (Acquire("q", "n1/r1/1", 2), Reject("q", "n1/r1/1", (1,)), Accept("q", "n1/r1/1", (0,))):
         out = feed.apply(ev)[1]
         async with node.apply_lock:
-            await node._persist(out, feed.offset - 1)
+            await node.applier.persist(out, feed.offset - 1)
     # Position 1 of q was dead-lettered to dlq position 0 before its body came.
     assert catchup.dst_pending == {(dlq.qid, 0): (q.qid, 1)}
     catchup.pending.pop("dlq")
