@@ -1,0 +1,204 @@
+"""The ``baton`` commands that are clients of a broker: publish, consume, queues,
+topology, services, handover (each connects to the broker's client port)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from batonmq.broker.config import DEFAULT_PORT
+
+__all__ = ["add_commands"]
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    bodies: list[bytes]
+    if args.message:
+        bodies = [m.encode() for m in args.message]
+    else:
+        bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
+    headers = dict(h.split("=", 1) for h in args.header)
+    with clients.sync.connect(args.broker) as conn:
+        if args.declare:
+            conn.declare_queue(args.queue)
+        if args.count > 1 and len(bodies) == 1:
+            bodies = bodies * args.count
+        positions = conn.publish_batch(args.queue, [(b, headers) for b in bodies])
+    print(f"published {len(positions)} message(s) to {args.queue}", file=sys.stderr)
+    return 0
+
+
+def _consume(args: argparse.Namespace) -> int:
+    from batonmq import clients
+    from batonmq.cluster.errors import Timeout
+
+    got = 0
+    with clients.sync.connect(args.broker) as conn:
+        # Take no more than will be printed: the rest would only sit in a buffer.
+        prefetch = min(args.prefetch, args.count) if args.count else args.prefetch
+        with conn.consume(args.queue, prefetch=prefetch) as consumer:
+            deadline = time.monotonic() + args.timeout if args.timeout else None
+            while args.count == 0 or got < args.count:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                try:
+                    msg = consumer.next(timeout=left)
+                except Timeout:
+                    break
+                line = msg.body.decode(errors="replace")
+                if args.verbose:
+                    line = f"{msg.position}\t{msg.delivery_count}\t{json.dumps(msg.headers)}\t{line}"
+                print(line, flush=True)
+                if args.no_ack:
+                    msg.release()
+                else:
+                    msg.ack()
+                got += 1
+    print(f"consumed {got} message(s) from {args.queue}", file=sys.stderr)
+    return 0
+
+
+def _queues(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        rows = conn.list_queues()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'queue':30} {'ready':>10} {'acquired':>9} {'consumers':>9} {'enqueued':>10}")
+    for r in rows:
+        print(
+            f"{r['queue']:30} {r['ready']:>10} {r['acquired']:>9} "
+            f"{r.get('consumers', 0):>9} {r['enqueued']:>10}"
+        )
+    return 0
+
+
+def _topology(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        topo = conn.topology()
+    if args.json:
+        print(json.dumps(topo, indent=2))
+        return 0
+    print(f"cluster {topo['cluster_id']}  view {topo['view']}"
+          f"{'  (changing)' if topo['changing'] else ''}")
+    for i in topo["instances"]:
+        flags = ("leader " if i["leader"] else "") + ("(this broker)" if i["local"] else "")
+        props = ",".join(f"{k}={v}" for k, v in sorted(i["properties"].items()))
+        print(f"  {i['node_id']:16} {i['role']:8} {i['address']:22} {props:20} {flags}")
+    print(f"this broker applied offset {topo['applied']}, digest {topo['digest'][:16]}")
+    join = topo.get("join")
+    if join and join.get("state") == "updating":
+        print(f"this broker is joining: {join['progress']} (those queues wait here)")
+    elif join:
+        print(f"this broker joined by an update: {join['queues']} queues,"
+              f" {join['messages']} messages in {join['seconds']}s")
+    cp = topo.get("checkpoint")
+    if cp:
+        print(f"last checkpoint at offset {cp['offset']}"
+              + (f", digest verified at {cp['verified']}" if "verified" in cp else ""))
+    if topo.get("log_truncated_before"):
+        print(f"as leader, this broker truncated the log: it starts at {topo['log_truncated_before']}")
+    if topo.get("digest_mismatches"):
+        print(f"REPLICA DIVERGED: {topo['digest_mismatches']} checkpoint digest(s) differ from"
+              " the leader's: this replica's state is wrong (see its log)")
+    if not topo.get("healthy", True):
+        print("this broker is UNHEALTHY: it cannot read or write the log, or write its store"
+              " (see its log)")
+    if not topo.get("member", True):
+        print("this broker is not a member of the established view (joining, or fenced)")
+    return 0
+
+
+def _services(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        rows = conn.services()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        return 0
+    if not rows:
+        print("no services (nobody runs for leader of any service)")
+        return 0
+    print(f"{'service':24} {'leader':36} {'token':>10} {'terms':>6}  candidates")
+    for r in rows:
+        note = "  (handover requested" + (f" to {r.handover_to})" if r.handover_to else ")")
+        print(
+            f"{r.service:24} {r.leader or '-':36} {'-' if r.token is None else r.token:>10}"
+            f" {r.terms:>6}  {len(r.candidates)}{note if r.handover_requested else ''}"
+        )
+        if args.verbose:
+            for c in r.candidates:
+                print(f"    {c}{'  (leader)' if c == r.leader else ''}")
+    return 0
+
+
+def _handover(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        done = conn.handover(args.service, to=args.to, timeout=args.timeout)
+    print(
+        f"service {done.service}: {done.leader} leads now (token {done.token})"
+        f"{f', after {done.previous}' if done.previous else ''}"
+    )
+    return 0
+
+
+def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Add the client commands to the ``baton`` parser's subcommands."""
+    broker_help = "broker address(es), HOST:PORT[,HOST:PORT]"
+    pub = sub.add_parser("publish", help="publish messages (arguments, or stdin lines)")
+    pub.add_argument("queue")
+    pub.add_argument("message", nargs="*")
+    pub.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    pub.add_argument("--header", action="append", default=[], help="KEY=VALUE, repeatable")
+    pub.add_argument("--count", type=int, default=1, help="repeat a single message N times")
+    pub.add_argument("--declare", action="store_true", help="declare the queue first")
+    pub.set_defaults(func=_publish)
+
+    con = sub.add_parser("consume", help="print and ack messages")
+    con.add_argument("queue")
+    con.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    con.add_argument("--count", type=int, default=0, help="stop after N (0: no limit)")
+    con.add_argument("--timeout", type=float, default=5.0, help="stop after idle seconds (0: never)")
+    con.add_argument("--prefetch", type=int, default=100)
+    con.add_argument("--no-ack", action="store_true", help="release instead of ack")
+    con.add_argument("-v", "--verbose", action="store_true", help="position, count, headers too")
+    con.set_defaults(func=_consume)
+
+    t = sub.add_parser("topology", help="show the cluster's view as a broker applied it")
+    t.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_topology)
+
+    q = sub.add_parser("queues", help="list queues and their counters")
+    q.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_queues)
+
+    sv = sub.add_parser("services", help="list services: leader, fencing token, candidates")
+    sv.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    sv.add_argument("--json", action="store_true")
+    sv.add_argument("-v", "--verbose", action="store_true", help="list every candidate")
+    sv.set_defaults(func=_services)
+
+    ho = sub.add_parser("handover", help="ask a service's leader to hand over; wait for the next term")
+    ho.add_argument("service")
+    ho.add_argument("--to", default=None,
+                    help="candidate key or node id to lead next (default: the next in line)")
+    ho.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    ho.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds to wait for the leader to finish its work")
+    ho.set_defaults(func=_handover)
