@@ -1,14 +1,16 @@
-"""The ``baton`` command: global options, the subcommands (from ``cli_serve`` and
-``cli_client``), and how an error ends the command."""
+"""The ``baton`` command: global options, the subcommands (from ``cli_serve``,
+``cli_client`` and ``cli_ops``), and how an error ends the command."""
 
 from __future__ import annotations
 
 import argparse
-import logging
+import importlib.metadata
 import sys
 from collections.abc import Sequence
+from typing import NoReturn, cast
 
-from batonmq.broker import cli_client, cli_serve
+from batonmq.broker import cli_client, cli_ops, cli_serve, logs
+from batonmq.broker.config import LOG_FORMATS, LOG_LEVELS
 from batonmq.cluster.errors import BatonError
 
 __all__ = ["main"]
@@ -26,12 +28,38 @@ def _import_entries(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose mistakes end the command with one line on stderr
+    (not the usage block): what is wrong, and where to look."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("batonmq")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that is not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="baton", description="Baton message broker")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
-    sub = p.add_subparsers(dest="command", required=True)
+    # No abbreviations at the top: "serve --log URL" must not look like an
+    # ambiguous "--log-level" / "--log-format" to this parser.
+    p = _Parser(prog="baton", description="Baton message broker", allow_abbrev=False)
+    p.add_argument("--version", action="version", version=f"baton {_version()}")
+    p.add_argument("--log-level", default=None, type=str.upper, choices=LOG_LEVELS,
+                   help="least level logged (default INFO)")
+    p.add_argument("--log-format", default=None, choices=LOG_FORMATS,
+                   help="text lines, or json: one object per line (default text)")
+    # The subcommands' parsers are _Parsers too (add_subparsers uses the parent's class).
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        p.add_subparsers(dest="command", required=True),
+    )
     cli_serve.add_commands(sub)
     cli_client.add_commands(sub)
+    cli_ops.add_commands(sub)
 
     from batonmq.loadtest.__main__ import add_arguments
 
@@ -48,15 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``baton`` command.
+
+    Returns:
+        The exit code: 0, 1 when the command failed (one line on stderr says why),
+        2 for a usage or configuration mistake, 130 when interrupted.
+    """
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup(args.log_level or "INFO", args.log_format or "text")
     try:
         return int(args.func(args))
     except BatonError as exc:
         print(f"baton: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a missing or unreadable file named on the command line
+        print(f"baton: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -9,6 +9,7 @@ import sys
 import time
 
 from batonmq.broker.config import DEFAULT_PORT
+from batonmq.cluster.errors import InvalidArgument
 
 __all__ = ["add_commands"]
 
@@ -21,7 +22,12 @@ def _publish(args: argparse.Namespace) -> int:
         bodies = [m.encode() for m in args.message]
     else:
         bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
-    headers = dict(h.split("=", 1) for h in args.header)
+    headers = {}
+    for item in args.header:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"--header needs KEY=VALUE, got {item!r}")
+        headers[key] = value
     with clients.sync.connect(args.broker) as conn:
         if args.declare:
             conn.declare_queue(args.queue)
@@ -85,9 +91,12 @@ def _topology(args: argparse.Namespace) -> int:
 
     with clients.sync.connect(args.broker) as conn:
         topo = conn.topology()
+    # Exit 1 when the broker asked is not a member of the view or is unhealthy (the
+    # report still shows what it knows; ``baton health`` asks for more).
+    status = 0 if topo.get("member", False) and topo.get("healthy", False) else 1
     if args.json:
         print(json.dumps(topo, indent=2))
-        return 0
+        return status
     print(f"cluster {topo['cluster_id']}  view {topo['view']}"
           f"{'  (changing)' if topo['changing'] else ''}")
     for i in topo["instances"]:
@@ -115,7 +124,7 @@ def _topology(args: argparse.Namespace) -> int:
               " (see its log)")
     if not topo.get("member", True):
         print("this broker is not a member of the established view (joining, or fenced)")
-    return 0
+    return status
 
 
 def _services(args: argparse.Namespace) -> int:

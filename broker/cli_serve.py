@@ -4,44 +4,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 
+from batonmq.broker import logs, settings
 from batonmq.broker.config import DEFAULT_PORT, READY_PREFIX, BrokerConfig, parse_address
-from batonmq.cluster.errors import BatonError
+from batonmq.cluster.errors import BatonError, InvalidArgument
 
 __all__ = ["add_commands"]
 
 
-def _properties(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"baton: --property needs KEY=VALUE, got {item!r}")
-        out[key] = value
-    return out
-
-
 def _serve(args: argparse.Namespace) -> int:
-    host, port = parse_address(args.listen)
-    config = BrokerConfig(
-        data_dir=args.data_dir,
-        host=host,
-        port=port,
-        log_url=args.log,
-        node_id=args.node_id,
-        max_message=args.max_message,
-        role=args.role,
-        properties=_properties(args.property),
-        heartbeat_ms=args.heartbeat_ms,
-        suspect_beats=args.suspect_beats,
-        time_slice_ms=args.time_slice_ms,
-        checkpoint_ms=args.checkpoint_ms,
-        join=args.join,
-        update_max_rate=args.update_max_rate,
-        services=list(args.service),
-    )
+    env = os.environ
+    flags = settings.flag_values(args)
+    # The global --log-level / --log-format (before "serve") count as flags too.
+    for name in ("log_level", "log_format"):
+        if name not in flags and getattr(args, name, None) is not None:
+            flags[name] = getattr(args, name)
+    try:
+        config, sources = settings.load(flags, env, settings.config_path(args, env))
+    except InvalidArgument as exc:
+        print(f"baton: {exc.message}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        sys.stdout.write(settings.to_toml(config, sources))
+        return 0
+    logs.setup(config.log_level, config.log_format)
     import uvloop
 
     return uvloop.run(_serve_async(config))
@@ -68,7 +57,12 @@ async def _serve_async(config: BrokerConfig) -> int:
     stopping.cancel()
     if starting.exception() is not None:
         exc = starting.exception()
-        msg = exc.message if isinstance(exc, BatonError) else repr(exc)
+        if isinstance(exc, BatonError):
+            msg = exc.message
+        elif isinstance(exc, OSError):  # e.g. a data dir that cannot be made
+            msg = f"{exc.filename or config.data_dir}: {exc.strerror or exc}"
+        else:
+            msg = repr(exc)
         print(f"baton: cannot start: {msg}", file=sys.stderr)
         await broker.stop()
         return 2
@@ -93,32 +87,33 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.data_dir, args.count, args.size)
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Add ``serve``, ``dev`` and ``demo`` to the ``baton`` parser's subcommands."""
-    s = sub.add_parser("serve", help="run a broker")
-    s.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", help="HOST:PORT for clients")
-    s.add_argument("--data-dir", required=True, help="the broker's own directory")
-    s.add_argument("--log", default=None, help="log URL (default: file:<data-dir>/log)")
-    s.add_argument("--node-id", default=None, help="persistent node id (default: generated)")
-    s.add_argument("--max-message", type=int, default=8 * 1024 * 1024, help="bytes")
-    s.add_argument("--role", choices=("voter", "observer"), default="voter",
-                   help="observers replicate and serve clients, never vote or lead")
-    s.add_argument("--property", action="append", default=[],
-                   help="instance property KEY=VALUE for the topology, repeatable")
-    s.add_argument("--heartbeat-ms", type=int, default=500)
-    s.add_argument("--suspect-beats", type=int, default=6,
-                   help="another member's beats without ours before we are suspected")
-    s.add_argument("--time-slice-ms", type=int, default=200,
-                   help="how long an owner keeps a queue other brokers want")
-    s.add_argument("--checkpoint-ms", type=int, default=5000,
-                   help="leader's checkpoint interval: digest check and log truncation (0: off)")
-    s.add_argument("--join", choices=("auto", "update", "replay"), default="auto",
-                   help="an empty data dir on a busy log: take the state from a live member"
-                        " (auto/update) or replay the whole log (replay)")
-    s.add_argument("--update-max-rate", type=int, default=0,
-                   help="messages/s this broker streams to a joining broker at most (0: no cap)")
-    s.add_argument("--service", action="append", default=[], metavar="NAME",
-                   help="run this broker for leader of service NAME, repeatable")
+    s = sub.add_parser(
+        "serve",
+        help="run a broker",
+        description="Run a broker. Every option can also be set by a BATON_* environment"
+        " variable or a key of a TOML --config file; a flag wins over the environment,"
+        " which wins over the file (docs/configuration.md).",
+    )
+    s.add_argument("--config", default=None, metavar="FILE.toml",
+                   help=f"read options from this TOML file (env {settings.CONFIG_ENV})")
+    s.add_argument("--print-config", action="store_true",
+                   help="print the effective configuration as TOML and exit")
+    s.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help="--host and --port at once (default 127.0.0.1:%d)" % DEFAULT_PORT)
+    settings.add_flags(s)
     s.set_defaults(func=_serve)
 
     dv = sub.add_parser("dev", help="run a local cluster on one shared file: log")
@@ -130,6 +125,6 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
 
     d = sub.add_parser("demo", help="start a broker, round-trip messages, stop it")
     d.add_argument("--data-dir", default=None, help="default: a new temporary directory")
-    d.add_argument("--count", type=int, default=20_000)
-    d.add_argument("--size", type=int, default=1024, help="body bytes")
+    d.add_argument("--count", type=_positive, default=20_000)
+    d.add_argument("--size", type=_positive, default=1024, help="body bytes")
     d.set_defaults(func=_demo)

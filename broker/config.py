@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 from batonmq.cluster.errors import InvalidArgument
 
-__all__ = ["BrokerConfig", "parse_address", "ready_address", "DEFAULT_PORT", "READY_PREFIX"]
+__all__ = [
+    "BrokerConfig",
+    "DEFAULT_PORT",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "MAX_IN_FLIGHT",
+    "READY_PREFIX",
+    "parse_address",
+    "ready_address",
+]
 
 DEFAULT_PORT = 5671
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+#: Commands one client connection may have in flight before the broker stops reading
+#: its frames (the default of ``BrokerConfig.max_in_flight``).
+MAX_IN_FLIGHT = 20_000
 
 
 def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -44,19 +59,36 @@ def ready_address(line: str) -> str | None:
     return rest[0] if rest else None
 
 
+def _opt(default: Any = MISSING, *, help: str, factory: Any = MISSING, **meta: Any) -> Any:
+    """A :class:`BrokerConfig` field with what ``baton serve`` shows of it: ``help``, and
+    optionally ``flag`` (instead of ``--<name>``), ``aliases`` (more flags), ``choices``,
+    ``least`` (smallest value), ``secret`` (redacted by ``--print-config``). The flags,
+    the ``BATON_*`` variables and the config file keys are all derived from these
+    (broker/settings.py), so the three routes cannot drift apart."""
+    meta["help"] = help
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass(slots=True)
 class BrokerConfig:
-    """Everything ``baton serve`` can be told.
+    """Everything ``baton serve`` can be told: one field per option, with its default
+    and meaning in the field's metadata (docs/configuration.md is the reference).
 
     Attributes:
-        host, port: where clients connect (port 0 picks a free port).
         data_dir: the broker's own directory (store, identity, default log).
+        host, port: where clients connect (port 0 picks a free port).
         log_url: the ordered log; default ``file:<data_dir>/log``.
         node_id: persistent id; default made at first start and kept in the store.
         max_message: largest message body accepted, bytes.
         max_headers: largest message headers accepted (msgpack-encoded), bytes.
         max_frame: largest wire frame, bytes.
         max_prefetch: largest prefetch a consumer may ask for.
+        max_in_flight: commands one connection may have in flight before the broker
+            stops reading from it.
+        max_append: most events per log append (the appender's batch).
+        max_outbox: most events waiting for an unavailable log before commands fail.
         expiry_interval: seconds between TTL checks of queues with a message TTL.
         role: "voter" (votes, may lead) or "observer" (replicates and serves only).
         properties: instance properties shown in the topology (e.g. zone=a).
@@ -72,47 +104,84 @@ class BrokerConfig:
         update_max_rate: messages/s this broker streams to a joining broker at most
             (0: as fast as the joiner takes them).
         services: services this broker itself runs for leader of (docs/design.md §7).
+        log_level, log_format: the process's logging (docs/operations.md).
     """
 
-    data_dir: str
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    log_url: str | None = None
-    node_id: str | None = None
-    max_message: int = 8 * 1024 * 1024
-    max_headers: int = 64 * 1024
-    max_frame: int = 32 * 1024 * 1024
-    max_prefetch: int = 10_000
-    expiry_interval: float = 0.25
-    role: str = "voter"
-    properties: dict[str, str] = field(default_factory=dict)
-    heartbeat_ms: int = 500
-    suspect_beats: int = 6
-    time_slice_ms: int = 200
-    checkpoint_ms: int = 5000
-    join: str = "auto"
-    update_max_rate: int = 0
-    services: list[str] = field(default_factory=list)
+    data_dir: str = _opt(help="the broker's own directory: store, identity, default log (required)")
+    host: str = _opt("127.0.0.1", help="interface clients connect to")
+    port: int = _opt(DEFAULT_PORT, least=0, help="client port (0: a free one, named in the ready line)")
+    log_url: str | None = _opt(None, aliases=("--log",),
+                               help="the ordered log's URL (not set: file:<data_dir>/log)")
+    node_id: str | None = _opt(None, help="persistent node id (not set: made at first start)")
+    max_message: int = _opt(8 * 1024 * 1024, least=1, help="largest message body accepted, bytes")
+    max_headers: int = _opt(64 * 1024, least=1,
+                            help="largest message headers accepted (msgpack-encoded), bytes")
+    max_frame: int = _opt(32 * 1024 * 1024, least=1024, help="largest wire frame, bytes")
+    max_prefetch: int = _opt(10_000, least=1, help="largest prefetch a consumer may ask for")
+    max_in_flight: int = _opt(MAX_IN_FLIGHT, least=1,
+                              help="commands one connection may have in flight before the"
+                                   " broker stops reading from it")
+    max_append: int = _opt(2048, least=1, help="most events per log append (the batch)")
+    max_outbox: int = _opt(200_000, least=1,
+                           help="most events waiting for an unavailable log before commands"
+                                " fail with LogUnavailable")
+    expiry_interval: float = _opt(0.25, help="seconds between TTL checks of queues with a TTL")
+    role: str = _opt("voter", choices=("voter", "observer"),
+                     help="observers replicate and serve clients, never vote or lead")
+    properties: dict[str, str] = _opt(factory=dict, flag="--property",
+                                      help="instance properties for the topology, KEY=VALUE")
+    heartbeat_ms: int = _opt(500, least=10, help="heartbeat interval, ms")
+    suspect_beats: int = _opt(6, least=2,
+                              help="another member's beats without ours before we are suspected")
+    time_slice_ms: int = _opt(200, least=10,
+                              help="how long an owner keeps a queue other brokers want, ms")
+    checkpoint_ms: int = _opt(5000, least=0,
+                              help="leader's checkpoint interval: digest check and log"
+                                   " truncation, ms (0: off)")
+    join: str = _opt("auto", choices=("auto", "update", "replay"),
+                     help="an empty data dir on a busy log: take the state from a live member"
+                          " (auto/update) or replay the whole log (replay)")
+    update_max_rate: int = _opt(0, least=0,
+                                help="messages/s this broker streams to a joining broker at"
+                                     " most (0: no cap)")
+    services: list[str] = _opt(factory=list, flag="--service",
+                               help="services this broker runs for leader of")
+    log_level: str = _opt("INFO", choices=LOG_LEVELS, help="least level logged")
+    log_format: str = _opt("text", choices=LOG_FORMATS,
+                           help="text lines, or json: one object per line")
 
     def resolved_log_url(self) -> str:
         return self.log_url or f"file:{os.path.join(self.data_dir, 'log')}"
 
-    def validate(self) -> None:
-        """Raises InvalidArgument on inconsistent settings."""
+    def problem(self) -> tuple[str, str] | None:
+        """The first inconsistent setting, as (field name, what is wrong), or None."""
+        if not self.data_dir:
+            return "data_dir", "must be set"
+        for f in fields(self):
+            value = getattr(self, f.name)
+            least = f.metadata.get("least")
+            if least is not None and value < least:
+                return f.name, f"must be at least {least}"
+            choices = f.metadata.get("choices")
+            if choices is not None and value not in choices:
+                return f.name, "must be one of " + ", ".join(repr(c) for c in choices)
+        if self.port > 65535:
+            return "port", "must be at most 65535"
+        if self.expiry_interval <= 0:
+            return "expiry_interval", "must be more than 0"
         if self.max_message > self.max_frame // 2:
-            raise InvalidArgument("max_message must be at most half of max_frame")
-        if self.max_prefetch < 1:
-            raise InvalidArgument("max_prefetch must be at least 1")
-        if self.role not in ("voter", "observer"):
-            raise InvalidArgument("role must be 'voter' or 'observer'")
-        if self.heartbeat_ms < 10 or self.suspect_beats < 2 or self.time_slice_ms < 10:
-            raise InvalidArgument("heartbeat_ms, time_slice_ms >= 10 and suspect_beats >= 2")
-        if self.checkpoint_ms < 0:
-            raise InvalidArgument("checkpoint_ms must be >= 0 (0: no checkpoints)")
-        if self.update_max_rate < 0:
-            raise InvalidArgument("update_max_rate must be >= 0 (0: no limit)")
-        if self.join not in ("auto", "update", "replay"):
-            raise InvalidArgument("join must be 'auto', 'update' or 'replay'")
+            return "max_message", "must be at most half of max_frame"
+        if self.node_id is not None and (
+            not self.node_id or "/" in self.node_id or not self.node_id.isprintable()
+        ):
+            return "node_id", "must be printable, not empty, and contain no '/'"
         for name in self.services:
             if not name or len(name) > 255 or not name.isprintable():
-                raise InvalidArgument(f"service name {name!r} must be 1..255 printable characters")
+                return "services", f"service name {name!r} must be 1..255 printable characters"
+        return None
+
+    def validate(self) -> None:
+        """Raises InvalidArgument on inconsistent settings."""
+        found = self.problem()
+        if found is not None:
+            raise InvalidArgument(f"{found[0]} {found[1]}")

@@ -18,6 +18,7 @@ import asyncio
 import logging
 from typing import TypeVar, cast
 
+from batonmq.broker.config import MAX_IN_FLIGHT
 from batonmq.broker.reply import Shape
 from batonmq.clients import wire
 from batonmq.cluster.errors import BatonError, InternalError, ProtocolError
@@ -25,9 +26,6 @@ from batonmq.cluster.errors import BatonError, InternalError, ProtocolError
 __all__ = ["ClientConnection", "MAX_IN_FLIGHT"]
 
 log = logging.getLogger("baton.session")
-
-#: Stop reading a connection's frames while this many of its commands are in flight.
-MAX_IN_FLIGHT = 20_000
 
 R = TypeVar("R")
 
@@ -37,10 +35,13 @@ class ClientConnection(asyncio.Protocol):
 
     Args:
         max_frame: the largest frame read or written (``BrokerConfig.max_frame``).
+        max_in_flight: stop reading frames while this many commands are in flight
+            (``BrokerConfig.max_in_flight``).
     """
 
-    def __init__(self, max_frame: int) -> None:
+    def __init__(self, max_frame: int, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.codec = wire.FrameCodec(max_frame)
+        self.max_in_flight = max_in_flight
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.closed = False
@@ -182,17 +183,17 @@ class ClientConnection(asyncio.Protocol):
     # -- flow control ----------------------------------------------------------------------
 
     def commands_started(self, n: int) -> None:
-        """``n`` more commands in flight; past MAX_IN_FLIGHT stop reading frames."""
+        """``n`` more commands in flight; past ``max_in_flight`` stop reading frames."""
         self.in_flight += n
-        if self.in_flight >= MAX_IN_FLIGHT and not self._reading_paused and self.transport:
+        if self.in_flight >= self.max_in_flight and not self._reading_paused and self.transport:
             self._reading_paused = True
             self.transport.pause_reading()
 
     def commands_finished(self, n: int) -> None:
-        """``n`` commands in flight have completed; below half of MAX_IN_FLIGHT read
+        """``n`` commands in flight have completed; below half of ``max_in_flight`` read
         frames again."""
         self.in_flight -= n
-        if self._reading_paused and self.in_flight < MAX_IN_FLIGHT // 2 and self.transport:
+        if self._reading_paused and self.in_flight < self.max_in_flight // 2 and self.transport:
             self._reading_paused = False
             if not self.closed:
                 self.transport.resume_reading()

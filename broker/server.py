@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
+from batonmq.broker import logs
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.leadership import Leadership
@@ -81,10 +83,13 @@ class Broker:
             suspect_beats=cfg.suspect_beats,
             checkpoint_ms=cfg.checkpoint_ms,
             join=cfg.join,
+            max_append=cfg.max_append,
+            max_outbox=cfg.max_outbox,
         )
         self._delivery = Delivery(
             self._node, chunk_bytes=cfg.max_frame // 4, time_slice_ms=cfg.time_slice_ms
         )
+        logs.set_identity(node_id, self._node.runtime_id)
         self._leadership = Leadership(self._node, cfg.services)
         self._node.listener = self._on_effects
         self._node.on_truncated = self._rejoin
@@ -228,6 +233,11 @@ class Broker:
             "member": node.joined.is_set(),
             "healthy": node.healthy,
             "applied": node.state.applied,
+            # How far this replica's applied log is behind the wall clock: every member
+            # heartbeats, so a replica that applies the log is behind by about a beat;
+            # ``baton health`` compares it with the suspicion time.
+            "behind_ms": max(0, int(time.time() * 1000) - node.state.clock),
+            "suspect_ms": self.config.heartbeat_ms * self.config.suspect_beats,
             "digest": node.state.digest(),
             # docs/design.md §8: this broker's join (progress while it runs, then its figures),
             # the last checkpoint and any digest mismatch seen (a bug if not 0).

@@ -138,7 +138,7 @@ class Session(ClientConnection):
     """Serves one client connection."""
 
     def __init__(self, broker: SessionBroker) -> None:
-        super().__init__(broker.config.max_frame)
+        super().__init__(broker.config.max_frame, broker.config.max_in_flight)
         self.broker = broker
         self.client_name = ""
         self.greeted = False

@@ -1,0 +1,125 @@
+"""The operator's ``baton`` commands on a running broker: ``baton health`` (is this broker
+ready?) and ``baton queue declare|delete|purge``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from batonmq.broker.config import DEFAULT_PORT
+
+__all__ = ["add_commands", "not_ready"]
+
+BROKER_HELP = "broker address(es), HOST:PORT[,HOST:PORT]"
+
+
+def not_ready(topo: dict[str, Any]) -> str | None:
+    """Why the broker that answered ``topo`` (its Topology answer) is not ready, or None.
+
+    Ready means: a member of the established view, healthy (it reads and applies the
+    log and writes its store), not taking in a join update, and caught up: its applied
+    log is within the suspicion time of the wall clock (every member heartbeats, so a
+    replica that keeps up is about one beat behind).
+    """
+    if not topo.get("member", False):
+        return "not a member of the established view (joining, or dropped from it)"
+    if not topo.get("healthy", False):
+        return "unhealthy: it cannot read or apply the log, or write its store (see its log)"
+    join = topo.get("join")
+    if join and join.get("state") == "updating":
+        return f"joining: still taking in the cluster's state ({join.get('progress', '')})"
+    behind, limit = topo.get("behind_ms"), topo.get("suspect_ms")
+    if isinstance(behind, int) and isinstance(limit, int) and behind > limit:
+        return f"not caught up: its applied log is {behind} ms behind (more than {limit} ms)"
+    return None
+
+
+def _health(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        topo = conn.topology()
+    why = not_ready(topo)
+    who = f"broker {topo.get('node_id')} at {args.broker}"
+    if why is None:
+        print(f"{who} is ready: member of view {topo['view']}, applied offset {topo['applied']}")
+        return 0
+    print(f"{who} is not ready: {why}")
+    return 1
+
+
+def _queue_declare(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        result = conn.declare_queue(
+            args.queue,
+            durable=not args.transient,
+            max_length=args.max_length,
+            overflow=args.overflow,
+            delivery_limit=args.delivery_limit,
+            dead_letter=args.dead_letter,
+            message_ttl=args.message_ttl,
+        )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"queue {args.queue} {'declared' if result.get('created') else 'exists'}")
+    return 0
+
+
+def _queue_delete(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        dropped = conn.delete_queue(args.queue)
+    print(f"queue {args.queue} deleted with {dropped} message(s)")
+    return 0
+
+
+def _queue_purge(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        dropped = conn.purge_queue(args.queue)
+    print(f"queue {args.queue} purged: {dropped} ready message(s) dropped")
+    return 0
+
+
+def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Add ``health`` and ``queue`` to the ``baton`` parser's subcommands."""
+    default = f"127.0.0.1:{DEFAULT_PORT}"
+    h = sub.add_parser(
+        "health",
+        help="exit 0 if a broker is ready (member, healthy, caught up), 1 and why if not",
+    )
+    h.add_argument("--broker", default=default, help="the broker asked (HOST:PORT)")
+    h.set_defaults(func=_health)
+
+    q = sub.add_parser("queue", help="declare, delete or purge a queue")
+    qs = q.add_subparsers(dest="queue_command", required=True)
+    d = qs.add_parser("declare", help="create a queue, or check it exists with these settings")
+    d.add_argument("queue")
+    d.add_argument("--transient", action="store_true",
+                   help="not durable: deleted when the broker that declared it leaves the view")
+    d.add_argument("--max-length", type=int, default=None, help="cap on ready messages")
+    d.add_argument("--overflow", choices=("reject-publish", "drop-head"), default="reject-publish",
+                   help="at --max-length: refuse publishes, or drop the oldest ready message")
+    d.add_argument("--delivery-limit", type=int, default=20,
+                   help="deliveries before a released message is dead-lettered or dropped")
+    d.add_argument("--dead-letter", default=None, metavar="QUEUE",
+                   help="queue for rejected and over-limit messages")
+    d.add_argument("--message-ttl", type=float, default=None, metavar="SECONDS",
+                   help="how long a message may wait before it expires")
+    d.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
+    d.set_defaults(func=_queue_declare)
+    for name, func, what in (
+        ("delete", _queue_delete, "delete a queue and its messages"),
+        ("purge", _queue_purge, "drop a queue's ready messages"),
+    ):
+        c = qs.add_parser(name, help=what)
+        c.add_argument("queue")
+        c.add_argument("--broker", default=default, help=BROKER_HELP)
+        c.set_defaults(func=func)
+    d.add_argument("--broker", default=default, help=BROKER_HELP)
