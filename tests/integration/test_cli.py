@@ -20,9 +20,15 @@ from tests.integration.conftest import REPO, BrokerProcess
 pytestmark = pytest.mark.integration
 
 
-def baton(*args: str, timeout: float = 20.0, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m batonmq.broker ARGS`` and capture its output."""
-    env = dict(os.environ)
+def baton(
+    *args: str,
+    timeout: float = 20.0,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m batonmq.broker ARGS`` (with ``env`` added to the environment)
+    and capture its output."""
+    env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "batonmq.broker", *args],
         input=None if stdin is None else stdin.decode(),

@@ -1,0 +1,286 @@
+"""The operator's ``baton`` commands against real brokers: ``--version``, ``health`` and
+``topology`` exit codes, ``queue declare|purge|delete``, ``serve --config`` and
+``--print-config``, JSON logs, and one line (no traceback) for every ordinary mistake."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from batonmq import clients
+from batonmq.broker.config import ready_address
+from tests.helpers import eventually_sync
+from tests.integration.conftest import REPO, BrokerProcess
+from tests.integration.test_cli import baton
+
+pytestmark = pytest.mark.integration
+
+#: A text log line (logging's default time format); anything else on stderr is for people.
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")
+
+
+def test_version() -> None:
+    r = baton("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"baton {version('batonmq')}"
+
+
+def test_queue_declare_purge_delete_round_trip(broker: BrokerProcess) -> None:
+    addr = broker.address
+    r = baton("queue", "declare", "jobs", "--broker", addr, "--max-length", "10",
+              "--overflow", "drop-head", "--delivery-limit", "3", "--message-ttl", "60")
+    assert (r.returncode, r.stdout) == (0, "queue jobs declared\n"), r.stderr
+    r = baton("queue", "declare", "jobs", "--broker", addr, "--max-length", "10",
+              "--overflow", "drop-head", "--delivery-limit", "3", "--message-ttl", "60")
+    assert (r.returncode, r.stdout) == (0, "queue jobs exists\n"), r.stderr
+    # Other settings for the same queue: refused, one line.
+    r = baton("queue", "declare", "jobs", "--broker", addr)
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    with clients.sync.connect(addr) as conn:
+        conn.publish_batch("jobs", [b"%d" % i for i in range(8)])
+        conn.publish_batch("jobs", [b"%d" % i for i in range(8, 12)])
+        assert conn.queue_stats("jobs")["ready"] == 10  # max_length with drop-head
+    r = baton("queue", "purge", "jobs", "--broker", addr)
+    assert (r.returncode, r.stdout) == (0, "queue jobs purged: 10 ready message(s) dropped\n")
+    with clients.sync.connect(addr) as conn:
+        assert conn.queue_stats("jobs")["ready"] == 0
+        conn.publish("jobs", b"left")
+    r = baton("queue", "delete", "jobs", "--broker", addr)
+    assert (r.returncode, r.stdout) == (0, "queue jobs deleted with 1 message(s)\n"), r.stderr
+    r = baton("queues", "--broker", addr, "--json")
+    assert json.loads(r.stdout) == []
+
+
+def test_health_and_topology_of_a_ready_broker(broker: BrokerProcess) -> None:
+    r = baton("health", "--broker", broker.address)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("broker ") and " is ready: member of view " in r.stdout
+    r = baton("topology", "--broker", broker.address, "--json")
+    assert r.returncode == 0, r.stderr
+    topo = json.loads(r.stdout)
+    assert topo["member"] and topo["healthy"]
+    assert 0 <= topo["behind_ms"] <= topo["suspect_ms"] == 3000
+
+
+def test_health_and_topology_of_a_stopped_broker(broker: BrokerProcess) -> None:
+    addr = broker.address
+    broker.stop()
+    for command in ("health", "topology"):
+        r = baton(command, "--broker", addr)
+        assert r.returncode == 1, r.stdout
+        assert r.stderr.splitlines() == [r.stderr.strip()] and addr in r.stderr
+        assert "could not connect" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_health_of_a_broker_taking_in_a_join_update(tmp_path: Path) -> None:
+    """A joining broker serves (and is a member) while the update streams its queues'
+    messages: not ready until it has them all, then ready."""
+    log_url = f"file:{tmp_path / 'shared-log'}"
+    # The donor streams 400 messages/s: 3000 messages keep the joiner updating ~7 s.
+    donor = BrokerProcess(tmp_path / "donor", log_url=log_url, node_id="donor",
+                          extra=["--update-max-rate", "400"])
+    joiner = BrokerProcess(tmp_path / "joiner", log_url=log_url, node_id="joiner")
+    try:
+        donor.start()
+        with clients.sync.connect(donor.address) as conn:
+            conn.declare_queue("backlog")
+            for start in range(0, 3000, 500):
+                conn.publish_batch("backlog", [b"m%d" % i for i in range(start, start + 500)])
+        joiner.start(timeout=60)
+        r = baton("health", "--broker", joiner.address)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "is not ready: joining: still taking in the cluster's state" in r.stdout
+        # The topology answers (it is a healthy member meanwhile).
+        assert baton("topology", "--broker", joiner.address).returncode == 0
+        assert baton("health", "--broker", donor.address).returncode == 0
+
+        def health() -> int:
+            return baton("health", "--broker", joiner.address).returncode
+
+        eventually_sync(health, "the joiner is ready", timeout=60, until=lambda rc: rc == 0)
+    finally:
+        joiner.stop()
+        donor.stop()
+
+
+def test_serve_from_a_config_file_and_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "baton.toml"
+    config.write_text(
+        f'data_dir = "{tmp_path / "d"}"\nnode_id = "from-file"\nheartbeat_ms = 300\n'
+        'role = "voter"\n[properties]\nzone = "file"\n'
+    )
+    env = {"BATON_CONFIG": str(config), "BATON_PROPERTIES": "zone=env,rack=r1",
+           "BATON_LOG_LEVEL": "WARNING"}
+    r = baton("serve", "--print-config", "--heartbeat-ms", "250", env=env)
+    assert r.returncode == 0, r.stderr
+    printed = tomllib.loads(r.stdout)
+    assert (printed["node_id"], printed["heartbeat_ms"], printed["properties"]) == (
+        "from-file", 250, {"zone": "env", "rack": "r1"})
+    assert "heartbeat_ms = 250  # flag --heartbeat-ms" in r.stdout
+    # The broker started that way runs with those settings.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batonmq.broker", "serve", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=_env(env),
+    )
+    try:
+        addr = _ready(proc)
+        with clients.sync.connect(addr) as conn:
+            (me,) = conn.topology()["instances"]
+        assert (me["node_id"], me["properties"]) == ("from-file", {"zone": "env", "rack": "r1"})
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    assert b" INFO " not in err  # BATON_LOG_LEVEL=WARNING
+
+
+def test_serve_log_format_json(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batonmq.broker", "--log-format", "json", "serve",
+         "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d"), "--node-id", "jsonnode"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+    )
+    try:
+        addr = _ready(proc)  # the machine-readable ready line stays on stdout, not JSON
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    lines = [json.loads(line) for line in err.decode().splitlines()]
+    assert len(lines) >= 3, err
+    for line in lines:
+        assert {"time", "level", "node", "runtime", "logger", "message"} <= set(line)
+        assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$", line["time"])
+    named = [line for line in lines if line["node"] is not None]
+    assert named and {line["node"] for line in named} == {"jsonnode"}
+    assert len({line["runtime"] for line in named}) == 1
+    assert any("listening on" in line["message"] for line in lines)
+    assert lines[-1]["message"] == "broker stopped"
+    assert any(addr in line["message"] for line in lines)
+    assert out.decode() == "baton: shutting down\n"  # no log line on stdout
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    import os
+
+    return {**os.environ, **extra}
+
+
+def _ready(proc: subprocess.Popen[bytes]) -> str:
+    """The address from a started ``baton serve``'s ready line (its first stdout line)."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    addr = ready_address(line)
+    assert addr is not None, line
+    return addr
+
+
+# --- every ordinary mistake: one line, no traceback, a non-zero exit ----------------------
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One broker for the mistakes that need one (the address)."""
+    b = BrokerProcess(tmp_path_factory.mktemp("mistakes") / "broker")
+    b.start()
+    try:
+        with clients.sync.connect(b.address) as conn:
+            conn.declare_queue("strict", max_length=5)
+        yield b.address
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def refused() -> Iterator[str]:
+    """An address held but not listening: connections to it are refused."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield "127.0.0.1:%d" % bound.getsockname()[1]
+
+
+MISTAKES = [
+    # (arguments, what the one line says); {refused} {running} {tmp} are filled in.
+    (["--log-level", "LOUD", "queues"], "invalid choice: 'LOUD'"),
+    (["--log-format", "xml", "queues"], "invalid choice: 'xml'"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["publish", "--broker", "{refused}", "--header", "novalue", "q", "x"],
+     "--header needs KEY=VALUE, got 'novalue'"),
+    (["publish", "q", "x", "--count", "two"], "invalid int value: 'two'"),
+    (["publish", "--broker", "{refused}", "q", "x"], "could not connect"),
+    (["consume", "q", "--broker", "{refused}"], "could not connect"),
+    (["consume", "q", "--prefetch", "x"], "invalid int value: 'x'"),
+    (["queues", "--broker", "nonsense:abc"], "bad address 'nonsense:abc'"),
+    (["queues", "--broker", "127.0.0.1:99999"], "port out of range"),
+    (["queues", "--broker", "{refused}"], "could not connect"),
+    (["topology", "--broker", "{refused}"], "could not connect"),
+    (["health", "--broker", "{refused}"], "could not connect"),
+    (["health", "--broker", "nonsense"], "could not connect to any broker: nonsense:5671"),
+    (["services", "--broker", "{refused}"], "could not connect"),
+    (["handover", "svc", "--broker", "{refused}"], "could not connect"),
+    (["queue", "declare", "q", "--broker", "{refused}"], "could not connect"),
+    (["queue", "declare", "q", "--max-length", "many"], "invalid int value: 'many'"),
+    (["queue", "declare", "q", "--overflow", "spill"], "invalid choice: 'spill'"),
+    (["queue", "frobnicate", "q"], "invalid choice: 'frobnicate'"),
+    (["queue", "purge"], "the following arguments are required: queue"),
+    (["queue", "purge", "nope", "--broker", "{running}"], "queue 'nope' does not exist"),
+    (["queue", "delete", "nope", "--broker", "{running}"], "queue 'nope' does not exist"),
+    (["queue", "declare", "strict", "--broker", "{running}"], "strict"),
+    (["queue", "declare", "bad", "--delivery-limit", "-1", "--broker", "{running}"], "delivery"),
+    (["consume", "nope", "--broker", "{running}", "--timeout", "1"], "does not exist"),
+    (["publish", "--broker", "{running}", "nope", "x"], "does not exist"),
+    (["serve"], "data_dir is not set"),
+    (["serve", "--data-dir", "{tmp}/d", "--listen", "x:y"], "--listen: bad address 'x:y'"),
+    (["serve", "--data-dir", "{tmp}/d", "--max-prefetch", "0"],
+     "max_prefetch = 0 (flag --max-prefetch): must be at least 1"),
+    (["serve", "--data-dir", "{tmp}/d", "--heartbeat-ms", "fast"],
+     "flag --heartbeat-ms must be a whole number, got 'fast'"),
+    (["serve", "--data-dir", "{tmp}/d", "--role", "king"], "role = \"king\""),
+    (["serve", "--config", "{tmp}/missing.toml"], "cannot read config file {tmp}/missing.toml"),
+    (["serve", "--config", "{tmp}/bad.toml"], "config file {tmp}/bad.toml: unknown key 'colour'"),
+    (["serve", "--data-dir", "{tmp}/afile/d", "--listen", "127.0.0.1:0"],
+     "cannot start: {tmp}/afile/d: Not a directory"),
+    (["serve", "--data-dir", "{tmp}/d", "--log", "bogus:x", "--listen", "127.0.0.1:0"],
+     "unknown log scheme 'bogus'"),
+    (["dev", "--nodes", "0"], "--nodes must be at least 1"),
+    (["demo", "--count", "0"], "must be at least 1, got 0"),
+    (["loadtest", "--preset", "nope"], "invalid choice: 'nope'"),
+    (["loadtest", "--check", "{tmp}/no-run"], "No such file or directory"),
+    (["import-entries", "generate", "--brokers", "{refused}", "--count", "5"], "could not connect"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
+def test_an_ordinary_mistake_is_one_line(
+    argv: list[str], says: str, running: str, refused: str, tmp_path: Path,
+) -> None:
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "bad.toml").write_text('data_dir = "d"\ncolour = "blue"\n')
+    fill = {"refused": refused, "running": running, "tmp": str(tmp_path)}
+    r = baton(*[a.format(**fill) for a in argv], timeout=60)
+    assert r.returncode != 0, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    told = [line for line in r.stderr.splitlines() if not LOG_LINE.match(line)]
+    assert len(told) == 1, r.stderr
+    assert told[0].startswith("baton"), told
+    assert says.format(**fill) in told[0], told
+
+
+def test_the_mistakes_table_covers_every_command() -> None:
+    from batonmq.broker.cli import build_parser
+
+    usage = build_parser().format_usage()
+    (found,) = [g for g in re.findall(r"\{([a-z,-]+)\}", usage) if "serve" in g.split(",")]
+    commands = set(found.split(","))
+    tried = {argv[0] if not argv[0].startswith("--") else argv[-1] for argv, _ in MISTAKES}
+    assert commands - tried == set(), f"no mistake tried for {sorted(commands - tried)}"
+
