@@ -107,7 +107,7 @@ class BrokerConfig:
         log_level, log_format: the process's logging (docs/operations.md).
     """
 
-    data_dir: str = _opt(help="the broker's own directory: store, identity, default log (required)")
+    data_dir: str = _opt(help="the broker's own directory: store, identity, default log")
     host: str = _opt("127.0.0.1", help="interface clients connect to")
     port: int = _opt(DEFAULT_PORT, least=0, help="client port (0: a free one, named in the ready line)")
     log_url: str | None = _opt(None, aliases=("--log",),
@@ -149,6 +149,10 @@ class BrokerConfig:
     log_level: str = _opt("INFO", choices=LOG_LEVELS, help="least level logged")
     log_format: str = _opt("text", choices=LOG_FORMATS,
                            help="text lines, or json: one object per line")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.log_level, str):
+            self.log_level = self.log_level.upper()  # "info" is INFO, as logging reads it
 
     def resolved_log_url(self) -> str:
         return self.log_url or f"file:{os.path.join(self.data_dir, 'log')}"

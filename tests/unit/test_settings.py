@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import logging
 import tomllib
 from contextlib import redirect_stderr, redirect_stdout
@@ -305,3 +306,24 @@ def _topo(**over: Any) -> dict[str, Any]:
 def test_health_verdict(over: dict[str, Any], why: str | None) -> None:
     got = not_ready(_topo(**over))
     assert got == why if why is None else (got is not None and got.startswith(why)), got
+
+
+def test_configuration_md_lists_every_option_with_its_routes_and_default() -> None:
+    text = (DOCS / "configuration.md").read_text()
+    reference = text.split("## Reference", 1)[1]
+    rows = {
+        cells[0].strip("|` "): cells
+        for line in reference.splitlines()
+        if line.startswith("| `") and len(cells := line.split(" | ")) >= 6
+    }
+    wrong = []
+    for opt in OPTIONS:
+        cells = rows.get(opt.name)
+        if cells is None:
+            wrong.append(f"{opt.name}: no row")
+            continue
+        flags = set(re.findall(r"`([^`]+)`", cells[1]))
+        default = cells[4].strip("` ")
+        if flags != set(opt.flags) or cells[2] != f"`{opt.env}`" or default != opt.describe_default():
+            wrong.append(f"{opt.name}: {cells[1:5]} vs {opt.flags}, {opt.env}, {opt.describe_default()}")
+    assert not wrong and set(rows) == {o.name for o in OPTIONS}, wrong
