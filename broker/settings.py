@@ -345,13 +345,13 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"no TOML form for {value!r}")
 
 
-def to_toml(config: BrokerConfig, sources: Mapping[str, str] | None = None) -> str:
-    """The configuration as a TOML file that :func:`load` reads back to the same
-    configuration; each value not at its default says where it came from. A secret
+def to_toml(config: Any, sources: Mapping[str, str] | None = None) -> str:
+    """The configuration (a ``BrokerConfig``, or another settings dataclass) as a TOML
+    file that :func:`load` reads back to the same configuration; each value not at its default says where it came from. A secret
     option is left out (a comment says so); an option not set is a comment too."""
     sources = sources or {}
     lines = ["# baton serve: the effective configuration (docs/configuration.md)"]
-    for opt in options():
+    for opt in options(type(config)):
         value = getattr(config, opt.name)
         note = f"  # {sources[opt.name]}" if opt.name in sources else ""
         if opt.secret and value:

@@ -216,6 +216,8 @@ def test_secret_options_are_not_printed() -> None:
 
     (opt,) = settings.options(WithSecret)
     assert opt.secret and opt.env == "BATON_TOKEN" and opt.flags == ("--token",)
+    text = settings.to_toml(WithSecret(token="s3cret"), {"token": "env BATON_TOKEN"})
+    assert "s3cret" not in text and "# token is set (secret, not shown)  # env BATON_TOKEN" in text
 
 
 def test_the_example_config_file_parses_and_round_trips(tmp_path: Path) -> None:
@@ -327,3 +329,43 @@ def test_configuration_md_lists_every_option_with_its_routes_and_default() -> No
         if flags != set(opt.flags) or cells[2] != f"`{opt.env}`" or default != opt.describe_default():
             wrong.append(f"{opt.name}: {cells[1:5]} vs {opt.flags}, {opt.env}, {opt.describe_default()}")
     assert not wrong and set(rows) == {o.name for o in OPTIONS}, wrong
+
+
+class _FakeConnection:
+    """What ``baton topology`` / ``baton health`` use of a blocking connection."""
+
+    def __init__(self, topo: dict[str, Any]) -> None:
+        self.topo = topo
+
+    def __enter__(self) -> "_FakeConnection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def topology(self) -> dict[str, Any]:
+        return self.topo
+
+
+@pytest.mark.parametrize(
+    ("over", "code", "says"),
+    [
+        ({}, 0, "is ready: member of view 2"),
+        ({"member": False}, 1, "is not ready: not a member of the established view"),
+        ({"healthy": False}, 1, "is not ready: unhealthy"),
+    ],
+)
+def test_health_and_topology_exit_codes(
+    monkeypatch: pytest.MonkeyPatch, over: dict[str, Any], code: int, says: str
+) -> None:
+    from batonmq import clients
+
+    topo = _topo(**over, cluster_id="c", changing=False, instances=[], node_id="n1",
+                 digest="0" * 16, checkpoint=None)
+    monkeypatch.setattr(clients.sync, "connect", lambda address: _FakeConnection(topo))
+    got, out, err = _run(["health", "--broker", "127.0.0.1:1"])
+    assert (got, err) == (code, "") and out.startswith(f"broker n1 at 127.0.0.1:1 {says}"), out
+    got, out, err = _run(["topology", "--broker", "127.0.0.1:1"])
+    assert (got, err) == (code, ""), out
+    assert ("not a member of the established view" in out) == (topo["member"] is False)
+    assert ("UNHEALTHY" in out) == (topo["healthy"] is False)
