@@ -129,7 +129,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type[Any] = BrokerConfig) ->
     """Add one flag per option to ``parser``, plus ``--listen HOST:PORT`` (``--host``
     and ``--port`` at once). Flags default to "not given" so the other routes show."""
     for opt in options(cls):
-        metavar = {"list": "VALUE", "map": "KEY=VALUE"}.get(opt.kind, opt.name.upper())
+        metavar = {"list": "NAME", "map": "KEY=VALUE"}.get(opt.kind, opt.name.upper())
         if opt.choices:
             metavar = "{" + ",".join(opt.choices) + "}"
         repeat = " (repeatable)" if opt.kind in ("list", "map") else ""
