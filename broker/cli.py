@@ -11,7 +11,13 @@ import sys
 import time
 from collections.abc import Sequence
 
-from batonmq.broker.config import DEFAULT_PORT, READY_PREFIX, BrokerConfig, parse_address
+from batonmq.broker.config import (
+    ADMIN_READY_PREFIX,
+    DEFAULT_PORT,
+    READY_PREFIX,
+    BrokerConfig,
+    parse_address,
+)
 from batonmq.cluster.errors import BatonError
 
 __all__ = ["main"]
@@ -46,6 +52,8 @@ def _serve(args: argparse.Namespace) -> int:
         update_max_rate=args.update_max_rate,
         services=list(args.service),
     )
+    if args.admin_listen:
+        config.admin_host, config.admin_port = parse_address(args.admin_listen)
     import uvloop
 
     return uvloop.run(_serve_async(config))
@@ -76,6 +84,8 @@ async def _serve_async(config: BrokerConfig) -> int:
         print(f"baton: cannot start: {msg}", file=sys.stderr)
         await broker.stop()
         return 2
+    if broker.admin_address:  # before the ready line: whoever waits for that has both
+        print(f"{ADMIN_READY_PREFIX}{broker.admin_address}", flush=True)
     # One machine-readable line so scripts and tests know we are serving.
     print(f"{READY_PREFIX}{broker.address} node {broker.node.node_id}", flush=True)
     await stop.wait()
@@ -281,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="messages/s this broker streams to a joining broker at most (0: no cap)")
     s.add_argument("--service", action="append", default=[], metavar="NAME",
                    help="run this broker for leader of service NAME, repeatable")
+    s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
+                   help="serve metrics, health and the admin JSON API over HTTP here"
+                        " (docs/admin.md; default: off; port 0 picks one)")
     s.set_defaults(func=_serve)
 
     broker_help = "broker address(es), HOST:PORT[,HOST:PORT]"

@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 
 from batonmq.cluster.errors import InvalidArgument
 
-__all__ = ["BrokerConfig", "parse_address", "ready_address", "DEFAULT_PORT", "READY_PREFIX"]
+__all__ = [
+    "BrokerConfig",
+    "parse_address",
+    "ready_address",
+    "admin_ready_address",
+    "DEFAULT_PORT",
+    "READY_PREFIX",
+    "ADMIN_READY_PREFIX",
+]
 
 DEFAULT_PORT = 5671
 
@@ -44,6 +52,19 @@ def ready_address(line: str) -> str | None:
     return rest[0] if rest else None
 
 
+#: The line ``baton serve --admin-listen`` prints just before its ready line:
+#: ``baton admin ready: listening on HOST:PORT``, with the port it bound.
+ADMIN_READY_PREFIX = "baton admin ready: listening on "
+
+
+def admin_ready_address(line: str) -> str | None:
+    """The admin listener's ``HOST:PORT`` of a ``baton serve`` admin line, or None."""
+    if not line.startswith(ADMIN_READY_PREFIX):
+        return None
+    rest = line[len(ADMIN_READY_PREFIX):].split()
+    return rest[0] if rest else None
+
+
 @dataclass(slots=True)
 class BrokerConfig:
     """Everything ``baton serve`` can be told.
@@ -72,6 +93,8 @@ class BrokerConfig:
         update_max_rate: messages/s this broker streams to a joining broker at most
             (0: as fast as the joiner takes them).
         services: services this broker itself runs for leader of (docs/design.md §7).
+        admin_host, admin_port: where the admin HTTP listener listens (docs/admin.md);
+            None: no admin listener (the default). Port 0 picks a free port.
     """
 
     data_dir: str
@@ -93,6 +116,8 @@ class BrokerConfig:
     join: str = "auto"
     update_max_rate: int = 0
     services: list[str] = field(default_factory=list)
+    admin_host: str | None = None
+    admin_port: int = 0
 
     def resolved_log_url(self) -> str:
         return self.log_url or f"file:{os.path.join(self.data_dir, 'log')}"

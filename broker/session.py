@@ -70,7 +70,7 @@ from batonmq.cluster.results import (
 )
 
 # MAX_IN_FLIGHT is documented here (docs/protocol.md); it lives in broker/connection.py.
-__all__ = ["MAX_IN_FLIGHT", "Session", "SessionBroker"]
+__all__ = ["MAX_IN_FLIGHT", "Session", "SessionBroker", "declare_event"]
 
 log = logging.getLogger("baton.session")
 
@@ -233,7 +233,7 @@ class Session(ClientConnection):
             case wire.Cancel():
                 self._cancel(f)
             case wire.DeclareQueue():
-                self._submit(f.corr, _declare_event(f.queue, f.options), as_is)
+                self._submit(f.corr, declare_event(f.queue, f.options), as_is)
             case wire.DeleteQueue():
                 self._submit(f.corr, DeleteQueue(f.queue), as_is)
             case wire.PurgeQueue():
@@ -443,7 +443,12 @@ class Session(ClientConnection):
         self.reply(corr, fut, lambda r: Settled(r.count, missing + r.not_acquired))
 
 
-def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
+def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
+    """The DeclareQueue event for ``queue`` with the client's ``options``.
+
+    Raises:
+        InvalidArgument: an unknown option, or one of the wrong type.
+    """
     for key, value in options.items():
         allowed = _DECLARE_OPTIONS.get(key)
         if allowed is None:
