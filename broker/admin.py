@@ -38,6 +38,7 @@ from batonmq.broker.metrics import CONTENT_TYPE, BrokerMetrics
 from batonmq.broker.session import declare_event
 from batonmq.cluster.errors import (
     BatonError,
+    InternalError,
     InvalidArgument,
     LogUnavailable,
     QueueExists,
@@ -177,8 +178,10 @@ def _status_of(exc: BatonError) -> int:
             return 409
         case LogUnavailable() | ShuttingDown() | Timeout():
             return 503
-        case _:
-            return 409 if exc.code < 300 else 500
+        case InternalError():
+            return 500
+        case _:  # the command is valid but the state refuses it (NotOwner, QueueReserved...)
+            return 409
 
 
 def _json_default(value: object) -> object:

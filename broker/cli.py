@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -262,6 +263,103 @@ def _import_entries(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+# --- looking inside a broker: peek, connections, message history (docs/admin.md) ---------
+
+
+def _peek(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        peeked = conn.peek(args.queue, args.count)
+    if args.json:
+        rows = [
+            {"position": p, "delivery_count": n, "body": body.decode(errors="replace"),
+             "headers": headers, "publish_time_ms": t}
+            for p, n, body, headers, t in peeked.messages
+        ]
+        print(json.dumps(rows, indent=2, default=repr))
+        return 0
+    for p, n, body, headers, _ in peeked.messages:
+        print(f"{p}\t{n}\t{json.dumps(headers, default=repr)}\t{body.decode(errors='replace')}")
+    print(f"{len(peeked.messages)} ready message(s) of {args.queue} (not acquired)",
+          file=sys.stderr)
+    return 0
+
+
+def _connections(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        rows = conn.connections()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    # The asking connection is listed too: it is one of the broker's clients.
+    print(f"{'connection':22} {'client':24} {'in flight':>9}  consumers")
+    for r in rows:
+        print(f"{r['id']:22} {r['client_name'][:24]:24} {r['in_flight']:>9}  {len(r['consumers'])}")
+        for c in r["consumers"]:
+            print(f"    {c['consumer_id']}  queue {c['queue']}  prefetch {c['prefetch']}"
+                  f"  held {c['held']}")
+    return 0
+
+
+def _message_history(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        conn.timeout = max(conn.timeout or 0, args.timeout)
+        h = conn.message_history(args.queue, args.position, args.max_records)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(h), indent=2))
+        return 0
+    print(f"message {h.queue}/{h.position}: {h.state} (log offsets {h.log_start}..{h.log_end - 1},"
+          f" {h.scanned} read)")
+    for step in h.steps:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(step["time_ms"] / 1000))
+        extra = "  ".join(
+            f"{k}={v}" for k, v in step.items()
+            if k not in ("offset", "time_ms", "node", "runtime", "event", "what")
+        )
+        print(f"  @{step['offset']:<10} {when}.{step['time_ms'] % 1000:03d}Z  {step['node']:16}"
+              f" {step['what']:14} {extra}")
+    if not h.steps:
+        print("  (the log read says nothing of it)")
+    if h.note:
+        print(f"note: {h.note}")
+    return 0 if h.complete else 3
+
+
+def _add_inspect_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    broker_help = "broker address(es), HOST:PORT[,HOST:PORT]"
+    qp = sub.add_parser("queue", help="one queue: peek")
+    qsub = qp.add_subparsers(dest="queue_command", required=True)
+    pk = qsub.add_parser("peek", help="show ready messages without acquiring them")
+    pk.add_argument("queue")
+    pk.add_argument("--count", type=int, default=10, help="how many (1..1000)")
+    pk.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    pk.add_argument("--json", action="store_true")
+    pk.set_defaults(func=_peek)
+
+    cn = sub.add_parser("connections", help="list a broker's client connections and consumers")
+    cn.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    cn.add_argument("--json", action="store_true")
+    cn.set_defaults(func=_connections)
+
+    mp = sub.add_parser("message", help="one message: its history from the log")
+    msub = mp.add_subparsers(dest="message_command", required=True)
+    mh = msub.add_parser("history", help="when and where a message was enqueued, acquired,"
+                                         " released, accepted or dead-lettered")
+    mh.add_argument("queue")
+    mh.add_argument("position", type=int)
+    mh.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    mh.add_argument("--max-records", type=int, default=0,
+                    help="read at most this many log records (0: the broker's bound)")
+    mh.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it")
+    mh.add_argument("--json", action="store_true")
+    mh.set_defaults(func=_message_history)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="baton", description="Baton message broker")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -353,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     ho.add_argument("--timeout", type=float, default=30.0,
                     help="seconds to wait for the leader to finish its work")
     ho.set_defaults(func=_handover)
+
+    _add_inspect_commands(sub)
 
     from batonmq.loadtest.__main__ import add_arguments
 

@@ -19,6 +19,7 @@ from batonmq import clients
 from batonmq.broker.config import admin_ready_address
 from tests.helpers import eventually, topology, wait_stats
 from tests.integration.conftest import REPO, BrokerProcess
+from tests.integration.test_cli import baton
 
 pytestmark = pytest.mark.integration
 
@@ -242,3 +243,40 @@ async def test_readyz_is_503_for_a_broker_dropped_from_the_view(
     finally:
         for b in brokers:
             b.stop()
+
+
+# --- the same over the native protocol, from the command line -----------------------------
+
+
+def test_cli_peek_connections_and_history(broker: BrokerProcess) -> None:
+    addr = broker.address
+    r = baton("publish", "--broker", addr, "--declare", "seen", "one", "two", "three")
+    assert r.returncode == 0, r.stderr
+    r = baton("queue", "peek", "seen", "--count", "2", "--broker", addr, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(m["position"], m["body"], m["delivery_count"]) for m in rows] == [
+        (0, "one", 0), (1, "two", 0)
+    ]
+    r = baton("queue", "peek", "unknown", "--broker", addr)
+    assert r.returncode == 1 and "does not exist" in r.stderr
+    with clients.sync.connect(addr) as conn:
+        assert conn.queue_stats("seen")["ready"] == 3  # peeking took nothing
+        with conn.consume("seen", prefetch=2) as consumer:
+            msg = consumer.next(timeout=5)
+            msg.ack()
+            r = baton("connections", "--broker", addr, "--json")
+            assert r.returncode == 0, r.stderr
+            listed = json.loads(r.stdout)
+            consumers = [c for row in listed for c in row["consumers"]]
+            assert [(c["queue"], c["prefetch"]) for c in consumers] == [("seen", 2)]
+            assert len(listed) == 2  # this test's connection and the command's own
+    r = baton("message", "history", "seen", "0", "--broker", addr, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    h = json.loads(r.stdout)
+    assert h["complete"] and h["state"] == "gone"
+    assert [s["what"] for s in h["steps"]] == ["enqueued", "acquired", "accepted"]
+    r = baton("message", "history", "seen", "0", "--broker", addr)
+    assert r.returncode == 0 and "accepted" in r.stdout
+    r = baton("message", "history", "seen", "99", "--broker", addr, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["state"] == "absent"
