@@ -280,3 +280,39 @@ def test_cli_peek_connections_and_history(broker: BrokerProcess) -> None:
     assert r.returncode == 0 and "accepted" in r.stdout
     r = baton("message", "history", "seen", "99", "--broker", addr, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "absent"
+
+
+async def test_history_says_when_retention_removed_the_beginning(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    url = f"file:{tmp_path / 'log'}?segment_bytes=4096"
+    b = BrokerProcess(tmp_path / "broker", log_url=url,
+                      extra=ADMIN + ["--checkpoint-ms", "300"])
+    b.start()
+    try:
+        base = admin_of(b)
+        async with await clients.connect(b.address) as conn:
+            await conn.declare_queue("old")
+            assert await conn.publish("old", b"first") == 0
+
+            await conn.declare_queue("filler")
+
+            async def log_start() -> int:
+                for _ in range(20):  # grow the log past a few segments meanwhile
+                    await conn.publish_batch("filler", [b"f" * 200] * 5)
+                _, body = await get_json(http, f"{base}/api/log")
+                return int(body["start"])
+
+            await eventually(log_start, "the log truncated", timeout=30, until=lambda s: s > 0)
+            async with conn.consume("old", prefetch=1) as consumer:
+                msg = await consumer.get(timeout=5)
+                assert msg is not None and msg.position == 0
+                await msg.ack()
+        status, h = await get_json(http, f"{base}/api/queues/old/messages/0/history")
+        assert status == 200, h
+        assert h["complete"] is False and h["log_start"] > 0
+        assert "retention" in h["note"]
+        assert [s["what"] for s in h["steps"]] == ["accept asked"]
+        assert h["state"] == "gone"
+    finally:
+        b.stop()
