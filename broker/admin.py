@@ -26,7 +26,7 @@ import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -47,10 +47,11 @@ from batonmq.cluster.errors import (
     Timeout,
     UnknownConsumer,
 )
-from batonmq.cluster.events import DeleteQueue, Handover, PurgeQueue, Resign
+from batonmq.cluster.events import DeleteQueue, Event, Handover, PurgeQueue, Resign
 from batonmq.cluster.node import Node
 from batonmq.cluster.queues import validate_declare
 from batonmq.cluster.results import Result
+from batonmq.cluster.services import host_of
 
 __all__ = [
     "AdminBroker",
@@ -66,6 +67,7 @@ log = logging.getLogger("baton.admin")
 READY_MAX_LAG = 10_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+R = TypeVar("R", bound="Result | None")
 
 
 class AdminBroker(Protocol):
@@ -259,7 +261,7 @@ class AdminServer:
         r.add_get("/api/consumers", self.consumers)
         r.add_get("/api/services", self.services)
         r.add_post("/api/services/{name}/handover", self.handover)
-        r.add_delete("/api/services/{name}/candidates/{candidate}", self.deregister)
+        r.add_delete("/api/services/{name}/candidates/{candidate:.+}", self.deregister)
         r.add_get("/api/log", self.log_info)
         return app
 
@@ -299,9 +301,8 @@ class AdminServer:
         except Exception:  # the log is down: the answer says so instead of failing
             return None
 
-    async def _submit(self, event: Any) -> Result:
-        result: Result = await self.broker.node.submit(event)
-        return result
+    async def _submit(self, event: Event[R]) -> R:
+        return await self.broker.node.submit(event)
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
@@ -469,6 +470,16 @@ class AdminServer:
         s = self.broker.node.state.services.get(name)
         if s is None or candidate not in s.candidates:
             return _error(404, "UnknownCandidate", f"{candidate!r} is no candidate of {name!r}")
+        node = self.broker.node
+        host = host_of(candidate)
+        if host != node.key:
+            # Only the broker that hosts a candidate may resign it (docs/design.md §7).
+            member = node.state.membership.known.get(host)
+            where = f" at {member.address}" if member is not None and member.address else ""
+            raise InvalidArgument(
+                f"candidate {candidate!r} is hosted by broker {host}{where}: ask its admin"
+                " listener"
+            )
         return json_response(await self._submit(Resign(name, candidate)))
 
     # -- the log ----------------------------------------------------------------------------

@@ -316,3 +316,84 @@ async def test_history_says_when_retention_removed_the_beginning(
         assert h["state"] == "gone"
     finally:
         b.stop()
+
+
+async def test_services_handover_and_deregister_through_the_api(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    b = BrokerProcess(tmp_path / "broker", extra=ADMIN + ["--service", "svc"])
+    b.start()
+    try:
+        base = admin_of(b)
+
+        async def svc() -> dict[str, Any]:
+            _, body = await get_json(http, f"{base}/api/services")
+            return next((s for s in body["services"] if s["service"] == "svc"), {})
+
+        first = await eventually(svc, "the broker leads svc", until=lambda s: s.get("leader"))
+        assert first["candidates"] == [first["leader"]]
+        async with http.post(f"{base}/api/services/svc/handover", json={}) as r:
+            assert r.status == 400, await r.text()  # nobody else to hand over to
+        async with http.post(f"{base}/api/services/nope/handover") as r:
+            assert r.status == 404
+        async with await clients.connect(b.address) as conn:
+            leading = asyncio.Event()
+
+            async def lead() -> None:
+                async with conn.lead("svc"):
+                    leading.set()
+                    await asyncio.Event().wait()  # hold the term until cancelled
+
+            task = asyncio.create_task(lead())
+            try:
+                await eventually(svc, "the session is a candidate",
+                                 until=lambda s: len(s.get("candidates", [])) == 2)
+                async with http.post(f"{base}/api/services/svc/handover", json={}) as r:
+                    assert r.status == 202, await r.text()
+                    assert (await r.json())["service"] == "svc"
+                await asyncio.wait_for(leading.wait(), 20)
+                now_ = await svc()
+                session = now_["leader"]
+                assert session != first["leader"] and session in now_["candidates"]
+                async with http.delete(
+                    f"{base}/api/services/svc/candidates/{session}"
+                ) as r:
+                    assert r.status == 200, await r.text()
+                    assert (await r.json())["was_candidate"] is True
+                after = await svc()
+                assert session not in after.get("candidates", [])
+                async with http.delete(f"{base}/api/services/svc/candidates/x%2Fy") as r:
+                    assert r.status == 404
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    finally:
+        b.stop()
+
+
+async def test_closing_a_connection_through_the_api_returns_its_messages(
+    admin_broker: BrokerProcess, http: aiohttp.ClientSession
+) -> None:
+    base = admin_of(admin_broker)
+    async with await clients.connect(admin_broker.address) as watcher:
+        await watcher.declare_queue("held")
+        await watcher.publish_batch("held", [b"m"] * 8)
+        victim = await clients.connect(admin_broker.address, failover=False)
+        try:
+            async with victim.consume("held", prefetch=5):
+                await wait_stats(watcher, "held", acquired=5)
+                _, listed = await get_json(http, f"{base}/api/consumers")
+                [row] = listed["consumers"]
+                assert (row["queue"], row["prefetch"], row["held"]) == ("held", 5, 5)
+                async with http.delete(f"{base}/api/connections/{row['connection']}") as r:
+                    assert r.status == 200 and (await r.json())["closed"] == row["connection"]
+                # Its consumer ended with the connection: the messages are back.
+                await wait_stats(watcher, "held", acquired=0, ready=8)
+                _, listed = await get_json(http, f"{base}/api/consumers")
+                assert listed["consumers"] == []
+        except clients.ConnectionClosed:
+            pass  # the victim's own cancel found its connection closed
+        finally:
+            await victim.close()
+        async with http.delete(f"{base}/api/connections/127.0.0.1:1") as r:
+            assert r.status == 404
