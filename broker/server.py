@@ -6,19 +6,20 @@ import asyncio
 import logging
 import os
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from batonmq.broker.admin import AdminServer
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.leadership import Leadership
-from batonmq.broker.metrics import BrokerMetrics
 from batonmq.broker.session import Session
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound
 from batonmq.cluster.log import Log, open_log
 from batonmq.cluster.node import Node
 from batonmq.cluster.effects import Effect
 from batonmq.store.rocks import RocksStore
+
+if TYPE_CHECKING:
+    from batonmq.broker.admin import AdminServer
 
 __all__ = ["Broker", "VERSION"]
 
@@ -125,6 +126,11 @@ class Broker:
         cfg = self.config
         if cfg.admin_host is None:
             return
+        # Loaded only when asked for: aiohttp and prometheus_client cost every process
+        # that imports the broker package (load-test workers too) time and memory.
+        from batonmq.broker.admin import AdminServer
+        from batonmq.broker.metrics import BrokerMetrics
+
         metrics = BrokerMetrics(self)
         metrics.attach(self.node)
         self._admin = AdminServer(self, metrics)

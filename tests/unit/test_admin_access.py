@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from aiohttp import web
@@ -67,3 +69,14 @@ async def test_a_loopback_peer_reaches_the_handler_and_errors_become_json() -> N
     response = await _guard(request, missing)
     assert isinstance(response, web.Response) and response.status == 404
     assert json.loads(response.text or "")["error"]["code"] == QueueNotFound.code
+
+
+def test_the_broker_package_loads_no_http_or_metrics_library_until_asked() -> None:
+    # The admin listener is off by default; its libraries are loaded when it starts.
+    code = (
+        "import sys, batonmq.broker, batonmq.broker.cli, batonmq.broker.session;"
+        "print(sorted(m for m in ('aiohttp', 'prometheus_client') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
