@@ -1,10 +1,14 @@
 """The operator's ``baton`` commands on a running broker: ``baton health`` (is this broker
-ready?) and ``baton queue declare|delete|purge``."""
+ready?), ``baton queue declare|delete|purge|peek``, and looking inside it without
+touching anything: ``baton connections`` and ``baton message history`` (docs/admin.md)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
+import time
 from typing import Any
 
 from batonmq.broker.config import DEFAULT_PORT
@@ -87,8 +91,73 @@ def _queue_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _queue_peek(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        peeked = conn.peek(args.queue, args.count)
+    if args.json:
+        rows = [
+            {"position": p, "delivery_count": n, "body": body.decode(errors="replace"),
+             "headers": headers, "publish_time_ms": t}
+            for p, n, body, headers, t in peeked.messages
+        ]
+        print(json.dumps(rows, indent=2, default=repr))
+        return 0
+    for p, n, body, headers, _ in peeked.messages:
+        print(f"{p}\t{n}\t{json.dumps(headers, default=repr)}\t{body.decode(errors='replace')}")
+    print(f"{len(peeked.messages)} ready message(s) of {args.queue} (not acquired)",
+          file=sys.stderr)
+    return 0
+
+
+def _connections(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        rows = conn.connections()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    # The asking connection is listed too: it is one of the broker's clients.
+    print(f"{'connection':22} {'client':24} {'in flight':>9}  consumers")
+    for r in rows:
+        print(f"{r['id']:22} {r['client_name'][:24]:24} {r['in_flight']:>9}  {len(r['consumers'])}")
+        for c in r["consumers"]:
+            print(f"    {c['consumer_id']}  queue {c['queue']}  prefetch {c['prefetch']}"
+                  f"  held {c['held']}")
+    return 0
+
+
+def _message_history(args: argparse.Namespace) -> int:
+    from batonmq import clients
+
+    with clients.sync.connect(args.broker) as conn:
+        conn.timeout = max(conn.timeout or 0, args.timeout)
+        h = conn.message_history(args.queue, args.position, args.max_records)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(h), indent=2))
+        return 0
+    print(f"message {h.queue}/{h.position}: {h.state} (log offsets {h.log_start}..{h.log_end - 1},"
+          f" {h.scanned} read)")
+    for step in h.steps:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(step["time_ms"] / 1000))
+        extra = "  ".join(
+            f"{k}={v}" for k, v in step.items()
+            if k not in ("offset", "time_ms", "node", "runtime", "event", "what")
+        )
+        print(f"  @{step['offset']:<10} {when}.{step['time_ms'] % 1000:03d}Z  {step['node']:16}"
+              f" {step['what']:14} {extra}")
+    if not h.steps:
+        print("  (the log read says nothing of it)")
+    if h.note:
+        print(f"note: {h.note}")
+    return 0 if h.complete else 3
+
+
 def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """Add ``health`` and ``queue`` to the ``baton`` parser's subcommands."""
+    """Add ``health``, ``queue``, ``connections`` and ``message`` to the ``baton``
+    parser's subcommands."""
     default = f"127.0.0.1:{DEFAULT_PORT}"
     h = sub.add_parser(
         "health",
@@ -97,7 +166,7 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     h.add_argument("--broker", default=default, help="the broker asked (HOST:PORT)")
     h.set_defaults(func=_health)
 
-    q = sub.add_parser("queue", help="declare, delete or purge a queue")
+    q = sub.add_parser("queue", help="declare, delete, purge or peek at a queue")
     qs = q.add_subparsers(dest="queue_command", required=True)
     d = qs.add_parser("declare", help="create a queue, or check it exists with these settings")
     d.add_argument("queue")
@@ -123,3 +192,27 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
         c.add_argument("--broker", default=default, help=BROKER_HELP)
         c.set_defaults(func=func)
     d.add_argument("--broker", default=default, help=BROKER_HELP)
+    pk = qs.add_parser("peek", help="show ready messages without acquiring them")
+    pk.add_argument("queue")
+    pk.add_argument("--count", type=int, default=10, help="how many (1..1000)")
+    pk.add_argument("--broker", default=default, help=BROKER_HELP)
+    pk.add_argument("--json", action="store_true")
+    pk.set_defaults(func=_queue_peek)
+
+    cn = sub.add_parser("connections", help="list a broker's client connections and consumers")
+    cn.add_argument("--broker", default=default, help=BROKER_HELP)
+    cn.add_argument("--json", action="store_true")
+    cn.set_defaults(func=_connections)
+
+    mp = sub.add_parser("message", help="one message: its history from the log")
+    msub = mp.add_subparsers(dest="message_command", required=True)
+    mh = msub.add_parser("history", help="when and where a message was enqueued, acquired,"
+                                         " released, accepted or dead-lettered")
+    mh.add_argument("queue")
+    mh.add_argument("position", type=int)
+    mh.add_argument("--broker", default=default, help=BROKER_HELP)
+    mh.add_argument("--max-records", type=int, default=0,
+                    help="read at most this many log records (0: the broker's bound)")
+    mh.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it")
+    mh.add_argument("--json", action="store_true")
+    mh.set_defaults(func=_message_history)

@@ -9,7 +9,13 @@ import signal
 import sys
 
 from batonmq.broker import logs, settings
-from batonmq.broker.config import DEFAULT_PORT, READY_PREFIX, BrokerConfig, parse_address
+from batonmq.broker.config import (
+    ADMIN_READY_PREFIX,
+    DEFAULT_PORT,
+    READY_PREFIX,
+    BrokerConfig,
+    parse_address,
+)
 from batonmq.cluster.errors import BatonError, InvalidArgument
 
 __all__ = ["add_commands"]
@@ -66,6 +72,8 @@ async def _serve_async(config: BrokerConfig) -> int:
         print(f"baton: cannot start: {msg}", file=sys.stderr)
         await broker.stop()
         return 2
+    if broker.admin_address:  # before the ready line: whoever waits for that has both
+        print(f"{ADMIN_READY_PREFIX}{broker.admin_address}", flush=True)
     # One machine-readable line so scripts and tests know we are serving.
     print(f"{READY_PREFIX}{broker.address} node {broker.node.node_id}", flush=True)
     await stop.wait()

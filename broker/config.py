@@ -9,12 +9,14 @@ from typing import Any
 from batonmq.cluster.errors import InvalidArgument
 
 __all__ = [
+    "ADMIN_READY_PREFIX",
     "BrokerConfig",
     "DEFAULT_PORT",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "MAX_IN_FLIGHT",
     "READY_PREFIX",
+    "admin_ready_address",
     "parse_address",
     "ready_address",
 ]
@@ -69,6 +71,17 @@ def _opt(default: Any = MISSING, *, help: str, factory: Any = MISSING, **meta: A
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+#: The line ``baton serve --admin-listen`` prints just before its ready line:
+#: ``baton admin ready: listening on HOST:PORT``, with the port it bound.
+ADMIN_READY_PREFIX = "baton admin ready: listening on "
+
+
+def admin_ready_address(line: str) -> str | None:
+    """The admin listener's ``HOST:PORT`` of a ``baton serve`` admin line, or None."""
+    if not line.startswith(ADMIN_READY_PREFIX):
+        return None
+    rest = line[len(ADMIN_READY_PREFIX):].split()
+    return rest[0] if rest else None
 
 
 @dataclass(slots=True)
@@ -105,6 +118,8 @@ class BrokerConfig:
             (0: as fast as the joiner takes them).
         services: services this broker itself runs for leader of (docs/design.md §7).
         log_level, log_format: the process's logging (docs/operations.md).
+        admin_listen: ``HOST:PORT`` of the admin HTTP listener (docs/admin.md); not
+            set: no admin listener (the default). Port 0 picks a free port.
     """
 
     data_dir: str = _opt(help="the broker's own directory: store, identity, default log")
@@ -149,6 +164,10 @@ class BrokerConfig:
     log_level: str = _opt("INFO", choices=LOG_LEVELS, help="least level logged")
     log_format: str = _opt("text", choices=LOG_FORMATS,
                            help="text lines, or json: one object per line")
+    admin_listen: str | None = _opt(None,
+                                    help="serve metrics, health and the admin JSON API over"
+                                         " HTTP here (docs/admin.md; not set: off; port 0"
+                                         " picks one)")
 
     def __post_init__(self) -> None:
         if isinstance(self.log_level, str):
@@ -179,6 +198,11 @@ class BrokerConfig:
             not self.node_id or "/" in self.node_id or not self.node_id.isprintable()
         ):
             return "node_id", "must be printable, not empty, and contain no '/'"
+        if self.admin_listen is not None:
+            try:
+                parse_address(self.admin_listen)
+            except InvalidArgument as exc:
+                return "admin_listen", exc.message
         for name in self.services:
             if not name or len(name) > 255 or not name.isprintable():
                 return "services", f"service name {name!r} must be 1..255 printable characters"

@@ -7,10 +7,10 @@ import logging
 import os
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batonmq.broker import logs
-from batonmq.broker.config import BrokerConfig
+from batonmq.broker.config import BrokerConfig, parse_address
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.session import Session
@@ -19,6 +19,9 @@ from batonmq.cluster.log import Log, open_log
 from batonmq.cluster.node import Node
 from batonmq.cluster.effects import Effect
 from batonmq.store.rocks import RocksStore
+
+if TYPE_CHECKING:
+    from batonmq.broker.admin import AdminServer
 
 __all__ = ["Broker", "VERSION"]
 
@@ -51,6 +54,8 @@ class Broker:
         self._delivery: Delivery | None = None
         self._rejoining: asyncio.Task[None] | None = None
         self._leadership: Leadership | None = None
+        self.admin_address = ""  # the admin listener's HOST:PORT, if it runs (docs/admin.md)
+        self._admin: AdminServer | None = None
 
     @property
     def node(self) -> Node:
@@ -111,6 +116,7 @@ class Broker:
         sock = self._server.sockets[0].getsockname()
         self._bound_port = int(sock[1])
         self.address = f"{sock[0]}:{sock[1]}"
+        await self._start_admin()
         await self._node.start(self.address)
         await self._server.start_serving()
         self._delivery.start(cfg.expiry_interval)
@@ -118,6 +124,25 @@ class Broker:
         log.info(
             "broker %s listening on %s, log %s", node_id, self.address, cfg.resolved_log_url()
         )
+
+    async def _start_admin(self) -> None:
+        """The admin HTTP listener, if configured: up before the node starts, so that
+        /healthz answers and /readyz says why not ready while the broker joins."""
+        cfg = self.config
+        if cfg.admin_listen is None:
+            return
+        admin_host, admin_port = parse_address(cfg.admin_listen)
+        # Loaded only when asked for: aiohttp and prometheus_client cost every process
+        # that imports the broker package (load-test workers too) time and memory.
+        from batonmq.broker.admin import AdminServer
+        from batonmq.broker.metrics import BrokerMetrics
+
+        metrics = BrokerMetrics(self)
+        metrics.attach(self.node)
+        self._admin = AdminServer(self, metrics)
+        # A rejoin keeps the admin port too (see the client listener above).
+        port = int(self.admin_address.rpartition(":")[2]) if self.admin_address else admin_port
+        self.admin_address = await self._admin.start(admin_host, port)
 
     def _on_effects(self, effects: list[Effect]) -> None:
         """Every applied batch's effects: to delivery, then to service leadership."""
@@ -167,6 +192,9 @@ class Broker:
         leave the view, close."""
         if self._server is not None:
             self._server.close()
+        if self._admin is not None:
+            await self._admin.stop()
+            self._admin = None
         pending = []
         for s in list(self.sessions):
             for c in list(s.consumers.values()):
@@ -253,3 +281,19 @@ class Broker:
 
     def list_queues(self) -> list[dict[str, Any]]:
         return [self.queue_stats(name) for name in sorted(self.node.state.queues)]
+
+    def connections(self) -> list[Session]:
+        """The open client sessions (the admin listener's and ``Connections``' listing)."""
+        return [s for s in self.sessions if not s.closed]
+
+    def connection_count(self) -> int:
+        """How many client connections are open."""
+        return len(self.sessions)
+
+    def close_connection(self, peer: str) -> bool:
+        """Close the client connection from ``peer`` (``HOST:PORT``); False if none."""
+        for s in self.sessions:
+            if s.peer == peer and not s.closed:
+                s.close()
+                return True
+        return False

@@ -10,7 +10,8 @@ each frame to its handler:
 * publishes (single ones read in one go merged into one Enqueue per queue),
   settlements, subscriptions and queue administration, here, through the node and
   the broker's delivery (broker/delivery.py);
-* queries (queue stats, topology), answered from the state applied here;
+* queries (queue stats, topology, peek, connections), answered from the state applied
+  here, and a message's history, read from the log (broker/inspect.py, broker/history.py);
 * service leadership (``Lead``, ``Resign``, ``Handover``) to broker/leadership.py;
 * a joining broker's ``UpdateRequest`` to broker/donor.py;
 * range reads (``ReadRange``) to broker/ranges.py.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 import msgpack
@@ -32,6 +33,8 @@ from batonmq.broker.config import BrokerConfig
 from batonmq.broker.connection import MAX_IN_FLIGHT, ClientConnection
 from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.donor import UpdateDonor
+from batonmq.broker.history import message_history
+from batonmq.broker.inspect import ConnectionView, list_connections, peek
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
@@ -70,7 +73,7 @@ from batonmq.cluster.results import (
 )
 
 # MAX_IN_FLIGHT is documented here (docs/protocol.md); it lives in broker/connection.py.
-__all__ = ["MAX_IN_FLIGHT", "Session", "SessionBroker"]
+__all__ = ["MAX_IN_FLIGHT", "Session", "SessionBroker", "declare_event"]
 
 log = logging.getLogger("baton.session")
 
@@ -131,6 +134,10 @@ class SessionBroker(Protocol):
 
     def topology(self) -> dict[str, Any]:
         """The Topology answer."""
+        ...
+
+    def connections(self) -> Iterable[ConnectionView]:
+        """The open client sessions (the Connections answer)."""
         ...
 
 
@@ -233,7 +240,7 @@ class Session(ClientConnection):
             case wire.Cancel():
                 self._cancel(f)
             case wire.DeclareQueue():
-                self._submit(f.corr, _declare_event(f.queue, f.options), as_is)
+                self._submit(f.corr, declare_event(f.queue, f.options), as_is)
             case wire.DeleteQueue():
                 self._submit(f.corr, DeleteQueue(f.queue), as_is)
             case wire.PurgeQueue():
@@ -244,6 +251,15 @@ class Session(ClientConnection):
                 self.send(wire.ok(f.corr, QueueList(self.broker.list_queues())))
             case wire.Topology():
                 self.send(wire.Ok(f.corr, self.broker.topology()))
+            case wire.Peek():
+                self.send(wire.ok(f.corr, peek(self.broker.node, f.queue, f.count)))
+            case wire.Connections():
+                self.send(wire.ok(f.corr, list_connections(self.broker.connections())))
+            case wire.MessageHistory():
+                history = message_history(
+                    self.broker.node, f.queue, f.position, max_records=f.max_records or None
+                )
+                self.reply(f.corr, asyncio.ensure_future(history), as_is)
             case wire.Lead():
                 self.broker.leadership.lead(self, f)
             case wire.Resign():
@@ -443,7 +459,12 @@ class Session(ClientConnection):
         self.reply(corr, fut, lambda r: Settled(r.count, missing + r.not_acquired))
 
 
-def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
+def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
+    """The DeclareQueue event for ``queue`` with the client's ``options``.
+
+    Raises:
+        InvalidArgument: an unknown option, or one of the wrong type.
+    """
     for key, value in options.items():
         allowed = _DECLARE_OPTIONS.get(key)
         if allowed is None:

@@ -41,7 +41,10 @@ from batonmq.clients.wire import (
     DeleteQueue,
     Frame,
     Handover,
+    Connections,
     ListQueues,
+    MessageHistory,
+    Peek,
     Ping,
     PurgeQueue,
     QueueStats,
@@ -54,6 +57,9 @@ from batonmq.clients.wire import (
 from batonmq.cluster.errors import BatonError, ConnectionClosed, InvalidArgument
 from batonmq.cluster.results import (
     AcceptedThrough,
+    ConnectionList,
+    MessageHistory as History,
+    Peeked,
     Declared,
     Deleted,
     HandedOver,
@@ -512,6 +518,49 @@ class Connection:
         corr = self._next_corr()
         result = await self._request(ListQueues(corr), corr, retry=True)
         return read_result(QueueList, result).queues
+
+    async def peek(self, queue: str, count: int = 10) -> Peeked:
+        """The first ``count`` ready messages of ``queue``, without acquiring them.
+
+        Args:
+            queue: the queue.
+            count: how many, 1..1000.
+
+        Returns:
+            ``messages``: ``[position, delivery_count, body, headers, publish_time_ms]``
+            each, in the order a consumer would get them. Nothing is acquired, nothing goes
+            to the log and no count changes.
+
+        Raises:
+            QueueNotFound: no such queue.
+            InvalidArgument: ``count`` out of range.
+        """
+        corr = self._next_corr()
+        result = await self._request(Peek(corr, queue, count), corr, retry=True)
+        return read_result(Peeked, result)
+
+    async def connections(self) -> list[dict[str, Any]]:
+        """The connected broker's client connections and their consumers
+        (docs/admin.md, "Connections and consumers")."""
+        corr = self._next_corr()
+        result = await self._request(Connections(corr), corr, retry=True)
+        return read_result(ConnectionList, result).connections
+
+    async def message_history(self, queue: str, position: int, max_records: int = 0) -> History:
+        """The life of message (``queue``, ``position``) as the log tells it: enqueued,
+        acquired, released, accepted or dead-lettered, with log offsets and times
+        (docs/admin.md, "Message history").
+
+        Args:
+            max_records: the most log records the broker reads (0: its own bound).
+
+        Raises:
+            QueueNotFound: the queue exists neither now nor on the log.
+            InvalidArgument: a negative position or bound.
+        """
+        corr = self._next_corr()
+        frame = MessageHistory(corr, queue, position, max_records)
+        return read_result(History, await self._request(frame, corr, retry=True))
 
     # --- range readers (the Spark source, docs/design.md §11; docs/protocol.md) ---------------
 

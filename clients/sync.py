@@ -30,6 +30,7 @@ from batonmq.clients import client as _aio
 from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.cluster.errors import ConnectionClosed, InvalidArgument, Timeout
+from batonmq.cluster.results import MessageHistory, Peeked
 
 __all__ = ["connect", "SyncConnection", "SyncConsumer", "SyncMessage", "SyncTerm"]
 
@@ -271,6 +272,18 @@ class SyncConnection:
     def list_queues(self) -> list[dict[str, Any]]:
         """Every queue's stats."""
         return self.run(self._conn.list_queues())
+
+    def peek(self, queue: str, count: int = 10) -> Peeked:
+        """Ready messages without acquiring them (see :meth:`Connection.peek`)."""
+        return self.run(self._conn.peek(queue, count))
+
+    def connections(self) -> list[dict[str, Any]]:
+        """The broker's client connections (see :meth:`Connection.connections`)."""
+        return self.run(self._conn.connections())
+
+    def message_history(self, queue: str, position: int, max_records: int = 0) -> MessageHistory:
+        """A message's life from the log (see :meth:`Connection.message_history`)."""
+        return self.run(self._conn.message_history(queue, position, max_records))
 
     def reserve(self, queue: str, holder: str | None) -> dict[str, Any]:
         """Reserve a queue for a range reader (see :meth:`batonmq.clients.client.Connection.reserve`)."""

@@ -9,6 +9,10 @@ This module does no I/O (the h11 style): feed bytes in with
 :meth:`FrameCodec.receive_data`, take frames out with :meth:`FrameCodec.next_frame`,
 and turn frames into bytes with :meth:`FrameCodec.send`. The asyncio sides in
 ``broker/`` and ``clients/`` are thin loops around it.
+
+Size: every frame class lives here, next to the op-code table and the codec that reads
+them, so that the table, the schema checks and the frames cannot drift apart; the module
+is long because the protocol has that many frames, not because it does several jobs.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ __all__ = [
     "Cancel",
     "ConsumerCancelled",
     "Topology",
+    "Peek",
+    "Connections",
+    "MessageHistory",
     "UpdateRequest",
     "UpdateState",
     "UpdateQueue",
@@ -334,6 +341,39 @@ class Topology(Frame):
     corr: int
 
 
+@dataclass(frozen=True, slots=True)
+class Peek(Frame):
+    """C->S: answered by Ok({"queue", "messages": [[position, delivery_count, body,
+    headers, publish_time_ms], ...]}): the first ``count`` (1..1000) ready messages in
+    delivery order, read from this broker's state and store without acquiring them."""
+
+    OP: ClassVar[int] = 15
+    corr: int
+    queue: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Connections(Frame):
+    """C->S: answered by Ok({"connections": [...]}): this broker's client connections
+    and their consumers (docs/admin.md)."""
+
+    OP: ClassVar[int] = 41
+    corr: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageHistory(Frame):
+    """C->S: answered by Ok with the life of message (``queue``, ``position``) read from
+    the log, at most ``max_records`` records (0: the broker's bound); docs/admin.md."""
+
+    OP: ClassVar[int] = 42
+    corr: int
+    queue: str
+    position: int
+    max_records: int = 0
+
+
 # --- broker to broker: a joining broker's update (docs/design.md §8) -----------------------
 
 
@@ -537,6 +577,9 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         Cancel,
         ConsumerCancelled,
         Topology,
+        Peek,
+        Connections,
+        MessageHistory,
         UpdateRequest,
         UpdateState,
         UpdateQueue,

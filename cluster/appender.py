@@ -90,8 +90,16 @@ class Appender:
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._durable_seq = 0  # every own seq <= this is durable on the log
         self._stashed: dict[int, Completed] = {}  # applied before their append returned
+        # Told the seconds each successful log append took, once per batch (the broker's
+        # metrics, broker/metrics.py); never per event.
+        self.append_observer: Callable[[float], None] | None = None
 
     # -- stamping and queueing -----------------------------------------------------
+
+    @property
+    def outbox_depth(self) -> int:
+        """Events waiting for their log append to start (the metrics' outbox depth)."""
+        return len(self._outbox)
 
     def stamp(self, event: AnyEvent) -> bytes:
         """The record of ``event`` with this runtime's next origin sequence number."""
@@ -179,6 +187,7 @@ class Appender:
         if the batch was refused for good (its futures failed)."""
         delay = 0.05
         while True:
+            started = time.perf_counter()
             try:
                 await self.log.append(records)
             except LogUnavailable as exc:
@@ -198,6 +207,8 @@ class Appender:
                 log.exception("log append failed")
                 self._fail_batch(batch, LogUnavailable(f"log append failed: {exc}"))
                 return False
+            if self.append_observer is not None:
+                self.append_observer(time.perf_counter() - started)
             if self._append_error is not None:
                 log.warning("appending to the log works again")
                 self._append_error = None

@@ -144,6 +144,11 @@ class QueueState:
     owner: str | None = None  # the member that may acquire (docs/design.md §6)
     interested: list[str] = field(default_factory=list)  # members with consumers
     reserved_by: str | None = None  # the range reader that has the queue (Reserve)
+    # Counted since this replica began applying (not replicated state: not in the
+    # snapshot or the digest); the admin listener's metrics read them (docs/admin.md).
+    delivered: int = field(default=0, compare=False)
+    released: int = field(default=0, compare=False)
+    rejected: int = field(default=0, compare=False)
 
     @property
     def head(self) -> int:
@@ -457,6 +462,7 @@ class QueueIndex:
             acquired, counts, consumer = q.acquired, q.counts, ev.consumer
             for p in positions:
                 acquired[p] = consumer
+            q.delivered += len(positions)
             out.append(
                 Acquired(q.name, q.qid, consumer, positions, [counts.get(p, 0) for p in positions])
             )
@@ -497,6 +503,7 @@ class QueueIndex:
         delivery limit."""
         q = self.queue(name)
         held, other = self._held(q, consumer, positions)
+        q.released += len(held)
         back = 0
         for p in held:
             c = q.counts.get(p, 0) + 1
@@ -530,6 +537,7 @@ class QueueIndex:
         """The consumer refuses messages it holds: they are dead-lettered."""
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
+        q.rejected += len(held)
         for p in held:
             self._dead_letter(q, p, "rejected", out, was_acquired=True)
         return Settled(len(held), other)

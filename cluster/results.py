@@ -50,6 +50,9 @@ __all__ = [
     "HandedOver",
     "RangeRead",
     "UpdateSent",
+    "Peeked",
+    "ConnectionList",
+    "MessageHistory",
     "RESULT_TYPES",
 ]
 
@@ -259,6 +262,43 @@ class UpdateSent(Result):
     messages: int
 
 
+@dataclass(frozen=True, slots=True)
+class Peeked(Result):
+    """Peek: a queue's first ready messages, not acquired:
+    ``[position, delivery_count, body, headers, publish_time_ms]`` each, in delivery order."""
+
+    queue: str
+    messages: list[list[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionList(Result):
+    """Connections: this broker's client connections, each a map with ``id``, ``peer``,
+    ``client_name``, ``in_flight``, ``paused`` and ``consumers`` (maps with ``tag``,
+    ``consumer_id``, ``queue``, ``prefetch``, ``held``, ``credit``)."""
+
+    connections: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageHistory(Result):
+    """MessageHistory: a message's life as the log tells it (docs/admin.md).
+
+    ``steps`` are maps with ``offset``, ``time_ms``, ``node``, ``what`` and more per
+    step; ``complete`` is False when the log no longer holds the message's beginning
+    (``note`` says why) or the scan stopped at its bound."""
+
+    queue: str
+    position: int
+    log_start: int
+    log_end: int
+    scanned: int
+    complete: bool
+    state: str
+    note: str
+    steps: list[dict[str, Any]]
+
+
 #: Every result class (the wire codec checks them all; the tests round-trip them).
 RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     Declared,
@@ -283,4 +323,7 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     HandedOver,
     RangeRead,
     UpdateSent,
+    Peeked,
+    ConnectionList,
+    MessageHistory,
 )

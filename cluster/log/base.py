@@ -8,7 +8,7 @@ no backend, so a backend and the registry never import each other.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 __all__ = ["Log", "Record"]
 
@@ -24,6 +24,10 @@ class Log(abc.ABC):
     max_record: int = 64 << 20
     #: The largest append this backend accepts, bytes of records plus 64 per record.
     max_append_bytes: int = 1 << 30
+    #: Told the seconds each sync to disk took, once per group commit (not per record),
+    #: by the backends that sync themselves (the file log); the broker's metrics set it.
+    #: A backend may call it from its writer thread.
+    sync_observer: Callable[[float], None] | None = None
 
     @abc.abstractmethod
     async def append(self, records: Sequence[bytes]) -> int:

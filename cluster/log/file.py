@@ -31,6 +31,7 @@ import fcntl
 import logging
 import os
 import struct
+import time
 import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
@@ -435,6 +436,7 @@ class FileLog(Log):
             tail.seek(tail.pos + len(data), offset)
             fd, path = tail.fd, self._path(tail.base)
         # Only this thread writes or switches this process's tail: fd stays open.
+        observe, started = self.sync_observer, time.perf_counter()
         try:
             _datasync(fd)
         except OSError as exc:
@@ -443,6 +445,8 @@ class FileLog(Log):
             # (appliers drop the duplicates, docs/design.md §3).
             tail.seek(0, tail.base)
             raise LogUnavailable(f"sync of {path} failed, append outcome unknown: {exc}") from exc
+        if observe is not None:
+            observe(time.perf_counter() - started)
         return firsts
 
     def _end_offset(self) -> int:

@@ -69,6 +69,9 @@ from batonmq.cluster.results import (
     Settled,
     Subscribed,
     UpdateSent,
+    Peeked,
+    ConnectionList,
+    MessageHistory,
 )
 from tests.unit.test_membership import Cluster
 
@@ -132,6 +135,20 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
         {"messages": [[4, b"body", {"k": "v"}, 1_700_000_000_000]], "next": 5},
     ),
     (UpdateSent(applied=10, queues=2, messages=30), {"applied": 10, "queues": 2, "messages": 30}),
+    (
+        Peeked("q", [[3, 1, b"body", {"k": "v"}, 1_700_000_000_000]]),
+        {"queue": "q", "messages": [[3, 1, b"body", {"k": "v"}, 1_700_000_000_000]]},
+    ),
+    (
+        ConnectionList([{"id": "127.0.0.1:5000", "consumers": []}]),
+        {"connections": [{"id": "127.0.0.1:5000", "consumers": []}]},
+    ),
+    (
+        MessageHistory("q", 4, 0, 20, 20, True, "gone", "", [{"offset": 7, "what": "enqueued"}]),
+        {"queue": "q", "position": 4, "log_start": 0, "log_end": 20, "scanned": 20,
+         "complete": True, "state": "gone", "note": "",
+         "steps": [{"offset": 7, "what": "enqueued"}]},
+    ),
 ]
 
 

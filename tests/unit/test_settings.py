@@ -32,6 +32,8 @@ def _other_value(opt: settings.Option) -> Any:
     """A valid value of ``opt`` that is not its default."""
     if opt.choices:
         return next(c for c in opt.choices if c != opt.default)
+    if opt.name.endswith("_listen"):  # an address: HOST:PORT
+        return "127.0.0.1:9090"
     match opt.kind:
         case "int":
             return opt.default + 1

@@ -1,0 +1,516 @@
+"""The admin HTTP listener: metrics, health and a JSON API, in the broker's process
+(docs/admin.md; docs/design.md §1).
+
+``baton serve --admin-listen HOST:PORT`` starts it (it is off by default). It runs on the
+broker's own event loop with aiohttp and costs nothing per message: every answer is read
+from the state this broker has applied, when asked (broker/metrics.py for ``/metrics``).
+Writes (declare, delete, purge, handover, deregister) are submitted to the log like the
+native protocol's commands and answered once applied here.
+
+Access is decided in one place, :func:`access_refusal`: for now only loopback peers are
+served (anyone else gets 403). User checks (HTTP Basic) belong there too.
+
+Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
+
+* ``GET /healthz``, ``GET /readyz``, ``GET /metrics``;
+* ``/api/overview``, ``/api/nodes``, ``/api/queues[/{name}[/purge|/peek|
+  /messages/{position}/history]]``, ``/api/connections[/{id}]``, ``/api/consumers``,
+  ``/api/services[/{name}/handover|/{name}/candidates/{candidate}]``, ``/api/log``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import ipaddress
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+from aiohttp import web
+
+from batonmq.broker.config import BrokerConfig
+from batonmq.broker.delivery import Delivery
+from batonmq.broker.history import message_history
+from batonmq.broker.inspect import MAX_PEEK, ConnectionView, list_connections, peek
+from batonmq.broker.metrics import CONTENT_TYPE, BrokerMetrics
+from batonmq.broker.session import declare_event
+from batonmq.cluster.errors import (
+    BatonError,
+    InternalError,
+    InvalidArgument,
+    LogUnavailable,
+    QueueExists,
+    QueueNotFound,
+    ShuttingDown,
+    Timeout,
+    UnknownConsumer,
+)
+from batonmq.cluster.events import DeleteQueue, Event, Handover, PurgeQueue, Resign
+from batonmq.cluster.node import Node
+from batonmq.cluster.queues import validate_declare
+from batonmq.cluster.results import Result
+from batonmq.cluster.services import host_of
+
+__all__ = [
+    "AdminBroker",
+    "AdminServer",
+    "READY_MAX_LAG",
+    "access_refusal",
+    "readiness",
+]
+
+log = logging.getLogger("baton.admin")
+
+#: /readyz says "not caught up" while more log records than this wait to be applied here.
+READY_MAX_LAG = 10_000
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+R = TypeVar("R", bound="Result | None")
+
+
+class AdminBroker(Protocol):
+    """What the admin listener needs of the broker (broker/server.py's ``Broker``)."""
+
+    @property
+    def config(self) -> BrokerConfig:
+        """The broker's settings."""
+        ...
+
+    @property
+    def version(self) -> str:
+        """The broker's version."""
+        ...
+
+    @property
+    def address(self) -> str:
+        """The client listener's ``HOST:PORT``."""
+        ...
+
+    @property
+    def node(self) -> Node:
+        """The replica."""
+        ...
+
+    @property
+    def delivery(self) -> Delivery:
+        """This broker's consumers."""
+        ...
+
+    def connections(self) -> Iterable[ConnectionView]:
+        """The open client sessions."""
+        ...
+
+    def close_connection(self, peer: str) -> bool:
+        """Close the client connection from ``peer``; False if there is none."""
+        ...
+
+    def queue_stats(self, name: str) -> dict[str, Any]:
+        """One queue's stats (raises QueueNotFound)."""
+        ...
+
+    def list_queues(self) -> list[dict[str, Any]]:
+        """Every queue's stats."""
+        ...
+
+    def topology(self) -> dict[str, Any]:
+        """The Topology answer."""
+        ...
+
+    def connection_count(self) -> int:
+        """Open client connections."""
+        ...
+
+
+def access_refusal(peer: str | None) -> str | None:
+    """Why a request from ``peer`` (its IP address) is refused, or None to serve it.
+
+    The one access check of the admin listener: only loopback peers for now.
+    """
+    if not peer:
+        return "the admin API cannot tell the peer's address"
+    try:
+        address = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return f"the admin API serves loopback peers only, not {peer}"
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if not address.is_loopback:
+        return f"the admin API serves loopback peers only, not {peer}"
+    return None
+
+
+def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
+    """The /readyz answer: ready when this broker is a member of the view, applying
+    (healthy) and caught up with the log (at most READY_MAX_LAG records behind)."""
+    member = node.joined.is_set()
+    healthy = node.healthy
+    applied = node.state.applied
+    lag = None if log_end is None else max(0, log_end - 1 - applied)
+    reasons = []
+    if not member:
+        reasons.append("not a member of the established view (joining, or dropped)")
+    if not healthy:
+        reasons.append("cannot read or write the log, or write the store")
+    if node.catchup is not None:
+        reasons.append("a join update is still bringing queues here")
+    if lag is None:
+        reasons.append("the log's end is unknown")
+    elif lag > READY_MAX_LAG:
+        reasons.append(f"{lag} log records behind")
+    return {
+        "ready": not reasons,
+        "member": member,
+        "healthy": healthy,
+        "applied": applied,
+        "log_end": log_end,
+        "lag": lag,
+        "reasons": reasons,
+    }
+
+
+def _status_of(exc: BatonError) -> int:
+    match exc:
+        case QueueNotFound() | UnknownConsumer():
+            return 404
+        case InvalidArgument():
+            return 400
+        case QueueExists():
+            return 409
+        case LogUnavailable() | ShuttingDown() | Timeout():
+            return 503
+        case InternalError():
+            return 500
+        case _:  # the command is valid but the state refuses it (NotOwner, QueueReserved...)
+            return 409
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    """A JSON answer (bytes become base64 strings)."""
+    return web.Response(
+        text=json.dumps(body, default=_json_default),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def _error(status: int, name: str, message: str, code: int = 0) -> web.Response:
+    return json_response({"error": {"code": code, "name": name, "message": message}}, status)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Access, then JSON errors for everything the handlers raise."""
+    refusal = access_refusal(request.remote)
+    if refusal is not None:
+        return _error(403, "Forbidden", refusal)
+    try:
+        return await handler(request)
+    except BatonError as exc:
+        return _error(_status_of(exc), type(exc).__name__, exc.message, exc.code)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.reason, exc.text or exc.reason)
+    except Exception as exc:  # a bug: answered, logged, the broker goes on
+        log.exception("admin request %s %s failed", request.method, request.path)
+        return _error(500, "InternalError", f"internal error: {exc!r}")
+
+
+class AdminServer:
+    """The admin HTTP listener of one broker.
+
+    Args:
+        broker: the broker it reports on and steers.
+        metrics: the broker's metrics (broker/metrics.py).
+    """
+
+    def __init__(self, broker: AdminBroker, metrics: BrokerMetrics) -> None:
+        self.broker = broker
+        self.metrics = metrics
+        self.address = ""
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        """The aiohttp application with every route (also used by tests)."""
+        app = web.Application(middlewares=[_guard], client_max_size=1 << 20)
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        r.add_get("/metrics", self.metrics_text)
+        r.add_get("/api/overview", self.overview)
+        r.add_get("/api/nodes", self.nodes)
+        r.add_get("/api/queues", self.queues)
+        r.add_get("/api/queues/{name}", self.queue)
+        r.add_put("/api/queues/{name}", self.declare)
+        r.add_delete("/api/queues/{name}", self.delete)
+        r.add_post("/api/queues/{name}/purge", self.purge)
+        r.add_get("/api/queues/{name}/peek", self.peek)
+        r.add_get("/api/queues/{name}/messages/{position}/history", self.history)
+        r.add_get("/api/connections", self.connections)
+        r.add_delete("/api/connections/{id}", self.close_connection)
+        r.add_get("/api/consumers", self.consumers)
+        r.add_get("/api/services", self.services)
+        r.add_post("/api/services/{name}/handover", self.handover)
+        r.add_delete("/api/services/{name}/candidates/{candidate:.+}", self.deregister)
+        r.add_get("/api/log", self.log_info)
+        return app
+
+    async def start(self, host: str, port: int) -> str:
+        """Listen on ``host:port`` (0: any free port); returns the bound ``HOST:PORT``.
+
+        Raises:
+            InvalidArgument: the address cannot be listened on.
+        """
+        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise InvalidArgument(
+                f"cannot listen for admin on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        self._runner = runner
+        bound = runner.addresses[0]
+        self.address = f"{bound[0]}:{bound[1]}"
+        log.info("admin listener on http://%s", self.address)
+        return self.address
+
+    async def stop(self) -> None:
+        """Stop listening and end open requests."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    # -- helpers ----------------------------------------------------------------------
+
+    async def _log_end(self) -> int | None:
+        try:
+            return await self.broker.node.log.end_offset()
+        except Exception:  # the log is down: the answer says so instead of failing
+            return None
+
+    async def _submit(self, event: Event[R]) -> R:
+        return await self.broker.node.submit(event)
+
+    @staticmethod
+    async def _body(request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            raise InvalidArgument(f"the request body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidArgument("the request body must be a JSON object")
+        return body
+
+    @staticmethod
+    def _int_query(request: web.Request, name: str, default: int) -> int:
+        text = request.query.get(name)
+        if text is None:
+            return default
+        try:
+            return int(text)
+        except ValueError:
+            raise InvalidArgument(f"{name} must be an integer, not {text!r}") from None
+
+    # -- health and metrics ---------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        node = self.broker.node
+        return json_response(
+            {"status": "ok", "node_id": node.node_id, "runtime": node.runtime_id,
+             "version": self.broker.version}
+        )
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        body = readiness(self.broker.node, await self._log_end())
+        return json_response(body, 200 if body["ready"] else 503)
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        text = self.metrics.render(await self._log_end())
+        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
+
+    # -- the cluster ---------------------------------------------------------------------
+
+    async def overview(self, request: web.Request) -> web.Response:
+        b = self.broker
+        node = b.node
+        ms = node.state.membership
+        log_end = await self._log_end()
+        return json_response(
+            {
+                "node_id": node.node_id,
+                "runtime": node.runtime_id,
+                "version": b.version,
+                "address": b.address,
+                "admin_address": self.address,
+                "role": node.role,
+                "cluster_id": ms.cluster_id,
+                "view": ms.view_seq,
+                "leader": ms.leader(),
+                "is_leader": ms.leader() == node.key,
+                "members": len(ms.members),
+                "readiness": readiness(node, log_end),
+                "queues": len(node.state.queues),
+                "messages_ready": sum(q.ready for q in node.state.queues.values()),
+                "messages_acquired": sum(len(q.acquired) for q in node.state.queues.values()),
+                "connections": b.connection_count(),
+                "consumers": sum(len(v) for v in b.delivery.by_queue.values()),
+                "services": len(node.state.services.services),
+                "digest_mismatches": node.digest_mismatches,
+            }
+        )
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        return json_response(self.broker.topology())
+
+    # -- queues --------------------------------------------------------------------------
+
+    async def queues(self, request: web.Request) -> web.Response:
+        return json_response({"queues": self.broker.list_queues()})
+
+    async def queue(self, request: web.Request) -> web.Response:
+        return json_response(self.broker.queue_stats(request.match_info["name"]))
+
+    async def declare(self, request: web.Request) -> web.Response:
+        event = declare_event(request.match_info["name"], await self._body(request))
+        validate_declare(event)
+        result = await self._submit(event)
+        return json_response(result, 200)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        return json_response(await self._submit(DeleteQueue(request.match_info["name"])))
+
+    async def purge(self, request: web.Request) -> web.Response:
+        return json_response(await self._submit(PurgeQueue(request.match_info["name"])))
+
+    async def peek(self, request: web.Request) -> web.Response:
+        count = self._int_query(request, "count", 10)
+        peeked = peek(self.broker.node, request.match_info["name"], count)
+        return json_response(
+            {
+                "queue": peeked.queue,
+                "messages": [
+                    {
+                        "position": p,
+                        "delivery_count": n,
+                        "body": base64.b64encode(body).decode(),
+                        "body_utf8": _utf8(body),
+                        "headers": headers,
+                        "publish_time_ms": t,
+                    }
+                    for p, n, body, headers, t in peeked.messages
+                ],
+                "max_count": MAX_PEEK,
+            }
+        )
+
+    async def history(self, request: web.Request) -> web.Response:
+        try:
+            position = int(request.match_info["position"])
+        except ValueError:
+            raise InvalidArgument("position must be an integer") from None
+        limit = self._int_query(request, "max_records", 0)
+        result = await message_history(
+            self.broker.node, request.match_info["name"], position, max_records=limit or None
+        )
+        return json_response(result)
+
+    # -- connections and consumers -------------------------------------------------------
+
+    async def connections(self, request: web.Request) -> web.Response:
+        return json_response(list_connections(self.broker.connections()))
+
+    async def close_connection(self, request: web.Request) -> web.Response:
+        peer = request.match_info["id"]
+        if not self.broker.close_connection(peer):
+            return _error(404, "UnknownConnection", f"no client connection {peer!r} here")
+        return json_response({"closed": peer})
+
+    async def consumers(self, request: web.Request) -> web.Response:
+        listed = list_connections(self.broker.connections())
+        rows = [
+            {"connection": c["id"], "client_name": c["client_name"], **consumer}
+            for c in listed.connections
+            for consumer in c["consumers"]
+        ]
+        return json_response({"consumers": rows})
+
+    # -- services ------------------------------------------------------------------------
+
+    async def services(self, request: web.Request) -> web.Response:
+        return json_response({"services": self.broker.node.state.services.describe()})
+
+    async def handover(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        to = body.get("to", "") or ""
+        if not isinstance(to, str):
+            raise InvalidArgument("'to' must be a candidate key or node id")
+        name = request.match_info["name"]
+        if self.broker.node.state.services.get(name) is None:
+            return _error(404, "UnknownService", f"no service {name!r}")
+        return json_response(await self._submit(Handover(name, to)), 202)
+
+    async def deregister(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        candidate = request.match_info["candidate"]
+        s = self.broker.node.state.services.get(name)
+        if s is None or candidate not in s.candidates:
+            return _error(404, "UnknownCandidate", f"{candidate!r} is no candidate of {name!r}")
+        node = self.broker.node
+        host = host_of(candidate)
+        if host != node.key:
+            # Only the broker that hosts a candidate may resign it (docs/design.md §7).
+            member = node.state.membership.known.get(host)
+            where = f" at {member.address}" if member is not None and member.address else ""
+            raise InvalidArgument(
+                f"candidate {candidate!r} is hosted by broker {host}{where}: ask its admin"
+                " listener"
+            )
+        return json_response(await self._submit(Resign(name, candidate)))
+
+    # -- the log ----------------------------------------------------------------------------
+
+    async def log_info(self, request: web.Request) -> web.Response:
+        node = self.broker.node
+        try:
+            start: int | None = await node.log.start_offset()
+        except Exception:
+            start = None
+        end = await self._log_end()
+        return json_response(
+            {
+                "url": node.log.url,
+                "start": start,
+                "end": end,
+                "applied": node.state.applied,
+                "lag": None if end is None else max(0, end - 1 - node.state.applied),
+                "checkpoint_ms": node.checkpoint_ms,
+                "last_checkpoint": node.last_checkpoint,
+                "checkpoints": [
+                    {"offset": o, "digest": d} for o, d in node.state.checkpoints
+                ],
+                "truncated_before": node.truncated_before,
+                "outbox": node.appender.outbox_depth,
+            }
+        )
+
+
+def _utf8(body: bytes) -> str | None:
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        return None

@@ -1,0 +1,253 @@
+"""The broker's Prometheus metrics, read from its state when scraped (docs/admin.md).
+
+Nothing here runs per message. The queue and broker figures are read from the state this
+broker has applied, by a custom collector, at scrape time only (:class:`BrokerCollector`).
+The two latency histograms (log append, log sync) are observed once per append batch and
+once per group commit, through the hooks ``Appender.append_observer`` and
+``Log.sync_observer``. Each broker has its own :class:`~prometheus_client.CollectorRegistry`
+(never the process-global one), so two brokers of one process, as in the tests, do not
+mix their figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from batonmq.broker.delivery import Delivery
+from batonmq.cluster.node import Node
+
+__all__ = ["BrokerMetrics", "BrokerCollector", "MetricsBroker", "CONTENT_TYPE"]
+
+#: The Content-Type of the text exposition format that :meth:`BrokerMetrics.render` writes.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Appends of a file log take ~0.1-20 ms (one fdatasync); Kafka's acks=all a few ms more.
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)
+
+
+class MetricsBroker(Protocol):
+    """What the metrics read of the broker (broker/server.py's ``Broker``)."""
+
+    @property
+    def node(self) -> Node:
+        """The replica: its state, appender, log and checkpoints."""
+        ...
+
+    @property
+    def delivery(self) -> Delivery:
+        """This broker's consumers."""
+        ...
+
+    def connection_count(self) -> int:
+        """Open client connections."""
+        ...
+
+
+class BrokerCollector(Collector):
+    """Reads one broker's figures when scraped. ``log_end`` is set by the scraper just
+    before (reading the log's end is asynchronous; a collector is not)."""
+
+    def __init__(self, broker: MetricsBroker) -> None:
+        self.broker = broker
+        self.log_end: int | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every queue and broker metric (docs/admin.md lists them)."""
+        node = self.broker.node
+        yield from self._queues(node)
+        yield from self._broker(node)
+
+    def _queues(self, node: Node) -> Iterator[Metric]:
+        gauges = {
+            "ready": GaugeMetricFamily(
+                "baton_queue_ready_messages", "Messages ready for delivery.", labels=["queue"]
+            ),
+            "acquired": GaugeMetricFamily(
+                "baton_queue_acquired_messages", "Messages held by a consumer, not yet settled.",
+                labels=["queue"],
+            ),
+            "consumers": GaugeMetricFamily(
+                "baton_queue_consumers", "This broker's consumers of the queue.", labels=["queue"]
+            ),
+            "owner": GaugeMetricFamily(
+                "baton_queue_owner", "1 if this broker owns the queue (hands its messages out).",
+                labels=["queue"],
+            ),
+        }
+        counters = {
+            "enqueued": CounterMetricFamily(
+                "baton_queue_published_messages", "Messages enqueued (replicated count).",
+                labels=["queue"],
+            ),
+            "delivered": CounterMetricFamily(
+                "baton_queue_delivered_messages",
+                "Messages acquired for a consumer, any broker's (counted since this replica"
+                " started applying).",
+                labels=["queue"],
+            ),
+            "accepted": CounterMetricFamily(
+                "baton_queue_accepted_messages", "Messages accepted (replicated count).",
+                labels=["queue"],
+            ),
+            "released": CounterMetricFamily(
+                "baton_queue_released_messages",
+                "Messages released by a consumer (counted since this replica started applying).",
+                labels=["queue"],
+            ),
+            "rejected": CounterMetricFamily(
+                "baton_queue_rejected_messages",
+                "Messages rejected by a consumer (counted since this replica started applying).",
+                labels=["queue"],
+            ),
+            "expired": CounterMetricFamily(
+                "baton_queue_expired_messages", "Messages expired by the queue's TTL.",
+                labels=["queue"],
+            ),
+            "dead_lettered": CounterMetricFamily(
+                "baton_queue_dead_lettered_messages",
+                "Messages dead-lettered (rejected, delivery limit, expired, dropped by overflow).",
+                labels=["queue"],
+            ),
+        }
+        consumers = self.broker.delivery.by_queue
+        me = node.key
+        for name, q in node.state.queues.items():
+            labels = [name]
+            gauges["ready"].add_metric(labels, q.ready)
+            gauges["acquired"].add_metric(labels, len(q.acquired))
+            gauges["consumers"].add_metric(labels, len(consumers.get(name, ())))
+            gauges["owner"].add_metric(labels, 1 if q.owner == me else 0)
+            counters["enqueued"].add_metric(labels, q.enqueued)
+            counters["delivered"].add_metric(labels, q.delivered)
+            counters["accepted"].add_metric(labels, q.accepted)
+            counters["released"].add_metric(labels, q.released)
+            counters["rejected"].add_metric(labels, q.rejected)
+            counters["expired"].add_metric(labels, q.expired)
+            counters["dead_lettered"].add_metric(labels, q.dead_lettered)
+        yield from gauges.values()
+        yield from counters.values()
+
+    def _broker(self, node: Node) -> Iterator[Metric]:
+        state = node.state
+        ms = state.membership
+        yield _gauge("baton_applied_offset", "The last log offset applied here.", state.applied)
+        if self.log_end is not None:
+            yield _gauge(
+                "baton_apply_lag_records",
+                "Records on the log not applied here yet (log end minus applied offset).",
+                max(0, self.log_end - 1 - state.applied),
+            )
+        yield _gauge(
+            "baton_outbox_events", "Events waiting for their log append.",
+            node.appender.outbox_depth,
+        )
+        yield _gauge(
+            "baton_connections", "Open client connections.", self.broker.connection_count()
+        )
+        yield _gauge("baton_view_members", "Members of the established view.", len(ms.members))
+        yield _gauge("baton_view_sequence", "The established view's sequence number.",
+                     ms.view_seq)
+        yield _gauge("baton_member", "1 while this broker is in the established view.",
+                     1 if node.joined.is_set() else 0)
+        yield _gauge("baton_leader", "1 while this broker is the cluster's leader.",
+                     1 if ms.leader() == node.key else 0)
+        yield _gauge("baton_observer", "1 if this broker is an observer (never votes or leads).",
+                     1 if node.role == "observer" else 0)
+        yield _gauge("baton_healthy", "0 while the log or the store cannot be used.",
+                     1 if node.healthy else 0)
+        catchup = node.catchup
+        yield _gauge("baton_join_in_progress", "1 while this broker takes in a join update.",
+                     1 if catchup is not None else 0)
+        if catchup is not None:
+            p = catchup.progress
+            yield _gauge("baton_join_queues", "Queues the running join update brings.", p.queues)
+            yield _gauge("baton_join_queues_done", "Queues the running join update has brought.",
+                         p.queues_done)
+            yield _gauge("baton_join_messages_received",
+                         "Messages the running join update has brought.", sum(p.received.values()))
+        ignored = CounterMetricFamily(
+            "baton_ignored_events",
+            "Events ignored deterministically by the state machine, by reason (replicated).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(state.ignored.items()):
+            ignored.add_metric([reason], n)
+        yield ignored
+        yield _counter("baton_digest_mismatches",
+                       "Checkpoints at which this replica's digest differed from the leader's.",
+                       node.digest_mismatches)
+        last = node.last_checkpoint
+        yield _gauge("baton_last_checkpoint_offset",
+                     "Log offset of the last checkpoint applied here (-1: none).",
+                     last["offset"] if last else -1)
+        yield _gauge("baton_log_truncated_before",
+                     "The log's start after this broker's last truncation (as leader).",
+                     node.truncated_before)
+        services = GaugeMetricFamily(
+            "baton_service_terms", "Terms granted so far, per service.", labels=["service"]
+        )
+        leaders = GaugeMetricFamily(
+            "baton_service_has_leader", "1 if the service has a leader.", labels=["service"]
+        )
+        for name, s in sorted(state.services.services.items()):
+            services.add_metric([name], s.terms)
+            leaders.add_metric([name], 1 if s.leader is not None else 0)
+        yield services
+        yield leaders
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class BrokerMetrics:
+    """One broker's metrics: a private registry with the state collector, the latency
+    histograms and the process's CPU and memory.
+
+    Args:
+        broker: the broker to read.
+    """
+
+    def __init__(self, broker: MetricsBroker) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = BrokerCollector(broker)
+        self.registry.register(self.collector)
+        # process_cpu_seconds_total, process_resident_memory_bytes, ... (Linux /proc).
+        ProcessCollector(registry=self.registry)
+        self.append_seconds = Histogram(
+            "baton_log_append_seconds",
+            "Time of one log append (a batch of events), from the call to durable.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.sync_seconds = Histogram(
+            "baton_log_fsync_seconds",
+            "Time of one fdatasync of the file log (one group commit).",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def attach(self, node: Node) -> None:
+        """Observe ``node``'s appends and its log's syncs (once per batch)."""
+        node.appender.append_observer = self.append_seconds.observe
+        node.log.sync_observer = self.sync_seconds.observe
+
+    def render(self, log_end: int | None) -> bytes:
+        """The text exposition of every metric now.
+
+        Args:
+            log_end: the log's end offset (next offset), for the apply lag; None if unknown.
+        """
+        self.collector.log_end = log_end
+        return generate_latest(self.registry)
