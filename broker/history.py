@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from typing import Any
 
 from batonmq.cluster.codec import decode
@@ -53,6 +54,7 @@ SLICE_SECONDS = 0.005
 
 _Status = tuple[str, str | None, int]  # (where, consumer, delivery count)
 _ABSENT: _Status = ("absent", None, 0)
+_ONE_AT_A_TIME: weakref.WeakKeyDictionary[Node, asyncio.Lock] = weakref.WeakKeyDictionary()
 _ASKED = {Accept: "accept asked", Release: "release asked", Reject: "reject asked"}
 
 
@@ -164,6 +166,13 @@ async def message_history(
     limit = MAX_HISTORY_RECORDS if max_records is None else max_records
     if position < 0 or limit < 1:
         raise InvalidArgument("position must be >= 0 and max_records >= 1")
+    # One history at a time per broker: each costs a replay of the log.
+    lock = _ONE_AT_A_TIME.setdefault(node, asyncio.Lock())
+    async with lock:
+        return await _history(node, queue, position, limit)
+
+
+async def _history(node: Node, queue: str, position: int, limit: int) -> MessageHistory:
     log = node.log
     start = await log.start_offset()
     end = await log.end_offset()
