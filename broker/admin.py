@@ -20,6 +20,7 @@ Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import ipaddress
@@ -65,6 +66,8 @@ log = logging.getLogger("baton.admin")
 
 #: /readyz says "not caught up" while more log records than this wait to be applied here.
 READY_MAX_LAG = 10_000
+#: Seconds a probe or a scrape waits for the log's offsets (a hung log must not hang them).
+LOG_QUERY_TIMEOUT = 2.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 R = TypeVar("R", bound="Result | None")
@@ -297,8 +300,9 @@ class AdminServer:
 
     async def _log_end(self) -> int | None:
         try:
-            return await self.broker.node.log.end_offset()
-        except Exception:  # the log is down: the answer says so instead of failing
+            async with asyncio.timeout(LOG_QUERY_TIMEOUT):
+                return await self.broker.node.log.end_offset()
+        except Exception:  # the log is down or slow: the answer says so instead of failing
             return None
 
     async def _submit(self, event: Event[R]) -> R:
@@ -487,8 +491,9 @@ class AdminServer:
     async def log_info(self, request: web.Request) -> web.Response:
         node = self.broker.node
         try:
-            start: int | None = await node.log.start_offset()
-        except Exception:
+            async with asyncio.timeout(LOG_QUERY_TIMEOUT):
+                start: int | None = await node.log.start_offset()
+        except Exception:  # as in _log_end
             start = None
         end = await self._log_end()
         return json_response(

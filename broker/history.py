@@ -7,7 +7,8 @@ applying the log from its first record to a scratch :class:`~batonmq.cluster.sta
 enqueued, acquired, released, accepted, dead-lettered, expired, purged. Each step carries
 the log offset and the replicated time (the event's envelope time).
 
-That costs O(log size) and runs on the broker's event loop, a log batch at a time: it is
+That costs O(log size) and runs on the broker's event loop, in slices of at most a few
+milliseconds (:data:`SLICE_SECONDS`), so the broker goes on serving meanwhile. It is
 bounded by ``max_records`` (default :data:`MAX_HISTORY_RECORDS`), and answers
 ``complete: false`` with a note when it stops there, or when the log no longer starts at
 offset 0 (retention removed the beginning, so positions cannot be rebuilt; then only the
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+import weakref
 from typing import Any
 
 from batonmq.cluster.codec import decode
@@ -45,9 +48,13 @@ __all__ = ["MAX_HISTORY_RECORDS", "message_history"]
 
 #: The most log records one history request reads (each applied to a scratch state).
 MAX_HISTORY_RECORDS = 2_000_000
+#: The longest stretch, in seconds, a history request keeps the event loop before it
+#: lets the broker serve (a record with a big publish batch costs ~1 ms to apply).
+SLICE_SECONDS = 0.005
 
 _Status = tuple[str, str | None, int]  # (where, consumer, delivery count)
 _ABSENT: _Status = ("absent", None, 0)
+_ONE_AT_A_TIME: weakref.WeakKeyDictionary[Node, asyncio.Lock] = weakref.WeakKeyDictionary()
 _ASKED = {Accept: "accept asked", Release: "release asked", Reject: "reject asked"}
 
 
@@ -159,6 +166,13 @@ async def message_history(
     limit = MAX_HISTORY_RECORDS if max_records is None else max_records
     if position < 0 or limit < 1:
         raise InvalidArgument("position must be >= 0 and max_records >= 1")
+    # One history at a time per broker: each costs a replay of the log.
+    lock = _ONE_AT_A_TIME.setdefault(node, asyncio.Lock())
+    async with lock:
+        return await _history(node, queue, position, limit)
+
+
+async def _history(node: Node, queue: str, position: int, limit: int) -> MessageHistory:
     log = node.log
     start = await log.start_offset()
     end = await log.end_offset()
@@ -167,6 +181,7 @@ async def message_history(
     if start > 0:
         return await _settlements_only(node, queue, position, start, end, limit, target)
     scratch = State(node.state.membership.suspect_beats)
+    pause_at = time.perf_counter() + SLICE_SECONDS
     steps: list[dict[str, Any]] = []
     status = _ABSENT
     qid: int | None = None  # the incarnation of the queue followed
@@ -180,6 +195,9 @@ async def message_history(
                     if offset >= stop:
                         break
                     scanned += 1
+                    if time.perf_counter() > pause_at:  # let the broker serve meanwhile
+                        await asyncio.sleep(0)
+                        pause_at = time.perf_counter() + SLICE_SECONDS
                     try:
                         origin, event = decode(record)
                     except BatonError:
@@ -218,7 +236,6 @@ async def message_history(
                         status = after
                 if batch[-1][0] >= stop - 1:
                     break
-                await asyncio.sleep(0)  # let the broker serve between batches
     seen_queue = qid is not None
     if not seen_queue and live is None:
         raise QueueNotFound(f"queue {queue!r} does not exist and the log never declared it")
@@ -237,6 +254,7 @@ async def _settlements_only(
     """The log no longer starts at 0: list the settlements that name the position."""
     steps: list[dict[str, Any]] = []
     scanned = 0
+    pause_at = time.perf_counter() + SLICE_SECONDS
     stop = min(end, start + limit)
     if stop > start:
         async with contextlib.aclosing(node.log.read(start)) as reader:
@@ -245,6 +263,9 @@ async def _settlements_only(
                     if offset >= stop:
                         break
                     scanned += 1
+                    if time.perf_counter() > pause_at:  # let the broker serve meanwhile
+                        await asyncio.sleep(0)
+                        pause_at = time.perf_counter() + SLICE_SECONDS
                     try:
                         origin, event = decode(record)
                     except BatonError:
@@ -268,7 +289,6 @@ async def _settlements_only(
                         )
                 if batch[-1][0] >= stop - 1:
                     break
-                await asyncio.sleep(0)
     live = node.state.queues.get(queue)
     if live is None and target is None:
         raise QueueNotFound(f"queue {queue!r} does not exist")

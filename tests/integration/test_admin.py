@@ -216,6 +216,24 @@ async def test_readyz_is_503_for_a_broker_dropped_from_the_view(
         base = admin_of(n2)
         status, _ = await get_json(http, f"{base}/readyz")
         assert status == 200
+        # The owner flag: only the broker whose consumer took the queue owns it.
+        async with await clients.connect(n1.address) as conn:
+            await conn.declare_queue("owned")
+            await conn.publish("owned", b"x")
+            async with conn.consume("owned", prefetch=1):
+                await wait_stats(conn, "owned", acquired=1)
+
+                async def owners() -> list[float]:
+                    flags = []
+                    for b in brokers:
+                        async with http.get(f"{admin_of(b)}/metrics") as r:
+                            flags.append(
+                                metric_samples(await r.text(), "baton_queue_owner")["owned"]
+                            )
+                    return flags
+
+                await eventually(owners, "node-1 alone owns 'owned' on every replica",
+                                 until=lambda f: f == [1.0, 0.0, 0.0])
         n2.pause()
 
         async def dropped() -> bool:

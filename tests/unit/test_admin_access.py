@@ -1,4 +1,4 @@
-"""The admin listener's one access check, and its JSON errors for refused peers."""
+"""The admin listener's one access check, its JSON errors, and its readiness rule."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from batonmq.broker.admin import _guard, access_refusal
+from batonmq.broker.admin import READY_MAX_LAG, _guard, access_refusal, readiness
 from batonmq.cluster.errors import QueueNotFound
+from batonmq.cluster.log import open_log
+from batonmq.cluster.node import Node
+from batonmq.store.memory import MemoryStore
 
 
 @pytest.mark.parametrize("peer", ["127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"])
@@ -80,3 +83,22 @@ def test_the_broker_package_loads_no_http_or_metrics_library_until_asked() -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+async def test_readiness_says_why_a_broker_is_not_ready() -> None:
+    log = await open_log("memory:")
+    node = Node("n1", log, MemoryStore())
+    body = readiness(node, 0)
+    assert body["ready"] is False and body["member"] is False
+    assert any("member" in r for r in body["reasons"])
+    node.joined.set()
+    body = readiness(node, 0)  # nothing on the log, nothing applied (-1): caught up
+    assert body == {"ready": True, "member": True, "healthy": True, "applied": -1,
+                    "log_end": 0, "lag": 0, "reasons": []}
+    body = readiness(node, READY_MAX_LAG + 5)
+    assert body["ready"] is False and body["lag"] == READY_MAX_LAG + 5  # applied is -1
+    assert readiness(node, None)["ready"] is False  # the log's end unknown
+    node.healthy = False
+    body = readiness(node, 0)
+    assert body["ready"] is False and body["healthy"] is False
+    await log.close()
