@@ -108,6 +108,7 @@ class Broker:
         self.address = f"{sock[0]}:{sock[1]}"
         await self._node.start(self.address)
         await self._server.start_serving()
+        self._node.serving = True  # its heartbeats now offer it as a join donor
         self._delivery.start(cfg.expiry_interval)
         self._leadership.start()
         log.info(
@@ -162,6 +163,8 @@ class Broker:
         leave the view, close."""
         if self._server is not None:
             self._server.close()
+        if self._node is not None:
+            self._node.serving = False
         pending = []
         for s in list(self.sessions):
             for c in list(s.consumers.values()):
@@ -200,7 +203,18 @@ class Broker:
         """The view as applied here (docs/design.md §7), plus this replica's offset and digest."""
         node = self.node
         ms = node.state.membership
-        leader = ms.leader()
+        # A leader that is suspected is not shown: with no live voter (only observers
+        # left) it would stay in the view for good, since no voter drops it.
+        leader = ms.live_leader()
+        voter_alive = ms.voter_alive()
+        if not node.healthy:
+            status = "log or store failing"
+        elif not voter_alive:
+            status = "no live voter"
+        elif not node.joined.is_set():
+            status = "not a member"
+        else:
+            status = "ok"
         instances = []
         for key in ms.members:
             m = ms.known.get(key)
@@ -226,7 +240,10 @@ class Broker:
             "node_id": node.node_id,
             "runtime": node.runtime_id,
             "member": node.joined.is_set(),
-            "healthy": node.healthy,
+            # docs/operations.md: unhealthy when the log or the store fails, and when no
+            # voter is alive (nothing can change the view; this broker is on its own).
+            "healthy": node.healthy and voter_alive,
+            "status": status,
             "applied": node.state.applied,
             "digest": node.state.digest(),
             # docs/design.md §8: this broker's join (progress while it runs, then its figures),

@@ -296,6 +296,11 @@ class Heartbeat(Event[None]):
     ``hold`` is the lowest log offset this runtime still needs on the log: its applied
     offset, or less while it serves a join update from an older point (docs/design.md §8).
     The leader truncates the log only below every live runtime's hold; -1: unknown.
+
+    ``serving`` says whether its client port answers and it holds the whole state (a
+    member that is not itself taking in an update): only such a runtime can give a
+    joining broker an update (docs/design.md §8). It is not part of the replicated state;
+    records of brokers that predate it decode as True.
     """
 
     OP: ClassVar[int] = 30
@@ -303,6 +308,7 @@ class Heartbeat(Event[None]):
     address: str
     properties: dict[str, Any]
     hold: int = -1
+    serving: bool = True
 
 
 @dataclass(frozen=True, slots=True)
