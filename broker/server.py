@@ -207,7 +207,9 @@ class Broker:
         # left) it would stay in the view for good, since no voter drops it.
         leader = ms.live_leader()
         voter_alive = ms.voter_alive()
-        if not node.healthy:
+        if node.health.problem:
+            status = node.health.problem  # e.g. a corrupt log: docs/operations.md
+        elif not node.healthy:
             status = "log or store failing"
         elif not voter_alive:
             status = "no live voter"

@@ -455,7 +455,8 @@ class Node:
             self.joined.set()
         else:
             self.joined.clear()
-        alive = ms.voter_alive()
+        # (A runtime that left or is suspected itself is going away: nothing to report.)
+        alive = ms.voter_alive() or ms.suspected(me)
         if alive != self.voter_alive:
             self.voter_alive = alive
             if self.joined.is_set() and not alive:
