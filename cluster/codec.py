@@ -187,6 +187,7 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "prev_offset": (int,),
     "prev_digest": (str,),
     "service": (str,),
+    "token": (int,),
     "candidate": (str,),
 }
 
