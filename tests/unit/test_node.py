@@ -410,3 +410,39 @@ async def test_a_corrupt_record_stops_applying_once_loudly_and_repair_keeps_the_
         assert again.healthy and not again.health.problem
     finally:
         await _close(again)
+
+
+async def test_appends_to_a_log_whose_last_segment_is_corrupt_fail_and_say_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import struct
+    import zlib
+
+    from batonmq.cluster.errors import LogCorrupt
+
+    # Few heartbeats: the test appends the damaged records at the log's end itself.
+    node = Node("a", await open_log(f"file:{tmp_path / 'log'}"), MemoryStore(),
+                heartbeat_ms=20_000)
+    await node.start()
+    try:
+        await node.submit(DeclareQueue("q"))
+        end = await node.log.end_offset()
+        # Another writer's batch, damaged on disk: a bad record with a valid one after it.
+        bad = struct.pack(">IQI", 3, end, 12345) + b"abc"
+        good = struct.pack(">IQI", 3, end + 1, zlib.crc32(b"def")) + b"def"
+        seg = sorted((tmp_path / "log").glob("*.seg"))[-1]
+        with seg.open("ab") as f:
+            f.write(bad + good)
+        caplog.set_level(logging.CRITICAL, logger="baton.node")
+        for name in ("r", "s", "t"):
+            with pytest.raises(LogCorrupt, match="baton log verify"):
+                await asyncio.wait_for(node.submit(DeclareQueue(name)), 10)
+        assert not node.healthy and "log corrupt" in node.health.problem
+        appends = [r.getMessage() for r in caplog.records
+                   if r.levelno == logging.CRITICAL and "cannot append" in r.getMessage()]
+        assert len(appends) == 1, appends  # said once, not per failed command
+    finally:
+        await node.stop()
+        await node.log.close()
+        node.store.close()
