@@ -42,6 +42,7 @@ from batonmq.cluster.log.file import (
     _HEADER,
     _INVALID,
     _MAX_FRAME,
+    _PENDING,
     _SHORT,
     _list_bases,
     _parse,
@@ -234,6 +235,11 @@ def _walk(buf: bytes, base: int, name: str, last: bool) -> tuple[list[_Frame], l
             p, o = p + _HDR + length, o + 1
         pos, nxt = at, after
         if pos >= size or status not in (_INVALID, _SHORT):
+            break
+        if last and size - pos >= _HDR and _HEADER.unpack_from(buf, pos)[0] == _PENDING:
+            # A batch being written now (its first header is written last), or one whose
+            # writer died: the log treats both as the tail, and the next append cuts it.
+            damage.append(Damage(name, pos, size - pos, nxt, 0, TORN_TAIL))
             break
         found = _resync(buf, pos + 1, nxt)
         if found is None:

@@ -442,6 +442,17 @@ async def test_repair_cuts_a_torn_tail_and_keeps_its_bytes(tmp_path: Path) -> No
     assert await read_all(tmp_path, 5) == [(i, f"r{i}".encode()) for i in range(5)]
 
 
+async def test_verify_takes_a_batch_being_written_for_the_tail(tmp_path: Path) -> None:
+    await (await filled(tmp_path, 3)).close()
+    seg = segments(tmp_path)[0]
+    with seg.open("ab") as f:  # a writer between its two header writes
+        f.write(HEADER.pack(0xFFFFFFFF, 3, 0) + b"r3" + frame(4, b"r4"))
+    found = filecheck.scan(str(tmp_path))
+    assert found.ok and [(d.kind, d.offset, d.records) for d in found.damage] == [
+        ("torn-tail", 3, 0)
+    ]
+
+
 async def test_repair_of_a_bad_end_of_an_older_segment_fills_the_gap(tmp_path: Path) -> None:
     log = await filled(tmp_path, 1, segment_bytes=64)
     try:
