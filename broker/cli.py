@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     ie = sub.add_parser("import-entries", help="the Spark import-entries pipeline (docs/spark.md)")
     import_entries_arguments(ie)
     ie.set_defaults(func=_import_entries)
+
+    from batonmq.broker import logtool
+
+    lg = sub.add_parser("log", help="verify or repair a file: log (docs/operations.md)")
+    logtool.add_arguments(lg)
+    lg.set_defaults(func=logtool.run_from_args)
     return p
 
 

@@ -120,8 +120,8 @@ def _topology(args: argparse.Namespace) -> int:
         print(f"REPLICA DIVERGED: {topo['digest_mismatches']} checkpoint digest(s) differ from"
               " the leader's: this replica's state is wrong (see its log)")
     if not topo.get("healthy", True):
-        print("this broker is UNHEALTHY: it cannot read or write the log, or write its store"
-              " (see its log)")
+        why = topo.get("status") or "it cannot read or write the log, or write its store"
+        print(f"this broker is UNHEALTHY: {why} (see its log)")
     if not topo.get("member", True):
         print("this broker is not a member of the established view (joining, or fenced)")
     return status

@@ -29,7 +29,8 @@ def not_ready(topo: dict[str, Any]) -> str | None:
     if not topo.get("member", False):
         return "not a member of the established view (joining, or dropped from it)"
     if not topo.get("healthy", False):
-        return "unhealthy: it cannot read or apply the log, or write its store (see its log)"
+        why = topo.get("status") or "it cannot read or apply the log, or write its store"
+        return f"unhealthy: {why} (see its log)"
     join = topo.get("join")
     if join and join.get("state") == "updating":
         return f"joining: still taking in the cluster's state ({join.get('progress', '')})"

@@ -119,6 +119,7 @@ class Broker:
         await self._start_admin()
         await self._node.start(self.address)
         await self._server.start_serving()
+        self._node.serving = True  # its heartbeats now offer it as a join donor
         self._delivery.start(cfg.expiry_interval)
         self._leadership.start()
         log.info(
@@ -192,6 +193,8 @@ class Broker:
         leave the view, close."""
         if self._server is not None:
             self._server.close()
+        if self._node is not None:
+            self._node.serving = False
         if self._admin is not None:
             await self._admin.stop()
             self._admin = None
@@ -233,7 +236,20 @@ class Broker:
         """The view as applied here (docs/design.md §7), plus this replica's offset and digest."""
         node = self.node
         ms = node.state.membership
-        leader = ms.leader()
+        # A leader that is suspected is not shown: with no live voter (only observers
+        # left) it would stay in the view for good, since no voter drops it.
+        leader = ms.live_leader()
+        voter_alive = ms.voter_alive()
+        if node.health.problem:
+            status = node.health.problem  # e.g. a corrupt log: docs/operations.md
+        elif not node.healthy:
+            status = "log or store failing"
+        elif not voter_alive:
+            status = "no live voter"
+        elif not node.joined.is_set():
+            status = "not a member"
+        else:
+            status = "ok"
         instances = []
         for key in ms.members:
             m = ms.known.get(key)
@@ -259,7 +275,10 @@ class Broker:
             "node_id": node.node_id,
             "runtime": node.runtime_id,
             "member": node.joined.is_set(),
-            "healthy": node.healthy,
+            # docs/operations.md: unhealthy when the log or the store fails, and when no
+            # voter is alive (nothing can change the view; this broker is on its own).
+            "healthy": node.healthy and voter_alive,
+            "status": status,
             "applied": node.state.applied,
             # How far this replica's applied log is behind the wall clock: every member
             # heartbeats, so a replica that applies the log is behind by about a beat;

@@ -280,11 +280,17 @@ class Session(ClientConnection):
                     f.corr, read_range(self.broker.node, f, self.broker.config.max_frame), as_is
                 )
             case wire.Reserve():
-                self._submit(f.corr, Reserve(f.queue, f.holder or None), as_is)
+                _check_fence(f.service, f.token)
+                self._submit(
+                    f.corr, Reserve(f.queue, f.holder or None, f.service, f.token), as_is
+                )
             case wire.AcceptThrough():
                 if f.through < 0:
                     raise InvalidArgument("through must be a non-negative position")
-                self._submit(f.corr, AcceptThrough(f.queue, f.through, f.holder), as_is)
+                _check_fence(f.service, f.token)
+                self._submit(
+                    f.corr, AcceptThrough(f.queue, f.through, f.holder, f.service, f.token), as_is
+                )
             case wire.Hello():
                 raise ProtocolError("Hello was already sent on this connection")
             case _:
@@ -482,3 +488,16 @@ def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         dead_letter=options.get("dead_letter"),
         message_ttl_ms=options.get("message_ttl_ms"),
     )
+
+
+def _check_fence(service: str, token: int) -> None:
+    """A range commit is either unfenced ("" and -1) or names a service and a token >= 0.
+
+    Raises:
+        InvalidArgument: one without the other, or a negative token.
+    """
+    if (service == "") != (token == -1) or token < -1:
+        raise InvalidArgument(
+            "a fenced range commit needs both the service and its term's token (>= 0);"
+            " an unfenced one neither"
+        )

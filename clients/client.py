@@ -564,12 +564,22 @@ class Connection:
 
     # --- range readers (the Spark source, docs/design.md §11; docs/protocol.md) ---------------
 
-    async def reserve(self, queue: str, holder: str | None) -> dict[str, Any]:
+    async def reserve(
+        self, queue: str, holder: str | None, *, service: str = "", token: int = -1
+    ) -> dict[str, Any]:
         """Reserve ``queue`` for the range reader ``holder`` (None: end the reservation).
 
         While reserved, consumers get nothing from the queue and TTL expiry and
         drop-head overflow leave it alone; messages consumers took before stay
         theirs (``acquired`` in the result: read only once it is 0).
+
+        Args:
+            queue: the queue.
+            holder: the reader's name, or None to end the reservation.
+            service: with ``token``, fence the call by a leadership term
+                (``Term.service``, ``Term.token``): it is refused once that term is
+                over (docs/spark.md, "Fencing"). "" and -1: not fenced.
+            token: the term's fencing token.
 
         Returns:
             ``{"reserved_by", "acquired", "head", "next_position"}``; ``head`` is the
@@ -578,16 +588,29 @@ class Connection:
         Raises:
             QueueReserved: another holder has the queue.
             QueueNotFound: no such queue.
+            StaleToken: the fencing term is over (another leader took over).
         """
         corr = self._next_corr()
         # Idempotent for the same holder: sent again after a failover.
-        result = await self._request(Reserve(corr, queue, holder or ""), corr, retry=True)
+        result = await self._request(
+            Reserve(corr, queue, holder or "", service, token), corr, retry=True
+        )
         read_result(Reserved, result)  # checked; the caller gets the map
         return result
 
-    async def accept_through(self, queue: str, through: int, holder: str) -> int:
+    async def accept_through(
+        self, queue: str, through: int, holder: str, *, service: str = "", token: int = -1
+    ) -> int:
         """As the holder of ``queue``'s reservation, accept every ready message below
         position ``through``. Cumulative and idempotent (a repeat accepts nothing).
+
+        Args:
+            queue: the queue.
+            through: accept the ready messages below this position.
+            holder: the reservation's holder.
+            service: with ``token``, fence the commit by a leadership term, as in
+                :meth:`reserve`.
+            token: the term's fencing token.
 
         Returns:
             How many messages this call accepted.
@@ -595,9 +618,12 @@ class Connection:
         Raises:
             QueueReserved: ``holder`` does not have the queue's reservation.
             QueueNotFound: no such queue.
+            StaleToken: the fencing term is over (another leader took over).
         """
         corr = self._next_corr()
-        result = await self._request(AcceptThrough(corr, queue, through, holder), corr, retry=True)
+        result = await self._request(
+            AcceptThrough(corr, queue, through, holder, service, token), corr, retry=True
+        )
         return read_result(AcceptedThrough, result).count
 
     async def read_range(

@@ -436,17 +436,23 @@ def start_query(
     trigger_seconds: float = 1.0,
     max_per_trigger: int = 100_000,
     fmt: str = "parquet",
+    fence: tuple[str, int] | None = None,
 ) -> "StreamingQuery":
     """Start the streaming query: ``queue`` -> validate -> ``table`` (exactly once with
-    ``checkpoint``); invalid entries -> ``dlq`` (default ``<queue>.dlq``)."""
+    ``checkpoint``); invalid entries -> ``dlq`` (default ``<queue>.dlq``). ``fence``:
+    the leadership term (service, token) that fences the source's commits."""
     dlq = dlq or f"{queue}.dlq"
-    source = (
+    reader = (
         spark.readStream.format("baton")
         .option("brokers", brokers)
         .option("queue", queue)
         .option("maxEntriesPerTrigger", str(max_per_trigger))
-        .load()
     )
+    if fence is not None:
+        # docs/spark.md "Fencing": a driver paused while a standby took over cannot
+        # commit late; its Reserve and AcceptThrough carry this term's token.
+        reader = reader.option("service", fence[0]).option("token", str(fence[1]))
+    source = reader.load()
     rows = source.mapInArrow(_Route(brokers, queue, dlq), TABLE_SCHEMA)
     return (
         rows.writeStream.format(fmt)
@@ -550,6 +556,7 @@ async def _run_query(
         trigger_seconds=cfg.trigger_seconds,
         max_per_trigger=cfg.max_per_trigger,
         fmt=cfg.fmt,
+        fence=None if term is None else (term.service, term.token),
     )
     print(f"baton import-entries: query {query.id} running", flush=True)
     idle_since: float | None = None  # from the first finished micro-batch on
@@ -559,7 +566,7 @@ async def _run_query(
         while True:
             if time.monotonic() - flushed_at > 2.0:
                 flushed_at = time.monotonic()
-                await _accept_committed(cfg)
+                await _accept_committed(cfg, term)
             if stop.is_set():
                 return True
             if term is not None and (term.lost.is_set() or term.handover_requested.is_set()):
@@ -588,7 +595,7 @@ async def _run_query(
         await asyncio.to_thread(query.stop)
         print("baton import-entries: query stopped", flush=True)
         if term is None or not term.lost.is_set():
-            await _accept_committed(cfg)
+            await _accept_committed(cfg, term)
 
 
 def committed_position(checkpoint: str) -> int | None:
@@ -620,14 +627,18 @@ def committed_position(checkpoint: str) -> int | None:
     return position if isinstance(position, int) else None
 
 
-async def _accept_committed(cfg: PipelineConfig) -> None:
-    """AcceptThrough the checkpoint's committed position (see committed_position)."""
+async def _accept_committed(cfg: PipelineConfig, term: "Term | None") -> None:
+    """AcceptThrough the checkpoint's committed position (see committed_position),
+    fenced by ``term`` when the instance leads (a stale term's commit is refused)."""
     position = committed_position(cfg.checkpoint)
     if position is None:
         return
+    service, token = ("", -1) if term is None else (term.service, term.token)
     try:
         async with await _aio.connect(cfg.brokers, failover=True, failover_timeout=10) as conn:
-            await conn.accept_through(cfg.queue, position, f"spark:{cfg.queue}")
+            await conn.accept_through(
+                cfg.queue, position, f"spark:{cfg.queue}", service=service, token=token
+            )
     except BatonError as exc:  # Spark's own commit comes later anyway
         log.warning("accepting the committed entries below %d failed: %s", position, exc)
 

@@ -39,6 +39,11 @@ Options (strings, as Spark passes them):
     maxEntriesPerTrigger: at most this many positions per micro-batch (default 100000).
     numPartitions: split a micro-batch into this many read tasks (default 2).
     timeout: seconds a call may keep retrying before the query fails (default 60).
+    service, token: fence the source's Reserve and AcceptThrough calls by a leadership
+        term (the service's name and the term's fencing token, as ``Term`` has them):
+        once another term of the service has started, they are refused (StaleToken)
+        and the query fails, so a driver that was paused while a standby took over
+        cannot commit late (docs/spark.md, "Fencing"). Default: not fenced.
 """
 
 from __future__ import annotations
@@ -102,6 +107,8 @@ class _Options:
     max_per_trigger: int
     partitions: int
     timeout: float
+    service: str = ""  # with token: the leadership term that fences commits
+    token: int = -1
 
 
 def _options(options: Any) -> _Options:
@@ -126,6 +133,17 @@ def _options(options: Any) -> _Options:
     brokers = get("brokers")
     _aio.parse_addresses(brokers)  # fails early, with a clear error
     queue = get("queue")
+    service = get("service", "")
+    token_text = get("token", "-1" if not service else "")
+    try:
+        token = int(token_text)
+    except ValueError:
+        raise InvalidArgument(f"option 'token' must be an integer, got {token_text!r}") from None
+    if bool(service) != (token >= 0) or token < -1:
+        raise InvalidArgument(
+            "options 'service' and 'token' go together: a service name and its term's"
+            " fencing token (>= 0)"
+        )
     return _Options(
         brokers=brokers,
         queue=queue,
@@ -133,6 +151,8 @@ def _options(options: Any) -> _Options:
         max_per_trigger=positive("maxEntriesPerTrigger", "100000", int),
         partitions=positive("numPartitions", "2", int),
         timeout=positive("timeout", "60", float),
+        service=service,
+        token=token,
     )
 
 
@@ -203,7 +223,8 @@ class BatonStreamReader(DataSourceStreamReader):
                 delay = min(delay * 2, 2.0)
 
     def _reserve(self, conn: _sync.SyncConnection) -> dict[str, Any]:
-        return conn.reserve(self.opts.queue, self.opts.holder)
+        o = self.opts
+        return conn.reserve(o.queue, o.holder, service=o.service, token=o.token)
 
     def _drain(self) -> dict[str, Any]:
         """Reserve the queue and wait until consumers settled what they took before.
@@ -283,9 +304,12 @@ class BatonStreamReader(DataSourceStreamReader):
     def commit(self, end: dict[str, Any]) -> None:
         """The sink committed everything below ``end``: accept it (AcceptThrough)."""
         through = int(end["position"])
+        o = self.opts
         n = self._call(
             "accept_through",
-            lambda c: c.accept_through(self.opts.queue, through, self.opts.holder),
+            lambda c: c.accept_through(
+                o.queue, through, o.holder, service=o.service, token=o.token
+            ),
         )
         log.debug("queue %r: accepted %d messages below %d", self.opts.queue, n, through)
 

@@ -285,13 +285,21 @@ class SyncConnection:
         """A message's life from the log (see :meth:`Connection.message_history`)."""
         return self.run(self._conn.message_history(queue, position, max_records))
 
-    def reserve(self, queue: str, holder: str | None) -> dict[str, Any]:
-        """Reserve a queue for a range reader (see :meth:`batonmq.clients.client.Connection.reserve`)."""
-        return self.run(self._conn.reserve(queue, holder))
+    def reserve(
+        self, queue: str, holder: str | None, *, service: str = "", token: int = -1
+    ) -> dict[str, Any]:
+        """Reserve a queue for a range reader, fenced by a term if ``service`` and
+        ``token`` are given (see :meth:`batonmq.clients.client.Connection.reserve`)."""
+        return self.run(self._conn.reserve(queue, holder, service=service, token=token))
 
-    def accept_through(self, queue: str, through: int, holder: str) -> int:
-        """Accept every ready message below ``through`` (see the async client)."""
-        return self.run(self._conn.accept_through(queue, through, holder))
+    def accept_through(
+        self, queue: str, through: int, holder: str, *, service: str = "", token: int = -1
+    ) -> int:
+        """Accept every ready message below ``through``, fenced by a term if ``service``
+        and ``token`` are given (see the async client)."""
+        return self.run(
+            self._conn.accept_through(queue, through, holder, service=service, token=token)
+        )
 
     def read_range(
         self, queue: str, start: int, end: int, *, limit: int = 10_000

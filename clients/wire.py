@@ -460,25 +460,32 @@ class ReadRange(Frame):
 class Reserve(Frame):
     """C->S: reserve ``queue`` for the range reader ``holder`` ("" ends the reservation).
 
-    Ok({"reserved_by", "acquired", "head", "next_position"}) once applied.
+    Ok({"reserved_by", "acquired", "head", "next_position"}) once applied. With
+    ``service`` and ``token`` (a leadership term's fencing token) it is refused with
+    StaleToken unless that term is still the service's current one; "" and -1: unfenced.
     """
 
     OP: ClassVar[int] = 51
     corr: int
     queue: str
     holder: str
+    service: str = ""
+    token: int = -1
 
 
 @dataclass(frozen=True, slots=True)
 class AcceptThrough(Frame):
     """C->S: the holder of ``queue``'s reservation accepts every ready message below
-    ``through`` (cumulative, idempotent). Ok({"count": n, "head": p}) once applied."""
+    ``through`` (cumulative, idempotent). Ok({"count": n, "head": p}) once applied.
+    ``service`` and ``token`` fence it as in :class:`Reserve`."""
 
     OP: ClassVar[int] = 52
     corr: int
     queue: str
     through: int
     holder: str
+    service: str = ""
+    token: int = -1
 
 
 # --- service leadership (docs/design.md §7) ------------------------------------------------------

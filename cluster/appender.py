@@ -23,7 +23,9 @@ from typing import Any, TypeVar
 
 from batonmq.cluster.codec import EventEncoder, MalformedEvent, decode
 from batonmq.cluster.effects import Completed
-from batonmq.cluster.errors import BatonError, LogUnavailable, MessageTooLarge, ShuttingDown, StoreError
+from batonmq.cluster.errors import (
+    BatonError, LogCorrupt, LogUnavailable, MessageTooLarge, ShuttingDown, StoreError,
+)
 from batonmq.cluster.events import AnyEvent, Enqueue, Event, Origin
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import Log
@@ -200,6 +202,21 @@ class Appender:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
+            except LogCorrupt as exc:
+                # The file log's last segment is damaged before its end: nothing can be
+                # appended until an operator repairs it (docs/operations.md). Fail the
+                # batch at once, say so once, and let the next batch try again.
+                self.health.ok = False
+                self.health.problem = f"log corrupt: {exc}"
+                if self._append_error != str(exc):
+                    log.critical(
+                        "LOG CORRUPT: cannot append: %s. Run `baton log verify --log %s`;"
+                        " stop every broker on this log and run `baton log repair`.",
+                        exc, self.log.url,
+                    )
+                self._append_error = str(exc)
+                self._fail_batch(batch, exc, quiet=True)
+                return False
             except BatonError as exc:
                 self._fail_batch(batch, exc)
                 return False
@@ -214,8 +231,11 @@ class Appender:
                 self._append_error = None
             return True
 
-    def _fail_batch(self, batch: list[tuple[int, bytes, bool]], exc: BatonError) -> None:
-        log.warning("append of %d events failed: %s", len(batch), exc)
+    def _fail_batch(
+        self, batch: list[tuple[int, bytes, bool]], exc: BatonError, quiet: bool = False
+    ) -> None:
+        if not quiet:
+            log.warning("append of %d events failed: %s", len(batch), exc)
         for seq, _, _ in batch:
             fut = self._waiting.pop(seq, None)
             if fut is not None and not fut.done():

@@ -27,13 +27,17 @@ from batonmq.cluster.effects import (
     RemovedRange,
     Stored,
 )
-from batonmq.cluster.errors import LogTruncated, StoreError
+from batonmq.cluster.errors import LogCorrupt, LogTruncated, StoreError
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import Log
 from batonmq.cluster.state import State
 from batonmq.store import Store
 
 __all__ = ["Applier", "EffectListener", "Tracker"]
+
+#: Seconds between two looks at a corrupt log (it does not mend itself; an operator
+#: repairs it with every broker stopped, docs/operations.md).
+CORRUPT_RECHECK_S = 30
 
 log = logging.getLogger("baton.node")
 
@@ -105,15 +109,37 @@ class Applier:
         self._joining = joining
 
     async def run(self) -> None:
-        """Apply the log forever. A failing read (corrupt record, log unreachable) is
-        logged loudly and retried from the applied offset: the broker stays up, its
-        commands wait, and ``health`` is not ok until applying works again."""
+        """Apply the log forever. A failing read (log unreachable) is logged loudly and
+        retried from the applied offset: the broker stays up, its commands wait, and
+        ``health`` is not ok until applying works again.
+
+        A corrupt record (``LogCorrupt``) is never skipped: it may be a confirmed
+        publish, and every replica must apply the same records. Applying stops there;
+        the broker says so once (CRITICAL, naming the segment and offset, and the
+        tools: docs/operations.md), reports it in ``health``, and looks again only
+        every :data:`CORRUPT_RECHECK_S` seconds, quietly (no busy retry loop).
+        """
         delay = 0.5
+        corrupt_since: str | None = None
         while True:
             try:
                 await self._apply_from(self.state.applied + 1)
             except asyncio.CancelledError:
                 raise
+            except LogCorrupt as exc:
+                self.health.ok = False
+                self.health.problem = f"log corrupt after offset {self.state.applied}: {exc}"
+                if corrupt_since != str(exc):
+                    corrupt_since = str(exc)
+                    log.critical(
+                        "LOG CORRUPT: cannot apply past offset %d: %s. This broker stops"
+                        " applying there (a corrupt record is never skipped) and serves nothing"
+                        " newer. Run `baton log verify --log %s` to list the damage; stop every"
+                        " broker on this log and run `baton log repair --log %s`; then start"
+                        " them again. Looking again every %ds.",
+                        self.state.applied, exc, self.log.url, self.log.url, CORRUPT_RECHECK_S,
+                    )
+                await asyncio.sleep(CORRUPT_RECHECK_S)
             except LogTruncated as exc:
                 # Paused or cut off while the others truncated the log past us: this
                 # replica cannot go on; it must start again as a new broker (docs/design.md §8).
@@ -126,6 +152,7 @@ class Applier:
                 return
             except Exception as exc:
                 self.health.ok = False
+                corrupt_since = None
                 log.critical(
                     "cannot read the log after offset %d (retrying in %.1fs): %s",
                     self.state.applied,
@@ -150,6 +177,7 @@ class Applier:
                     state.apply(offset, origin, event, out)
                 await self.persist(out, records[-1][0])
             self.health.ok = True
+            self.health.problem = ""
             self._dispatch(out)
             self._after_batch()
             self.applied_event.set()

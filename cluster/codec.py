@@ -183,9 +183,11 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "yes": (bool,),
     "cluster_id": (str,),
     "hold": (int,),
+    "serving": (bool,),
     "prev_offset": (int,),
     "prev_digest": (str,),
     "service": (str,),
+    "token": (int,),
     "candidate": (str,),
 }
 

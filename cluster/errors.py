@@ -25,6 +25,7 @@ __all__ = [
     "UnknownConsumer",
     "NotAcquired",
     "QueueReserved",
+    "StaleToken",
     "LogUnavailable",
     "LogCorrupt",
     "LogTruncated",
@@ -129,6 +130,14 @@ class QueueReserved(BatonError):
     code = 16
 
 
+class StaleToken(BatonError):
+    """A range commit (``Reserve``, ``AcceptThrough``) carried a fencing token that is not
+    the current term's of its service: a newer leader took over (docs/spark.md). Not
+    retriable: this writer no longer leads."""
+
+    code = 19
+
+
 class LogUnavailable(BatonError):
     """The ordered log cannot be written or read right now (disk full, Kafka down)."""
 
@@ -222,6 +231,7 @@ _BY_CODE: dict[int, type[BatonError]] = {
         UnknownConsumer,
         NotAcquired,
         QueueReserved,
+        StaleToken,
         LogUnavailable,
         LogCorrupt,
         LogTruncated,

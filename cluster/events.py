@@ -239,11 +239,19 @@ class Reserve(Event[Reserved]):
     and get nothing), so a reader that reads position ranges without acquiring has
     them to itself; TTL expiry and drop-head overflow leave it alone, so positions do
     not vanish under the reader. Reserving a queue another holder has is refused.
+
+    ``service`` and ``token``: a reader that runs as the leader of a service (the
+    import-entries pipeline) names the service and its term's fencing token; the event
+    is refused (``StaleToken``) unless that term is still the service's current one, so
+    a leader that was paused while another took over cannot act late. "" and -1: not
+    fenced (a reader without leadership).
     """
 
     OP: ClassVar[int] = 17
     queue: str
     holder: str | None
+    service: str = ""
+    token: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,12 +260,15 @@ class AcceptThrough(Event[AcceptedThrough]):
     accept (forget) every *ready* message at a position < ``through``.
 
     Cumulative and idempotent: a repeated or older commit accepts nothing more.
+    ``service`` and ``token`` fence it as in :class:`Reserve`.
     """
 
     OP: ClassVar[int] = 18
     queue: str
     through: int
     holder: str
+    service: str = ""
+    token: int = -1
 
 
 # --- ownership (docs/design.md §6) ------------------------------------------------------------
@@ -296,6 +307,11 @@ class Heartbeat(Event[None]):
     ``hold`` is the lowest log offset this runtime still needs on the log: its applied
     offset, or less while it serves a join update from an older point (docs/design.md §8).
     The leader truncates the log only below every live runtime's hold; -1: unknown.
+
+    ``serving`` says whether its client port answers and it holds the whole state (a
+    member that is not itself taking in an update): only such a runtime can give a
+    joining broker an update (docs/design.md §8). It is not part of the replicated state;
+    records of brokers that predate it decode as True.
     """
 
     OP: ClassVar[int] = 30
@@ -303,6 +319,7 @@ class Heartbeat(Event[None]):
     address: str
     properties: dict[str, Any]
     hold: int = -1
+    serving: bool = True
 
 
 @dataclass(frozen=True, slots=True)

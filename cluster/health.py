@@ -9,7 +9,9 @@ class Health:
     """False from a failed append, log read or store write until the next batch is
     applied and stored (the broker reports it; commands wait meanwhile)."""
 
-    __slots__ = ("ok",)
+    __slots__ = ("ok", "problem")
 
     def __init__(self) -> None:
         self.ok = True
+        #: What is wrong when it needs an operator (a corrupt log); "" otherwise.
+        self.problem = ""

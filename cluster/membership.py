@@ -136,6 +136,17 @@ class Membership:
                 return k
         return None
 
+    def live_leader(self) -> str | None:
+        """The leader while it is alive; None when it is suspected (a view change that
+        drops it is due) or there is none. What the topology shows."""
+        lead = self.leader()
+        return None if lead is None or self.suspected(lead) else lead
+
+    def voter_alive(self) -> bool:
+        """Is some voter alive (a member or a new runtime that beats)? If not, no view
+        can change: observers never propose (docs/design.md §7)."""
+        return self.proposer() is not None
+
     def hold(self) -> int | None:
         """The lowest offset any live runtime still needs on the log (None: some
         live runtime has not told yet): the log may be truncated below it."""

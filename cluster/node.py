@@ -46,7 +46,7 @@ from batonmq.cluster.effects import Effect
 from batonmq.cluster.events import Event, Heartbeat, Join, Leave, Propose, Vote
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import Log
-from batonmq.cluster.membership import Ballot, duties
+from batonmq.cluster.membership import OBSERVER, Ballot, duties
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.state import State
 from batonmq.cluster.update import Catchup, Progress, find_donors
@@ -104,6 +104,12 @@ class Node:
         self.role = role
         self.properties = dict(properties or {})
         self.address = ""
+        # Set by the broker once its client port answers (docs/design.md §8: only such a
+        # runtime may be asked for a join update; Heartbeat.serving).
+        self.serving = False
+        # Whether some voter is alive, as applied here: without one no view can change
+        # and an observer is on its own (shown in the topology, logged when it flips).
+        self.voter_alive = True
         self.heartbeat_ms = heartbeat_ms
         self.joined = asyncio.Event()  # set while this runtime is in the established view
         self.refused: str | None = None
@@ -260,11 +266,7 @@ class Node:
         ]
         if self.catchup is not None:
             self._tasks.append(asyncio.create_task(self.catchup.run(), name="baton-join"))
-        try:
-            async with asyncio.timeout(timeout):
-                await self.joined.wait()
-        except TimeoutError:
-            raise Timeout(f"not admitted to the cluster's view within {timeout:.0f}s") from None
+        await self._admitted(timeout)
         if self.refused is not None:
             raise InvalidArgument(self.refused)
         self.appender.resubmit_leftover()
@@ -275,6 +277,45 @@ class Node:
             self.state.membership.cluster_id,
             self.role,
         )
+
+    async def _admitted(self, timeout: float) -> None:
+        """Wait until this runtime is in the established view.
+
+        An observer never forms a view (docs/design.md §7): while no voter is alive on
+        the log it waits for one, as long as it takes, and says so; the timeout counts
+        from when a voter is there.
+
+        Raises:
+            Timeout: not a member within ``timeout`` seconds (of a voter being alive).
+        """
+        deadline = time.monotonic() + timeout
+        alone_since: float | None = None
+        said = False
+        while not self.joined.is_set():
+            now = time.monotonic()
+            if self.role == OBSERVER and not self.state.membership.voter_alive():
+                if alone_since is None:
+                    alone_since = now
+                # Said once it lasts past a replay's first moments, when no voter may
+                # have been applied yet.
+                if not said and now - alone_since >= 2 * self.heartbeat_ms / 1000:
+                    log.warning(
+                        "observer %s: no voter is alive on the log; waiting for a voter to"
+                        " form the cluster (an observer never forms or joins one alone)",
+                        self.key,
+                    )
+                    said = True
+                deadline = now + timeout
+            else:
+                alone_since = None
+            if now > deadline:
+                raise Timeout(f"not admitted to the cluster's view within {timeout:.0f}s")
+            try:
+                await asyncio.wait_for(self.joined.wait(), min(0.5, deadline - now + 0.01))
+            except TimeoutError:
+                pass
+        if said:
+            log.info("observer %s: a voter formed the cluster", self.key)
 
     # -- joining live (docs/design.md §8, cluster/update.py) -----------------------------------
 
@@ -393,7 +434,10 @@ class Node:
         while True:
             if beat is None or beat.done():  # no pile of beats while the log is down
                 beat = self.submit(
-                    Heartbeat(self.role, self.address, dict(self.properties), self.hold())
+                    Heartbeat(
+                        self.role, self.address, dict(self.properties), self.hold(),
+                        self.serving and self.catchup is None,
+                    )
                 )
                 beat.add_done_callback(ignore_outcome)
             await asyncio.sleep(self.heartbeat_ms / 1000)
@@ -411,6 +455,18 @@ class Node:
             self.joined.set()
         else:
             self.joined.clear()
+        # (A runtime that left or is suspected itself is going away: nothing to report.)
+        alive = ms.voter_alive() or ms.suspected(me)
+        if alive != self.voter_alive:
+            self.voter_alive = alive
+            if self.joined.is_set() and not alive:
+                log.critical(
+                    "no live voter: every voter of view %d is suspected; this %s keeps its"
+                    " state and serves, but no view can change and no leader acts until a"
+                    " voter is back (start one)", ms.view_seq, self.role,
+                )
+            elif self.joined.is_set():
+                log.warning("a voter is alive again: the view can change")
         d = duties(ms, me, self.role, self._proposed, self._voted)
         if d.propose is not None:
             self._proposed = d.propose

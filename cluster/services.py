@@ -29,7 +29,7 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from batonmq.cluster.errors import InvalidArgument
+from batonmq.cluster.errors import InvalidArgument, StaleToken
 
 __all__ = ["Service", "Services", "Grant", "MAX_SERVICE_NAME", "check_candidate", "host_of"]
 
@@ -117,6 +117,32 @@ class Services:
     def describe(self) -> list[dict[str, Any]]:
         """Every service, sorted by name."""
         return [self.services[n].describe() for n in sorted(self.services)]
+
+    def check_token(self, service: str, token: int) -> None:
+        """Is ``token`` the fencing token of ``service``'s current term?
+
+        A writer fenced by a term (a range commit, docs/spark.md) may act only while
+        its term is the current one, in log order: once another term is granted (the
+        leader resigned, was handed over, or its broker left the view) its token is
+        stale for good, since tokens only grow.
+
+        Raises:
+            InvalidArgument: a negative token.
+            StaleToken: the service has no leader now, or another term.
+        """
+        if token < 0:
+            raise InvalidArgument(f"a fencing token for service {service!r} must be >= 0")
+        s = self.services.get(service)
+        if s is None or s.leader is None:
+            raise StaleToken(
+                f"fencing token {token} of service {service!r} is stale: the service has no"
+                " leader now"
+            )
+        if s.token != token:
+            raise StaleToken(
+                f"fencing token {token} of service {service!r} is stale: the current term's"
+                f" token is {s.token} (leader {s.leader})"
+            )
 
     # -- transitions (``offset`` is the applied event's log offset) --------------------
 

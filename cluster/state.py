@@ -42,6 +42,7 @@ from batonmq.cluster.errors import (
     Fenced,
     InvalidArgument,
     NotOwner,
+    StaleToken,
 )
 from batonmq.cluster.events import (
     MEMBERSHIP_EVENTS,
@@ -196,8 +197,10 @@ class State:
             case Expire():
                 return self.index.expire(ev, out)
             case AcceptThrough():
+                self._fence_range(ev)
                 return self.index.accept_through(ev, out)
             case Reserve():
+                self._fence_range(ev)
                 return self.index.reserve(ev, out)
             case Interest():
                 return self._interest(key, ev, out)
@@ -299,6 +302,24 @@ class State:
             leader=None if s is None else s.leader,
             token=None if s is None or s.leader is None else s.token,
         )
+
+    def _fence_range(self, ev: Reserve | AcceptThrough) -> None:
+        """A range commit fenced by a service's term acts only while that term is
+        current (docs/spark.md, "Fencing"); an unfenced one (no service) always may.
+
+        Raises:
+            InvalidArgument: a token without a service, or a negative token.
+            StaleToken: the term is over (counted ``stale-token``).
+        """
+        if not ev.service:
+            if ev.token != -1:
+                raise InvalidArgument("a fencing token needs the service it belongs to")
+            return
+        try:
+            self.services.check_token(ev.service, ev.token)
+        except StaleToken:
+            self.ignore("stale-token")
+            raise
 
     def _granted(self, g: Grant, out: list[Effect]) -> None:
         out.append(LeaderChanged(g.service, g.leader, g.token, g.previous))

@@ -257,10 +257,17 @@ async def update_frames(
 
 
 async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[str]:
-    """Addresses of live brokers, from the heartbeats on the log from ``start`` on.
+    """Addresses of live brokers that can serve an update, from the heartbeats on the
+    log from ``start`` on.
+
+    Only a runtime whose heartbeats say it serves (``Heartbeat.serving``: its client port
+    answers and it is not taking in an update itself) is a donor: a broker still starting
+    (an observer waiting for a voter, a member replaying the log) would refuse the
+    connection, and the joiner would wait for it instead of forming the cluster.
 
     Reads for up to ``wait`` seconds; returns as soon as a second round of heartbeats
-    shows who is alive (the first address seen first). Empty: nobody is beating.
+    shows who is alive (the first address seen first). Empty: nobody that serves is
+    beating.
     """
     found: dict[str, str] = {}  # runtime key -> address, in the order seen
     beats: dict[str, int] = {}
@@ -281,9 +288,10 @@ async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[
                     continue
                 if not isinstance(event, Heartbeat) or origin.node == node_id:
                     continue
+                if not event.serving or not event.address:
+                    continue
                 key = f"{origin.node}/{origin.runtime}"
-                if event.address:
-                    found.setdefault(key, event.address)
+                found.setdefault(key, event.address)
                 beats[key] = beats.get(key, 0) + 1
             if found and max(beats.values()) >= 2:
                 break

@@ -9,7 +9,24 @@ What it counts (each a guarantee of docs/design.md §5):
   its queue nor in a dead-letter queue it reached), was not dropped by design (rejected,
   or over its delivery limit, on a queue without a dead-letter queue), and cannot be one
   of the messages still ``pending`` at the end. An accept whose outcome is unknown
-  (``ack-fail``) counts as accepted: that is not a loss we can prove.
+  (``ack-fail``) counts as accepted: that is not a loss we can prove. Each lost message
+  is also classified, as Jepsen's queue checkers do, by where it sits in its queue among
+  the confirmed publishes (position order; confirmation order without positions):
+  ``lost_prefix`` before the queue's first delivered message, ``lost_postfix`` after its
+  last one (or in a queue of which nothing was delivered), ``lost_middle`` between two
+  delivered ones. A prefix loss points at old records gone (retention, a log read from
+  the wrong offset), a postfix loss at a tail never made durable, a middle loss at single
+  records skipped (a corrupt record, an apply bug). The three sum to ``lost``.
+- ``unexpected``: a delivery of a message that no producer ever tried to publish (its id
+  has no publish-invoke, or its body carries no id): the broker made it up or mixed
+  another run's data in.
+- ``split_brain`` (§5.2, §6): a message delivered to a consumer on one broker while a
+  consumer on *another* broker held it, or accepted through a second broker after an
+  ack-ok through the first: two brokers each acted as the queue's owner at once. These
+  are double deliveries or double accepts too (counted there as well); this count says
+  that two brokers, not one broker's consumers, did it. The result's ``brokers`` lists
+  what each broker delivered and accepted (from the ``connected`` records), for
+  comparing them.
 - ``double_delivery`` (§5.2): a message delivered while another (or the same) consumer
   still held it: delivered, not yet settled (ack-ok / ack-fail / release / reject), and
   its consumer not ended or lost. A consumer whose connection or broker was lost gives up
@@ -48,7 +65,7 @@ from typing import Any
 
 from batonmq.loadtest.history import Op, OpKind
 
-__all__ = ["CheckResult", "check", "VIOLATIONS", "BROKER_DOWN_FAULTS"]
+__all__ = ["CheckResult", "check", "VIOLATIONS", "LOST_CLASSES", "BROKER_DOWN_FAULTS"]
 
 #: The counts that make a run fail.
 VIOLATIONS = (
@@ -59,7 +76,15 @@ VIOLATIONS = (
     "duplicate_enqueue",
     "order",
     "poison_loop",
+    "unexpected",
+    "split_brain",
 )
+
+#: Where the lost messages were in their queues (they sum to ``lost``; see module doc).
+LOST_CLASSES = ("lost_prefix", "lost_middle", "lost_postfix")
+
+#: The broker of a record whose worker never said where it is connected.
+UNKNOWN_BROKER = "?"
 
 #: Fault kinds after which a broker no longer holds its consumers' messages.
 BROKER_DOWN_FAULTS = frozenset({"kill9", "sigstop", "stop"})
@@ -77,14 +102,19 @@ class CheckResult:
     """What the checker found.
 
     Attributes:
-        counts: every violation kind of :data:`VIOLATIONS` plus ``pending`` -> count.
+        counts: every violation kind of :data:`VIOLATIONS`, the classes of
+            :data:`LOST_CLASSES` and ``pending`` -> count.
         examples: kind -> up to ``max_examples`` human-readable examples.
         stats: informational totals (publishes, deliveries, redeliveries, ...).
+        brokers: broker address -> ``deliveries``, ``messages`` (distinct ones),
+            ``accepted`` (ack-ok) and ``split_brain`` (deliveries or accepts that
+            overlapped another broker's), for comparing what each broker did.
     """
 
     counts: dict[str, int]
     examples: dict[str, list[str]] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+    brokers: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -98,6 +128,7 @@ class CheckResult:
             "counts": dict(self.counts),
             "examples": {k: list(v) for k, v in self.examples.items() if v},
             "stats": dict(self.stats),
+            "brokers": {b: dict(v) for b, v in self.brokers.items()},
         }
 
     def summary(self) -> str:
@@ -105,9 +136,20 @@ class CheckResult:
         verdict = "OK" if self.ok else "FAILED"
         parts = ", ".join(f"{k}={self.counts.get(k, 0)}" for k in (*VIOLATIONS, "pending"))
         lines = [f"checker: {verdict}: {parts}"]
+        if self.counts.get("lost", 0):
+            lines.append("  lost by place: " + ", ".join(
+                f"{k}={self.counts.get(k, 0)}" for k in LOST_CLASSES
+            ))
         for kind in VIOLATIONS:
             for ex in self.examples.get(kind, []):
                 lines.append(f"  {kind}: {ex}")
+        if len(self.brokers) > 1:
+            for b, v in sorted(self.brokers.items()):
+                lines.append(
+                    f"  broker {b}: {v.get('deliveries', 0)} deliveries of"
+                    f" {v.get('messages', 0)} messages, {v.get('accepted', 0)} accepted,"
+                    f" {v.get('split_brain', 0)} overlapping another broker"
+                )
         return "\n".join(lines)
 
 
@@ -123,7 +165,7 @@ def _parse_settings(info: str) -> dict[str, str]:
 class _Checker:
     def __init__(self, max_examples: int) -> None:
         self.max_examples = max_examples
-        self.counts: dict[str, int] = {k: 0 for k in (*VIOLATIONS, "pending")}
+        self.counts: dict[str, int] = {k: 0 for k in (*VIOLATIONS, *LOST_CLASSES, "pending")}
         self.examples: dict[str, list[str]] = defaultdict(list)
         # queue -> (delivery_limit or None, has a dead-letter queue)
         self.limits: dict[str, int] = {}
@@ -147,6 +189,24 @@ class _Checker:
         self.last_first: dict[tuple[str, str], tuple[int, int]] = {}
         self.consumer_queues: dict[str, set[str]] = defaultdict(set)
         self.stats: dict[str, int] = defaultdict(int)
+        self.invoked: set[str] = set()  # message ids a producer tried to publish
+        self.unknown: list[Op] = []  # deliveries of ids nobody published (checked at the end)
+        # queue -> keys of its delivered messages (the reference points of lost classes)
+        self.delivered_keys: dict[str, set[Key]] = defaultdict(set)
+        self.brokers: dict[str, dict[str, int]] = {}
+        self.broker_msgs: dict[str, set[str]] = defaultdict(set)
+
+    def broker_of(self, actor: str) -> str:
+        """The broker an actor's worker is connected to now (from ``connected`` records)."""
+        return self.worker_address.get(actor.split("/", 1)[0], UNKNOWN_BROKER)
+
+    def tally(self, broker: str, what: str) -> None:
+        row = self.brokers.get(broker)
+        if row is None:
+            row = self.brokers[broker] = {
+                "deliveries": 0, "messages": 0, "accepted": 0, "split_brain": 0,
+            }
+        row[what] += 1
 
     def flag(self, kind: str, text: str) -> None:
         self.counts[kind] += 1
@@ -183,10 +243,18 @@ class _Checker:
         if op.count > 0:
             self.stats["redeliveries"] += 1
         self.consumer_queues[op.actor].add(op.queue)
+        broker = self.broker_of(op.actor)
+        self.tally(broker, "deliveries")
+        self.delivered_keys[op.queue].add(key)
         if op.msg:
             self.delivered_msgs.add(op.msg)
             if op.position >= 0:
                 self.positions[(op.queue, op.msg)].add(op.position)
+        if op.msg not in self.invoked:
+            self.unknown.append(op)  # unless a publish of it is recorded after (clock ties)
+        if op.msg not in self.broker_msgs[broker]:
+            self.broker_msgs[broker].add(op.msg)
+            self.tally(broker, "messages")
         held = self.holds.get(key)
         if held is not None:
             self.flag(
@@ -194,6 +262,15 @@ class _Checker:
                 f"{op.queue}@{op.position} ({op.msg}) delivered to {op.actor} at t={op.t} "
                 f"while held by {held[0]} since t={held[1].t}",
             )
+            other = self.broker_of(held[0])
+            if UNKNOWN_BROKER not in (other, broker) and other != broker:
+                self.tally(broker, "split_brain")
+                self.flag(
+                    "split_brain",
+                    f"{op.queue}@{op.position} ({op.msg}) delivered through {broker} to "
+                    f"{op.actor} at t={op.t} while {held[0]} through {other} held it since "
+                    f"t={held[1].t}",
+                )
             self.held_by[held[0]].discard(key)
         acc = self.accepted_at.get(key)
         if acc is not None:
@@ -232,6 +309,8 @@ class _Checker:
             return  # the hold lasts until the outcome is known
         self.release_hold(key, op.actor)
         if kind == OpKind.ACK_OK:
+            broker = self.broker_of(op.actor)
+            self.tally(broker, "accepted")
             first = self.accepted_at.get(key)
             if first is not None:
                 self.flag(
@@ -239,6 +318,15 @@ class _Checker:
                     f"{op.queue}@{op.position} ({op.msg}) accepted by {op.actor} at t={op.t} "
                     f"after {first.actor}'s ack-ok at t={first.t}",
                 )
+                other = self.broker_of(first.actor)
+                if UNKNOWN_BROKER not in (other, broker) and other != broker:
+                    self.tally(broker, "split_brain")
+                    self.flag(
+                        "split_brain",
+                        f"{op.queue}@{op.position} ({op.msg}) accepted through {broker} by "
+                        f"{op.actor} at t={op.t} after {first.actor}'s ack-ok through {other}"
+                        f" at t={first.t}",
+                    )
                 return
             self.accepted_at[key] = op
             if op.msg:
@@ -269,6 +357,7 @@ class _Checker:
                 self.settle(op)
             elif kind == OpKind.PUBLISH_INVOKE:
                 publish_invoked += 1
+                self.invoked.add(op.msg)
             elif kind == OpKind.PUBLISH_OK:
                 self.confirmed[op.msg] = op
                 if op.position >= 0:
@@ -307,15 +396,51 @@ class _Checker:
         ]
         # Up to `pending` of them may still be on a queue: only the rest are proven lost.
         lost = max(0, len(missing) - self.counts["pending"])
+        where = self.lost_places()
         for op in missing[:lost]:
             why = "delivered, never accepted" if op.msg in self.delivered_msgs else "never delivered"
-            self.flag("lost", f"{op.msg} confirmed at {op.queue}@{op.position}: {why}")
+            place = where[op.msg]
+            self.counts[place] += 1
+            self.flag("lost", f"{op.msg} confirmed at {op.queue}@{op.position}: {why}"
+                              f" ({place.replace('_', '-')})")
+        for op in self.unknown:
+            if op.msg not in self.invoked:
+                self.flag(
+                    "unexpected",
+                    f"{op.queue}@{op.position} delivered to {op.actor} at t={op.t}: "
+                    + (f"{op.msg} was never published" if op.msg else "its body has no message id"),
+                )
         self.stats["publish_invoked"] = publish_invoked
         self.stats["confirmed"] = len(self.confirmed)
         self.stats["accepted"] = len(self.accepted_msgs)
         self.stats["dropped"] = len(self.dropped_msgs)
         self.stats["unaccepted_confirmed"] = len(missing)
-        return CheckResult(dict(self.counts), dict(self.examples), dict(self.stats))
+        return CheckResult(dict(self.counts), dict(self.examples), dict(self.stats),
+                           {b: dict(v) for b, v in sorted(self.brokers.items())})
+
+    def lost_places(self) -> dict[str, str]:
+        """For each confirmed message, its lost class should it be lost: where it sits
+        among its queue's confirmed publishes relative to the delivered ones."""
+        by_queue: dict[str, list[tuple[int, Key, str]]] = defaultdict(list)
+        for i, (msg, op) in enumerate(self.confirmed.items()):
+            # Position order; confirmation order where the system has no positions.
+            by_queue[op.queue].append((op.position if op.position >= 0 else i, _key(op), msg))
+        places: dict[str, str] = {}
+        for queue, entries in by_queue.items():
+            entries.sort()
+            seen = self.delivered_keys.get(queue, set())
+            ranks = [rank for rank, (_, key, _msg) in enumerate(entries) if key in seen]
+            first, last = (ranks[0], ranks[-1]) if ranks else (len(entries), -1)
+            for rank, (_, _key_, msg) in enumerate(entries):
+                # Relative to the *other* delivered messages: a lost one may have been
+                # delivered itself (and never accepted).
+                if last <= rank:
+                    places[msg] = "lost_postfix"  # nothing delivered after it
+                elif first >= rank:
+                    places[msg] = "lost_prefix"  # nothing delivered before it
+                else:
+                    places[msg] = "lost_middle"
+        return places
 
 
 def check(ops: Iterable[Op], max_examples: int = 5) -> CheckResult:

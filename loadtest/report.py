@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from batonmq.loadtest.checker import VIOLATIONS
+from batonmq.loadtest.checker import LOST_CLASSES, VIOLATIONS
 from batonmq.loadtest.runner import RunResult, comparison_rows
 
 __all__ = ["write_report"]
@@ -235,10 +235,22 @@ def write_report(results: Sequence[RunResult], out_dir: str | Path, title: str =
     for r in results:
         counts = r.check.counts
         crow.append([r.config.get("system", "baton"), *(counts.get(k, 0) for k in VIOLATIONS),
+                     "/".join(str(counts.get(k, 0)) for k in LOST_CLASSES),
                      counts.get("pending", 0), r.check.stats.get("redeliveries", 0),
                      r.check.stats.get("consumers_lost", 0), "OK" if r.ok else "FAILED"])
-    parts.append(_table(["system", *VIOLATIONS, "pending", "redeliveries", "consumers lost",
-                         "verdict"], crow))
+    parts.append(_table(["system", *VIOLATIONS, "lost prefix/middle/postfix", "pending",
+                         "redeliveries", "consumers lost", "verdict"], crow))
+    brows = [
+        [r.config.get("system", "baton"), broker, v.get("deliveries", 0), v.get("messages", 0),
+         v.get("accepted", 0), v.get("split_brain", 0)]
+        for r in results for broker, v in r.check.brokers.items()
+    ]
+    if brows:
+        # docs/loadtest.md: what each broker delivered, side by side (a split brain shows
+        # as deliveries or accepts overlapping another broker's).
+        parts.append("<h3>Per broker</h3>")
+        parts.append(_table(["system", "broker", "deliveries", "messages", "accepted",
+                             "overlapping another broker"], brows))
     for r in results:
         for kind, examples in r.check.examples.items():
             for ex in examples:

@@ -8,6 +8,10 @@ Layout of directory PATH:
   an append batch, so batches never interleave and offsets stay dense; the fsync that
   makes the batch durable comes after the unlock (a stopped writer must not stall the
   others for longer than a write).
+* ``HOLD`` — every open :class:`FileLog` holds ``flock(LOCK_SH)`` on it until it closes
+  (the kernel drops it when a process dies), so that ``baton log repair``
+  (``cluster/log/filecheck.py``), which takes it exclusively, never rewrites a segment
+  under a running broker; a log opened while a repair runs waits for it.
 
 A segment is a run of frames: header ``>IQI`` = (payload length, offset, crc32(payload)),
 then the payload. Carrying the offset in each frame lets a scan tell a stale or foreign
@@ -18,7 +22,8 @@ A batch is written in two steps: first with its first header's length set to
 frame of the batch is reachable, so readers (which never lock) cannot see half a batch,
 and a process killed mid-write leaves a tail that is recognisably torn. Writers cut a
 torn tail (incomplete frame, pending marker, or a bad last frame) before appending; a
-bad frame *followed by a valid one* is corruption and is reported, never skipped.
+bad frame *followed by a valid one* is corruption and is reported, never skipped:
+``baton log verify`` finds it and ``baton log repair`` replaces it by a placeholder.
 """
 
 from __future__ import annotations
@@ -41,7 +46,11 @@ from typing import TypeVar
 from batonmq.cluster.errors import InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
 from batonmq.cluster.log.base import Log, Record
 
-__all__ = ["FileLog"]
+__all__ = ["FileLog", "LOCK_FILE", "HOLD_FILE"]
+
+#: The writers' lock file, and the file every open log holds a shared lock on.
+LOCK_FILE = "LOCK"
+HOLD_FILE = "HOLD"
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -195,6 +204,7 @@ class FileLog(Log):
         # Writer side: touched only by jobs on this one-thread executor, so never concurrently.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="baton-filelog")
         self._lock_fd = -1
+        self._hold_fd = -1
         self._tail = _Cursor(-1, -1)  # the last segment; pos/next = end of its valid prefix
         # Event-loop side.
         self._queue: deque[tuple[Sequence[bytes], asyncio.Future[int]]] = deque()
@@ -299,7 +309,9 @@ class FileLog(Log):
                     if suspect >= _CONFIRM:
                         raise LogCorrupt(
                             f"{os.path.join(self._dir, _seg_name(cursor.base))}: no valid record at "
-                            f"offset {cursor.next} (byte {cursor.pos}) although later records exist"
+                            f"offset {cursor.next} (byte {cursor.pos}) although later records exist;"
+                            " run `baton log verify`, and `baton log repair` with every broker"
+                            " stopped"
                         )
                     await asyncio.sleep(self._poll)
                 elif status == _TAIL:
@@ -353,15 +365,22 @@ class FileLog(Log):
 
     def _open_files(self) -> None:
         os.makedirs(self._dir, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(self._dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+        self._hold_fd = os.open(os.path.join(self._dir, HOLD_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._hold_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log.warning("%s: a log repair is running; waiting for it to finish", self._dir)
+            fcntl.flock(self._hold_fd, fcntl.LOCK_SH)
+        self._lock_fd = os.open(os.path.join(self._dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
         with self._locked():
             self._sync_tail(repair=True)
 
     def _close_files(self) -> None:
         self._tail.close()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        for fd in (self._lock_fd, self._hold_fd):
+            if fd >= 0:
+                os.close(fd)  # closing the HOLD file drops its shared lock
+        self._lock_fd = self._hold_fd = -1
 
     def _sync_tail(self, *, repair: bool) -> None:
         """Bring the cached end up to the true end, which other processes may have moved.
@@ -390,7 +409,10 @@ class FileLog(Log):
         if status == _LIMIT or tail.pos == size or not repair:
             return
         if status == _INVALID and tail.followed_by_valid():
-            raise LogCorrupt(f"{self._path(tail.base)}: bad record at offset {tail.next} (byte {tail.pos})")
+            raise LogCorrupt(
+                f"{self._path(tail.base)}: bad record at offset {tail.next} (byte {tail.pos});"
+                " run `baton log verify`, and `baton log repair` with every broker stopped"
+            )
         _log.warning("%s: cutting torn tail of %d bytes at offset %d", self._path(tail.base), size - tail.pos, tail.next)
         os.ftruncate(tail.fd, tail.pos)
         _datasync(tail.fd)

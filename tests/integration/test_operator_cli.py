@@ -258,6 +258,7 @@ MISTAKES = [
     (["serve", "--data-dir", "{tmp}/d", "--log", "bogus:x", "--listen", "127.0.0.1:0"],
      "unknown log scheme 'bogus'"),
     (["dev", "--nodes", "0"], "--nodes must be at least 1"),
+    (["log", "verify", "--log", "file:{tmp}/no-log"], "no-log"),
     (["demo", "--count", "0"], "must be at least 1, got 0"),
     (["loadtest", "--preset", "nope"], "invalid choice: 'nope'"),
     (["loadtest", "--check", "{tmp}/no-run"], "No such file or directory"),

@@ -4,11 +4,13 @@ cluster, and AcceptThrough accepts what the reader committed."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import InvalidArgument, QueueReserved
-from tests.helpers import eventually
+from tests.helpers import eventually, wait_stats
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -96,3 +98,100 @@ async def test_any_broker_answers_a_range_the_same(cluster: list[BrokerProcess])
                 until=lambda r: bool(r[0]) and r[0][0][0] == 250,
             )
             assert [m[0] for m in messages] == positions[250:]
+
+
+async def test_a_stale_terms_commit_is_refused_after_a_handover(
+    cluster: list[BrokerProcess],
+) -> None:
+    """Two range readers of one queue, each running for the leadership of a service (the
+    import-entries pipeline's standby set-up): the first leads and commits with its term's
+    token; after a handover the second leads. The first one's late commit (a driver that
+    was paused meanwhile) carries the old token and is refused, so nothing it read past
+    the new leader's commits is accepted twice or out of turn (docs/spark.md, "Fencing")."""
+    b1, b2, b3 = cluster
+    service, holder = "import-entries", "spark:entries"
+    a = await clients.connect(b1.address)
+    b = await clients.connect(b2.address)
+    admin = await clients.connect(b3.address)
+    try:
+        await admin.declare_queue("entries")
+        await admin.publish_batch("entries", [b"e%d" % i for i in range(100)])
+        term_a = a.lead(service)
+        await term_a.__aenter__()
+        await a.reserve("entries", holder, service=service, token=term_a.token)
+        assert await a.accept_through("entries", 30, holder, service=service,
+                                      token=term_a.token) == 30
+        term_b = b.lead(service)
+        entering_b = asyncio.ensure_future(term_b.__aenter__())
+
+        async def candidates() -> int:
+            return sum(len(i.candidates) for i in await admin.services() if i.service == service)
+
+        await eventually(candidates, "B is a candidate too", until=lambda n: n == 2)
+        handover = asyncio.ensure_future(admin.handover(service, timeout=20))
+        await asyncio.wait_for(term_a.handover_requested.wait(), 10)
+        await term_a.__aexit__(None, None, None)  # A's work is done: its term ends
+        done = await asyncio.wait_for(handover, 10)
+        await asyncio.wait_for(entering_b, 10)
+        assert done.token == term_b.token > term_a.token
+        # B takes the reservation over under its term (same holder) and commits.
+        await b.reserve("entries", holder, service=service, token=term_b.token)
+        assert await b.accept_through("entries", 60, holder, service=service,
+                                      token=term_b.token) == 30
+        # A's late commit, through any broker, is refused: its term is over.
+        for conn in (a, admin):
+            with pytest.raises(clients.StaleToken, match=f"token is {term_b.token}"):
+                await conn.accept_through("entries", 90, holder, service=service,
+                                          token=term_a.token)
+        with pytest.raises(clients.StaleToken):
+            await a.reserve("entries", holder, service=service, token=term_a.token)
+        # b3 applied B's commit: its own refused one came later in the log.
+        stats = await admin.queue_stats("entries")
+        assert (stats["accepted"], stats["ready"], stats["head"]) == (60, 40, 60), stats
+        # The new term goes on committing.
+        assert await b.accept_through("entries", 100, holder, service=service,
+                                      token=term_b.token) == 40
+        await term_b.__aexit__(None, None, None)
+    finally:
+        for conn in (a, b, admin):
+            await conn.close()
+
+
+async def test_a_leader_cut_off_by_a_paused_broker_cannot_commit_late(
+    cluster: list[BrokerProcess],
+) -> None:
+    """The leader's session lives on a broker that is paused (SIGSTOP): the view drops that
+    broker, the standby gets the next term. The old leader's commits go through another
+    broker (as the Spark driver's own connection does) and are refused from then on."""
+    b1, b2, b3 = cluster
+    service, holder = "import-entries", "spark:entries"
+    a = await clients.connect(b1.address)  # the old leader's session
+    a_commits = await clients.connect(b3.address)  # its driver's connection for commits
+    b = await clients.connect(b2.address)
+    try:
+        await a_commits.declare_queue("entries")
+        await a_commits.publish_batch("entries", [b"e%d" % i for i in range(50)])
+        term_a = a.lead(service)
+        await term_a.__aenter__()
+        await a_commits.reserve("entries", holder, service=service, token=term_a.token)
+        assert await a_commits.accept_through("entries", 10, holder, service=service,
+                                              token=term_a.token) == 10
+        term_b = b.lead(service)
+        entering_b = asyncio.ensure_future(term_b.__aenter__())
+        b1.pause()
+        try:
+            await asyncio.wait_for(entering_b, 20)  # the view dropped b1: B's term
+            assert term_b.token > term_a.token
+            with pytest.raises(clients.StaleToken):
+                await a_commits.accept_through("entries", 40, holder, service=service,
+                                               token=term_a.token)
+            assert await b.accept_through("entries", 20, holder, service=service,
+                                          token=term_b.token) == 10
+        finally:
+            b1.resume()
+        # (b3 answers from what it applied: B's commit went through b2.)
+        await wait_stats(a_commits, "entries", accepted=20, head=20, ready=30)
+        await term_b.__aexit__(None, None, None)
+    finally:
+        for conn in (a, a_commits, b):
+            await conn.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batonmq.loadtest.checker import VIOLATIONS, check
+from batonmq.loadtest.checker import LOST_CLASSES, VIOLATIONS, check
 from batonmq.loadtest.hist import LogHistogram
 from batonmq.loadtest.history import Op, OpKind, load_run, make_body, parse_body, write_ops
 
@@ -282,3 +282,140 @@ def test_a_message_accepted_twice_is_caught() -> None:
     assert not result.ok
     assert result.counts["accepted_twice"] == 1
     assert result.counts["double_delivery"] == 0 and result.counts["redelivered_after_accept"] == 0
+
+
+# --- lost by place, unexpected deliveries, split brain ------------------------------------
+
+
+def lost_in(delivered: list[int], total: int = 6) -> dict[str, int]:
+    """A queue of ``total`` confirmed publishes of which only ``delivered`` were
+    delivered (and accepted): the lost classes the checker gives the rest."""
+    h = History()
+    for i in range(total):
+        h.publish(f"p1:{i}", i)
+    for i in delivered:
+        h.deliver("c1", f"p1:{i}", i).ack("c1", f"p1:{i}", i)
+    result = check(h.final(0).ops)
+    assert result.counts["lost"] == total - len(delivered)
+    assert sum(result.counts[k] for k in LOST_CLASSES) == result.counts["lost"]
+    return {k: result.counts[k] for k in LOST_CLASSES}
+
+
+def test_messages_lost_before_the_first_delivered_one_are_a_lost_prefix() -> None:
+    assert lost_in([2, 3, 4, 5]) == {"lost_prefix": 2, "lost_middle": 0, "lost_postfix": 0}
+
+
+def test_messages_lost_between_delivered_ones_are_a_lost_middle() -> None:
+    assert lost_in([0, 1, 4, 5]) == {"lost_prefix": 0, "lost_middle": 2, "lost_postfix": 0}
+
+
+def test_messages_lost_after_the_last_delivered_one_are_a_lost_postfix() -> None:
+    assert lost_in([0, 1, 2, 3]) == {"lost_prefix": 0, "lost_middle": 0, "lost_postfix": 2}
+
+
+def test_lost_classes_are_per_queue_and_named_in_the_examples() -> None:
+    h = History()
+    for i in range(3):
+        h.publish(f"a:{i}", i, queue="qa").publish(f"b:{i}", i, queue="qb")
+    # qa lost its head, qb its tail: by position within each queue, not across queues.
+    for i in (1, 2):
+        h.deliver("c1", f"a:{i}", i, queue="qa").ack("c1", f"a:{i}", i, queue="qa")
+    h.deliver("c1", "b:0", 0, queue="qb").ack("c1", "b:0", 0, queue="qb")
+    result = check(h.final(0, queue="qa").ops)
+    assert (result.counts["lost_prefix"], result.counts["lost_postfix"]) == (1, 2)
+    assert any("a:0" in ex and "lost-prefix" in ex for ex in result.examples["lost"])
+    assert "lost by place" in result.summary()
+
+
+def test_a_delivered_but_never_accepted_message_is_classed_against_the_others() -> None:
+    h = History()
+    for i in range(3):
+        h.publish(f"p1:{i}", i)
+    h.deliver("c1", "p1:0", 0).add(K.CONSUMER_END, "c1", "q")  # delivered, never accepted
+    h.deliver("c2", "p1:1", 1).ack("c2", "p1:1", 1).deliver("c2", "p1:2", 2).ack("c2", "p1:2", 2)
+    result = check(h.final(0).ops)
+    assert result.counts["lost"] == 1 and result.counts["lost_prefix"] == 1
+
+
+def test_a_clean_history_has_no_lost_class_unexpected_or_split_brain() -> None:
+    result = check(clean().ops)
+    assert all(result.counts[k] == 0 for k in (*LOST_CLASSES, "unexpected", "split_brain"))
+    assert result.ok
+
+
+def test_a_delivery_of_a_message_nobody_published_is_unexpected() -> None:
+    h = History().publish("p1:0", 0)
+    h.deliver("c1", "p1:0", 0).ack("c1", "p1:0", 0)
+    h.deliver("c1", "p9:7", 1).ack("c1", "p9:7", 1)  # no producer ever sent p9:7
+    h.deliver("c1", "", 2).ack("c1", "", 2)  # a body without a message id
+    result = check(h.final(0).ops)
+    assert not result.ok
+    assert result.counts["unexpected"] == 2
+    assert "p9:7 was never published" in result.examples["unexpected"][0]
+    assert "no message id" in result.examples["unexpected"][1]
+
+
+def test_a_published_but_unconfirmed_message_is_not_unexpected() -> None:
+    # A publish whose confirm was lost (publish-fail) may still have been enqueued:
+    # delivering it is fine, the id was attempted.
+    h = History().add(K.PUBLISH_INVOKE, "p1", "q", "p1:0").add(K.PUBLISH_FAIL, "p1", "q", "p1:0")
+    h.deliver("c1", "p1:0", 0).ack("c1", "p1:0", 0)
+    result = check(h.final(0).ops)
+    assert result.counts["unexpected"] == 0 and result.ok, result.summary()
+
+
+def two_brokers() -> History:
+    """Worker w1 is connected to broker A, w2 to broker B."""
+    h = History()
+    return h.add(K.CONNECTED, "w1", info="A:1").add(K.CONNECTED, "w2", info="B:2")
+
+
+def test_one_message_held_through_two_brokers_at_once_is_a_split_brain() -> None:
+    h = two_brokers().publish("p1:0", 0)
+    h.deliver("w1/q", "p1:0", 0).deliver("w2/q", "p1:0", 0)  # both brokers acted as owner
+    h.ack("w2/q", "p1:0", 0).final(0)
+    result = check(h.ops)
+    assert not result.ok
+    assert (result.counts["split_brain"], result.counts["double_delivery"]) == (1, 1)
+    assert "through B:2" in result.examples["split_brain"][0]
+    assert "through A:1" in result.examples["split_brain"][0]
+    assert result.brokers["B:2"]["split_brain"] == 1
+    assert result.brokers["A:1"]["split_brain"] == 0
+
+
+def test_one_message_accepted_through_two_brokers_is_a_split_brain() -> None:
+    h = two_brokers().publish("p1:0", 0)
+    h.deliver("w1/q", "p1:0", 0).ack("w1/q", "p1:0", 0)
+    h.add(K.ACK_INVOKE, "w2/q", "q", "p1:0", 0).add(K.ACK_OK, "w2/q", "q", "p1:0", 0)
+    result = check(h.final(0).ops)
+    assert result.counts["split_brain"] == 1 and result.counts["accepted_twice"] == 1
+
+
+def test_a_double_delivery_on_one_broker_is_not_a_split_brain() -> None:
+    h = History().add(K.CONNECTED, "w1", info="A:1").publish("p1:0", 0)
+    h.deliver("w1/q", "p1:0", 0).deliver("w1/r", "p1:0", 0)
+    result = check(h.final(0).ops)
+    assert (result.counts["split_brain"], result.counts["double_delivery"]) == (0, 1)
+
+
+def test_handing_a_queue_between_brokers_is_compared_per_broker_and_not_a_split_brain() -> None:
+    # Consumers on two brokers share a queue: ownership moves between them, and a
+    # message released on A is delivered again through B. Each broker's share shows.
+    h = two_brokers()
+    for i in range(4):
+        h.publish(f"p1:{i}", i)
+    h.deliver("w1/q", "p1:0", 0).ack("w1/q", "p1:0", 0)
+    h.deliver("w1/q", "p1:1", 1).add(K.RELEASE, "w1/q", "q", "p1:1", 1, 0)
+    h.deliver("w2/q", "p1:1", 1, count=1).ack("w2/q", "p1:1", 1)
+    h.deliver("w2/q", "p1:2", 2).ack("w2/q", "p1:2", 2)
+    h.deliver("w1/q", "p1:3", 3)
+    fault(h, "kill9", "A:1")  # A dies holding p1:3; B redelivers it
+    h.deliver("w2/q", "p1:3", 3, count=1).ack("w2/q", "p1:3", 3)
+    result = check(h.final(0).ops)
+    assert result.ok, result.summary()
+    assert result.counts["split_brain"] == 0
+    assert result.brokers == {
+        "A:1": {"deliveries": 3, "messages": 3, "accepted": 1, "split_brain": 0},
+        "B:2": {"deliveries": 3, "messages": 3, "accepted": 3, "split_brain": 0},
+    }
+    assert result.to_dict()["brokers"]["B:2"]["accepted"] == 3

@@ -19,6 +19,7 @@ import pytest
 from batonmq.cluster.errors import LogCorrupt, LogTruncated, LogUnavailable
 from batonmq.cluster.log import Log, Record
 from batonmq.cluster.log import file as file_mod
+from batonmq.cluster.log import filecheck
 from batonmq.cluster.log.file import FileLog
 from tests import helpers
 from tests.helpers import eventually, now
@@ -250,6 +251,7 @@ async def test_a_failed_sync_reports_an_unknown_outcome_and_cuts_nothing(
 
 CHILD = """
 import asyncio, sys
+from batonmq.cluster.log import filecheck
 from batonmq.cluster.log.file import FileLog
 from tests import helpers
 from tests.helpers import eventually, now
@@ -363,3 +365,178 @@ async def test_a_writer_stuck_in_its_sync_does_not_hold_the_others(
         release.set()
         await stuck.close()
         await other.close()
+
+
+# --- baton log verify / repair (cluster/log/filecheck.py) -----------------------------------
+
+
+def damage_at(path: Path, offset: int, how: str) -> int:
+    """Damage the frame of ``offset`` in the only segment: a payload byte (``payload``) or
+    its length field (``header``). Returns the frame's byte position."""
+    seg = segments(path)[0]
+    data = bytearray(seg.read_bytes())
+    pos = 0
+    for _ in range(offset):
+        pos += HEADER.size + HEADER.unpack_from(data, pos)[0]
+    if how == "payload":
+        data[pos + HEADER.size] ^= 0xFF
+    else:
+        data[pos : pos + 4] = struct.pack(">I", 0x00ABCDEF)  # a length that fits no frame
+    seg.write_bytes(bytes(data))
+    return pos
+
+
+async def read_all(path: Path, count: int) -> list[Record]:
+    log = await FileLog.open(str(path))
+    try:
+        return await collect(log, 0, count)
+    finally:
+        await log.close()
+
+
+@pytest.mark.parametrize("how", ["payload", "header"])
+async def test_verify_finds_a_corrupt_record_and_repair_keeps_every_other_one_in_order(
+    tmp_path: Path, how: str
+) -> None:
+    await (await filled(tmp_path, 10)).close()
+    original = segments(tmp_path)[0].read_bytes()
+    pos = damage_at(tmp_path, 4, how)
+    damaged = segments(tmp_path)[0].read_bytes()
+    assert damaged != original
+
+    found = filecheck.scan(str(tmp_path))
+    assert not found.ok
+    assert [(d.segment, d.byte, d.offset, d.records, d.kind) for d in found.damage] == [
+        ("00000000000000000000.seg", pos, 4, 1, "corrupt")
+    ]
+    assert found.records == 9 and found.end == 10
+
+    done = filecheck.repair(str(tmp_path))
+    assert (done.rewritten, done.placeholders) == (["00000000000000000000.seg"], 1)
+    # The original bytes are kept, as they were, beside the log.
+    assert (tmp_path / "damaged" / "00000000000000000000.seg").read_bytes() == damaged
+    assert filecheck.scan(str(tmp_path)).ok
+    got = await read_all(tmp_path, 10)
+    # Every intact record, in order, at its offset; the unreadable one is an empty
+    # placeholder (applied as a malformed record, the same on every replica).
+    assert got == [(i, f"r{i}".encode() if i != 4 else b"") for i in range(10)]
+    log = await FileLog.open(str(tmp_path))
+    try:
+        assert await log.append([b"after repair"]) == 10
+    finally:
+        await log.close()
+
+
+async def test_repair_cuts_a_torn_tail_and_keeps_its_bytes(tmp_path: Path) -> None:
+    await (await filled(tmp_path, 5)).close()
+    seg = segments(tmp_path)[0]
+    good = seg.read_bytes()
+    seg.write_bytes(good + HEADER.pack(100, 5, 0) + b"half a record")
+    found = filecheck.scan(str(tmp_path))
+    assert found.ok  # a torn tail was never confirmed: the next append cuts it anyway
+    assert [(d.kind, d.offset, d.records) for d in found.damage] == [("torn-tail", 5, 0)]
+    done = filecheck.repair(str(tmp_path))
+    assert done.rewritten == [seg.name] and done.placeholders == 0
+    assert seg.read_bytes() == good
+    assert (tmp_path / "damaged" / seg.name).read_bytes().startswith(good)
+    assert await read_all(tmp_path, 5) == [(i, f"r{i}".encode()) for i in range(5)]
+
+
+async def test_verify_takes_a_batch_being_written_for_the_tail(tmp_path: Path) -> None:
+    await (await filled(tmp_path, 3)).close()
+    seg = segments(tmp_path)[0]
+    with seg.open("ab") as f:  # a writer between its two header writes
+        f.write(HEADER.pack(0xFFFFFFFF, 3, 0) + b"r3" + frame(4, b"r4"))
+    found = filecheck.scan(str(tmp_path))
+    assert found.ok and [(d.kind, d.offset, d.records) for d in found.damage] == [
+        ("torn-tail", 3, 0)
+    ]
+
+
+async def test_repair_of_a_bad_end_of_an_older_segment_fills_the_gap(tmp_path: Path) -> None:
+    log = await filled(tmp_path, 1, segment_bytes=64)
+    try:
+        for i in range(1, 20):
+            await log.append([f"r{i}".encode()])
+    finally:
+        await log.close()
+    first = segments(tmp_path)[0]
+    data = bytearray(first.read_bytes())
+    records = 0
+    pos = 0
+    while pos < len(data):
+        pos += HEADER.size + HEADER.unpack_from(data, pos)[0]
+        records += 1
+    data[-1] ^= 0xFF  # the last record of a segment that is not the last one
+    first.write_bytes(bytes(data))
+    found = filecheck.scan(str(tmp_path))
+    # The bad frame is dropped, and the offset it held is missing before the next segment.
+    assert [(d.kind, d.offset, d.records) for d in found.damage] == [
+        ("trailing-garbage", records - 1, 0), ("gap", records - 1, 1)
+    ]
+    filecheck.repair(str(tmp_path))
+    assert filecheck.scan(str(tmp_path)).ok
+    got = await read_all(tmp_path, 20)
+    assert got == [(i, f"r{i}".encode() if i != records - 1 else b"") for i in range(20)]
+
+
+async def test_repair_refuses_while_a_broker_has_the_log_open(tmp_path: Path) -> None:
+    log = await filled(tmp_path, 5)
+    try:
+        damage_at(tmp_path, 2, "payload")
+        before = segments(tmp_path)[0].read_bytes()
+        with pytest.raises(LogUnavailable, match="stop every broker"):
+            filecheck.repair(str(tmp_path))
+        assert segments(tmp_path)[0].read_bytes() == before  # untouched
+        assert not (tmp_path / "damaged").exists()
+        assert not filecheck.scan(str(tmp_path)).ok  # verify runs beside a broker
+    finally:
+        await log.close()
+    assert filecheck.repair(str(tmp_path)).placeholders == 1  # closed: allowed
+
+
+def test_baton_log_verify_and_repair_commands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from batonmq.broker.cli import main
+
+    async def fill() -> None:
+        await (await filled(tmp_path / "log", 8)).close()
+
+    asyncio.run(fill())
+    assert main(["log", "verify", "--data-dir", str(tmp_path)]) == 0
+    assert "ok: every record is readable" in capsys.readouterr().out
+    damage_at(tmp_path / "log", 3, "payload")
+    assert main(["log", "verify", "--log", f"file:{tmp_path / 'log'}"]) == 1
+    out = capsys.readouterr().out
+    assert "BAD: 00000000000000000000.seg byte" in out and "offset 3 unreadable" in out
+    assert main(["log", "repair", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "repaired 1 segment(s)" in out and "damaged" in out
+    assert main(["log", "verify", "--data-dir", str(tmp_path)]) == 0
+    assert main(["log", "verify", "--log", "kafka://h:1/t"]) == 1  # a clear error, no traceback
+    assert "file: log" in capsys.readouterr().err
+
+
+async def test_a_long_scan_reports_its_progress(tmp_path: Path) -> None:
+    import io
+
+    from batonmq.broker.logtool import _ProgressLine
+
+    log = await filled(tmp_path, 1, segment_bytes=64)
+    try:
+        for i in range(1, 30):
+            await log.append([f"r{i}".encode()])
+    finally:
+        await log.close()
+    seen: list[tuple[int, int, int, int]] = []
+    found = filecheck.scan(str(tmp_path), lambda *a: seen.append(a))
+    n = len(segments(tmp_path))
+    assert n > 3 and found.ok and found.records == 30
+    assert [s[0] for s in seen] == list(range(1, n + 1))  # once per segment, in order
+    assert seen[-1][2] == seen[-1][3] == sum(p.stat().st_size for p in segments(tmp_path))
+    out = io.StringIO()
+    line = _ProgressLine(out)
+    line(n, n, 2 << 20, 2 << 20)
+    line.end()
+    assert f"\rscanning segment {n}/{n}, 2/2 MiB (100%)" in out.getvalue()

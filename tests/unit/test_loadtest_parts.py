@@ -117,6 +117,9 @@ def test_report_and_comparison_from_run_dirs(tmp_path: Path) -> None:
         data = (tmp_path / "report" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
         assert png in html.read_text()
+    text = html.read_text()
+    assert "lost prefix/middle/postfix" in text and "split_brain" in text
+    assert "Per broker" in text  # what each broker delivered, side by side
 
 
 def test_tree_usage_counts_a_process_and_its_children() -> None:

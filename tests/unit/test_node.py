@@ -9,6 +9,7 @@ tests/integration/test_guarantees.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -331,3 +332,117 @@ async def test_service_leadership_survives_a_restart(tmp_path: Path) -> None:
     finally:
         await _close(a)
         await _close(b)
+
+
+async def test_a_corrupt_record_stops_applying_once_loudly_and_repair_keeps_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import struct
+
+    from batonmq.cluster import applier as applier_mod
+    from batonmq.cluster.codec import decode
+    from batonmq.cluster.log import filecheck
+    from tests.helpers import collect
+
+    # Small segments: the damage is in an older one (in the last one, opening the log
+    # fails at once, naming the same tools).
+    url = f"file:{tmp_path / 'log'}?segment_bytes=256"
+    node = await _node("a", url)
+    await node.submit(DeclareQueue("q"))
+    await node.submit(Enqueue("q", tuple((b"a%d" % i, {}) for i in range(10))))
+    await node.submit(Interest("q", True))  # the record that will be damaged
+    await node.submit(Enqueue("q", tuple((b"b%d" % i, {}) for i in range(10))))
+    await node.submit(DeclareQueue("pad"))
+    for _ in range(4):  # more segments after the damaged one
+        await node.submit(Enqueue("pad", ((bytes(300), {}),)))
+    await _close(node)
+    log = await open_log(url)
+    records = await collect(log, 0, await log.end_offset())
+    await log.close()
+    bad = next(o for o, r in records if isinstance(decode(r)[1], Interest))
+    seg = [p for p in sorted((tmp_path / "log").glob("*.seg")) if int(p.stem) <= bad][-1]
+    assert seg != sorted((tmp_path / "log").glob("*.seg"))[-1]
+    data = bytearray(seg.read_bytes())
+    pos = sum(16 + len(r) for o, r in records if int(seg.stem) <= o < bad)  # header: 16 bytes
+    assert struct.unpack_from(">IQ", data, pos)[1] == bad
+    data[pos + 16] ^= 0xFF  # a payload byte of the Interest record
+    seg.write_bytes(bytes(data))
+
+    # A broker replaying this log stops at the corrupt record: it says so once, names
+    # the place and the tools, reports it, and does not retry in a loop.
+    caplog.set_level(logging.CRITICAL, logger="baton.node")
+    log = await open_log(url)
+    reads: list[int] = []
+    real_read = log.read
+
+    def counting_read(start: int, **kw: int) -> object:
+        reads.append(start)
+        return real_read(start, **kw)
+
+    monkeypatch.setattr(log, "read", counting_read)
+    stuck = Node("b", log, MemoryStore(), join="replay")
+    starting = asyncio.create_task(stuck.start())
+    try:
+        await eventually(lambda: bool(stuck.health.problem), "the corruption reported", 20)
+        assert not stuck.healthy and f"offset {bad}" in stuck.health.problem
+        assert stuck.state.applied == bad - 1
+        # Time passing on purpose: nothing is retried within the recheck interval.
+        await asyncio.sleep(1.5)
+        assert len(reads) == 1 and applier_mod.CORRUPT_RECHECK_S >= 10
+        critical = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
+        assert len(critical) == 1, critical
+        assert "baton log verify" in critical[0] and seg.name in critical[0]
+    finally:
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+        await stuck.stop()
+        await log.close()
+
+    done = filecheck.repair(str(tmp_path / "log"))
+    assert done.placeholders == 1
+    again = await _node("c", url)  # an empty store: replays from 0
+    try:
+        q = again.state.queues["q"]
+        assert q.ready == 20 and q.next_pos == 20  # every confirmed message is kept
+        assert again.state.ignored.get("malformed") == 1
+        assert again.healthy and not again.health.problem
+    finally:
+        await _close(again)
+
+
+async def test_appends_to_a_log_whose_last_segment_is_corrupt_fail_and_say_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import struct
+    import zlib
+
+    from batonmq.cluster.errors import LogCorrupt
+
+    # Few heartbeats: the test appends the damaged records at the log's end itself.
+    node = Node("a", await open_log(f"file:{tmp_path / 'log'}"), MemoryStore(),
+                heartbeat_ms=20_000)
+    await node.start()
+    try:
+        await node.submit(DeclareQueue("q"))
+        end = await node.log.end_offset()
+        # Another writer's batch, damaged on disk: a bad record with a valid one after it.
+        bad = struct.pack(">IQI", 3, end, 12345) + b"abc"
+        good = struct.pack(">IQI", 3, end + 1, zlib.crc32(b"def")) + b"def"
+        seg = sorted((tmp_path / "log").glob("*.seg"))[-1]
+        with seg.open("ab") as f:
+            f.write(bad + good)
+        caplog.set_level(logging.CRITICAL, logger="baton.node")
+        for name in ("r", "s", "t"):
+            with pytest.raises(LogCorrupt, match="baton log verify"):
+                await asyncio.wait_for(node.submit(DeclareQueue(name)), 10)
+        assert not node.healthy and "log corrupt" in node.health.problem
+        appends = [r.getMessage() for r in caplog.records
+                   if r.levelno == logging.CRITICAL and "cannot append" in r.getMessage()]
+        assert len(appends) == 1, appends  # said once, not per failed command
+    finally:
+        await node.stop()
+        await node.log.close()
+        node.store.close()

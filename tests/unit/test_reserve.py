@@ -8,13 +8,16 @@ from typing import Any, TypeVar, cast
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from batonmq.cluster.errors import QueueFull, QueueReserved
+from batonmq.cluster.errors import InvalidArgument, QueueFull, QueueReserved, StaleToken
 from batonmq.cluster import codec
 from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.events import (
     AcceptThrough,
     Acquire,
+    Candidate,
     DeclareQueue,
     Enqueue,
     Event,
@@ -25,6 +28,7 @@ from batonmq.cluster.events import (
     Propose,
     Release,
     Reserve,
+    Resign,
     Vote,
 )
 from batonmq.cluster.results import AcceptedThrough, Counted, Reserved
@@ -201,3 +205,98 @@ def test_codec_checks_the_new_events() -> None:
 
 def test_transitions_table_has_the_accept_through_edge() -> None:
     assert TRANSITIONS[(MessageState.READY, "accept-through")] is MessageState.ACCEPTED
+
+
+# --- fencing range commits by a leadership term (docs/spark.md, "Fencing") ------------------
+
+
+def test_a_commit_with_the_token_of_an_older_term_is_refused_and_counted() -> None:
+    s = State()
+    log = Log(s)
+    log.publish(10)
+    first = log.ok(Candidate("import-entries", MEMBER + "/s1"))
+    log.ok(Candidate("import-entries", MEMBER + "/s2"))  # the standby
+    old = first.token
+    assert old is not None
+    log.ok(Reserve("q", "spark:q", "import-entries", old))
+    assert log.ok(AcceptThrough("q", 3, "spark:q", "import-entries", old)).count == 3
+    # The leader goes (resigned, handed over, or its broker left); the standby leads.
+    after = log.ok(Resign("import-entries", MEMBER + "/s1"))
+    new = after.token
+    assert new is not None and new > old
+    done, out = log.apply(AcceptThrough("q", 8, "spark:q", "import-entries", old))
+    assert isinstance(done.error, StaleToken) and done.error.code == 19
+    assert f"token is {new}" in done.error.message
+    assert not any(isinstance(e, (Removed, RemovedRange)) for e in out)
+    assert s.ignored["stale-token"] == 1
+    assert s.queues["q"].head == 3  # nothing more was accepted
+    done, _ = log.apply(Reserve("q", "spark:q", "import-entries", old))
+    assert isinstance(done.error, StaleToken) and s.ignored["stale-token"] == 2
+    # The new term commits; so does a reader without leadership (unfenced, as before).
+    assert log.ok(AcceptThrough("q", 8, "spark:q", "import-entries", new)).count == 5
+    assert log.ok(AcceptThrough("q", 9, "spark:q")).count == 1
+    # With no leader at all, every token is stale.
+    log.ok(Resign("import-entries", MEMBER + "/s2"))
+    done, _ = log.apply(AcceptThrough("q", 10, "spark:q", "import-entries", new))
+    assert isinstance(done.error, StaleToken) and "no leader" in done.error.message
+
+
+def test_a_fencing_token_needs_its_service() -> None:
+    log = Log(State())
+    done, _ = log.apply(AcceptThrough("q", 1, "spark:q", "", 5))
+    assert isinstance(done.error, InvalidArgument)
+
+
+def test_records_without_the_fencing_fields_decode_as_unfenced() -> None:
+    # An older broker's records: [node, runtime, seq, ts, op, queue, through, holder].
+    old = msgpack.packb(["n1", "r1", 1, 5, AcceptThrough.OP, "q", 4, "spark:q"])
+    assert codec.decode(old)[1] == AcceptThrough("q", 4, "spark:q", "", -1)
+    bad = msgpack.packb(["n1", "r1", 1, 5, AcceptThrough.OP, "q", 4, "spark:q", "svc", "7"])
+    with pytest.raises(MalformedEvent):
+        codec.decode(bad)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["lead", "resign", "commit"]), st.integers(0, 3),
+                          st.integers(-1, 40)), max_size=40))
+@settings(max_examples=150, deadline=None)
+def test_only_the_current_terms_token_commits(steps: list[tuple[str, int, int]]) -> None:
+    """Against a model of the terms: a fenced commit is applied iff its token is the
+    current term's, and the queue accepts exactly through the highest applied commit."""
+    s = State()
+    log = Log(s)
+    log.publish(40)
+    log.ok(Reserve("q", "spark:q"))
+    candidates: list[str] = []  # the model: candidates in log order, the first leads
+    token: int | None = None
+    issued: list[int] = []
+    accepted_through, refused = 0, 0
+    for what, who, n in steps:
+        session = f"{MEMBER}/s{who}"
+        if what == "lead":
+            log.apply(Candidate("svc", session))
+            if session not in candidates:
+                candidates.append(session)
+                if len(candidates) == 1:
+                    token = log.offset
+                    issued.append(token)
+        elif what == "resign":
+            log.apply(Resign("svc", session))
+            if session in candidates:
+                led = candidates[0] == session
+                candidates.remove(session)
+                if led:
+                    token = log.offset if candidates else None
+                    if token is not None:
+                        issued.append(token)
+        else:
+            # A token of some term (current or stale), or one never issued.
+            t = issued[n % len(issued)] if issued and n >= 0 else max(n, 0) + 1000
+            done, _ = log.apply(AcceptThrough("q", n + 1, "spark:q", "svc", t))
+            if t == token:
+                assert done.error is None, done.error
+                accepted_through = max(accepted_through, min(n + 1, 40))  # 40 published
+            else:
+                assert isinstance(done.error, StaleToken), (t, token, done.error)
+                refused += 1
+    assert s.queues["q"].head == accepted_through
+    assert s.ignored.get("stale-token", 0) == refused
