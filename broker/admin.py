@@ -434,7 +434,13 @@ class AdminServer:
         )
 
     async def nodes(self, request: web.Request) -> web.Response:
-        return json_response(self.broker.topology())
+        body = self.broker.topology()
+        # Suspicion is replicated (docs/design.md §7): a member silent for its beats is
+        # suspected on every replica before a new view drops it; the console shows it.
+        ms = self.broker.node.state.membership
+        for instance in body["instances"]:
+            instance["suspected"] = ms.suspected(f"{instance['node_id']}/{instance['runtime']}")
+        return json_response(body)
 
     # -- queues --------------------------------------------------------------------------
 

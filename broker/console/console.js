@@ -154,8 +154,10 @@ function renderCluster(ov, nodes, logInfo) {
     const status = [];
     if (inst.leader) status.push(badge("leader", "lead"));
     status.push(inst.role === "observer" ? badge("observer", "muted") : badge("member", "ok"));
+    if (inst.suspected) status.push(badge("suspected: silent", "warn"));
     if (inst.local) status.push(badge("this broker", "muted"));
-    rows.push(el("tr", { "data-node": inst.node_id, "data-status": "member" },
+    const rowStatus = inst.suspected ? "suspected" : "member";
+    rows.push(el("tr", { class: rowStatus, "data-node": inst.node_id, "data-status": rowStatus },
       numCell("index", i + 1),
       el("td", {}, inst.node_id),
       el("td", { title: inst.runtime }, el("code", {}, short(inst.runtime, 8))),
