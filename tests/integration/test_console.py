@@ -1,6 +1,7 @@
 """The admin listener's web console, driven in a real headless Chromium with Selenium
-(docs/admin.md "Console"): what a test puts in a broker shows on the page, a purge
-clicked and confirmed on the page empties the queue, a killed broker leaves the view.
+(docs/admin.md "Console"): what a test puts in a broker shows on the page, a purge,
+a delete, a closed connection and a handover clicked and confirmed on the page take
+effect (checked through the client too), a killed broker leaves the view.
 
 Debian's ``chromium`` and ``chromium-driver`` are used as installed (.ci/run installs
 them): Selenium is given both paths, so Selenium Manager downloads nothing. Without
@@ -296,3 +297,49 @@ def test_topology_shows_a_killed_broker_leaving_the_view(
         for b in brokers:
             b.stop()
         shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def test_hand_over_a_service_from_the_page(browser: WebDriver, tmp_path: Path) -> None:
+    log_url = f"file:{tmp_path / 'shared-log'}"
+    brokers = [
+        BrokerProcess(tmp_path / f"node-{i}", log_url=log_url, node_id=f"node-{i}",
+                      extra=ADMIN + ["--service", "billing"])
+        for i in (1, 2)
+    ]
+    try:
+        for b in brokers:
+            b.start()
+        browser.get(admin_of(brokers[0]) + "/")
+
+        def billing() -> tuple[str, str, bool] | None:
+            rows = browser.find_elements(By.CSS_SELECTOR, "#services tbody tr")
+            for r in rows:
+                if r.get_attribute("data-service") == "billing":
+                    button = r.find_element(By.CSS_SELECTOR, 'button[data-action="handover"]')
+                    leader = r.find_elements(By.CSS_SELECTOR, "td")[1].get_attribute("title")
+                    return str(leader), cell(r, "candidates"), button.is_enabled()
+            return None
+
+        def ready_to_hand_over() -> tuple[str, str, bool] | None:
+            b = billing()
+            return b if b is not None and b[1] == "2" and b[2] else None
+
+        first = wait_for(browser, ready_to_hand_over, "billing with two candidates")
+        assert first[0].startswith("node-")
+        row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#services tbody tr")
+                   if r.get_attribute("data-service") == "billing")
+        row.find_element(By.CSS_SELECTOR, 'button[data-action="handover"]').click()
+        wait_for(browser, browser.find_element(By.ID, "confirm-dialog").is_displayed, "dialog")
+        browser.find_element(By.ID, "confirm-ok").click()
+        def new_leader() -> tuple[str, str, bool] | None:
+            b = billing()
+            return b if b is not None and b[0] and b[0] != first[0] else None
+
+        after = wait_for(browser, new_leader, "a new leader of billing", timeout=30)
+        assert after[0].split("/")[0] != first[0].split("/")[0]  # the other broker leads
+        with clients.sync.connect(brokers[1].address) as conn:
+            info = conn.service_leader("billing")
+            assert info is not None and info.leader == after[0]
+    finally:
+        for b in brokers:
+            b.stop()
