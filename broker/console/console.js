@@ -206,7 +206,7 @@ function ownerName(owner) {
   return owner.split("/")[0];
 }
 
-function renderQueues(queues, ov) {
+function renderQueues(queues) {
   updateRates(queues);
   setText("q-count", queues.length);
   const rows = queues.map((q) => {
@@ -345,7 +345,7 @@ async function poll() {
     clearError();
     renderHeader(ov, nodes);
     renderCluster(ov, nodes, logInfo);
-    renderQueues(queues.queues, ov);
+    renderQueues(queues.queues);
     renderConnections(conns.connections);
     renderConsumers(consumers.consumers);
     renderServices(services.services);

@@ -70,6 +70,7 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WebDriv
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1440,1000", f"--user-data-dir={tmp_path / 'chromium'}"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console
     drv = webdriver.Chrome(service=Service(executable_path=driver), options=options)
     try:
         yield drv
@@ -110,6 +111,15 @@ def node_statuses(browser: WebDriver) -> dict[str, str]:
     }
 
 
+def page_errors(browser: WebDriver) -> list[str]:
+    """Errors the page logged (a script error, a blocked load, a failed request); the
+    browser's own request for a favicon aside."""
+    return [
+        str(e["message"]) for e in browser.get_log("browser")
+        if e["level"] == "SEVERE" and "favicon.ico" not in str(e["message"])
+    ]
+
+
 def screenshot(browser: WebDriver) -> None:
     """Save the page for the docs when BATON_CONSOLE_SCREENSHOT names a file."""
     target = os.environ.get("BATON_CONSOLE_SCREENSHOT")
@@ -145,6 +155,7 @@ def test_console_shows_a_filled_queue_with_its_depth(
     assert header.isdigit() and int(header) >= 1
     assert browser.find_element(By.ID, "h-ready").text == "ready"
     assert not browser.find_element(By.ID, "error-banner").is_displayed()
+    assert page_errors(browser) == []
 
     # The API gone: the page says so in its banner (and keeps the last figures).
     admin_broker.stop()
