@@ -88,6 +88,12 @@ async function api(method, path, body) {
 }
 
 const enc = encodeURIComponent;
+// A browser resolves a path segment "." or ".." (even percent-encoded) before it sends
+// the request, so a queue with such a name cannot be named in an API path from here.
+const DOT_NAME = "a browser cannot name this queue in a URL: use baton queue purge/delete";
+function pathSafe(name) {
+  return name !== "." && name !== "..";
+}
 
 // -- rendering ------------------------------------------------------------------------
 
@@ -211,6 +217,7 @@ function renderQueues(queues) {
   setText("q-count", queues.length);
   const rows = queues.map((q) => {
     const r = state.rates.get(q.queue) || {};
+    const safe = pathSafe(q.queue);
     const badges = [];
     if (q.updating) badges.push(" ", badge("updating", "warn"));
     if (q.reserved_by) badges.push(" ", badge("reserved", "muted"));
@@ -226,12 +233,14 @@ function renderQueues(queues) {
       el("td", { title: q.owner || "" }, ownerName(q.owner)),
       el("td", { class: "actions" },
         el("button", { class: "btn small", "data-action": "purge",
+          disabled: safe ? null : "", title: safe ? null : DOT_NAME,
           onclick: () => confirmThen("Purge queue",
             `Drop every ready message of queue “${q.queue}”? Acquired messages stay.`,
             "Purge", () => api("POST", `/api/queues/${enc(q.queue)}/purge`),
             (res) => `Purged ${fmt(res.purged)} message(s) from “${q.queue}”.`) }, "Purge"),
         " ",
         el("button", { class: "btn small danger", "data-action": "delete",
+          disabled: safe ? null : "", title: safe ? null : DOT_NAME,
           onclick: () => confirmThen("Delete queue",
             `Delete queue “${q.queue}” with its ${fmt(q.ready + q.acquired)} message(s)?`,
             "Delete", () => api("DELETE", `/api/queues/${enc(q.queue)}`),

@@ -141,6 +141,7 @@ def test_console_shows_a_filled_queue_with_its_depth(
         conn.declare_queue(TRICKY)
         conn.publish_batch(TRICKY, [b"m%d" % i for i in range(1234)])
         conn.declare_queue("empty")
+        conn.declare_queue("..")  # a browser cannot put it in a URL path
     browser.get(admin_of(admin_broker) + "/")
     assert browser.title == "Baton console"
     wait_for(browser, lambda: queue_cell(browser, TRICKY, "ready") == "1,234",
@@ -151,6 +152,10 @@ def test_console_shows_a_filled_queue_with_its_depth(
     assert browser.find_elements(By.ID, "injected") == []
     assert cell(row, "acquired") == "0"
     assert queue_cell(browser, "empty", "ready") == "0"
+    dots = queue_row(browser, "..")
+    assert dots is not None
+    assert [b.is_enabled() for b in dots.find_elements(By.TAG_NAME, "button")] == [False, False]
+    assert [b.is_enabled() for b in row.find_elements(By.TAG_NAME, "button")] == [True, True]
     header = browser.find_element(By.ID, "h-view").text
     assert header.isdigit() and int(header) >= 1
     assert browser.find_element(By.ID, "h-ready").text == "ready"
