@@ -91,6 +91,7 @@ const enc = encodeURIComponent;
 // A browser resolves a path segment "." or ".." (even percent-encoded) before it sends
 // the request, so a queue with such a name cannot be named in an API path from here.
 const DOT_NAME = "a browser cannot name this queue in a URL: use baton queue purge/delete";
+const DOT_SERVICE = "a browser cannot name this service in a URL: use baton handover";
 function pathSafe(name) {
   return name !== "." && name !== "..";
 }
@@ -285,7 +286,8 @@ function renderServices(services) {
     el("td", {}, s.handover_requested ? badge("requested", "warn") : "–"),
     el("td", { class: "actions" },
       el("button", { class: "btn small", "data-action": "handover",
-        disabled: (s.candidates || []).length < 2 ? "" : null,
+        disabled: (s.candidates || []).length < 2 || !pathSafe(s.service) ? "" : null,
+        title: pathSafe(s.service) ? null : DOT_SERVICE,
         onclick: () => confirmThen("Hand over",
           `Ask the leader of service “${s.service}” to hand over to another candidate?`,
           "Hand over", () => api("POST", `/api/services/${enc(s.service)}/handover`, {}),
