@@ -4,6 +4,9 @@
 "use strict";
 
 const POLL_MS = 1500;
+// A broker that is stopped (SIGSTOP) or wedged accepts the connection and never answers:
+// without a deadline the page would wait forever and never say so.
+const API_TIMEOUT_MS = 4000;
 // Rates are computed here from the replicated counters of two polls (docs/admin.md).
 const RATE_FIELDS = { enqueued: "publish", delivered: "deliver", accepted: "ack" };
 
@@ -68,12 +71,22 @@ function replaceRows(tableId, rows, emptyId) {
 // -- the API --------------------------------------------------------------------------
 
 async function api(method, path, body) {
-  const init = { method, headers: { Accept: "application/json" }, cache: "no-store" };
+  const init = {
+    method, headers: { Accept: "application/json" }, cache: "no-store",
+    signal: AbortSignal.timeout(API_TIMEOUT_MS),
+  };
   if (body !== undefined) {
     init.body = JSON.stringify(body);
     init.headers["Content-Type"] = "application/json";
   }
-  const r = await fetch(path, init);
+  let r;
+  try {
+    r = await fetch(path, init);
+  } catch (e) {
+    const why = e.name === "TimeoutError"
+      ? `no answer within ${API_TIMEOUT_MS / 1000} s` : e.message;
+    throw new Error(`${path}: ${why}`);
+  }
   let data = null;
   try {
     data = await r.json();
@@ -81,8 +94,8 @@ async function api(method, path, body) {
     throw new Error(`${method} ${path}: HTTP ${r.status}, not JSON`);
   }
   if (!r.ok) {
-    const err = data && data.error ? `${data.error.name}: ${data.error.message}` : `HTTP ${r.status}`;
-    throw new Error(err);
+    throw new Error(data && data.error
+      ? `${data.error.name}: ${data.error.message}` : `HTTP ${r.status}`);
   }
   return data;
 }

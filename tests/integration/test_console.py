@@ -162,9 +162,19 @@ def test_console_shows_a_filled_queue_with_its_depth(
     assert not browser.find_element(By.ID, "error-banner").is_displayed()
     assert page_errors(browser) == []
 
+    # A broker that does not answer (stopped): the banner says so, the last figures stay;
+    # it goes once the broker answers again.
+    banner = browser.find_element(By.ID, "error-banner")
+    admin_broker.pause()
+    try:
+        wait_for(browser, banner.is_displayed, "the error banner of a silent broker")
+        assert "no answer within" in banner.text
+        assert queue_cell(browser, TRICKY, "ready") == "1,234"
+    finally:
+        admin_broker.resume()
+    wait_for(browser, lambda: not banner.is_displayed(), "the banner gone")
     # The API gone: the page says so in its banner (and keeps the last figures).
     admin_broker.stop()
-    banner = browser.find_element(By.ID, "error-banner")
     wait_for(browser, banner.is_displayed, "the error banner")
     assert "unreachable" in banner.text
     assert queue_cell(browser, TRICKY, "ready") == "1,234"
