@@ -12,6 +12,9 @@ served (anyone else gets 403). User checks (HTTP Basic) belong there too.
 
 Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
 
+* ``GET /`` and ``GET /console/{file}``: the web console, plain HTML, CSS and JS shipped
+  as package data in ``broker/console/`` that polls the JSON API (no build step, nothing
+  loaded from elsewhere);
 * ``GET /healthz``, ``GET /readyz``, ``GET /metrics``;
 * ``/api/overview``, ``/api/nodes``, ``/api/queues[/{name}[/purge|/peek|
   /messages/{position}/history]]``, ``/api/connections[/{id}]``, ``/api/consumers``,
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import importlib.resources
 import ipaddress
 import json
 import logging
@@ -57,8 +61,10 @@ from batonmq.cluster.services import host_of
 __all__ = [
     "AdminBroker",
     "AdminServer",
+    "CONSOLE_FILES",
     "READY_MAX_LAG",
     "access_refusal",
+    "console_file",
     "readiness",
 ]
 
@@ -68,6 +74,25 @@ log = logging.getLogger("baton.admin")
 READY_MAX_LAG = 10_000
 #: Seconds a probe or a scrape waits for the log's offsets (a hung log must not hang them).
 LOG_QUERY_TIMEOUT = 2.0
+
+#: The web console's files (package data in ``broker/console/``) and their content types.
+CONSOLE_FILES = {
+    "index.html": "text/html",
+    "console.js": "text/javascript",
+    "console.css": "text/css",
+}
+
+# The console loads only its own files and talks only to this listener: a name that
+# slipped past the console's escaping still could not load or run anything else.
+_CONSOLE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self';"
+        " img-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+    "Referrer-Policy": "no-referrer",
+}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 R = TypeVar("R", bound="Result | None")
@@ -142,6 +167,18 @@ def access_refusal(peer: str | None) -> str | None:
     if not address.is_loopback:
         return f"the admin API serves loopback peers only, not {peer}"
     return None
+
+
+def console_file(name: str) -> bytes:
+    """The content of one of the web console's files (``CONSOLE_FILES``), read from the
+    installed package (importlib.resources: works from a wheel as from the source tree).
+
+    Raises:
+        KeyError: ``name`` is not one of the console's files.
+    """
+    if name not in CONSOLE_FILES:
+        raise KeyError(name)
+    return importlib.resources.files("batonmq.broker").joinpath("console", name).read_bytes()
 
 
 def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
@@ -247,6 +284,8 @@ class AdminServer:
         """The aiohttp application with every route (also used by tests)."""
         app = web.Application(middlewares=[_guard], client_max_size=1 << 20)
         r = app.router
+        r.add_get("/", self.console_index)
+        r.add_get("/console/{file}", self.console_asset)
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/metrics", self.metrics_text)
@@ -330,6 +369,26 @@ class AdminServer:
         except ValueError:
             raise InvalidArgument(f"{name} must be an integer, not {text!r}") from None
 
+    # -- the web console -------------------------------------------------------------------
+
+    async def console_index(self, request: web.Request) -> web.Response:
+        return self._console("index.html")
+
+    async def console_asset(self, request: web.Request) -> web.Response:
+        name = request.match_info["file"]
+        if name not in CONSOLE_FILES or name == "index.html":
+            raise web.HTTPNotFound(text=f"no console file {name!r}")
+        return self._console(name)
+
+    @staticmethod
+    def _console(name: str) -> web.Response:
+        return web.Response(
+            body=console_file(name),
+            content_type=CONSOLE_FILES[name],
+            charset="utf-8",
+            headers=_CONSOLE_HEADERS,
+        )
+
     # -- health and metrics ---------------------------------------------------------------
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -379,15 +438,29 @@ class AdminServer:
         )
 
     async def nodes(self, request: web.Request) -> web.Response:
-        return json_response(self.broker.topology())
+        body = self.broker.topology()
+        # Suspicion is replicated (docs/design.md §7): a member silent for its beats is
+        # suspected on every replica before a new view drops it; the console shows it.
+        ms = self.broker.node.state.membership
+        for instance in body["instances"]:
+            instance["suspected"] = ms.suspected(f"{instance['node_id']}/{instance['runtime']}")
+        return json_response(body)
 
     # -- queues --------------------------------------------------------------------------
 
+    def _with_counts(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """A queue's stats plus the counters /metrics has and the native stats do not
+        (delivered, released, rejected), so the console computes its rates from one answer."""
+        q = self.broker.node.state.queues.get(stats["queue"])
+        if q is not None:
+            stats.update(delivered=q.delivered, released=q.released, rejected=q.rejected)
+        return stats
+
     async def queues(self, request: web.Request) -> web.Response:
-        return json_response({"queues": self.broker.list_queues()})
+        return json_response({"queues": [self._with_counts(s) for s in self.broker.list_queues()]})
 
     async def queue(self, request: web.Request) -> web.Response:
-        return json_response(self.broker.queue_stats(request.match_info["name"]))
+        return json_response(self._with_counts(self.broker.queue_stats(request.match_info["name"])))
 
     async def declare(self, request: web.Request) -> web.Response:
         event = declare_event(request.match_info["name"], await self._body(request))

@@ -89,9 +89,35 @@ async def test_metrics_ready_gauge_equals_baton_queues(
     assert ready["filled"] == listed["filled"]["ready"] == 36
     assert metric_samples(text, "baton_queue_published_messages")["filled"] == 37
     assert metric_samples(text, "baton_queue_accepted_messages")["filled"] == 1
+    # The JSON API carries the counters the console computes its rates from.
+    status, body = await get_json(http, f"{base}/api/queues/filled")
+    assert status == 200
+    delivered = metric_samples(text, "baton_queue_delivered_messages")["filled"]
+    assert (body["enqueued"], body["delivered"], body["accepted"]) == (37, delivered, 1)
+    assert delivered >= 1 and body["released"] == body["rejected"] == 0
+    status, body = await get_json(http, f"{base}/api/queues")
+    assert [(q["queue"], q["delivered"]) for q in body["queues"]] == [("filled", delivered)]
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"baton_log_append_seconds", "baton_log_fsync_seconds", "baton_apply_lag_records",
             "process_cpu_seconds", "baton_connections", "baton_leader"} <= names
+
+
+async def test_the_console_is_served_from_the_package(
+    admin_broker: BrokerProcess, http: aiohttp.ClientSession
+) -> None:
+    base = admin_of(admin_broker)
+    async with http.get(f"{base}/") as r:
+        assert r.status == 200 and r.content_type == "text/html"
+        html = await r.text()
+        assert "<title>Baton console</title>" in html
+        assert "script-src 'self'" in r.headers["Content-Security-Policy"]
+    for name, kind in (("console.js", "text/javascript"), ("console.css", "text/css")):
+        async with http.get(f"{base}/console/{name}") as r:
+            assert (r.status, r.content_type) == (200, kind)
+            assert len(await r.read()) > 500
+    for missing in ("nope.js", "index.html", "..%2Fadmin.py"):
+        status, body = await get_json(http, f"{base}/console/{missing}")
+        assert status == 404 and "error" in body, missing
 
 
 async def test_healthz_and_readyz_of_a_serving_broker(

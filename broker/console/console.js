@@ -1,0 +1,388 @@
+// Baton's web console: polls this broker's admin JSON API (docs/admin.md) and renders it.
+// No framework and no build step. Every name shown (queues, services, clients) is user
+// input: it only ever reaches the page as text (textContent / text nodes), never as HTML.
+"use strict";
+
+const POLL_MS = 1500;
+// A broker that is stopped (SIGSTOP) or wedged accepts the connection and never answers:
+// without a deadline the page would wait forever and never say so.
+const API_TIMEOUT_MS = 4000;
+// Rates are computed here from the replicated counters of two polls (docs/admin.md).
+const RATE_FIELDS = { enqueued: "publish", delivered: "deliver", accepted: "ack" };
+
+const state = {
+  prev: new Map(),     // queue name -> {t, enqueued, delivered, accepted}
+  rates: new Map(),    // queue name -> {publish, deliver, ack}
+  seenNodes: new Map(),  // node key -> the instance row last seen in the view
+  timer: null,
+  busy: false,
+};
+
+// -- small DOM helpers (text only) -------------------------------------------------
+
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(props || {})) {
+    if (v === undefined || v === null) continue;
+    if (k === "class") node.className = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, String(v));
+    else if (k === "title") node.title = String(v);
+    else if (k === "onclick") node.addEventListener("click", v);
+    else node.setAttribute(k, String(v));
+  }
+  for (const c of children) {
+    if (c === undefined || c === null) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function setText(id, text) {
+  const node = document.getElementById(id);
+  if (node) node.textContent = text === undefined || text === null ? "–" : String(text);
+}
+
+function badge(text, kind) {
+  return el("span", { class: "badge " + kind }, text);
+}
+
+const numberFormat = new Intl.NumberFormat("en-US");
+function fmt(n) {
+  return typeof n === "number" ? numberFormat.format(n) : "–";
+}
+function fmtRate(r) {
+  if (typeof r !== "number") return "–";
+  return r >= 100 ? numberFormat.format(Math.round(r)) : r.toFixed(1);
+}
+function short(s, n) {
+  if (typeof s !== "string") return "–";
+  return s.length > n ? s.slice(0, n) + "…" : s;
+}
+function numCell(field, value, text) {
+  return el("td", { class: "num", "data-field": field }, text === undefined ? fmt(value) : text);
+}
+
+function replaceRows(tableId, rows, emptyId) {
+  const body = document.querySelector("#" + tableId + " tbody");
+  body.replaceChildren(...rows);
+  if (emptyId) document.getElementById(emptyId).hidden = rows.length > 0;
+}
+
+// -- the API --------------------------------------------------------------------------
+
+async function api(method, path, body) {
+  const init = {
+    method, headers: { Accept: "application/json" }, cache: "no-store",
+    signal: AbortSignal.timeout(API_TIMEOUT_MS),
+  };
+  if (body !== undefined) {
+    init.body = JSON.stringify(body);
+    init.headers["Content-Type"] = "application/json";
+  }
+  let r;
+  try {
+    r = await fetch(path, init);
+  } catch (e) {
+    const why = e.name === "TimeoutError"
+      ? `no answer within ${API_TIMEOUT_MS / 1000} s` : e.message;
+    throw new Error(`${path}: ${why}`);
+  }
+  let data = null;
+  try {
+    data = await r.json();
+  } catch (e) {
+    throw new Error(`${method} ${path}: HTTP ${r.status}, not JSON`);
+  }
+  if (!r.ok) {
+    throw new Error(data && data.error
+      ? `${data.error.name}: ${data.error.message}` : `HTTP ${r.status}`);
+  }
+  return data;
+}
+
+const enc = encodeURIComponent;
+// A browser resolves a path segment "." or ".." (even percent-encoded) before it sends
+// the request, so a queue with such a name cannot be named in an API path from here.
+const DOT_NAME = "a browser cannot name this queue in a URL: use baton queue purge/delete";
+const DOT_SERVICE = "a browser cannot name this service in a URL: use baton handover";
+function pathSafe(name) {
+  return name !== "." && name !== "..";
+}
+
+// -- rendering ------------------------------------------------------------------------
+
+function renderHeader(ov, nodes) {
+  setText("h-cluster", short(ov.cluster_id, 16));
+  document.getElementById("h-cluster").title = ov.cluster_id || "";
+  setText("h-view", ov.view);
+  const leader = (nodes.instances || []).find((i) => i.leader);
+  setText("h-leader", leader ? leader.node_id : "none");
+  setText("h-node", `${ov.node_id} (${ov.role})`);
+  setText("h-version", ov.version);
+  const ready = ov.readiness || {};
+  const b = document.getElementById("h-ready");
+  b.textContent = ready.ready ? "ready" : "not ready";
+  b.className = "badge " + (ready.ready ? "ok" : "bad");
+  setText("h-updated", "updated " + new Date().toLocaleTimeString());
+}
+
+function renderCluster(ov, nodes, logInfo) {
+  const ready = ov.readiness || {};
+  const health = document.getElementById("c-health");
+  health.replaceChildren(
+    nodes.healthy ? badge("healthy", "ok") : badge("unhealthy", "bad"), " ",
+    nodes.member ? badge("member", "ok") : badge("not a member", "warn"),
+  );
+  setText("c-reasons", (ready.reasons || []).join("; ") || "ready to serve");
+
+  const join = nodes.join;
+  if (join && join.state === "updating") {
+    setText("c-join", "taking in a join update");
+    setText("c-join-sub", join.progress);
+  } else if (join) {
+    setText("c-join", "done");
+    setText("c-join-sub",
+      `${fmt(join.queues)} queues, ${fmt(join.received)} messages in ${join.seconds} s`);
+  } else {
+    setText("c-join", "none");
+    setText("c-join-sub", "first broker, or joined by replaying the log");
+  }
+
+  const cp = nodes.checkpoint;
+  setText("c-checkpoint", cp ? fmt(cp.offset) : "none yet");
+  const digest = document.getElementById("c-digest");
+  const mismatches = nodes.digest_mismatches || 0;
+  const parts = [];
+  if (mismatches > 0) parts.push(badge(`${mismatches} digest mismatch(es)`, "bad"));
+  else if (cp && cp.verified !== undefined) parts.push(badge("digest verified", "ok"));
+  else if (cp) parts.push(badge("not verified yet", "muted"));
+  if (cp) parts.push(" ", el("code", { title: cp.digest }, short(cp.digest, 12)));
+  digest.replaceChildren(...parts);
+
+  setText("c-applied", fmt(nodes.applied));
+  setText("c-lag", logInfo && typeof logInfo.lag === "number"
+    ? `${fmt(logInfo.lag)} records behind the log` : "log end unknown");
+
+  // Members in view order. A broker seen earlier but no longer in the view keeps its row,
+  // marked gone, so an operator sees who left (the API lists members only).
+  const inView = new Set();
+  const rows = [];
+  (nodes.instances || []).forEach((inst, i) => {
+    const key = `${inst.node_id}/${inst.runtime}`;
+    inView.add(key);
+    state.seenNodes.set(key, inst);
+    const status = [];
+    if (inst.leader) status.push(badge("leader", "lead"));
+    status.push(inst.role === "observer" ? badge("observer", "muted") : badge("member", "ok"));
+    if (inst.suspected) status.push(badge("suspected: silent", "warn"));
+    if (inst.local) status.push(badge("this broker", "muted"));
+    const rowStatus = inst.suspected ? "suspected" : "member";
+    rows.push(el("tr", { class: rowStatus, "data-node": inst.node_id, "data-status": rowStatus },
+      numCell("index", i + 1),
+      el("td", {}, inst.node_id),
+      el("td", { title: inst.runtime }, el("code", {}, short(inst.runtime, 8))),
+      el("td", {}, inst.role),
+      el("td", {}, el("code", {}, inst.address || "–")),
+      el("td", { class: "badges" }, ...status)));
+  });
+  for (const [key, inst] of state.seenNodes) {
+    if (inView.has(key)) continue;
+    rows.push(el("tr", { class: "gone", "data-node": inst.node_id, "data-status": "gone" },
+      el("td", {}, ""),
+      el("td", {}, inst.node_id),
+      el("td", { title: inst.runtime }, el("code", {}, short(inst.runtime, 8))),
+      el("td", {}, inst.role),
+      el("td", {}, el("code", {}, inst.address || "–")),
+      el("td", { class: "badges" }, badge("gone: left the view", "bad"))));
+  }
+  replaceRows("nodes", rows);
+}
+
+function updateRates(queues) {
+  const now = performance.now();
+  const names = new Set();
+  for (const q of queues) {
+    names.add(q.queue);
+    const prev = state.prev.get(q.queue);
+    const cur = { t: now, enqueued: q.enqueued, delivered: q.delivered, accepted: q.accepted };
+    if (prev && now > prev.t) {
+      const dt = (now - prev.t) / 1000;
+      const rates = {};
+      for (const [field, rate] of Object.entries(RATE_FIELDS)) {
+        const d = (cur[field] ?? 0) - (prev[field] ?? 0);
+        rates[rate] = d >= 0 ? d / dt : 0;  // a queue deleted and declared again
+      }
+      state.rates.set(q.queue, rates);
+    }
+    state.prev.set(q.queue, cur);
+  }
+  for (const name of [...state.prev.keys()]) {
+    if (!names.has(name)) { state.prev.delete(name); state.rates.delete(name); }
+  }
+}
+
+function ownerName(owner) {
+  if (!owner) return "–";
+  return owner.split("/")[0];
+}
+
+function renderQueues(queues) {
+  updateRates(queues);
+  setText("q-count", queues.length);
+  const rows = queues.map((q) => {
+    const r = state.rates.get(q.queue) || {};
+    const safe = pathSafe(q.queue);
+    const badges = [];
+    if (q.updating) badges.push(" ", badge("updating", "warn"));
+    if (q.reserved_by) badges.push(" ", badge("reserved", "muted"));
+    return el("tr", { "data-queue": q.queue },
+      el("td", { class: "name", "data-field": "queue" }, q.queue, ...badges),
+      numCell("ready", q.ready),
+      numCell("acquired", q.acquired),
+      numCell("consumers", q.consumers),
+      numCell("publish_rate", r.publish, fmtRate(r.publish)),
+      numCell("deliver_rate", r.deliver, fmtRate(r.deliver)),
+      numCell("ack_rate", r.ack, fmtRate(r.ack)),
+      numCell("dead_lettered", q.dead_lettered),
+      el("td", { title: q.owner || "" }, ownerName(q.owner)),
+      el("td", { class: "actions" },
+        el("button", { class: "btn small", "data-action": "purge",
+          disabled: safe ? null : "", title: safe ? null : DOT_NAME,
+          onclick: () => confirmThen("Purge queue",
+            `Drop every ready message of queue “${q.queue}”? Acquired messages stay.`,
+            "Purge", () => api("POST", `/api/queues/${enc(q.queue)}/purge`),
+            (res) => `Purged ${fmt(res.purged)} message(s) from “${q.queue}”.`) }, "Purge"),
+        " ",
+        el("button", { class: "btn small danger", "data-action": "delete",
+          disabled: safe ? null : "", title: safe ? null : DOT_NAME,
+          onclick: () => confirmThen("Delete queue",
+            `Delete queue “${q.queue}” with its ${fmt(q.ready + q.acquired)} message(s)?`,
+            "Delete", () => api("DELETE", `/api/queues/${enc(q.queue)}`),
+            (res) => `Deleted “${q.queue}” (${fmt(res.deleted)} message(s)).`) }, "Delete")));
+  });
+  replaceRows("queues", rows, "queues-empty");
+}
+
+function renderConnections(conns) {
+  const rows = conns.map((c) => el("tr", { "data-connection": c.id },
+    el("td", {}, el("code", {}, c.id)),
+    el("td", {}, c.client_name || "–"),
+    numCell("in_flight", c.in_flight),
+    numCell("consumers", (c.consumers || []).length),
+    el("td", { class: "actions" },
+      el("button", { class: "btn small danger", "data-action": "close",
+        onclick: () => confirmThen("Close connection",
+          `Close the client connection ${c.id}${c.client_name ? ` (${c.client_name})` : ""}?` +
+          " Its consumers end and their unsettled messages go back to their queues.",
+          "Close", () => api("DELETE", `/api/connections/${enc(c.id)}`),
+          () => `Closed connection ${c.id}.`) }, "Close"))));
+  replaceRows("connections", rows, "connections-empty");
+}
+
+function renderConsumers(consumers) {
+  const rows = consumers.map((c) => el("tr", { "data-consumer": c.tag },
+    el("td", {}, c.queue),
+    el("td", { title: c.consumer_id }, el("code", {}, short(String(c.tag), 24))),
+    el("td", {}, el("code", {}, c.connection)),
+    numCell("prefetch", c.prefetch),
+    numCell("held", c.held)));
+  replaceRows("consumers", rows, "consumers-empty");
+}
+
+function renderServices(services) {
+  const rows = services.map((s) => el("tr", { "data-service": s.service },
+    el("td", {}, s.service),
+    el("td", { title: s.leader || "" },
+      s.leader ? el("code", {}, short(s.leader, 40)) : badge("no leader", "warn")),
+    numCell("token", s.token),
+    numCell("candidates", (s.candidates || []).length),
+    el("td", {}, s.handover_requested ? badge("requested", "warn") : "–"),
+    el("td", { class: "actions" },
+      el("button", { class: "btn small", "data-action": "handover",
+        disabled: (s.candidates || []).length < 2 || !pathSafe(s.service) ? "" : null,
+        title: pathSafe(s.service) ? null : DOT_SERVICE,
+        onclick: () => confirmThen("Hand over",
+          `Ask the leader of service “${s.service}” to hand over to another candidate?`,
+          "Hand over", () => api("POST", `/api/services/${enc(s.service)}/handover`, {}),
+          () => `Handover of “${s.service}” asked.`) }, "Hand over"))));
+  replaceRows("services", rows, "services-empty");
+}
+
+function renderLog(info) {
+  for (const td of document.querySelectorAll("#log td[data-field]")) {
+    const v = info[td.dataset.field];
+    td.textContent = typeof v === "number" ? fmt(v) : (v === null || v === undefined ? "–" : v);
+  }
+}
+
+// -- the confirm step and actions -------------------------------------------------------
+
+function notice(text, kind) {
+  const n = document.getElementById("notice");
+  n.textContent = text;
+  n.className = "notice " + (kind || "ok");
+  n.hidden = false;
+}
+
+function confirmThen(title, text, okLabel, action, done) {
+  const dialog = document.getElementById("confirm-dialog");
+  setText("confirm-title", title);
+  setText("confirm-text", text);
+  setText("confirm-ok", okLabel);
+  dialog.returnValue = "";
+  dialog.addEventListener("close", async () => {
+    if (dialog.returnValue !== "ok") return;
+    try {
+      const res = await action();
+      notice(done(res), "ok");
+    } catch (e) {
+      notice(`${title} failed: ${e.message}`, "bad");
+    }
+    poll();
+  }, { once: true });
+  dialog.showModal();
+}
+
+// -- polling -----------------------------------------------------------------------------
+
+function showError(message) {
+  const banner = document.getElementById("error-banner");
+  banner.textContent = message;
+  banner.hidden = false;
+  document.body.classList.add("stale");
+}
+
+function clearError() {
+  document.getElementById("error-banner").hidden = true;
+  document.body.classList.remove("stale");
+}
+
+async function poll() {
+  if (state.busy) return;
+  state.busy = true;
+  try {
+    const [ov, nodes, queues, conns, consumers, services, logInfo] = await Promise.all([
+      api("GET", "/api/overview"), api("GET", "/api/nodes"), api("GET", "/api/queues"),
+      api("GET", "/api/connections"), api("GET", "/api/consumers"),
+      api("GET", "/api/services"), api("GET", "/api/log"),
+    ]);
+    clearError();
+    renderHeader(ov, nodes);
+    renderCluster(ov, nodes, logInfo);
+    renderQueues(queues.queues);
+    renderConnections(conns.connections);
+    renderConsumers(consumers.consumers);
+    renderServices(services.services);
+    renderLog(logInfo);
+  } catch (e) {
+    showError(`The admin API is unreachable or failing (${e.message}). ` +
+      "Showing the last figures received; retrying every " + POLL_MS / 1000 + " s.");
+  } finally {
+    state.busy = false;
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  poll();
+  state.timer = setInterval(poll, POLL_MS);
+});

@@ -1,0 +1,371 @@
+"""The admin listener's web console, driven in a real headless Chromium with Selenium
+(docs/admin.md "Console"): what a test puts in a broker shows on the page, a purge,
+a delete, a closed connection and a handover clicked and confirmed on the page take
+effect (checked through the client too), a killed broker leaves the view.
+
+Debian's ``chromium`` and ``chromium-driver`` are used as installed (.ci/run installs
+them): Selenium is given both paths, so Selenium Manager downloads nothing. Without
+them these tests fail in CI and are skipped elsewhere.
+
+``BATON_CONSOLE_SCREENSHOT=docs/console.png`` saves the documentation's screenshot.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from batonmq import clients
+from tests.helpers import eventually_sync
+from tests.integration.conftest import REPO, BrokerProcess
+from tests.integration.test_admin import ADMIN, admin_broker, admin_of
+
+webdriver = pytest.importorskip("selenium.webdriver")
+
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+__all__ = ["admin_broker"]  # the fixture, imported for these tests
+
+CHROMIUM = os.environ.get("BATON_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("BATON_CHROMEDRIVER", "/usr/bin/chromedriver")
+MISSING = "Chromium not installed: apt-get install chromium chromium-driver"
+
+T = TypeVar("T")
+
+
+def _executable(path: str) -> str | None:
+    found = shutil.which(path)
+    return found if found and os.access(found, os.X_OK) else None
+
+
+@pytest.fixture
+def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WebDriver]:
+    """A headless Chromium driven by the system's chromedriver."""
+    chromium, driver = _executable(CHROMIUM), _executable(CHROMEDRIVER)
+    if chromium is None or driver is None:
+        missing = ", ".join(p for p, f in ((CHROMIUM, chromium), (CHROMEDRIVER, driver)) if not f)
+        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+            pytest.fail(f"{MISSING} (missing: {missing}); CI installs them, so these tests"
+                        " may not skip", pytrace=False)
+        pytest.skip(f"{MISSING} (missing: {missing})")
+    monkeypatch.setenv("SE_OFFLINE", "true")  # never let Selenium Manager fetch a driver
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1440,1000", f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console
+    drv = webdriver.Chrome(service=Service(executable_path=driver), options=options)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+
+
+def wait_for(browser: WebDriver, probe: Callable[[], T], what: str, timeout: float = 15) -> T:
+    """Poll the page until ``probe()`` is truthy (an element gone stale or not there yet
+    counts as not yet)."""
+    wait = WebDriverWait(browser, timeout, poll_frequency=0.1,
+                         ignored_exceptions=(NoSuchElementException,
+                                             StaleElementReferenceException))
+    return wait.until(lambda _: probe(), message=f"waiting for {what}")
+
+
+def queue_row(browser: WebDriver, name: str) -> WebElement | None:
+    # Compared as attribute values, not put into a selector: names are user input.
+    for row in browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr"):
+        if row.get_attribute("data-queue") == name:
+            return row
+    return None
+
+
+def cell(row: WebElement, field: str) -> str:
+    return str(row.find_element(By.CSS_SELECTOR, f'td[data-field="{field}"]').text)
+
+
+def queue_cell(browser: WebDriver, name: str, field: str) -> str | None:
+    row = queue_row(browser, name)
+    return None if row is None else cell(row, field)
+
+
+def node_statuses(browser: WebDriver) -> dict[str, str]:
+    return {
+        str(r.get_attribute("data-node")): str(r.get_attribute("data-status"))
+        for r in browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")
+    }
+
+
+def page_errors(browser: WebDriver) -> list[str]:
+    """Errors the page logged (a script error, a blocked load, a failed request); the
+    browser's own request for a favicon aside."""
+    return [
+        str(e["message"]) for e in browser.get_log("browser")
+        if e["level"] == "SEVERE" and "favicon.ico" not in str(e["message"])
+    ]
+
+
+def screenshot(browser: WebDriver) -> None:
+    """Save the page for the docs when BATON_CONSOLE_SCREENSHOT names a file."""
+    target = os.environ.get("BATON_CONSOLE_SCREENSHOT")
+    if target:
+        path = Path(target) if Path(target).is_absolute() else REPO / target
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(1440, max(900, int(height) + 140))  # + the window's frame
+        assert browser.save_screenshot(str(path)), path
+
+
+# An HTML-looking name: it must show as these characters, never become markup.
+TRICKY = 'orders<b id="injected">&amp;</b>'
+
+
+def test_console_shows_a_filled_queue_with_its_depth(
+    browser: WebDriver, admin_broker: BrokerProcess
+) -> None:
+    with clients.sync.connect(admin_broker.address) as conn:
+        conn.declare_queue(TRICKY)
+        conn.publish_batch(TRICKY, [b"m%d" % i for i in range(1234)])
+        conn.declare_queue("empty")
+        conn.declare_queue("..")  # a browser cannot put it in a URL path
+    browser.get(admin_of(admin_broker) + "/")
+    assert browser.title == "Baton console"
+    wait_for(browser, lambda: queue_cell(browser, TRICKY, "ready") == "1,234",
+             "the filled queue's depth")
+    row = queue_row(browser, TRICKY)
+    assert row is not None
+    assert cell(row, "queue").startswith(TRICKY)  # shown as text, escaped
+    assert browser.find_elements(By.ID, "injected") == []
+    assert cell(row, "acquired") == "0"
+    assert queue_cell(browser, "empty", "ready") == "0"
+    dots = queue_row(browser, "..")
+    assert dots is not None
+    assert [b.is_enabled() for b in dots.find_elements(By.TAG_NAME, "button")] == [False, False]
+    assert [b.is_enabled() for b in row.find_elements(By.TAG_NAME, "button")] == [True, True]
+    header = browser.find_element(By.ID, "h-view").text
+    assert header.isdigit() and int(header) >= 1
+    assert browser.find_element(By.ID, "h-ready").text == "ready"
+    assert not browser.find_element(By.ID, "error-banner").is_displayed()
+    assert page_errors(browser) == []
+
+    # A broker that does not answer (stopped): the banner says so, the last figures stay;
+    # it goes once the broker answers again.
+    banner = browser.find_element(By.ID, "error-banner")
+    admin_broker.pause()
+    try:
+        wait_for(browser, banner.is_displayed, "the error banner of a silent broker")
+        assert "no answer within" in banner.text
+        assert queue_cell(browser, TRICKY, "ready") == "1,234"
+    finally:
+        admin_broker.resume()
+    wait_for(browser, lambda: not banner.is_displayed(), "the banner gone")
+    # The API gone: the page says so in its banner (and keeps the last figures).
+    admin_broker.stop()
+    wait_for(browser, banner.is_displayed, "the error banner")
+    assert "unreachable" in banner.text
+    assert queue_cell(browser, TRICKY, "ready") == "1,234"
+
+
+def test_purge_clicked_and_confirmed_on_the_page_empties_the_queue(
+    browser: WebDriver, admin_broker: BrokerProcess
+) -> None:
+    with clients.sync.connect(admin_broker.address) as conn:
+        conn.declare_queue("purge-me")
+        conn.publish_batch("purge-me", [b"x"] * 40)
+        browser.get(admin_of(admin_broker) + "/")
+        wait_for(browser, lambda: queue_cell(browser, "purge-me", "ready") == "40", "depth 40")
+        dialog = browser.find_element(By.ID, "confirm-dialog")
+
+        def click_purge() -> None:
+            row = queue_row(browser, "purge-me")
+            assert row is not None
+            row.find_element(By.CSS_SELECTOR, 'button[data-action="purge"]').click()
+            wait_for(browser, dialog.is_displayed, "the confirm dialog")
+            assert "purge-me" in browser.find_element(By.ID, "confirm-text").text
+
+        # Cancel first: nothing happens.
+        click_purge()
+        browser.find_element(By.ID, "confirm-cancel").click()
+        wait_for(browser, lambda: not dialog.is_displayed(), "the dialog closed")
+        assert conn.queue_stats("purge-me")["ready"] == 40
+        # Then confirm.
+        click_purge()
+        browser.find_element(By.ID, "confirm-ok").click()
+        wait_for(browser, lambda: queue_cell(browser, "purge-me", "ready") == "0", "depth 0")
+        notice = browser.find_element(By.ID, "notice")
+        wait_for(browser, notice.is_displayed, "the purge's notice")
+        assert "Purged 40" in notice.text
+        stats = conn.queue_stats("purge-me")
+        assert (stats["ready"], stats["purged"]) == (0, 40)
+
+
+def test_delete_a_queue_and_close_a_connection_from_the_page(
+    browser: WebDriver, admin_broker: BrokerProcess
+) -> None:
+    with clients.sync.connect(admin_broker.address, client_name="watcher") as watcher:
+        watcher.declare_queue("doomed")
+        watcher.publish_batch("doomed", [b"d"] * 5)
+        watcher.declare_queue("held")
+        watcher.publish_batch("held", [b"h"] * 8)
+        browser.get(admin_of(admin_broker) + "/")
+        wait_for(browser, lambda: queue_cell(browser, "doomed", "ready") == "5", "doomed")
+        row = queue_row(browser, "doomed")
+        assert row is not None
+        row.find_element(By.CSS_SELECTOR, 'button[data-action="delete"]').click()
+        wait_for(browser, browser.find_element(By.ID, "confirm-dialog").is_displayed, "dialog")
+        browser.find_element(By.ID, "confirm-ok").click()
+        wait_for(browser, lambda: queue_row(browser, "doomed") is None, "the row gone")
+        assert "doomed" not in [q["queue"] for q in watcher.list_queues()]
+
+        victim = clients.sync.connect(admin_broker.address, client_name="victim",
+                                      failover=False)
+
+        def victim_row() -> WebElement | None:
+            rows = browser.find_elements(By.CSS_SELECTOR, "#connections tbody tr")
+            return next((r for r in rows if "victim" in r.text), None)
+
+        try:
+            with victim.consume("held", prefetch=3):
+                wait_for(browser, lambda: queue_cell(browser, "held", "acquired") == "3",
+                         "3 held by the victim")
+                row = wait_for(browser, victim_row, "the victim's connection")
+                row.find_element(By.CSS_SELECTOR, 'button[data-action="close"]').click()
+                wait_for(browser, browser.find_element(By.ID, "confirm-dialog").is_displayed,
+                         "dialog")
+                assert "victim" in browser.find_element(By.ID, "confirm-text").text
+                browser.find_element(By.ID, "confirm-ok").click()
+                # Its consumer ended with it: the messages are back in the queue.
+                wait_for(browser, lambda: queue_cell(browser, "held", "ready") == "8",
+                         "ready 8")
+                assert watcher.queue_stats("held")["acquired"] == 0
+                assert victim_row() is None
+        except clients.ConnectionClosed:
+            pass  # leaving the consumer found its connection closed from the page
+        finally:
+            victim.close()
+
+
+def test_topology_shows_a_killed_broker_leaving_the_view(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    # The log's URL shows on the page (and in the docs' screenshot): a short path.
+    log_dir = Path(tempfile.mkdtemp(prefix="baton-"))
+    log_url = f"file:{log_dir / 'log'}"
+    brokers = [
+        BrokerProcess(tmp_path / f"node-{i}", log_url=log_url, node_id=f"node-{i}",
+                      extra=ADMIN + ["--service", "billing"])
+        for i in (1, 2, 3)
+    ]
+    try:
+        for b in brokers:
+            b.start()
+        n1, _, n3 = brokers
+        browser.get(admin_of(n1) + "/")
+        members = {"node-1": "member", "node-2": "member", "node-3": "member"}
+        wait_for(browser, lambda: node_statuses(browser) == members, "three members")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")
+        assert [r.get_attribute("data-node") for r in rows] == ["node-1", "node-2", "node-3"]
+        assert "leader" in rows[0].text  # the first member of the view leads
+
+        with clients.sync.connect(n1.address) as conn:
+            conn.declare_queue("orders")
+            conn.declare_queue("payments")
+            conn.declare_queue("payments.dlq")
+            conn.publish_batch("payments", [b"p"] * 320)
+            with conn.consume("orders", prefetch=50) as consumer:
+                # Rates are computed by the page from two polls: publish until it shows one.
+                def publish_rate() -> bool:
+                    conn.publish_batch("orders", [b"o"] * 20)
+                    rate = queue_cell(browser, "orders", "publish_rate")
+                    return rate not in (None, "–", "0.0")
+
+                wait_for(browser, publish_rate, "a publish rate on the page")
+                for _ in range(30):  # some acks, then the consumer holds its prefetch
+                    consumer.next(timeout=5).ack()
+                wait_for(browser, lambda: queue_cell(browser, "orders", "acquired")
+                         == str(conn.queue_stats("orders")["acquired"]) != "0",
+                         "the consumer's held messages")
+                wait_for(browser, lambda: browser.find_elements(
+                    By.CSS_SELECTOR, "#consumers tbody tr"), "the consumer's row")
+                wait_for(browser, lambda: browser.find_elements(
+                    By.CSS_SELECTOR, '#services tbody tr[data-service="billing"]'),
+                    "the service's row")
+                screenshot(browser)
+
+        n3.kill9()
+        seen: set[str] = set()
+
+        def node3_gone() -> bool:
+            statuses = node_statuses(browser)
+            seen.add(statuses.get("node-3", "absent"))
+            return statuses == {"node-1": "member", "node-2": "member", "node-3": "gone"}
+
+        wait_for(browser, node3_gone, "node-3 gone", timeout=40)
+        assert seen <= {"member", "suspected", "gone"}, seen
+        status = eventually_sync(lambda: browser.find_element(By.ID, "h-view").text,
+                                 "the header's view", until=str.isdigit)
+        assert int(status) >= 2
+    finally:
+        for b in brokers:
+            b.stop()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def test_hand_over_a_service_from_the_page(browser: WebDriver, tmp_path: Path) -> None:
+    log_url = f"file:{tmp_path / 'shared-log'}"
+    brokers = [
+        BrokerProcess(tmp_path / f"node-{i}", log_url=log_url, node_id=f"node-{i}",
+                      extra=ADMIN + ["--service", "billing"])
+        for i in (1, 2)
+    ]
+    try:
+        for b in brokers:
+            b.start()
+        browser.get(admin_of(brokers[0]) + "/")
+
+        def billing() -> tuple[str, str, bool] | None:
+            rows = browser.find_elements(By.CSS_SELECTOR, "#services tbody tr")
+            for r in rows:
+                if r.get_attribute("data-service") == "billing":
+                    button = r.find_element(By.CSS_SELECTOR, 'button[data-action="handover"]')
+                    leader = r.find_elements(By.CSS_SELECTOR, "td")[1].get_attribute("title")
+                    return str(leader), cell(r, "candidates"), button.is_enabled()
+            return None
+
+        def ready_to_hand_over() -> tuple[str, str, bool] | None:
+            b = billing()
+            return b if b is not None and b[1] == "2" and b[2] else None
+
+        first = wait_for(browser, ready_to_hand_over, "billing with two candidates")
+        assert first[0].startswith("node-")
+        row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#services tbody tr")
+                   if r.get_attribute("data-service") == "billing")
+        row.find_element(By.CSS_SELECTOR, 'button[data-action="handover"]').click()
+        wait_for(browser, browser.find_element(By.ID, "confirm-dialog").is_displayed, "dialog")
+        browser.find_element(By.ID, "confirm-ok").click()
+        def new_leader() -> tuple[str, str, bool] | None:
+            b = billing()
+            return b if b is not None and b[0] and b[0] != first[0] else None
+
+        after = wait_for(browser, new_leader, "a new leader of billing", timeout=30)
+        assert after[0].split("/")[0] != first[0].split("/")[0]  # the other broker leads
+        with clients.sync.connect(brokers[1].address) as conn:
+            info = conn.service_leader("billing")
+            assert info is not None and info.leader == after[0]
+    finally:
+        for b in brokers:
+            b.stop()
