@@ -33,6 +33,7 @@ from batonmq.broker.connection import MAX_IN_FLIGHT, ClientConnection
 from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.donor import UpdateDonor
 from batonmq.broker.leadership import Leadership
+from batonmq.broker.limits import check_event, check_headers, check_key, check_name
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
 from batonmq.clients import wire
@@ -194,6 +195,7 @@ class Session(ClientConnection):
         self.send(wire.ConsumerCancelled(tag, exc.code, exc.message))
 
     def _submit(self, corr: int, event: Event[R], shape: Shape[R]) -> None:
+        check_event(event)  # before the log: an invalid command never grows it
         self.reply(corr, self.broker.node.submit(event), shape)
 
     # -- commands ---------------------------------------------------------------------------
@@ -278,6 +280,8 @@ class Session(ClientConnection):
         """One publish: merged with the others read in one go when its queue has no
         max_length (see :meth:`_flush_publishes`), else submitted alone."""
         self._check_body(f.body, f.headers)
+        check_name("queue name", f.queue)  # before merging: a bad one fails alone
+        check_key(f.key)
         q = self.broker.node.state.queues.get(f.queue)
         if q is not None and q.max_length is None:
             self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers, f.key))
@@ -358,6 +362,7 @@ class Session(ClientConnection):
         if len(body) > limit:
             raise MessageTooLarge(f"message of {len(body)} bytes is above the maximum of {limit}")
         if headers:
+            check_headers(headers)  # before packing: deep nesting is refused, not packed
             size = len(self._packer.pack(headers))
             if size > self.broker.config.max_headers:
                 raise MessageTooLarge(
@@ -385,6 +390,7 @@ class Session(ClientConnection):
         limit = self.broker.config.max_prefetch
         if not 1 <= f.prefetch <= limit:
             raise InvalidArgument(f"prefetch must be 1..{limit}")
+        check_name("queue name", f.queue)  # its Interest events go to the log
         self._next_tag += 1
         tag = self._next_tag
         c = self.broker.delivery.add(f.queue, f.prefetch, self, tag)
