@@ -23,6 +23,7 @@ Layout (after aiokafka ``conn.py``):
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Container, Coroutine, Sequence
 from typing import Any, Final, cast
 
@@ -32,6 +33,7 @@ from batonmq.clients.consumer import Consumer
 from batonmq.clients.failover import Failover
 from batonmq.clients.leadership import Term
 from batonmq.clients.results import consume_result
+from batonmq.clients.tls import NOT_TLS_HINT
 from batonmq.clients.wire import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
@@ -68,7 +70,7 @@ _CLOSE_WAIT: Final = 2.0
 class BatonProtocol(asyncio.Protocol):
     """The I/O edge of a :class:`Channel`: bytes in -> frames, frames -> bytes out."""
 
-    __slots__ = ("_conn", "transport", "codec", "_new_max_frame", "stale")
+    __slots__ = ("_conn", "transport", "codec", "_new_max_frame", "stale", "_first")
 
     def __init__(self, conn: Channel) -> None:
         self._conn = conn
@@ -80,6 +82,7 @@ class BatonProtocol(asyncio.Protocol):
         # Set when the connection failed over away from this transport: whatever it
         # still reports is ignored.
         self.stale = False
+        self._first = True  # nothing received yet
 
     def set_max_frame(self, max_frame: int) -> None:
         """Decode with the broker's frame limit from now on (from HelloOk): at once if
@@ -97,6 +100,13 @@ class BatonProtocol(asyncio.Protocol):
         if self.stale:
             return
         conn = self._conn
+        if self._first:
+            self._first = False
+            # A TLS record (alert 0x15 or handshake 0x16, version 3.x) where a frame's
+            # length should be: the broker speaks TLS and this client does not.
+            if data[:1] in (b"\x15", b"\x16") and data[1:2] == b"\x03" and not conn.tls:
+                conn.abort(ProtocolError(NOT_TLS_HINT))
+                return
         try:
             self.codec.receive_data(data)
             while True:
@@ -148,6 +158,8 @@ class Channel:
         opened: the first Hello succeeded (only then is a lost broker failed over from).
         writable: set while the transport takes writes (flow control).
         failover: moves the channel to another broker when one is lost.
+        tls: the TLS context every transport is opened with (True: the system's
+            defaults; None: plaintext).
     """
 
     def __init__(
@@ -158,8 +170,10 @@ class Channel:
         failover: bool = False,
         failover_timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        tls: ssl.SSLContext | bool | None = None,
     ) -> None:
         self.client_name = client_name
+        self.tls = tls  # every transport, also a failover's, is opened with it
         self.failover = Failover(
             self,
             addresses,
@@ -198,13 +212,13 @@ class Channel:
         """Open a transport to ``host:port`` and exchange Hello/HelloOk on it.
 
         Raises:
-            OSError: TCP connect failed.
+            OSError: TCP connect failed, or the TLS handshake did (``ssl.SSLError``).
             UnsupportedVersion: the broker speaks another protocol version.
             BatonError: the broker refused the Hello, or the transport ended first.
         """
         self.address = format_address(host, port)
         transport, protocol = await self.loop.create_connection(
-            lambda: BatonProtocol(self), host, port
+            lambda: BatonProtocol(self), host, port, ssl=self.tls or None
         )
         self._protocol = protocol
         self._transport = transport
@@ -336,7 +350,12 @@ class Channel:
                 hello.set_exception(self.closed_error("lost during Hello", exc))
             return
         if self._closed is None:
-            self.abort(exc, "" if exc is not None else "closed by the broker")
+            hello = self._hello
+            if exc is None and not self.tls and hello is not None and not hello.done():
+                # A TLS broker drops a plaintext client without a word.
+                self.abort(None, "closed by the broker during Hello (if the broker expects TLS, use --tls-ca / ssl=)")
+            else:
+                self.abort(exc, "" if exc is not None else "closed by the broker")
         self._wbuf.clear()
         self._wbuf_size = 0
 
