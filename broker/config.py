@@ -168,7 +168,7 @@ class BrokerConfig:
     max_consumers: int = _opt(1_000, least=1, help="consumers one connection may have at once")
     max_connection_prefetch: int = _opt(100_000, least=1,
                                         help="sum of the prefetch of one connection's consumers")
-    max_output: int = _opt(64 * 1024 * 1024, least=65536,
+    max_output: int = _opt(64 * 1024 * 1024, least=4096,
                            help="bytes queued for a client that does not read its replies;"
                                 " above it for output_grace seconds the connection is closed"
                                 " (reading it stops well before)")

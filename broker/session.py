@@ -139,7 +139,8 @@ class Session(ClientConnection):
     """Serves one client connection."""
 
     def __init__(self, broker: SessionBroker) -> None:
-        super().__init__(broker.config.max_frame, broker.config.max_in_flight)
+        cfg = broker.config
+        super().__init__(cfg.max_frame, cfg.max_in_flight, cfg.max_output, cfg.output_grace)
         self.broker = broker
         self.client_name = ""
         self.greeted = False

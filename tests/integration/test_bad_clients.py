@@ -128,3 +128,78 @@ def test_deeply_nested_headers_get_an_error_frame(
     assert "Traceback" not in broker.output()
     with clients.sync.connect(broker.address) as conn:
         assert conn.queue_stats("q")["ready"] == 0
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_never_reads_cannot_grow_the_broker(broker: BrokerProcess) -> None:
+    """Commands answered at once (Topology, ListQueues), pipelined without reading a
+    reply: the broker stops reading that connection, its memory stays bounded, and
+    other clients are served meanwhile."""
+    assert broker.proc is not None
+    pid = broker.proc.pid
+    with clients.sync.connect(broker.address) as conn:
+        for i in range(50):
+            conn.declare_queue(f"queue-{i:03d}-" + "n" * 200)  # a large ListQueues answer
+    before = _rss_mib(pid)
+    hog = RawClient(broker.address)
+    try:
+        hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        frames = b"".join(
+            hog.codec.send(
+                wire.ListQueues(hog.next_corr()) if i % 2 else wire.Topology(hog.next_corr())
+            )
+            for i in range(2000)
+        )
+        hog.sock.settimeout(2.0)
+        sent = 0
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline and sent < 400:
+                hog.sock.sendall(frames)  # blocks for good once the broker stops reading
+                sent += 1
+        except (TimeoutError, OSError):
+            pass  # the broker stopped reading (or closed the hog): what the test wants
+        grown = _rss_mib(pid) - before
+        assert grown < 40, f"the broker grew by {grown:.0f} MiB for a client that never reads"
+        # Another client is served while the hog is stuck.
+        with clients.sync.connect(broker.address, timeout=10) as other:
+            assert other.ping() >= 0
+            assert len(other.list_queues()) == 50
+    finally:
+        hog.close()
+
+
+def test_a_connection_over_max_output_for_long_is_closed(tmp_path: Path) -> None:
+    """One answer larger than max_output, never read: the connection is closed once
+    output_grace has passed, with the reason logged."""
+    b = BrokerProcess(tmp_path / "b", extra=["--max-output", "4096", "--output-grace", "0.5"])
+    b.start()
+    try:
+        with clients.sync.connect(b.address) as conn:
+            for i in range(50):
+                conn.declare_queue(f"queue-{i:03d}-" + "n" * 240)  # ListQueues: ~15 KiB
+        hog = RawClient(b.address)
+        try:
+            hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            # Enough answers (30 MiB) to fill the sockets' buffers on both sides.
+            hog.sock.sendall(
+                b"".join(hog.codec.send(wire.ListQueues(hog.next_corr())) for _ in range(2000))
+            )
+            eventually_sync(
+                lambda: "still unread" in b.output(), "the broker closes the hog", timeout=20,
+                context=b.output,
+            )
+        finally:
+            hog.close()
+        with clients.sync.connect(b.address) as other:
+            assert other.ping() >= 0
+        assert "Traceback" not in b.output()
+    finally:
+        b.stop()
