@@ -59,6 +59,9 @@ class ClientConnection(asyncio.Protocol):
         self.peer = "?"
         self.closed = False
         self.paused = False  # the client is not reading: stop delivering
+        self.greeted = False  # Hello done (set by the subclass that handles it)
+        self.last_read = 0.0  # loop time of the last bytes read
+        self._watch: asyncio.TimerHandle | None = None
         self.in_flight = 0
         # Why reading is paused ("in flight", "output"): it resumes when none is left.
         self._read_blocks: set[str] = set()
@@ -92,6 +95,8 @@ class ClientConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
 
     def data_received(self, data: bytes) -> None:
+        if data:
+            self.last_read = asyncio.get_running_loop().time()
         codec = self.codec
         codec.receive_data(data)
         # While reading is blocked the rest of a read stays in the codec's buffer
@@ -117,9 +122,42 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._writable.set()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._over_since is not None:
             self._over_since.cancel()
             self._over_since = None
+
+    def watch_timeouts(self, hello: float, idle: float) -> None:
+        """Close this connection if it sends no Hello within ``hello`` seconds, or (once
+        greeted) nothing at all for ``idle`` seconds (0: never). Time spent with
+        reading paused by the broker does not count as idle."""
+        loop = asyncio.get_running_loop()
+        opened = self.last_read = loop.time()
+
+        def check() -> None:
+            self._watch = None
+            if self.closed:
+                return
+            now = loop.time()
+            if self._read_blocks:
+                self.last_read = now  # we do not read it: it cannot be idle
+            if not self.greeted:
+                if now - opened >= hello:
+                    self.fail(ProtocolError(f"no Hello within {hello:g}s (hello_timeout)"))
+                    return
+                wait = opened + hello - now
+            elif idle:
+                if now - self.last_read >= idle:
+                    self.fail(ProtocolError(f"idle for {idle:g}s (idle_timeout): closed"))
+                    return
+                wait = self.last_read + idle - now
+            else:
+                return  # greeted, no idle timeout: nothing more to watch
+            self._watch = loop.call_later(max(wait, 0.01), check)
+
+        self._watch = loop.call_later(hello, check)
 
     def pause_writing(self) -> None:
         self.paused = True

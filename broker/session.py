@@ -41,6 +41,7 @@ from batonmq.cluster.errors import (
     BatonError,
     InternalError,
     InvalidArgument,
+    LimitExceeded,
     MessageTooLarge,
     ProtocolError,
     UnknownConsumer,
@@ -159,7 +160,14 @@ class Session(ClientConnection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        cfg = self.broker.config
+        if len(self.broker.sessions) >= cfg.max_connections:
+            self.fail(LimitExceeded(
+                f"this broker has {cfg.max_connections} connections open (max_connections)"
+            ))
+            return
         self.broker.sessions.add(self)
+        self.watch_timeouts(cfg.hello_timeout, cfg.idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -388,9 +396,20 @@ class Session(ClientConnection):
         return tuple(out)
 
     def _subscribe(self, f: wire.Subscribe) -> None:
-        limit = self.broker.config.max_prefetch
+        cfg = self.broker.config
+        limit = cfg.max_prefetch
         if not 1 <= f.prefetch <= limit:
             raise InvalidArgument(f"prefetch must be 1..{limit}")
+        if len(self.consumers) >= cfg.max_consumers:
+            raise LimitExceeded(
+                f"a connection may have {cfg.max_consumers} consumers at once (max_consumers)"
+            )
+        total = sum(c.prefetch for c in self.consumers.values()) + f.prefetch
+        if total > cfg.max_connection_prefetch:
+            raise LimitExceeded(
+                f"the prefetch of a connection's consumers may add up to"
+                f" {cfg.max_connection_prefetch} (max_connection_prefetch), this would be {total}"
+            )
         check_name("queue name", f.queue)  # its Interest events go to the log
         self._next_tag += 1
         tag = self._next_tag

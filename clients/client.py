@@ -84,6 +84,7 @@ async def connect(
     failover: bool | None = None,
     failover_timeout: float = 30.0,
     ssl: SSLContext | bool | None = None,
+    keepalive: float | None = None,
 ) -> Connection:
     """Open a connection to the first broker that accepts TCP and answers Hello.
 
@@ -103,6 +104,8 @@ async def connect(
         ssl: connect by TLS with this context (``clients.tls.client_context(ca)``
             verifies the broker against a CA file), or ``True`` for the system's
             defaults; every reconnect of a failover uses it too. None: plaintext.
+        keepalive: send a Ping after this many seconds in which nothing was sent
+            (None: never); set it below a broker's ``idle_timeout``.
 
     Returns:
         An open :class:`Connection`. Use it as ``async with await connect(...) as conn``.
@@ -125,6 +128,7 @@ async def connect(
             failover_timeout=failover_timeout,
             connect_timeout=timeout,
             tls=ssl,
+            keepalive=keepalive,
         )
         channel.failover.index = index
         try:

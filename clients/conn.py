@@ -47,6 +47,7 @@ from batonmq.clients.wire import (
     Lead,
     LeaderEvent,
     Ok,
+    Ping,
     Resign,
 )
 from batonmq.cluster.errors import (
@@ -160,6 +161,8 @@ class Channel:
         failover: moves the channel to another broker when one is lost.
         tls: the TLS context every transport is opened with (True: the system's
             defaults; None: plaintext).
+        keepalive: send a Ping after this many seconds without sending anything
+            (None: never), so that a broker's ``idle_timeout`` spares an idle client.
     """
 
     def __init__(
@@ -171,8 +174,12 @@ class Channel:
         failover_timeout: float = 30.0,
         connect_timeout: float = 10.0,
         tls: ssl.SSLContext | bool | None = None,
+        keepalive: float | None = None,
     ) -> None:
         self.client_name = client_name
+        self.keepalive = keepalive  # seconds of silence after which a Ping is sent
+        self._keepalive: asyncio.Task[None] | None = None
+        self._last_write = 0.0
         self.tls = tls  # every transport, also a failover's, is opened with it
         self.failover = Failover(
             self,
@@ -236,6 +243,23 @@ class Channel:
         self.max_frame = hello.max_frame
         self.max_message = hello.max_message
         protocol.set_max_frame(hello.max_frame)
+        if self.keepalive and self._keepalive is None:
+            self._keepalive = self.loop.create_task(self._keep_alive(self.keepalive))
+
+    async def _keep_alive(self, every: float) -> None:
+        """Ping while nothing else is sent (until the connection ends)."""
+        while self._closed is None:
+            await asyncio.sleep(max(0.01, self._last_write + every - self.loop.time()))
+            if self._closed is not None:
+                return
+            if self.loop.time() - self._last_write >= every and not self.reconnecting:
+                corr = self.next_corr()
+                try:
+                    fut = self.request(Ping(corr), corr)
+                except BatonError:
+                    return  # closed meanwhile
+                fut.add_done_callback(consume_result)
+                self._last_write = self.loop.time()  # also when the write is held
 
     @property
     def closed(self) -> bool:
@@ -339,6 +363,8 @@ class Channel:
             consumer.end(self.closed_error(text, cause))
         self.end_terms()  # the broker resigns for the ended session
         self.writable.set()  # wake writers so that they see the closed state
+        if self._keepalive is not None:
+            self._keepalive.cancel()
 
     def transport_lost(self, exc: Exception | None) -> None:
         """The transport ended (called by :class:`BatonProtocol`)."""
@@ -547,6 +573,7 @@ class Channel:
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         buf.clear()
         self._wbuf_size = 0
+        self._last_write = self.loop.time()
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)

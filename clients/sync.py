@@ -103,6 +103,7 @@ def connect(
     failover: bool | None = None,
     failover_timeout: float = 30.0,
     ssl: SSLContext | bool | None = None,
+    keepalive: float | None = None,
 ) -> SyncConnection:
     """Open a blocking connection (see :func:`batonmq.clients.client.connect`).
 
@@ -113,7 +114,7 @@ def connect(
             every later call on the connection (a call that waits for a failover
             may hit it first: raise it to ``failover_timeout`` or more if calls
             should rather wait).
-        failover, failover_timeout, ssl: as for :func:`batonmq.clients.client.connect`.
+        failover, failover_timeout, ssl, keepalive: as for :func:`batonmq.clients.client.connect`.
 
     Returns:
         A :class:`SyncConnection`; use it as ``with clients.sync.connect(...) as conn``.
@@ -132,6 +133,7 @@ def connect(
                 failover=failover,
                 failover_timeout=failover_timeout,
                 ssl=ssl,
+                keepalive=keepalive,
             ),
             # connect applies the timeout per address; allow for all of them.
             None,

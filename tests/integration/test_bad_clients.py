@@ -203,3 +203,95 @@ def test_a_connection_over_max_output_for_long_is_closed(tmp_path: Path) -> None
         assert "Traceback" not in b.output()
     finally:
         b.stop()
+
+
+def test_connection_and_consumer_limits(tmp_path: Path) -> None:
+    b = BrokerProcess(
+        tmp_path / "b",
+        extra=["--max-connections", "3", "--max-consumers", "2",
+               "--max-connection-prefetch", "150"],
+    )
+    b.start()
+    try:
+        with clients.sync.connect(b.address) as conn:
+            conn.declare_queue("q")
+            one = conn.consume("q", prefetch=100).__enter__()
+            two = conn.consume("q", prefetch=40).__enter__()
+            with pytest.raises(clients.LimitExceeded, match="max_consumers"):
+                conn.consume("q", prefetch=1).__enter__()
+            two.cancel()
+            with pytest.raises(clients.LimitExceeded, match="max_connection_prefetch"):
+                conn.consume("q", prefetch=60).__enter__()
+            with conn.consume("q", prefetch=50):
+                pass
+            one.cancel()
+            others = [clients.sync.connect(b.address) for _ in range(2)]  # 3 in all
+            try:
+                with pytest.raises(clients.ConnectionClosed, match="max_connections"):
+                    clients.sync.connect(b.address, timeout=5)
+            finally:
+                for o in others:
+                    o.close()
+            # A slot is free again once a connection closed.
+            eventually_sync(
+                lambda: _connects(b.address), "a connection is accepted again", timeout=10
+            )
+        assert "Traceback" not in b.output()
+    finally:
+        b.stop()
+
+
+def _connects(address: str) -> bool:
+    try:
+        with clients.sync.connect(address, timeout=5) as c:
+            c.ping()
+        return True
+    except clients.ConnectionClosed:
+        return False
+
+
+def test_a_connection_without_hello_is_closed(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b", extra=["--hello-timeout", "0.5"])
+    b.start()
+    try:
+        silent = RawClient(b.address, hello=False)
+        try:
+            silent.sock.settimeout(10)
+            answer = silent.read()  # the Error corr 0, then the close
+            assert isinstance(answer, wire.Error) and answer.corr == 0
+            assert "Hello" in answer.message
+            with pytest.raises(ConnectionError):
+                silent.read()
+        finally:
+            silent.close()
+        # A client that says Hello in time stays, idle or not.
+        with clients.sync.connect(b.address) as conn:
+            time.sleep(1.0)  # longer than the hello timeout, on purpose
+            assert conn.ping() >= 0
+    finally:
+        b.stop()
+
+
+def test_idle_timeout_closes_silent_connections_but_not_pinging_clients(
+    tmp_path: Path,
+) -> None:
+    b = BrokerProcess(tmp_path / "b", extra=["--idle-timeout", "1"])
+    b.start()
+    try:
+        silent = RawClient(b.address)
+        try:
+            silent.sock.settimeout(10)
+            answer = silent.read()
+            assert isinstance(answer, wire.Error) and "idle" in answer.message, answer
+        finally:
+            silent.close()
+        with clients.sync.connect(b.address, keepalive=0.3) as conn:
+            conn.declare_queue("q")
+            with conn.consume("q", prefetch=1) as consumer:
+                time.sleep(2.5)  # idle for longer than the idle timeout, on purpose
+                conn.publish("q", b"x")
+                m = consumer.next(timeout=5)
+                assert m.body == b"x"
+            assert conn.connection.failovers == 0
+    finally:
+        b.stop()
