@@ -19,7 +19,7 @@ from batonmq import clients
 from batonmq.cluster.errors import ConnectionClosed
 from tests.helpers import eventually
 from tests.integration.conftest import REPO, BrokerProcess
-from tests.tlscerts import Certs, make_certs
+from batonmq.loadtest.certs import Certs, make_certs
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,7 @@
-"""A test CA and certificates signed by it (``cryptography``'s x509 builder), for the
-TLS tests: a server certificate for 127.0.0.1 and localhost, and a client one."""
+"""A throw-away CA and certificates signed by it (``cryptography``'s x509 builder), for
+TLS benchmarks and tests: a broker certificate for 127.0.0.1 and localhost (also usable
+as a client certificate), and a client one. Not for production: the keys are written
+unencrypted and the certificates last a day."""
 
 from __future__ import annotations
 
