@@ -82,6 +82,10 @@ class ClientConnection(asyncio.Protocol):
         """
         raise NotImplementedError
 
+    def busy(self) -> bool:
+        """True while the connection waits for the broker (not idle, whatever it sends)."""
+        return False
+
     def frames_handled(self) -> None:
         """Every frame of one read has been handled (not called when the read closed
         the connection with a framing error)."""
@@ -97,6 +101,10 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if data:
             self.last_read = asyncio.get_running_loop().time()
+            if not self.greeted and not self.codec.buffered and data[:2] == b"\x16\x03":
+                # A TLS ClientHello where Hello's length should be.
+                self.fail(ProtocolError("a TLS client on a port without TLS"))
+                return
         codec = self.codec
         codec.receive_data(data)
         # While reading is blocked the rest of a read stays in the codec's buffer
@@ -141,8 +149,8 @@ class ClientConnection(asyncio.Protocol):
             if self.closed:
                 return
             now = loop.time()
-            if self._read_blocks:
-                self.last_read = now  # we do not read it: it cannot be idle
+            if self._read_blocks or self.busy():
+                self.last_read = now  # we do not read it, or it waits for us: not idle
             if not self.greeted:
                 if now - opened >= hello:
                     self.fail(ProtocolError(f"no Hello within {hello:g}s (hello_timeout)"))

@@ -188,6 +188,10 @@ class Session(ClientConnection):
     def frames_handled(self) -> None:
         self._flush_publishes()
 
+    def busy(self) -> bool:
+        # A joining broker only reads while its update streams: it is not idle.
+        return self._update is not None and not self._update.done()
+
     # -- to the consumers (broker/delivery.py) ---------------------------------------------
 
     def deliver(self, tag: int, messages: list[list[Any]]) -> None:

@@ -138,6 +138,11 @@ async def test_a_tls_client_to_a_plaintext_broker_fails_clearly(
     with pytest.raises(ConnectionClosed) as info:
         await clients.connect(broker.address, ssl=_ctx(certs), timeout=5)
     assert "SSL" in str(info.value) or "TLS" in str(info.value)
+
+    async def logged() -> bool:
+        return "a TLS client on a port without TLS" in broker.output()
+
+    await eventually(logged, "the broker logs the TLS client in one line")
     assert "Traceback" not in broker.output()
 
 
