@@ -174,6 +174,16 @@ async def test_a_broker_joins_a_tls_cluster_by_an_update_over_tls(
         assert "serving a join update" in first.output()
         async with await clients.connect(second.address, ssl=ctx) as c:
             assert (await c.queue_stats("q"))["ready"] == 500
+        # A failover reconnects by TLS too.
+        async with await clients.connect(
+            [first.address, second.address], ssl=ctx, failover_timeout=30
+        ) as c:
+            assert c.address == first.address
+            await c.publish("q", b"before")
+            first.kill9()
+            await c.publish("q", b"after")  # sent again to the second broker, over TLS
+            assert c.failovers == 1 and c.address == second.address
+            assert (await c.queue_stats("q"))["ready"] == 502
         assert "Traceback" not in first.output() + second.output()
     finally:
         second.stop()
