@@ -31,6 +31,8 @@ R = TypeVar("R")
 
 # Frames queued in one tick are written together, but this many bytes at once.
 _FLUSH_AT: Final = 256 * 1024
+# The most bytes a connection may send before its Hello is handled.
+_MAX_BEFORE_HELLO: Final = 64 * 1024
 
 
 class ClientConnection(asyncio.Protocol):
@@ -125,6 +127,11 @@ class ClientConnection(asyncio.Protocol):
             except Exception as exc:  # a bug: answer, log, keep the broker alive
                 log.exception("error handling %s from %s", type(frame).__name__, self.peer)
                 self.error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
+        if not self.greeted and not self.closed and codec.buffered > _MAX_BEFORE_HELLO:
+            # Hello is small: a client that is not greeted yet may not make the broker
+            # buffer up to max_frame for it.
+            self.fail(ProtocolError(f"more than {_MAX_BEFORE_HELLO} bytes before Hello"))
+            return
         self.frames_handled()
 
     def connection_lost(self, exc: Exception | None) -> None:

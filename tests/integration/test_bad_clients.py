@@ -295,3 +295,17 @@ def test_idle_timeout_closes_silent_connections_but_not_pinging_clients(
             assert conn.connection.failovers == 0
     finally:
         b.stop()
+
+
+def test_a_large_frame_before_hello_is_refused(broker: BrokerProcess) -> None:
+    """Before Hello the broker buffers little: a connection may not make it hold a
+    max_frame-sized frame without saying who it is."""
+    raw = RawClient(broker.address, hello=False)
+    try:
+        raw.sock.sendall(struct.pack(">I", 16 * 1024 * 1024) + b"\x00" * (70 * 1024))
+        answer = raw.read()
+        assert isinstance(answer, wire.Error) and answer.corr == 0
+        assert "before Hello" in answer.message, answer
+    finally:
+        raw.close()
+    assert "Traceback" not in broker.output()
