@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="least level logged (default INFO)")
     p.add_argument("--log-format", default=None, choices=LOG_FORMATS,
                    help="text lines, or json: one object per line (default text)")
+    p.add_argument("--tls-ca", default=None, metavar="FILE",
+                   help="connect to the broker by TLS, trusting the CAs in FILE (PEM;"
+                        " docs/security.md)")
     # The subcommands' parsers are _Parsers too (add_subparsers uses the parent's class).
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]",

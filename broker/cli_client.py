@@ -8,6 +8,7 @@ import json
 import sys
 import time
 
+from batonmq.broker.cli_ops import tls_of
 from batonmq.broker.config import DEFAULT_PORT
 from batonmq.cluster.errors import InvalidArgument
 
@@ -28,7 +29,7 @@ def _publish(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise InvalidArgument(f"--header needs KEY=VALUE, got {item!r}")
         headers[key] = value
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         if args.declare:
             conn.declare_queue(args.queue)
         if args.count > 1 and len(bodies) == 1:
@@ -43,7 +44,7 @@ def _consume(args: argparse.Namespace) -> int:
     from batonmq.cluster.errors import Timeout
 
     got = 0
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         # Take no more than will be printed: the rest would only sit in a buffer.
         prefetch = min(args.prefetch, args.count) if args.count else args.prefetch
         with conn.consume(args.queue, prefetch=prefetch) as consumer:
@@ -72,7 +73,7 @@ def _consume(args: argparse.Namespace) -> int:
 def _queues(args: argparse.Namespace) -> int:
     from batonmq import clients
 
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         rows = conn.list_queues()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -89,7 +90,7 @@ def _queues(args: argparse.Namespace) -> int:
 def _topology(args: argparse.Namespace) -> int:
     from batonmq import clients
 
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         topo = conn.topology()
     # Exit 1 when the broker asked is not a member of the view or is unhealthy (the
     # report still shows what it knows; ``baton health`` asks for more).
@@ -132,7 +133,7 @@ def _services(args: argparse.Namespace) -> int:
 
     from batonmq import clients
 
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         rows = conn.services()
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
@@ -156,7 +157,7 @@ def _services(args: argparse.Namespace) -> int:
 def _handover(args: argparse.Namespace) -> int:
     from batonmq import clients
 
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         done = conn.handover(args.service, to=args.to, timeout=args.timeout)
     print(
         f"service {done.service}: {done.leader} leads now (token {done.token})"

@@ -7,15 +7,30 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import ssl
 import sys
 import time
 from typing import Any
 
 from batonmq.broker.config import DEFAULT_PORT
 
-__all__ = ["add_commands", "not_ready"]
+__all__ = ["add_commands", "not_ready", "tls_of"]
 
 BROKER_HELP = "broker address(es), HOST:PORT[,HOST:PORT]"
+
+
+def tls_of(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS context of the global ``--tls-ca FILE`` (None: plaintext).
+
+    Raises:
+        InvalidArgument: the file cannot be read or holds no certificate.
+    """
+    ca = getattr(args, "tls_ca", None)
+    if ca is None:
+        return None
+    from batonmq.clients.tls import client_context
+
+    return client_context(ca)
 
 
 def not_ready(topo: dict[str, Any]) -> str | None:
@@ -43,7 +58,7 @@ def not_ready(topo: dict[str, Any]) -> str | None:
 def _health(args: argparse.Namespace) -> int:
     from batonmq import clients
 
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         topo = conn.topology()
     why = not_ready(topo)
     who = f"broker {topo.get('node_id')} at {args.broker}"
@@ -57,7 +72,7 @@ def _health(args: argparse.Namespace) -> int:
 def _queue_declare(args: argparse.Namespace) -> int:
     from batonmq import clients
 
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         result = conn.declare_queue(
             args.queue,
             durable=not args.transient,
@@ -77,7 +92,7 @@ def _queue_declare(args: argparse.Namespace) -> int:
 def _queue_delete(args: argparse.Namespace) -> int:
     from batonmq import clients
 
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         dropped = conn.delete_queue(args.queue)
     print(f"queue {args.queue} deleted with {dropped} message(s)")
     return 0
@@ -86,7 +101,7 @@ def _queue_delete(args: argparse.Namespace) -> int:
 def _queue_purge(args: argparse.Namespace) -> int:
     from batonmq import clients
 
-    with clients.sync.connect(args.broker) as conn:
+    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
         dropped = conn.purge_queue(args.queue)
     print(f"queue {args.queue} purged: {dropped} ready message(s) dropped")
     return 0

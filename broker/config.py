@@ -117,6 +117,14 @@ class BrokerConfig:
         update_max_rate: messages/s this broker streams to a joining broker at most
             (0: as fast as the joiner takes them).
         services: services this broker itself runs for leader of (docs/design.md §7).
+        tls_cert, tls_key, tls_ca, tls_verify_clients: TLS of the client port and
+            of the join update (docs/security.md).
+        max_connections, max_consumers, max_connection_prefetch: limits per broker
+            and per connection.
+        max_output, output_grace: the bytes queued for a client that does not read,
+            and how long it may stay above them before it is closed.
+        hello_timeout, idle_timeout: how long a new connection has for Hello, and
+            an idle one before it is closed.
         log_level, log_format: the process's logging (docs/operations.md).
         admin_listen: ``HOST:PORT`` of the admin HTTP listener (docs/admin.md); not
             set: no admin listener (the default). Port 0 picks a free port.
@@ -161,6 +169,28 @@ class BrokerConfig:
                                      " most (0: no cap)")
     services: list[str] = _opt(factory=list, flag="--service",
                                help="services this broker runs for leader of")
+    tls_cert: str | None = _opt(None, help="PEM certificate chain of this broker: with tls_key,"
+                                          " clients and other brokers connect by TLS only")
+    tls_key: str | None = _opt(None, help="PEM private key of tls_cert")
+    tls_ca: str | None = _opt(None, help="PEM CA bundle: verifies client certificates"
+                                        " (tls_verify_clients) and the broker a joiner takes"
+                                        " its update from (not set: the system's CAs)")
+    tls_verify_clients: bool = _opt(False, help="accept only clients with a certificate that"
+                                               " tls_ca signed")
+    max_connections: int = _opt(10_000, least=1,
+                                help="client connections this broker keeps open at once; more"
+                                     " are refused")
+    max_consumers: int = _opt(1_000, least=1, help="consumers one connection may have at once")
+    max_connection_prefetch: int = _opt(100_000, least=1,
+                                        help="sum of the prefetch of one connection's consumers")
+    max_output: int = _opt(64 * 1024 * 1024, least=4096,
+                           help="bytes queued for a client that does not read its replies;"
+                                " above it for output_grace seconds the connection is closed"
+                                " (reading it stops well before)")
+    output_grace: float = _opt(10.0, help="seconds a connection may stay above max_output")
+    hello_timeout: float = _opt(10.0, help="seconds a new connection has to send Hello")
+    idle_timeout: float = _opt(0.0, help="close a connection that sent nothing for this many"
+                                        " seconds (0: never; the client pings while idle)")
     log_level: str = _opt("INFO", choices=LOG_LEVELS, help="least level logged")
     log_format: str = _opt("text", choices=LOG_FORMATS,
                            help="text lines, or json: one object per line")
@@ -192,6 +222,11 @@ class BrokerConfig:
             return "port", "must be at most 65535"
         if self.expiry_interval <= 0:
             return "expiry_interval", "must be more than 0"
+        for name in ("output_grace", "hello_timeout"):
+            if getattr(self, name) <= 0:
+                return name, "must be more than 0"
+        if self.idle_timeout < 0:
+            return "idle_timeout", "must be 0 (never) or more"
         if self.max_message > self.max_frame // 2:
             return "max_message", "must be at most half of max_frame"
         if self.node_id is not None and (

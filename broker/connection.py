@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TypeVar, cast
+from typing import Final, TypeVar, cast
 
 from batonmq.broker.config import MAX_IN_FLIGHT
 from batonmq.broker.reply import Shape
@@ -29,6 +29,11 @@ log = logging.getLogger("baton.session")
 
 R = TypeVar("R")
 
+# Frames queued in one tick are written together, but this many bytes at once.
+_FLUSH_AT: Final = 256 * 1024
+# The most bytes a connection may send before its Hello is handled.
+_MAX_BEFORE_HELLO: Final = 64 * 1024
+
 
 class ClientConnection(asyncio.Protocol):
     """Frames in and out of one client connection; subclasses handle the frames.
@@ -37,18 +42,34 @@ class ClientConnection(asyncio.Protocol):
         max_frame: the largest frame read or written (``BrokerConfig.max_frame``).
         max_in_flight: stop reading frames while this many commands are in flight
             (``BrokerConfig.max_in_flight``).
+        max_output, output_grace: close the connection when the bytes written to
+            it and not yet sent stay above ``max_output`` for ``output_grace`` seconds.
     """
 
-    def __init__(self, max_frame: int, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+    def __init__(
+        self,
+        max_frame: int,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        max_output: int = 64 * 1024 * 1024,
+        output_grace: float = 10.0,
+    ) -> None:
         self.codec = wire.FrameCodec(max_frame)
         self.max_in_flight = max_in_flight
+        self.max_output = max_output
+        self.output_grace = output_grace
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.closed = False
         self.paused = False  # the client is not reading: stop delivering
+        self.greeted = False  # Hello done (set by the subclass that handles it)
+        self.last_read = 0.0  # loop time of the last bytes read
+        self._watch: asyncio.TimerHandle | None = None
         self.in_flight = 0
-        self._reading_paused = False
+        # Why reading is paused ("in flight", "output"): it resumes when none is left.
+        self._read_blocks: set[str] = set()
+        self._over_since: asyncio.TimerHandle | None = None  # output above max_output
         self._out: list[bytes] = []  # encoded frames waiting for this tick's write
+        self._out_size = 0  # their bytes
         self._writable = asyncio.Event()
         self._writable.set()
 
@@ -63,6 +84,10 @@ class ClientConnection(asyncio.Protocol):
         """
         raise NotImplementedError
 
+    def busy(self) -> bool:
+        """True while the connection waits for the broker (not idle, whatever it sends)."""
+        return False
+
     def frames_handled(self) -> None:
         """Every frame of one read has been handled (not called when the read closed
         the connection with a framing error)."""
@@ -76,9 +101,18 @@ class ClientConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
 
     def data_received(self, data: bytes) -> None:
+        if data:
+            self.last_read = asyncio.get_running_loop().time()
+            if not self.greeted and not self.codec.buffered and data[:2] == b"\x16\x03":
+                # A TLS ClientHello where Hello's length should be.
+                self.fail(ProtocolError("a TLS client on a port without TLS"))
+                return
         codec = self.codec
         codec.receive_data(data)
-        while not self.closed:
+        # While reading is blocked the rest of a read stays in the codec's buffer
+        # (one read may hold thousands of small commands): it is handled once
+        # reading resumes.
+        while not self.closed and not self._read_blocks:
             try:
                 frame = codec.next_frame()
             except ProtocolError as exc:
@@ -93,19 +127,107 @@ class ClientConnection(asyncio.Protocol):
             except Exception as exc:  # a bug: answer, log, keep the broker alive
                 log.exception("error handling %s from %s", type(frame).__name__, self.peer)
                 self.error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
+        if not self.greeted and not self.closed and codec.buffered > _MAX_BEFORE_HELLO:
+            # Hello is small: a client that is not greeted yet may not make the broker
+            # buffer up to max_frame for it.
+            self.fail(ProtocolError(f"more than {_MAX_BEFORE_HELLO} bytes before Hello"))
+            return
         self.frames_handled()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._writable.set()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self._over_since is not None:
+            self._over_since.cancel()
+            self._over_since = None
+
+    def watch_timeouts(self, hello: float, idle: float) -> None:
+        """Close this connection if it sends no Hello within ``hello`` seconds, or (once
+        greeted) nothing at all for ``idle`` seconds (0: never). Time spent with
+        reading paused by the broker does not count as idle."""
+        loop = asyncio.get_running_loop()
+        opened = self.last_read = loop.time()
+
+        def check() -> None:
+            self._watch = None
+            if self.closed:
+                return
+            now = loop.time()
+            if self._read_blocks or self.busy():
+                self.last_read = now  # we do not read it, or it waits for us: not idle
+            if not self.greeted:
+                if now - opened >= hello:
+                    self.fail(ProtocolError(f"no Hello within {hello:g}s (hello_timeout)"))
+                    return
+                wait = opened + hello - now
+            elif idle:
+                if now - self.last_read >= idle:
+                    self.fail(ProtocolError(f"idle for {idle:g}s (idle_timeout): closed"))
+                    return
+                wait = self.last_read + idle - now
+            else:
+                return  # greeted, no idle timeout: nothing more to watch
+            self._watch = loop.call_later(max(wait, 0.01), check)
+
+        self._watch = loop.call_later(hello, check)
 
     def pause_writing(self) -> None:
         self.paused = True
         self._writable.clear()
+        # The client does not read: read no more commands from it, whose answers
+        # would pile up here (docs/security.md).
+        self._block_reading("output")
 
     def resume_writing(self) -> None:
         self.paused = False
         self._writable.set()
+        self._unblock_reading("output")
+
+    def _block_reading(self, why: str) -> None:
+        if not self._read_blocks and self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        self._read_blocks.add(why)
+
+    def _unblock_reading(self, why: str) -> None:
+        if why not in self._read_blocks:
+            return
+        self._read_blocks.discard(why)
+        if not self._read_blocks and self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+            if self.codec.buffered:  # frames read before the block
+                asyncio.get_running_loop().call_soon(self._handle_buffered)
+
+    def _handle_buffered(self) -> None:
+        if not self.closed and not self._read_blocks and self.codec.buffered:
+            self.data_received(b"")
+
+    def _check_output(self) -> None:
+        """After a write: past ``max_output`` unsent bytes, close the connection if it
+        is still past them ``output_grace`` seconds later."""
+        transport = self.transport
+        if transport is None or self._over_since is not None:
+            return
+        if transport.get_write_buffer_size() > self.max_output:
+            self._over_since = asyncio.get_running_loop().call_later(
+                self.output_grace, self._output_timeout
+            )
+
+    def _output_timeout(self) -> None:
+        self._over_since = None
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        size = transport.get_write_buffer_size()
+        if size > self.max_output:
+            log.warning(
+                "closing connection from %s: %d bytes written to it are still unread after"
+                " %gs (max_output %d)", self.peer, size, self.output_grace, self.max_output,
+            )
+            self.closed = True
+            transport.abort()  # its buffer will never drain: do not wait for it
 
     async def drained(self) -> None:
         """Return once the transport takes writes again (at once if it does now, or
@@ -129,8 +251,14 @@ class ClientConnection(asyncio.Protocol):
         if self.closed or self.transport is None:
             return
         out = self._out
-        out.append((codec or self.codec).send(frame))
-        if len(out) == 1:
+        data = (codec or self.codec).send(frame)
+        out.append(data)
+        self._out_size += len(data)
+        if self._out_size >= _FLUSH_AT:
+            # Written now, so that a client that does not read is noticed (pause_writing)
+            # before the rest of a read's commands are answered.
+            self._flush()
+        elif len(out) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
@@ -139,8 +267,10 @@ class ClientConnection(asyncio.Protocol):
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
+        self._out_size = 0
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
+            self._check_output()
 
     def error(self, corr: int, exc: BatonError) -> None:
         """Answer ``corr`` with an Error frame."""
@@ -185,15 +315,12 @@ class ClientConnection(asyncio.Protocol):
     def commands_started(self, n: int) -> None:
         """``n`` more commands in flight; past ``max_in_flight`` stop reading frames."""
         self.in_flight += n
-        if self.in_flight >= self.max_in_flight and not self._reading_paused and self.transport:
-            self._reading_paused = True
-            self.transport.pause_reading()
+        if self.in_flight >= self.max_in_flight:
+            self._block_reading("in flight")
 
     def commands_finished(self, n: int) -> None:
         """``n`` commands in flight have completed; below half of ``max_in_flight`` read
         frames again."""
         self.in_flight -= n
-        if self._reading_paused and self.in_flight < self.max_in_flight // 2 and self.transport:
-            self._reading_paused = False
-            if not self.closed:
-                self.transport.resume_reading()
+        if self.in_flight < self.max_in_flight // 2:
+            self._unblock_reading("in flight")

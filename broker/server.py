@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from batonmq.broker.config import BrokerConfig, parse_address
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.session import Session
+from batonmq.clients.tls import client_context, server_context
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound
 from batonmq.cluster.log import Log, open_log
 from batonmq.cluster.node import Node
@@ -56,6 +58,9 @@ class Broker:
         self._leadership: Leadership | None = None
         self.admin_address = ""  # the admin listener's HOST:PORT, if it runs (docs/admin.md)
         self._admin: AdminServer | None = None
+        self._tls_on = False
+        self._handshakes_failed = 0  # since the last log line about them
+        self._handshake_logged = 0.0
 
     @property
     def node(self) -> Node:
@@ -72,8 +77,31 @@ class Broker:
         assert self._leadership is not None, "broker not started"
         return self._leadership
 
+    def _tls(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+        """The listener's TLS context and the one this broker connects to another
+        with (a join update), or (None, None) without TLS (docs/security.md).
+
+        Raises:
+            InvalidArgument: one of tls_cert / tls_key without the other, or a file
+                that cannot be used.
+        """
+        cfg = self.config
+        if not cfg.tls_cert and not cfg.tls_key:
+            if cfg.tls_verify_clients or cfg.tls_ca:
+                raise InvalidArgument("tls_ca and tls_verify_clients need tls_cert and tls_key")
+            return None, None
+        if not cfg.tls_cert or not cfg.tls_key:
+            raise InvalidArgument("tls_cert and tls_key are set together (or neither)")
+        server = server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, cfg.tls_verify_clients)
+        # Brokers trust the same CA; this broker's certificate is its client
+        # certificate too, for a member that verifies clients.
+        client = client_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+        return server, client
+
     async def start(self) -> None:
         cfg = self.config
+        server_tls, client_tls = self._tls()
+        self._tls_on = server_tls is not None
         os.makedirs(cfg.data_dir, exist_ok=True)
         self._store = RocksStore(os.path.join(cfg.data_dir, "store"))
         node_id = self._node_id(self._store)
@@ -90,6 +118,7 @@ class Broker:
             join=cfg.join,
             max_append=cfg.max_append,
             max_outbox=cfg.max_outbox,
+            tls=client_tls,
         )
         self._delivery = Delivery(
             self._node, chunk_bytes=cfg.max_frame // 4, time_slice_ms=cfg.time_slice_ms
@@ -107,7 +136,11 @@ class Broker:
             # Bound now (the address goes into this broker's heartbeats), serving only once the
             # state has caught up with the log: no answers from a half-replayed state.
             self._server = await loop.create_server(
-                lambda: Session(self), cfg.host, port, reuse_address=True, start_serving=False
+                self._session, cfg.host, port, reuse_address=True, start_serving=False,
+                ssl=server_tls,
+                # A client that stalls its handshake is dropped like one that never
+                # sends Hello.
+                ssl_handshake_timeout=cfg.hello_timeout if server_tls else None,
             )
         except OSError as exc:
             raise InvalidArgument(
@@ -123,7 +156,8 @@ class Broker:
         self._delivery.start(cfg.expiry_interval)
         self._leadership.start()
         log.info(
-            "broker %s listening on %s, log %s", node_id, self.address, cfg.resolved_log_url()
+            "broker %s listening on %s%s, log %s", node_id, self.address,
+            " (TLS)" if server_tls else "", cfg.resolved_log_url(),
         )
 
     async def _start_admin(self) -> None:
@@ -144,6 +178,31 @@ class Broker:
         # A rejoin keeps the admin port too (see the client listener above).
         port = int(self.admin_address.rpartition(":")[2]) if self.admin_address else admin_port
         self.admin_address = await self._admin.start(admin_host, port)
+
+    def _session(self) -> Session:
+        """A new connection's session. With TLS, the session is only connected once
+        the handshake succeeds, and asyncio reports a failed one nowhere (a plaintext
+        client, an untrusted certificate): a session still not connected after the
+        handshake time is counted and logged, in one line at most every 10 s."""
+        session = Session(self)
+        if self._tls_on:
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.config.hello_timeout + 0.5, self._handshake_done, session)
+        return session
+
+    def _handshake_done(self, session: Session) -> None:
+        if session.transport is not None:
+            return
+        self._handshakes_failed += 1
+        now = time.monotonic()
+        if now - self._handshake_logged >= 10.0:
+            log.warning(
+                "%d connection(s) failed the TLS handshake (a plaintext client, or one"
+                " that does not trust this broker's certificate or has none)",
+                self._handshakes_failed,
+            )
+            self._handshakes_failed = 0
+            self._handshake_logged = now
 
     def _on_effects(self, effects: list[Effect]) -> None:
         """Every applied batch's effects: to delivery, then to service leadership."""

@@ -36,6 +36,7 @@ from batonmq.broker.donor import UpdateDonor
 from batonmq.broker.history import message_history
 from batonmq.broker.inspect import ConnectionView, list_connections, peek
 from batonmq.broker.leadership import Leadership
+from batonmq.broker.limits import check_event, check_headers, check_key, check_name
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
 from batonmq.clients import wire
@@ -43,6 +44,7 @@ from batonmq.cluster.errors import (
     BatonError,
     InternalError,
     InvalidArgument,
+    LimitExceeded,
     MessageTooLarge,
     ProtocolError,
     UnknownConsumer,
@@ -145,7 +147,8 @@ class Session(ClientConnection):
     """Serves one client connection."""
 
     def __init__(self, broker: SessionBroker) -> None:
-        super().__init__(broker.config.max_frame, broker.config.max_in_flight)
+        cfg = broker.config
+        super().__init__(cfg.max_frame, cfg.max_in_flight, cfg.max_output, cfg.output_grace)
         self.broker = broker
         self.client_name = ""
         self.greeted = False
@@ -164,7 +167,14 @@ class Session(ClientConnection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        cfg = self.broker.config
+        if len(self.broker.sessions) >= cfg.max_connections:
+            self.fail(LimitExceeded(
+                f"this broker has {cfg.max_connections} connections open (max_connections)"
+            ))
+            return
         self.broker.sessions.add(self)
+        self.watch_timeouts(cfg.hello_timeout, cfg.idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -185,6 +195,10 @@ class Session(ClientConnection):
     def frames_handled(self) -> None:
         self._flush_publishes()
 
+    def busy(self) -> bool:
+        # A joining broker only reads while its update streams: it is not idle.
+        return self._update is not None and not self._update.done()
+
     # -- to the consumers (broker/delivery.py) ---------------------------------------------
 
     def deliver(self, tag: int, messages: list[list[Any]]) -> None:
@@ -201,6 +215,7 @@ class Session(ClientConnection):
         self.send(wire.ConsumerCancelled(tag, exc.code, exc.message))
 
     def _submit(self, corr: int, event: Event[R], shape: Shape[R]) -> None:
+        check_event(event)  # before the log: an invalid command never grows it
         self.reply(corr, self.broker.node.submit(event), shape)
 
     # -- commands ---------------------------------------------------------------------------
@@ -300,6 +315,8 @@ class Session(ClientConnection):
         """One publish: merged with the others read in one go when its queue has no
         max_length (see :meth:`_flush_publishes`), else submitted alone."""
         self._check_body(f.body, f.headers)
+        check_name("queue name", f.queue)  # before merging: a bad one fails alone
+        check_key(f.key)
         q = self.broker.node.state.queues.get(f.queue)
         if q is not None and q.max_length is None:
             self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers, f.key))
@@ -380,6 +397,7 @@ class Session(ClientConnection):
         if len(body) > limit:
             raise MessageTooLarge(f"message of {len(body)} bytes is above the maximum of {limit}")
         if headers:
+            check_headers(headers)  # before packing: deep nesting is refused, not packed
             size = len(self._packer.pack(headers))
             if size > self.broker.config.max_headers:
                 raise MessageTooLarge(
@@ -404,9 +422,21 @@ class Session(ClientConnection):
         return tuple(out)
 
     def _subscribe(self, f: wire.Subscribe) -> None:
-        limit = self.broker.config.max_prefetch
+        cfg = self.broker.config
+        limit = cfg.max_prefetch
         if not 1 <= f.prefetch <= limit:
             raise InvalidArgument(f"prefetch must be 1..{limit}")
+        if len(self.consumers) >= cfg.max_consumers:
+            raise LimitExceeded(
+                f"a connection may have {cfg.max_consumers} consumers at once (max_consumers)"
+            )
+        total = sum(c.prefetch for c in self.consumers.values()) + f.prefetch
+        if total > cfg.max_connection_prefetch:
+            raise LimitExceeded(
+                f"the prefetch of a connection's consumers may add up to"
+                f" {cfg.max_connection_prefetch} (max_connection_prefetch), this would be {total}"
+            )
+        check_name("queue name", f.queue)  # its Interest events go to the log
         self._next_tag += 1
         tag = self._next_tag
         c = self.broker.delivery.add(f.queue, f.prefetch, self, tag)

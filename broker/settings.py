@@ -8,10 +8,11 @@ underscores, or the field's ``flag``), the variable ``BATON_<NAME>`` and the fil
 ``<name>``. Nothing here lists the options again, so the routes cannot drift apart
 (docs/configuration.md is the reference, and a test checks every field by each route).
 
-Value forms: in the file, TOML values of the field's type (an integer for a whole
+Value forms: in the file, TOML values of the field's type (a boolean for a switch, an integer for a whole
 number, a number for seconds, a string, an array of strings for a list, a table of
-strings for a map). In the environment, text: ``a,b`` for a list, ``k=v,k2=v2`` for a map.
-Flags are text too; a list or map flag is repeated once per item. A route that sets a
+strings for a map). In the environment, text: ``a,b`` for a list, ``k=v,k2=v2`` for a map, ``true``/``false`` for a switch.
+Flags are text too (a switch's flag takes no value: it sets it true); a list or map
+flag is repeated once per item. A route that sets a
 list or a map replaces it whole.
 """
 
@@ -53,7 +54,7 @@ class Option:
 
     Attributes:
         name: the field name, also the config file key.
-        kind: "int", "float", "str", "optional", "list" or "map".
+        kind: "bool", "int", "float", "str", "optional", "list" or "map".
         default: the default value (MISSING: required).
         flags: the flag and its aliases.
         env: the environment variable.
@@ -81,6 +82,8 @@ class Option:
 
 
 def _kind(hint: Any) -> str:
+    if hint is bool:
+        return "bool"
     if hint is int:
         return "int"
     if hint is float:
@@ -133,13 +136,20 @@ def add_flags(parser: argparse.ArgumentParser, cls: type[Any] = BrokerConfig) ->
         if opt.choices:
             metavar = "{" + ",".join(opt.choices) + "}"
         repeat = " (repeatable)" if opt.kind in ("list", "map") else ""
+        text = f"{opt.help}{repeat}; env {opt.env}; default {opt.describe_default()}"
+        if opt.kind == "bool":  # a switch: the flag sets it (false is the default)
+            parser.add_argument(
+                *opt.flags, dest=_DEST + opt.name, default=None, action="store_const",
+                const="true", help=text,
+            )
+            continue
         parser.add_argument(
             *opt.flags,
             dest=_DEST + opt.name,
             default=None,
             metavar=metavar,
             action="append" if opt.kind in ("list", "map") else "store",
-            help=f"{opt.help}{repeat}; env {opt.env}; default {opt.describe_default()}",
+            help=text,
         )
 
 
@@ -181,6 +191,14 @@ def _from_text(opt: Option, text: str | list[str]) -> Any:
     else:
         items = [part.strip() for part in text.split(",") if part.strip()]
     match opt.kind:
+        case "bool":
+            assert isinstance(text, str)
+            word = text.strip().lower()
+            if word in ("true", "1", "yes", "on"):
+                return True
+            if word in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(f"must be true or false, got {text!r}")
         case "int":
             assert isinstance(text, str)
             try:
@@ -217,6 +235,10 @@ def _from_toml(opt: Option, value: Any) -> Any:
     """
     shown = json.dumps(value, default=str)
     match opt.kind:
+        case "bool":
+            if isinstance(value, bool):
+                return value
+            raise ValueError(f"must be true or false, got {shown}")
         case "int":
             if isinstance(value, int) and not isinstance(value, bool):
                 return value

@@ -18,6 +18,7 @@ Async::
         await conn.publish("orders", b"body")
 
 Blocking: ``clients.sync.connect(...)`` with the same calls. See docs/client.md.
+TLS: ``clients.connect(..., ssl=clients.tls.client_context("ca.pem"))`` (docs/security.md).
 
 The modules behind it (:mod:`~batonmq.clients.client` the facade,
 :mod:`~batonmq.clients.conn`, :mod:`~batonmq.clients.failover`,
@@ -33,7 +34,7 @@ import-entries pipeline, which load pyspark).
 
 from __future__ import annotations
 
-from batonmq.clients import errors, leadership, sync, topology, wire
+from batonmq.clients import errors, leadership, sync, tls, topology, wire
 from batonmq.clients.client import Connection, connect
 from batonmq.clients.consumer import Consumer, Message
 from batonmq.cluster.errors import (
@@ -42,6 +43,7 @@ from batonmq.cluster.errors import (
     FrameTooLarge,
     InternalError,
     InvalidArgument,
+    LimitExceeded,
     LogCorrupt,
     LogTruncated,
     LogUnavailable,
@@ -71,6 +73,7 @@ __all__ = [
     "Consumer",
     "Message",
     "sync",
+    "tls",
     "errors",
     "wire",
     "topology",
@@ -96,6 +99,7 @@ __all__ = [
     "UnknownConsumer",
     "NotAcquired",
     "QueueReserved",
+    "LimitExceeded",
     "StaleToken",
     "LogUnavailable",
     "LogCorrupt",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from ssl import SSLContext
 from types import TracebackType
 from typing import Any
 
@@ -88,6 +89,8 @@ async def connect(
     timeout: float = 10.0,
     failover: bool | None = None,
     failover_timeout: float = 30.0,
+    ssl: SSLContext | bool | None = None,
+    keepalive: float | None = None,
 ) -> Connection:
     """Open a connection to the first broker that accepts TCP and answers Hello.
 
@@ -104,6 +107,11 @@ async def connect(
             retries that address).
         failover_timeout: seconds a failover may take in all; then every pending
             call fails with ConnectionClosed and the connection is closed.
+        ssl: connect by TLS with this context (``clients.tls.client_context(ca)``
+            verifies the broker against a CA file), or ``True`` for the system's
+            defaults; every reconnect of a failover uses it too. None: plaintext.
+        keepalive: send a Ping after this many seconds in which nothing was sent
+            (None: never); set it below a broker's ``idle_timeout``.
 
     Returns:
         An open :class:`Connection`. Use it as ``async with await connect(...) as conn``.
@@ -125,6 +133,8 @@ async def connect(
             failover=failover,
             failover_timeout=failover_timeout,
             connect_timeout=timeout,
+            tls=ssl,
+            keepalive=keepalive,
         )
         channel.failover.index = index
         try:

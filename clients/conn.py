@@ -23,6 +23,7 @@ Layout (after aiokafka ``conn.py``):
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Container, Coroutine, Sequence
 from typing import Any, Final, cast
 
@@ -32,6 +33,7 @@ from batonmq.clients.consumer import Consumer
 from batonmq.clients.failover import Failover
 from batonmq.clients.leadership import Term
 from batonmq.clients.results import consume_result
+from batonmq.clients.tls import NOT_TLS_HINT
 from batonmq.clients.wire import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
@@ -45,6 +47,7 @@ from batonmq.clients.wire import (
     Lead,
     LeaderEvent,
     Ok,
+    Ping,
     Resign,
 )
 from batonmq.cluster.errors import (
@@ -68,7 +71,7 @@ _CLOSE_WAIT: Final = 2.0
 class BatonProtocol(asyncio.Protocol):
     """The I/O edge of a :class:`Channel`: bytes in -> frames, frames -> bytes out."""
 
-    __slots__ = ("_conn", "transport", "codec", "_new_max_frame", "stale")
+    __slots__ = ("_conn", "transport", "codec", "_new_max_frame", "stale", "_first")
 
     def __init__(self, conn: Channel) -> None:
         self._conn = conn
@@ -80,6 +83,7 @@ class BatonProtocol(asyncio.Protocol):
         # Set when the connection failed over away from this transport: whatever it
         # still reports is ignored.
         self.stale = False
+        self._first = True  # nothing received yet
 
     def set_max_frame(self, max_frame: int) -> None:
         """Decode with the broker's frame limit from now on (from HelloOk): at once if
@@ -97,6 +101,13 @@ class BatonProtocol(asyncio.Protocol):
         if self.stale:
             return
         conn = self._conn
+        if self._first:
+            self._first = False
+            # A TLS record (alert 0x15 or handshake 0x16, version 3.x) where a frame's
+            # length should be: the broker speaks TLS and this client does not.
+            if data[:1] in (b"\x15", b"\x16") and data[1:2] == b"\x03" and not conn.tls:
+                conn.abort(ProtocolError(NOT_TLS_HINT))
+                return
         try:
             self.codec.receive_data(data)
             while True:
@@ -148,6 +159,10 @@ class Channel:
         opened: the first Hello succeeded (only then is a lost broker failed over from).
         writable: set while the transport takes writes (flow control).
         failover: moves the channel to another broker when one is lost.
+        tls: the TLS context every transport is opened with (True: the system's
+            defaults; None: plaintext).
+        keepalive: send a Ping after this many seconds without sending anything
+            (None: never), so that a broker's ``idle_timeout`` spares an idle client.
     """
 
     def __init__(
@@ -158,8 +173,14 @@ class Channel:
         failover: bool = False,
         failover_timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        tls: ssl.SSLContext | bool | None = None,
+        keepalive: float | None = None,
     ) -> None:
         self.client_name = client_name
+        self.keepalive = keepalive  # seconds of silence after which a Ping is sent
+        self._keepalive: asyncio.Task[None] | None = None
+        self._last_write = 0.0
+        self.tls = tls  # every transport, also a failover's, is opened with it
         self.failover = Failover(
             self,
             addresses,
@@ -198,13 +219,13 @@ class Channel:
         """Open a transport to ``host:port`` and exchange Hello/HelloOk on it.
 
         Raises:
-            OSError: TCP connect failed.
+            OSError: TCP connect failed, or the TLS handshake did (``ssl.SSLError``).
             UnsupportedVersion: the broker speaks another protocol version.
             BatonError: the broker refused the Hello, or the transport ended first.
         """
         self.address = format_address(host, port)
         transport, protocol = await self.loop.create_connection(
-            lambda: BatonProtocol(self), host, port
+            lambda: BatonProtocol(self), host, port, ssl=self.tls or None
         )
         self._protocol = protocol
         self._transport = transport
@@ -222,6 +243,23 @@ class Channel:
         self.max_frame = hello.max_frame
         self.max_message = hello.max_message
         protocol.set_max_frame(hello.max_frame)
+        if self.keepalive and self._keepalive is None:
+            self._keepalive = self.loop.create_task(self._keep_alive(self.keepalive))
+
+    async def _keep_alive(self, every: float) -> None:
+        """Ping while nothing else is sent (until the connection ends)."""
+        while self._closed is None:
+            await asyncio.sleep(max(0.01, self._last_write + every - self.loop.time()))
+            if self._closed is not None:
+                return
+            if self.loop.time() - self._last_write >= every and not self.reconnecting:
+                corr = self.next_corr()
+                try:
+                    fut = self.request(Ping(corr), corr)
+                except BatonError:
+                    return  # closed meanwhile
+                fut.add_done_callback(consume_result)
+                self._last_write = self.loop.time()  # also when the write is held
 
     @property
     def closed(self) -> bool:
@@ -325,6 +363,8 @@ class Channel:
             consumer.end(self.closed_error(text, cause))
         self.end_terms()  # the broker resigns for the ended session
         self.writable.set()  # wake writers so that they see the closed state
+        if self._keepalive is not None:
+            self._keepalive.cancel()
 
     def transport_lost(self, exc: Exception | None) -> None:
         """The transport ended (called by :class:`BatonProtocol`)."""
@@ -336,7 +376,12 @@ class Channel:
                 hello.set_exception(self.closed_error("lost during Hello", exc))
             return
         if self._closed is None:
-            self.abort(exc, "" if exc is not None else "closed by the broker")
+            hello = self._hello
+            if exc is None and not self.tls and hello is not None and not hello.done():
+                # A TLS broker drops a plaintext client without a word.
+                self.abort(None, "closed by the broker during Hello (if the broker expects TLS, use --tls-ca / ssl=)")
+            else:
+                self.abort(exc, "" if exc is not None else "closed by the broker")
         self._wbuf.clear()
         self._wbuf_size = 0
 
@@ -528,6 +573,7 @@ class Channel:
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         buf.clear()
         self._wbuf_size = 0
+        self._last_write = self.loop.time()
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)

@@ -23,6 +23,7 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from ssl import SSLContext
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -102,6 +103,8 @@ def connect(
     timeout: float = 10.0,
     failover: bool | None = None,
     failover_timeout: float = 30.0,
+    ssl: SSLContext | bool | None = None,
+    keepalive: float | None = None,
 ) -> SyncConnection:
     """Open a blocking connection (see :func:`batonmq.clients.client.connect`).
 
@@ -112,7 +115,7 @@ def connect(
             every later call on the connection (a call that waits for a failover
             may hit it first: raise it to ``failover_timeout`` or more if calls
             should rather wait).
-        failover, failover_timeout: as for :func:`batonmq.clients.client.connect`.
+        failover, failover_timeout, ssl, keepalive: as for :func:`batonmq.clients.client.connect`.
 
     Returns:
         A :class:`SyncConnection`; use it as ``with clients.sync.connect(...) as conn``.
@@ -130,6 +133,8 @@ def connect(
                 timeout=timeout,
                 failover=failover,
                 failover_timeout=failover_timeout,
+                ssl=ssl,
+                keepalive=keepalive,
             ),
             # connect applies the timeout per address; allow for all of them.
             None,

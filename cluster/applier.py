@@ -41,6 +41,11 @@ CORRUPT_RECHECK_S = 30
 
 log = logging.getLogger("baton.node")
 
+
+class _ApplyFailed(Exception):
+    """An unexpected exception while applying or storing a batch (a bug): the state in
+    memory may be half-way through the batch, so applying must stop, not retry."""
+
 EffectListener = Callable[[list[Effect]], None]
 MessageKey = tuple[int, int]  # (qid, position)
 
@@ -102,6 +107,7 @@ class Applier:
         # Held while a log batch is applied and stored: state == store outside it.
         self.lock = asyncio.Lock()
         self.keys_forgotten = 0  # publish keys below this seq are deleted from the store
+        self.stopped = False  # applying stopped on an unexpected exception (see run)
         self._completed = completed
         self._checkpointed = checkpointed
         self._after_batch = after_batch
@@ -118,6 +124,12 @@ class Applier:
         the broker says so once (CRITICAL, naming the segment and offset, and the
         tools: docs/operations.md), reports it in ``health``, and looks again only
         every :data:`CORRUPT_RECHECK_S` seconds, quietly (no busy retry loop).
+
+        An unexpected exception while applying a batch (a bug in the state machine or
+        a store backend) stops applying for good, with a CRITICAL log and ``health``
+        false: the state in memory may hold part of the batch and the store does not,
+        so retrying would skip or lose it. The store keeps the last whole batch; a
+        restart applies the log again from there.
         """
         delay = 0.5
         corrupt_since: str | None = None
@@ -140,6 +152,15 @@ class Applier:
                         self.state.applied, exc, self.log.url, self.log.url, CORRUPT_RECHECK_S,
                     )
                 await asyncio.sleep(CORRUPT_RECHECK_S)
+            except _ApplyFailed as exc:
+                self.health.ok = False
+                self.stopped = True
+                log.critical(
+                    "applying the log stopped at the batch from offset %s: %r; this broker"
+                    " applies nothing more until it is restarted (it resumes from the last"
+                    " stored batch)", exc.args[0], exc.__cause__, exc_info=exc.__cause__,
+                )
+                return
             except LogTruncated as exc:
                 # Paused or cut off while the others truncated the log past us: this
                 # replica cannot go on; it must start again as a new broker (docs/design.md §8).
@@ -167,15 +188,20 @@ class Applier:
         async for records in self.log.read(start):
             out: list[Effect] = []
             async with self.lock:
-                for offset, record in records:
-                    try:
-                        origin, event = decode(record)
-                    except MalformedEvent as exc:
-                        log.warning("log offset %d: malformed record ignored: %s", offset, exc)
-                        state.skip_malformed(offset)
-                        continue
-                    state.apply(offset, origin, event, out)
-                await self.persist(out, records[-1][0])
+                try:
+                    for offset, record in records:
+                        try:
+                            origin, event = decode(record)
+                        except MalformedEvent as exc:
+                            log.warning("log offset %d: malformed record ignored: %s", offset, exc)
+                            state.skip_malformed(offset)
+                            continue
+                        state.apply(offset, origin, event, out)
+                    await self.persist(out, records[-1][0])
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    raise _ApplyFailed(records[0][0]) from exc
             self.health.ok = True
             self.health.problem = ""
             self._dispatch(out)

@@ -25,6 +25,7 @@ __all__ = [
     "UnknownConsumer",
     "NotAcquired",
     "QueueReserved",
+    "LimitExceeded",
     "StaleToken",
     "LogUnavailable",
     "LogCorrupt",
@@ -209,6 +210,14 @@ class ConnectionClosed(BatonError):
     retriable = True
 
 
+class LimitExceeded(BatonError):
+    """A limit of the connection or the broker (connections, consumers, prefetch;
+    docs/security.md). Retriable: another broker, or the same later, may have room."""
+
+    code = 17
+    retriable = True
+
+
 class InternalError(BatonError):
     """A bug in Baton. The broker keeps running; please report it."""
 
@@ -241,6 +250,7 @@ _BY_CODE: dict[int, type[BatonError]] = {
         ShuttingDown,
         Timeout,
         ConnectionClosed,
+        LimitExceeded,
         InternalError,
     )
 }

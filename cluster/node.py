@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 import uuid
 from collections.abc import Callable
@@ -78,6 +79,8 @@ class Node:
             "auto" (an update from a live member, docs/design.md §8; replay the log from
             offset 0 if no member is alive and the log was never truncated),
             "update" (only an update), or "replay" (always replay the log).
+        tls: the TLS context a join update's connection to a member is opened with
+            (it verifies the member's certificate; docs/security.md), None: plaintext.
     """
 
     def __init__(
@@ -95,12 +98,15 @@ class Node:
         suspect_beats: int = 6,
         checkpoint_ms: int = 5000,
         join: str = "auto",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if join not in ("auto", "update", "replay"):
             raise InvalidArgument("join must be 'auto', 'update' or 'replay'")
         self.node_id = node_id
         self.runtime_id = uuid.uuid4().hex[:12]
         self.key = f"{node_id}/{self.runtime_id}"  # this runtime's member key
+        # How this broker connects to another for a join update (None: plaintext).
+        self.tls = tls
         self.role = role
         self.properties = dict(properties or {})
         self.address = ""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -134,6 +135,11 @@ class Joiner(Protocol):
 
     def set_join_progress(self, text: str) -> None:
         """Show the update's progress to operators."""
+        ...
+
+    @property
+    def tls(self) -> ssl.SSLContext | None:
+        """How to connect to a member (TLS when the cluster uses it), None: plaintext."""
         ...
 
     def update_finished(self, progress: "Progress") -> None:
@@ -310,11 +316,14 @@ class _Link:
         self.codec = wire.FrameCodec(MAX_UPDATE_FRAME)
 
     @classmethod
-    async def open(cls, address: str, name: str, timeout: float = 5.0) -> "_Link":
+    async def open(
+        cls, address: str, name: str, tls: ssl.SSLContext | None, timeout: float = 5.0
+    ) -> "_Link":
         host, _, port = address.rpartition(":")
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host.strip("[]"), int(port), limit=1 << 20), timeout
+                asyncio.open_connection(host.strip("[]"), int(port), limit=1 << 20, ssl=tls),
+                timeout,
             )
         except (OSError, TimeoutError, ValueError) as exc:
             raise JoinFailed(f"cannot connect to {address}: {exc}") from exc
@@ -408,7 +417,7 @@ class Catchup:
         errors = []
         for address in donors:
             try:
-                link = await _Link.open(address, f"baton-join/{self.node.key}")
+                link = await _Link.open(address, f"baton-join/{self.node.key}", self.node.tls)
                 self._corr += 1
                 link.send(wire.UpdateRequest(self._corr, since, None, True))
                 # The member may first have to apply up to our Join: seconds at most.
@@ -472,7 +481,7 @@ class Catchup:
                     want.add(name)
             for address in addresses:
                 try:
-                    link = await _Link.open(address, f"baton-join/{self.node.key}")
+                    link = await _Link.open(address, f"baton-join/{self.node.key}", self.node.tls)
                 except BatonError as exc:
                     log.warning("join: %s", exc)
                     self.failed.append(address)

@@ -6,7 +6,10 @@ Phase 2: ``--consumers`` consumers (one connection each) with ``--prefetch`` do
 ``async for msg in consumer: await msg.ack()`` until the queue is drained.
 Prints msgs/s and the confirm latency percentiles of phase 1.
 
-    python -m batonmq.loadtest.bench_throughput --messages 100000 --size 1024
+``--tls``: the same phases twice in one run, against a plaintext broker and against
+a TLS one (a throw-away CA, loadtest/certs.py), and both results side by side.
+
+    python -m batonmq.loadtest.bench_throughput --messages 100000 --size 1024 [--tls]
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ import argparse
 import asyncio
 import json
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 from batonmq import clients
 from batonmq.broker.config import ready_address
@@ -30,10 +36,12 @@ def _pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-async def _run(address: str, args: argparse.Namespace) -> dict[str, float]:
+async def _run(
+    address: str, args: argparse.Namespace, tls: ssl.SSLContext | None = None
+) -> dict[str, float]:
     body = b"x" * args.size
     latencies: list[float] = []
-    async with await clients.connect(address) as conn:
+    async with await clients.connect(address, ssl=tls) as conn:
         await conn.declare_queue("bench")
         await conn.purge_queue("bench")
         left = args.messages
@@ -54,7 +62,7 @@ async def _run(address: str, args: argparse.Namespace) -> dict[str, float]:
 
     async def consumer() -> None:
         nonlocal got
-        async with await clients.connect(address) as c:
+        async with await clients.connect(address, ssl=tls) as c:
             async with c.consume("bench", prefetch=args.prefetch) as cons:
                 while got < args.messages:
                     msg = await cons.get(timeout=2)
@@ -78,19 +86,14 @@ async def _run(address: str, args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--messages", type=int, default=100_000)
-    p.add_argument("--size", type=int, default=1024)
-    p.add_argument("--tasks", type=int, default=200, help="concurrent publishing tasks")
-    p.add_argument("--consumers", type=int, default=2)
-    p.add_argument("--prefetch", type=int, default=1000)
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
+def _bench(
+    args: argparse.Namespace, flags: list[str], tls: ssl.SSLContext | None = None
+) -> dict[str, float]:
+    """Start a broker (with ``flags``), run both phases against it, stop it."""
     data_dir = tempfile.mkdtemp(prefix="baton-bench-")
     proc = subprocess.Popen(
         [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
-         "--listen", "127.0.0.1:0", "--data-dir", data_dir],
+         "--listen", "127.0.0.1:0", "--data-dir", data_dir, *flags],
         stdout=subprocess.PIPE,
     )
     try:
@@ -104,15 +107,43 @@ def main() -> int:
             raise SystemExit("broker did not start")
         import uvloop
 
-        result = uvloop.run(_run(address, args))
+        return uvloop.run(_run(address, args, tls))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=100_000)
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--tasks", type=int, default=200, help="concurrent publishing tasks")
+    p.add_argument("--consumers", type=int, default=2)
+    p.add_argument("--prefetch", type=int, default=1000)
+    p.add_argument("--json", default=None)
+    p.add_argument("--tls", action="store_true",
+                   help="run against a plaintext broker and a TLS one, and compare")
+    args = p.parse_args()
+    result: dict[str, Any]
+    if not args.tls:
+        result = _bench(args, [])
+        ok = result["consumed"] == args.messages
+    else:
+        from batonmq.loadtest.certs import make_certs
+
+        certs = make_certs(Path(tempfile.mkdtemp(prefix="baton-bench-certs-")))
+        flags = ["--tls-cert", str(certs.cert), "--tls-key", str(certs.key)]
+        tls = clients.tls.client_context(str(certs.ca))
+        result = {"plaintext": _bench(args, []), "tls": _bench(args, flags, tls)}
+        result["tls_publish_ratio"] = (
+            result["tls"]["publish_msgs_per_s"] / result["plaintext"]["publish_msgs_per_s"]
+        )
+        ok = all(result[k]["consumed"] == args.messages for k in ("plaintext", "tls"))
     print(json.dumps(result, indent=2))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
-    return 0 if result["consumed"] == args.messages else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

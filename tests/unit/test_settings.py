@@ -35,10 +35,12 @@ def _other_value(opt: settings.Option) -> Any:
     if opt.name.endswith("_listen"):  # an address: HOST:PORT
         return "127.0.0.1:9090"
     match opt.kind:
+        case "bool":
+            return not opt.default
         case "int":
             return opt.default + 1
         case "float":
-            return opt.default * 2
+            return opt.default * 2 or 1.0
         case "str":
             return f"x-{opt.name}"
         case "optional":
@@ -51,6 +53,8 @@ def _other_value(opt: settings.Option) -> Any:
 
 
 def _as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, list):
         return ",".join(value)
     if isinstance(value, dict):
@@ -59,6 +63,9 @@ def _as_text(value: Any) -> str:
 
 
 def _as_flag_args(opt: settings.Option, value: Any) -> list[str]:
+    if opt.kind == "bool":
+        assert value is True, "a switch's flag only sets it"
+        return [opt.flags[0]]
     if isinstance(value, list):
         return [a for v in value for a in (opt.flags[0], v)]
     if isinstance(value, dict):
@@ -364,7 +371,7 @@ def test_health_and_topology_exit_codes(
 
     topo = _topo(**over, cluster_id="c", changing=False, instances=[], node_id="n1",
                  digest="0" * 16, checkpoint=None)
-    monkeypatch.setattr(clients.sync, "connect", lambda address: _FakeConnection(topo))
+    monkeypatch.setattr(clients.sync, "connect", lambda address, ssl=None: _FakeConnection(topo))
     got, out, err = _run(["health", "--broker", "127.0.0.1:1"])
     assert (got, err) == (code, "") and out.startswith(f"broker n1 at 127.0.0.1:1 {says}"), out
     got, out, err = _run(["topology", "--broker", "127.0.0.1:1"])
