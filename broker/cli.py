@@ -123,9 +123,14 @@ def _consume(args: argparse.Namespace) -> int:
                     break
                 line = msg.body.decode(errors="replace")
                 if args.verbose:
-                    line = f"{msg.position}\t{msg.delivery_count}\t{json.dumps(msg.headers)}\t{line}"
+                    line = (
+                        f"{msg.position}\t{msg.delivery_count}\t{msg.acquired_count}\t"
+                        f"{json.dumps(msg.headers)}\t{line}"
+                    )
                 print(line, flush=True)
-                if args.no_ack:
+                if args.fail:
+                    msg.release(failed=True)
+                elif args.no_ack:
                     msg.release()
                 else:
                     msg.ack()
@@ -299,8 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
     con.add_argument("--count", type=int, default=0, help="stop after N (0: no limit)")
     con.add_argument("--timeout", type=float, default=5.0, help="stop after idle seconds (0: never)")
     con.add_argument("--prefetch", type=int, default=100)
-    con.add_argument("--no-ack", action="store_true", help="release instead of ack")
-    con.add_argument("-v", "--verbose", action="store_true", help="position, count, headers too")
+    con.add_argument(
+        "--no-ack", action="store_true", help='release ("not now": acquired count only) instead of ack'
+    )
+    con.add_argument(
+        "--fail",
+        action="store_true",
+        help="release as a failed delivery (delivery count + 1, the delivery limit applies)",
+    )
+    con.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="position, delivery count, acquired count, headers too",
+    )
     con.set_defaults(func=_consume)
 
     d = sub.add_parser("demo", help="start a broker, round-trip messages, stop it")

@@ -31,7 +31,12 @@ from batonmq.cluster.effects import (
     ReadyMore,
 )
 
-__all__ = ["Consumer", "Delivery"]
+__all__ = ["Consumer", "Delivery", "RELEASE_PAUSE"]
+
+#: Seconds a consumer is offered nothing after it released messages: a consumer that
+#: releases and then leaves (its Cancel follows within a moment) must not be handed
+#: them straight back, raising their acquired count for nothing.
+RELEASE_PAUSE = 0.1
 
 log = logging.getLogger("baton.delivery")
 
@@ -50,15 +55,31 @@ class Consumer:
         "acquiring",
         "closed",
         "refill",
+        "counters",
+        "sent",
+        "paused_until",
     )
 
-    def __init__(self, tag: int, cid: str, queue: str, prefetch: int, session: Replier) -> None:
+    def __init__(
+        self,
+        tag: int,
+        cid: str,
+        queue: str,
+        prefetch: int,
+        session: Replier,
+        counters: bool = False,
+    ) -> None:
         self.tag = tag
         self.cid = cid  # replicated consumer id: "node/runtime/n"
         self.queue = queue
         self.prefetch = prefetch
         self.session = session
-        self.held: set[int] = set()  # delivered, not yet settled
+        # Delivered, not yet settled: position -> how many messages were sent to
+        # this consumer before it (tells a cancel which ones the client had received).
+        self.held: dict[int, int] = {}
+        self.sent = 0  # messages sent to this consumer so far
+        self.counters = counters  # deliver the acquired count too (Subscribe option)
+        self.paused_until = 0.0  # after a release (monotonic; 0: not paused)
         self.settling = 0  # positions in an ack/release/reject not yet applied
         self.acquiring = 0  # count asked for by the acquire in flight (0: none)
         self.closed = False
@@ -92,8 +113,11 @@ class Delivery:
 
     # -- consumers -------------------------------------------------------------------
 
-    def add(self, queue: str, prefetch: int, session: Replier, tag: int) -> Consumer:
-        """Register a consumer and start delivering to it.
+    def add(
+        self, queue: str, prefetch: int, session: Replier, tag: int, counters: bool = False
+    ) -> Consumer:
+        """Register a consumer and start delivering to it (``counters``: with each
+        message's acquired count).
 
         Raises:
             QueueNotFound: no such queue (in the state applied here).
@@ -102,7 +126,7 @@ class Delivery:
             raise QueueNotFound(f"queue {queue!r} does not exist")
         self._next += 1
         cid = f"{self.node.node_id}/{self.node.runtime_id}/{self._next}"
-        c = Consumer(tag, cid, queue, prefetch, session)
+        c = Consumer(tag, cid, queue, prefetch, session, counters)
         self.by_queue.setdefault(queue, []).append(c)
         self.by_cid[cid] = c
         self._want(queue, True)
@@ -136,10 +160,19 @@ class Delivery:
                 self.node.submit(Interest(queue, True)).add_done_callback(_quiet)
 
     def remove(
-        self, c: Consumer, unread: list[int] | None = None
+        self, c: Consumer, unread: list[int] | None = None, received: int = -1
     ) -> asyncio.Future[Settled] | None:
-        """Stop a consumer; everything it holds goes back to the queue (those in
-        ``unread``, never handed to the application, without a delivery attempt).
+        """Stop a consumer; everything it holds goes back to the queue. Only the
+        messages the application had count as a failed delivery: not those in
+        ``unread`` (still in the client's buffer), nor, when the client says how many
+        it ``received``, those sent after them (still on their way), nor those
+        acquired and not sent yet (docs/events.md, the two counters).
+
+        Args:
+            c: the consumer.
+            unread: a cancel's positions never handed to the application; None for
+                a lost connection (every message sent counts as failed).
+            received: a cancel's count of messages received (-1: not told).
 
         Returns the ReleaseAll's completion, or None if the queue is gone.
         """
@@ -155,8 +188,15 @@ class Delivery:
                 self._want(c.queue, False)
         if c.queue not in self.node.state.queues:
             return None
-        positions = tuple(p for p in unread or () if type(p) is int and p in c.held)
-        fut = self.node.submit(ReleaseAll(c.queue, c.cid, positions))
+        skip = {p for p in unread or () if type(p) is int}
+        failed = tuple(
+            sorted(
+                p
+                for p, seq in c.held.items()
+                if p not in skip and (received < 0 or seq < received)
+            )
+        )
+        fut = self.node.submit(ReleaseAll(c.queue, c.cid, (), failed))
         fut.add_done_callback(_quiet)
         return fut
 
@@ -212,22 +252,31 @@ class Delivery:
         c = self.by_cid.get(e.consumer)
         if c is None or c.closed:
             if e.consumer.startswith(f"{self.node.node_id}/{self.node.runtime_id}/"):
-                # Acquired for one of ours that has gone since: give it all back.
-                self.node.submit(ReleaseAll(e.queue, e.consumer)).add_done_callback(_quiet)
+                # Acquired for one of ours that has gone since: give it all back;
+                # never sent, so not a failed delivery.
+                self.node.submit(ReleaseAll(e.queue, e.consumer, (), ())).add_done_callback(
+                    _quiet
+                )
             return
         messages = self.node.store.get_messages(e.qid, e.positions)
         out: list[list[Any]] = []
         size = 0
-        for pos, count, m in zip(e.positions, e.counts, messages):
+        held, sent, counters = c.held, c.sent, c.counters
+        for pos, count, acquired, m in zip(e.positions, e.counts, e.acquired, messages):
             if m is None:  # cannot happen unless the store lost data; never deliver junk
                 log.error("queue %s position %d acquired but not in the store", e.queue, pos)
                 continue
-            c.held.add(pos)
-            out.append([pos, count, m.body, m.headers, m.publish_time])
+            held[pos] = sent
+            sent += 1
+            if counters:
+                out.append([pos, count, m.body, m.headers, m.publish_time, acquired])
+            else:
+                out.append([pos, count, m.body, m.headers, m.publish_time])
             size += m.size + 16
             if size >= self._chunk_bytes:
                 c.session.deliver(c.tag, out)
                 out, size = [], 0
+        c.sent = sent
         if out:
             c.session.deliver(c.tag, out)
 
@@ -251,6 +300,10 @@ class Delivery:
                 break
             if c.acquiring or c.closed or c.session.paused:
                 continue
+            if c.paused_until:
+                if c.paused_until > time.monotonic():
+                    continue
+                c.paused_until = 0.0
             credit = c.credit
             n = min(credit, budget)
             if n <= 0:
@@ -270,6 +323,17 @@ class Delivery:
         """Credit came back to ``c`` (its settle was applied)."""
         if not c.closed:
             self.pump(c.queue)
+
+    def released(self, c: Consumer) -> None:
+        """``c`` released messages: offer it nothing for :data:`RELEASE_PAUSE` seconds,
+        then look again."""
+        c.paused_until = time.monotonic() + RELEASE_PAUSE
+        asyncio.get_running_loop().call_later(RELEASE_PAUSE, self._resume, c)
+
+    def _resume(self, c: Consumer) -> None:
+        # (The loop's timer may fire a little before paused_until by time.monotonic().)
+        c.paused_until = 0.0
+        self.settled(c)
 
     # -- TTL -------------------------------------------------------------------------------
 

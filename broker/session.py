@@ -225,7 +225,7 @@ class Session(ClientConnection):
             case wire.Ack():
                 self._settle(f.corr, f.consumer, f.positions, Accept)
             case wire.Release():
-                self._settle(f.corr, f.consumer, f.positions, Release)
+                self._settle(f.corr, f.consumer, f.positions, Release, f.failed)
             case wire.Reject():
                 self._settle(f.corr, f.consumer, f.positions, Reject)
             case wire.Subscribe():
@@ -385,9 +385,10 @@ class Session(ClientConnection):
         limit = self.broker.config.max_prefetch
         if not 1 <= f.prefetch <= limit:
             raise InvalidArgument(f"prefetch must be 1..{limit}")
+        counters = _subscribe_options(f.options)
         self._next_tag += 1
         tag = self._next_tag
-        c = self.broker.delivery.add(f.queue, f.prefetch, self, tag)
+        c = self.broker.delivery.add(f.queue, f.prefetch, self, tag, counters)
         self.consumers[tag] = c
         self.send(wire.ok(f.corr, Subscribed(tag)))
         self.broker.delivery.pump(f.queue)
@@ -396,14 +397,19 @@ class Session(ClientConnection):
         c = self.consumers.pop(f.consumer, None)
         if c is None:
             raise UnknownConsumer(f"no consumer {f.consumer} on this connection")
-        fut = self.broker.delivery.remove(c, f.unread)
+        fut = self.broker.delivery.remove(c, f.unread, f.received)
         if fut is None:
             self.send(wire.ok(f.corr, Cancelled(0)))
         else:
             self.reply(f.corr, fut, lambda r: Cancelled(r.count))
 
     def _settle(
-        self, corr: int, tag: int, positions: list[int], kind: type[Accept | Release | Reject]
+        self,
+        corr: int,
+        tag: int,
+        positions: list[int],
+        kind: type[Accept | Release | Reject],
+        failed: bool = True,
     ) -> None:
         """Settle what the consumer holds; report the rest as ``not_acquired``.
 
@@ -421,7 +427,7 @@ class Session(ClientConnection):
         missing: list[int] = []
         for p in positions:
             if p in held:
-                held.discard(p)
+                del held[p]
                 mine.append(p)
             else:
                 missing.append(p)  # never delivered to it, settled already, or twice here
@@ -429,18 +435,38 @@ class Session(ClientConnection):
             self.send(wire.ok(corr, Settled(0, missing)))
             return
         c.settling += len(mine)
-        fut = self.broker.node.submit(kind(c.queue, c.cid, tuple(mine)))
+        if kind is Release:
+            event: Accept | Release | Reject = Release(c.queue, c.cid, tuple(mine), failed)
+            self.broker.delivery.released(c)
+        else:
+            event = kind(c.queue, c.cid, tuple(mine))
+        fut = self.broker.node.submit(event)
         delivery = self.broker.delivery
 
         def settled(f: asyncio.Future[Settled]) -> None:
             c.settling -= len(mine)
             if f.cancelled() or f.exception() is not None:
-                held.update(mine)  # still ours: released if we disconnect
+                # Still ours: released if we disconnect (the client had them).
+                held.update(dict.fromkeys(mine, -1))
             delivery.settled(c)
 
         fut.add_done_callback(settled)
         delivery.settled(c)  # credit is back now; see Consumer.credit
         self.reply(corr, fut, lambda r: Settled(r.count, missing + r.not_acquired))
+
+
+def _subscribe_options(options: dict[str, Any]) -> bool:
+    """Read a Subscribe's options; returns ``counters``.
+
+    Raises:
+        InvalidArgument: an unknown option, or one of the wrong type.
+    """
+    for key, value in options.items():
+        if key != "counters":
+            raise InvalidArgument(f"unknown subscribe option {key!r} (known: counters)")
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"subscribe option {key!r} must be a bool")
+    return bool(options.get("counters", False))
 
 
 def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:

@@ -442,7 +442,8 @@ class Connection:
             max_length: cap on ready messages (None: no cap).
             overflow: at ``max_length``: ``"reject-publish"`` (publish fails with
                 QueueFull) or ``"drop-head"`` (the oldest ready message is dropped).
-            delivery_limit: a message delivered this many times and released again is
+            delivery_limit: a message whose delivery failed this many times (failed
+                releases, consumer losses, see docs/client.md "The two counters") is
                 dead-lettered (or dropped without a dead-letter queue).
             dead_letter: queue that receives rejected and over-limit messages.
             message_ttl: seconds a message may wait before it expires (None: forever).

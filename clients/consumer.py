@@ -32,15 +32,26 @@ from batonmq.cluster.errors import (
 from batonmq.clients.wire import Ack, Cancel, Frame, Reject, Release, Subscribe, read_result
 from batonmq.cluster.results import Cancelled, Settled, Subscribed
 
-__all__ = ["ConsumerChannel", "Consumer", "Message", "ACK", "RELEASE", "REJECT"]
+__all__ = ["ConsumerChannel", "Consumer", "Message", "ACK", "RELEASE", "REJECT", "RELEASE_FAILED"]
 
 _log = logging.getLogger("baton.client")
 
-# Settlement kinds: index into Consumer._batches and the frame class that carries them.
+# Settlement kinds: index into Consumer._batches. RELEASE is the "not now" release
+# (acquired count only), RELEASE_FAILED the failed delivery (delivery count too).
 ACK: Final = 0
 RELEASE: Final = 1
 REJECT: Final = 2
-_SETTLE_FRAMES: Final[tuple[type[Ack], type[Release], type[Reject]]] = (Ack, Release, Reject)
+RELEASE_FAILED: Final = 3
+_KINDS: Final = (ACK, RELEASE, REJECT, RELEASE_FAILED)
+
+
+def _settle_frame(kind: int, corr: int, tag: int, positions: list[int]) -> Frame:
+    """The frame that carries one batch of settlements of ``kind``."""
+    if kind == ACK:
+        return Ack(corr, tag, positions)
+    if kind == REJECT:
+        return Reject(corr, tag, positions)
+    return Release(corr, tag, positions, kind == RELEASE_FAILED)
 
 
 class ConsumerChannel(Protocol):
@@ -130,6 +141,7 @@ class Consumer:
         "settle_failures",
         "_flush_at",
         "_epoch",
+        "_received",
     )
 
     def __init__(self, conn: ConsumerChannel, queue: str, prefetch: int) -> None:
@@ -142,7 +154,7 @@ class Consumer:
         self._buffer: deque[Message] = deque()
         self._ready = asyncio.Event()
         self._error: BaseException | None = None
-        self._batches: list[_SettleBatch | None] = [None, None, None]
+        self._batches: list[_SettleBatch | None] = [None, None, None, None]
         self._abandoned = False
         #: Unconfirmed settlements the broker refused (each is also logged).
         self.settle_failures = 0
@@ -150,6 +162,9 @@ class Consumer:
         # Subscriptions so far (one per broker, failover starts a new one): a
         # Message of an earlier one cannot be settled.
         self._epoch = 0
+        # Messages received on this subscription: a cancel tells the broker, so that
+        # those still on their way do not count as a failed delivery.
+        self._received = 0
 
     def __repr__(self) -> str:
         state = ("new", "active", "ended")[self._state]
@@ -172,7 +187,7 @@ class Consumer:
             raise InvalidArgument("consumer already started")
         conn = self._conn
         corr = conn.next_corr()
-        fut = conn.request(Subscribe(corr, self.queue, self.prefetch), corr, retry=True)
+        fut = conn.request(self._subscribe_frame(corr), corr, retry=True)
         conn.expect_subscribed(corr, self)
         try:
             await fut
@@ -183,6 +198,10 @@ class Consumer:
             if self._state == _ACTIVE:
                 conn.background(self.cancel())
             raise
+
+    def _subscribe_frame(self, corr: int) -> Subscribe:
+        # "counters": each delivery carries the acquired count too.
+        return Subscribe(corr, self.queue, self.prefetch, {"counters": True})
 
     @property
     def active(self) -> bool:
@@ -220,10 +239,14 @@ class Consumer:
         append = self._buffer.append
         queue = self.queue
         epoch = self._epoch
-        for position, delivery_count, body, headers, publish_time in messages:
+        for position, delivery_count, body, headers, publish_time, acquired in messages:
             append(
-                Message(self, queue, position, body, headers, delivery_count, publish_time, epoch)
+                Message(
+                    self, queue, position, body, headers, delivery_count, publish_time, epoch,
+                    acquired,
+                )
             )
+        self._received += len(messages)
         self._ready.set()
 
     def failed_over(self) -> None:
@@ -234,8 +257,9 @@ class Consumer:
         """
         self._epoch += 1
         self.tag = 0
+        self._received = 0
         self._buffer.clear()
-        for kind in (ACK, RELEASE, REJECT):
+        for kind in _KINDS:
             batch = self._batches[kind]
             if batch is None:
                 continue
@@ -248,7 +272,7 @@ class Consumer:
         """Subscribe again (same queue and prefetch) on the broker failed over to."""
         conn = self._conn
         corr = conn.next_corr()
-        fut = conn.request(Subscribe(corr, self.queue, self.prefetch), corr, retry=True)
+        fut = conn.request(self._subscribe_frame(corr), corr, retry=True)
         conn.expect_subscribed(corr, self)
 
         def done(f: asyncio.Future[dict[str, Any]]) -> None:
@@ -282,9 +306,10 @@ class Consumer:
         """Stop the consumer: send Cancel and wait for the broker's Ok.
 
         Buffered messages are dropped here; the broker releases every message of
-        this consumer that was not settled. Those still buffered (never handed to
-        the application) go back without raising their delivery count; the others
-        count as a failed delivery. Cancelling an ended consumer does nothing.
+        this consumer that was not settled. Only those the application had (taken
+        from the iterator, not settled) count as a failed delivery; those still
+        buffered or on their way go back with only their acquired count raised.
+        Cancelling an ended consumer does nothing.
 
         Returns:
             How many messages the broker released (0 if nothing was sent).
@@ -306,13 +331,15 @@ class Consumer:
             # arrives (see subscribed).
             self._abandoned = True
             return 0
-        # Flush settlements issued before the cancel so that they are not released.
-        for kind in (ACK, RELEASE, REJECT):
+        # Flush settlements issued before the cancel so that they are not released
+        # (and go out in the same write: a message released "not now" reaches the
+        # broker with the Cancel, so it is not handed back to this leaving consumer).
+        for kind in _KINDS:
             if self._batches[kind] is not None:
                 self._flush(kind)
         corr = conn.next_corr()
         try:
-            result = await conn.request(Cancel(corr, self.tag, unread), corr)
+            result = await conn.request(Cancel(corr, self.tag, unread, self._received), corr)
         except UnknownConsumer:
             return 0  # the broker ended it first (ConsumerCancelled crossed our Cancel)
         except ConnectionClosed:
@@ -402,7 +429,8 @@ class Consumer:
     # --- settlement (coalesced per loop tick) -----------------------------------------
 
     def settle(self, kind: int, position: int) -> asyncio.Future[None]:
-        """Queue the settlement ``kind`` (ACK, RELEASE, REJECT) of ``position``: it
+        """Queue the settlement ``kind`` (ACK, RELEASE, REJECT, RELEASE_FAILED) of
+        ``position``: it
         goes out with the others of this loop tick, in one frame.
 
         Returns:
@@ -453,7 +481,7 @@ class Consumer:
         conn = self._conn
         corr = conn.next_corr()
         try:
-            fut = conn.request(_SETTLE_FRAMES[kind](corr, self.tag, batch.positions), corr)
+            fut = conn.request(_settle_frame(kind, corr, self.tag, batch.positions), corr)
         except BatonError as exc:
             for waiter in batch.waiters:
                 if not waiter.done():
@@ -470,9 +498,11 @@ class Consumer:
         """
         await self._settle_many(ACK, messages, confirm)
 
-    async def release_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
+    async def release_many(
+        self, messages: Iterable[Message], *, failed: bool = False, confirm: bool = False
+    ) -> None:
         """Release several messages with one frame (see :meth:`Message.release`)."""
-        await self._settle_many(RELEASE, messages, confirm)
+        await self._settle_many(RELEASE_FAILED if failed else RELEASE, messages, confirm)
 
     async def reject_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
         """Reject several messages with one frame (see :meth:`Message.reject`)."""
@@ -563,8 +593,11 @@ class Message:
         position: the message's position in the queue (its id together with ``queue``).
         body: the message body (bytes).
         headers: the headers published with it.
-        delivery_count: earlier deliveries of this message that ended in a release
-            (0 on the first delivery; see docs/client.md).
+        delivery_count: earlier deliveries of this message that failed (a failed
+            release, a consumer timeout, the crash or disconnect of its consumer; 0
+            on the first delivery). The queue's delivery limit applies to it.
+        acquired_count: earlier hand-outs of this message to a consumer, failed or
+            not (0 on the first delivery; see docs/client.md, "The two counters").
         publish_time: when the broker took the message, in ms since the epoch.
     """
 
@@ -575,6 +608,7 @@ class Message:
         "body",
         "headers",
         "delivery_count",
+        "acquired_count",
         "publish_time",
         "_settled",
         "_epoch",
@@ -590,6 +624,7 @@ class Message:
         delivery_count: int,
         publish_time: int,
         epoch: int = 0,
+        acquired_count: int = 0,
     ) -> None:
         self._consumer = consumer
         self.queue = queue
@@ -597,6 +632,7 @@ class Message:
         self.body = body
         self.headers = headers
         self.delivery_count = delivery_count
+        self.acquired_count = acquired_count
         self.publish_time = publish_time
         self._settled = False
         self._epoch = epoch
@@ -604,6 +640,7 @@ class Message:
     def __repr__(self) -> str:
         return (
             f"<Message {self.queue!r}@{self.position} delivery={self.delivery_count} "
+            f"acquired={self.acquired_count} "
             f"{len(self.body)}B>"
         )
 
@@ -659,16 +696,24 @@ class Message:
         """
         await self._settle_as(ACK, confirm)
 
-    async def release(self, *, confirm: bool = False) -> None:
-        """Give the message back to its queue; its delivery count goes up by one.
+    async def release(self, *, failed: bool = False, confirm: bool = False) -> None:
+        """Give the message back to its queue, at its position.
 
-        At the queue's ``delivery_limit`` it is dead-lettered instead.
+        Two flavours (docs/client.md, "The two counters"):
+
+        * ``release()`` is **"not now"**: the message is fine, this consumer just
+          does not take it now. Only its acquired count goes up; the delivery limit
+          does not apply.
+        * ``release(failed=True)`` is a **failed delivery**: the application could
+          not process it. Its delivery count goes up by one too, and the release
+          that reaches the queue's ``delivery_limit`` dead-letters it instead.
+
         ``confirm`` as for :meth:`ack`.
 
         Raises:
             The same as :meth:`ack`.
         """
-        await self._settle_as(RELEASE, confirm)
+        await self._settle_as(RELEASE_FAILED if failed else RELEASE, confirm)
 
     async def reject(self, *, confirm: bool = False) -> None:
         """Reject the message: it goes to the dead-letter queue (or is dropped).

@@ -463,7 +463,7 @@ class SyncConsumer:
         """Stop the consumer; returns how many messages the broker released.
 
         Messages taken from the broker but not yet returned by :meth:`next` go
-        back without raising their delivery count.
+        back without raising their delivery count (only their acquired count).
         """
         unread = [m.message for m in self._local]
         self._local.clear()
@@ -521,10 +521,15 @@ class SyncConsumer:
             self._consumer.ack_many([m.message for m in messages], confirm=confirm)
         )
 
-    def release_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
-        """Release several messages with one frame."""
+    def release_many(
+        self, messages: Iterable[SyncMessage], *, failed: bool = False, confirm: bool = False
+    ) -> None:
+        """Release several messages with one frame ("not now", or ``failed``: see
+        :meth:`batonmq.clients.consumer.Message.release`)."""
         self._conn.run(
-            self._consumer.release_many([m.message for m in messages], confirm=confirm)
+            self._consumer.release_many(
+                [m.message for m in messages], failed=failed, confirm=confirm
+            )
         )
 
     def reject_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
@@ -566,6 +571,7 @@ class SyncMessage:
         "body",
         "headers",
         "delivery_count",
+        "acquired_count",
         "publish_time",
     )
 
@@ -577,10 +583,14 @@ class SyncMessage:
         self.body = msg.body
         self.headers = msg.headers
         self.delivery_count = msg.delivery_count
+        self.acquired_count = msg.acquired_count
         self.publish_time = msg.publish_time
 
     def __repr__(self) -> str:
-        return f"<SyncMessage {self.queue!r}@{self.position} delivery={self.delivery_count}>"
+        return (
+            f"<SyncMessage {self.queue!r}@{self.position} delivery={self.delivery_count}"
+            f" acquired={self.acquired_count}>"
+        )
 
     @property
     def settled(self) -> bool:
@@ -596,9 +606,10 @@ class SyncMessage:
         """Accept the message (see :meth:`batonmq.clients.consumer.Message.ack`)."""
         self._conn.run(self._msg.ack(confirm=confirm))
 
-    def release(self, *, confirm: bool = False) -> None:
-        """Give the message back to its queue (see :meth:`batonmq.clients.consumer.Message.release`)."""
-        self._conn.run(self._msg.release(confirm=confirm))
+    def release(self, *, failed: bool = False, confirm: bool = False) -> None:
+        """Give the message back to its queue: "not now", or ``failed`` (see
+        :meth:`batonmq.clients.consumer.Message.release`)."""
+        self._conn.run(self._msg.release(failed=failed, confirm=confirm))
 
     def reject(self, *, confirm: bool = False) -> None:
         """Reject the message (see :meth:`batonmq.clients.consumer.Message.reject`)."""

@@ -244,12 +244,14 @@ class PublishBatch(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Subscribe(Frame):
-    """C->S: start a consumer; Ok({"consumer": tag}). ``prefetch`` caps unsettled deliveries."""
+    """C->S: start a consumer; Ok({"consumer": tag}). ``prefetch`` caps unsettled deliveries.
+    ``options``: ``counters: bool`` adds the acquired count to each delivered message."""
 
     OP: ClassVar[int] = 30
     corr: int
     queue: str
     prefetch: int
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +259,8 @@ class Deliver(Frame):
     """S->C: messages for consumer ``consumer``.
 
     ``messages`` is a list of ``[position, delivery_count, body, headers,
-    publish_time_ms]``.
+    publish_time_ms]``, with ``acquired_count`` as a sixth item for a consumer that
+    subscribed with the ``counters`` option.
     """
 
     OP: ClassVar[int] = 31
@@ -277,12 +280,14 @@ class Ack(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Release(Frame):
-    """C->S: give delivered messages back to the queue (delivery count + 1)."""
+    """C->S: give delivered messages back to the queue. ``failed``: a failed delivery
+    (delivery count + 1, the delivery limit applies); false: "not now" (acquired count only)."""
 
     OP: ClassVar[int] = 33
     corr: int
     consumer: int
     positions: list[int]
+    failed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,13 +306,15 @@ class Cancel(Frame):
 
     ``unread`` lists delivered messages the client never handed to the application
     (still in its buffer): they go back *without* raising their delivery count, as
-    AMQP 1.0's "released" outcome; the rest count as a failed delivery.
+    AMQP 1.0's "released" outcome. ``received``: messages the client received on this
+    subscription; those delivered after them go back without a failure too (-1: not told).
     """
 
     OP: ClassVar[int] = 35
     corr: int
     consumer: int
     unread: list[int]
+    received: int = -1
 
 
 @dataclass(frozen=True, slots=True)

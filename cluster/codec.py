@@ -105,6 +105,12 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
             values[2] = _keys(values[2], len(values[1]))
     elif (op in _POSITION_EVENTS or op == ReleaseAll.OP) and len(values) > 2:
         values[2] = _positions(values[2])
+        if len(values) > 3:
+            if op == ReleaseAll.OP:
+                if values[3] is not None:
+                    values[3] = _positions(values[3])
+            elif op == Release.OP and type(values[3]) is not bool:
+                raise MalformedEvent("Release.failed must be a bool")
     elif op == Propose.OP:
         if not isinstance(values[1], list) or not all(isinstance(m, str) for m in values[1]):
             raise MalformedEvent("Propose.members must be a list of strings")

@@ -184,12 +184,19 @@ class Accept(Event[Settled]):
 
 @dataclass(frozen=True, slots=True)
 class Release(Event[Settled]):
-    """Give messages back to the queue; their delivery count goes up (guarantee 4)."""
+    """Give messages back to the queue (guarantee 4).
+
+    ``failed``: the delivery failed (the application could not process the messages),
+    so their delivery count goes up and the delivery limit applies. ``False`` is a
+    "not now": only their acquired count goes up (docs/events.md, the two counters).
+    Records written before the field existed were failed releases.
+    """
 
     OP: ClassVar[int] = 13
     queue: str
     consumer: str
     positions: tuple[int, ...]
+    failed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,14 +213,21 @@ class Reject(Event[Settled]):
 class ReleaseAll(Event[Settled]):
     """Release every message ``consumer`` holds on ``queue`` (cancel, disconnect).
 
-    Those in ``unread`` were never handed to the application: they go back with
-    their delivery count unchanged; the others count as a failed delivery.
+    ``failed`` (when not None) names the held messages whose delivery failed: the
+    application had them and did not settle them. Every other held message (still
+    in the client's buffer, on its way there, or acquired for a consumer that had
+    gone) goes back with only its acquired count raised.
+
+    Without ``failed`` (None: records of brokers from before the field, and a
+    disconnect), those in ``unread`` go back without a failure and all others
+    count as a failed delivery.
     """
 
     OP: ClassVar[int] = 15
     queue: str
     consumer: str
     unread: tuple[int, ...] = ()
+    failed: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

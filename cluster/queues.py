@@ -95,14 +95,18 @@ class MessageState(enum.Enum):
     DROPPED = "dropped"
 
 
-#: (state, operation) -> next state. "release*" is a release that reaches the
-#: delivery limit; "drop-head" is overflow pushing out the oldest ready message.
+#: (state, operation) -> next state. "release" is a failed delivery given back (its
+#: delivery count goes up); "release*" one that reaches the delivery limit; "return"
+#: gives a message back without a failure (a "not now" release, or a message the
+#: client never handed to the application when its consumer left): only its acquired
+#: count goes up. "drop-head" is overflow pushing out the oldest ready message.
 #: DEAD_LETTERED becomes DROPPED when the queue has no (existing) dead-letter queue.
 TRANSITIONS: Final[dict[tuple[MessageState | None, str], MessageState]] = {
     (None, "enqueue"): MessageState.READY,
     (MessageState.READY, "acquire"): MessageState.ACQUIRED,
     (MessageState.ACQUIRED, "accept"): MessageState.ACCEPTED,
     (MessageState.ACQUIRED, "release"): MessageState.READY,
+    (MessageState.ACQUIRED, "return"): MessageState.READY,
     (MessageState.ACQUIRED, "release*"): MessageState.DEAD_LETTERED,
     (MessageState.ACQUIRED, "reject"): MessageState.DEAD_LETTERED,
     (MessageState.READY, "expire"): MessageState.DEAD_LETTERED,
@@ -117,7 +121,13 @@ TRANSITIONS: Final[dict[tuple[MessageState | None, str], MessageState]] = {
 class QueueState:
     """One queue's replicated index. Positions ``cursor <= p < next_pos`` are ready
     and never yet delivered; ``returned`` holds released (ready again) positions,
-    all below ``cursor``; ``acquired`` maps held positions to their consumer."""
+    all below ``cursor``; ``acquired`` maps held positions to their consumer.
+
+    The two counters of a message (docs/events.md, "The two counters"): ``counts``
+    holds its delivery count, the failed deliveries so far (the delivery limit
+    applies to it), and ``acq_counts`` its acquired count, the hand-outs to a
+    consumer that ended so far; both only for messages that have one above 0, so a
+    message delivered once and accepted never has an entry."""
 
     name: str
     qid: int
@@ -133,6 +143,7 @@ class QueueState:
     returned: list[int] = field(default_factory=list)  # a heap
     acquired: dict[int, str] = field(default_factory=dict)
     counts: dict[int, int] = field(default_factory=dict)
+    acq_counts: dict[int, int] = field(default_factory=dict)
     body_crc: int = 0
     enqueued: int = 0
     accepted: int = 0
@@ -144,6 +155,9 @@ class QueueState:
     owner: str | None = None  # the member that may acquire (docs/design.md §6)
     interested: list[str] = field(default_factory=list)  # members with consumers
     reserved_by: str | None = None  # the range reader that has the queue (Reserve)
+    acquisitions: int = 0  # messages handed to consumers (every hand-out)
+    failed_deliveries: int = 0  # failed releases, rejects, and held messages of a lost consumer
+    given_back: int = 0  # messages given back without a failure (the "return" move)
 
     @property
     def head(self) -> int:
@@ -179,6 +193,9 @@ class QueueState:
             "enqueued": self.enqueued,
             "accepted": self.accepted,
             "redelivered": self.redelivered,
+            "acquisitions": self.acquisitions,
+            "failed_deliveries": self.failed_deliveries,
+            "given_back": self.given_back,
             "dead_lettered": self.dead_lettered,
             "dropped": self.dropped,
             "expired": self.expired,
@@ -194,6 +211,13 @@ class QueueState:
             "reserved_by": self.reserved_by,
             "head": self.head,
         }
+
+    def forget(self, positions: list[int] | tuple[int, ...]) -> None:
+        """Drop the counters of messages that left the queue."""
+        counts, acq = self.counts, self.acq_counts
+        for p in positions:
+            counts.pop(p, None)
+            acq.pop(p, None)
 
     def holds(self, pos: int, returned: set[int] | None = None) -> bool:
         """Is the message at ``pos`` still in the queue (ready or acquired)?
@@ -246,6 +270,8 @@ class QueueState:
             self.owner,
             list(self.interested),
             self.reserved_by,
+            sorted(self.acq_counts.items()),
+            [self.acquisitions, self.failed_deliveries, self.given_back],
         ]
 
     @classmethod
@@ -272,6 +298,9 @@ class QueueState:
         (q.enqueued, q.accepted, q.redelivered, q.dead_lettered, q.dropped, q.expired, q.purged) = st
         q.owner, q.interested = owner, list(interested)
         q.reserved_by = snap[13] if len(snap) > 13 else None  # absent in older snapshots
+        if len(snap) > 15:  # absent in snapshots from before the two counters
+            q.acq_counts = {p: c for p, c in snap[14]}
+            q.acquisitions, q.failed_deliveries, q.given_back = snap[15]
         return q
 
 
@@ -378,8 +407,7 @@ class QueueIndex:
             q.cursor = q.next_pos
         if returned:
             out.append(Removed(q.qid, returned))
-            for p in returned:
-                q.counts.pop(p, None)
+            q.forget(returned)
             q.returned = []
         q.purged += n
         return Purged(purged=n)
@@ -454,11 +482,21 @@ class QueueIndex:
             return Counted(0)
         positions = q.take_ready(ev.count)
         if positions:
-            acquired, counts, consumer = q.acquired, q.counts, ev.consumer
+            acquired, counts, acq, consumer = q.acquired, q.counts, q.acq_counts, ev.consumer
             for p in positions:
                 acquired[p] = consumer
+            n = len(positions)
+            q.acquisitions += n
+            # Fresh messages have neither counter: no per-message lookups for them.
             out.append(
-                Acquired(q.name, q.qid, consumer, positions, [counts.get(p, 0) for p in positions])
+                Acquired(
+                    q.name,
+                    q.qid,
+                    consumer,
+                    positions,
+                    [counts.get(p, 0) for p in positions] if counts else [0] * n,
+                    [acq.get(p, 0) for p in positions] if acq else [0] * n,
+                )
             )
         return Counted(len(positions))
 
@@ -482,54 +520,82 @@ class QueueIndex:
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
         if held:
-            counts = q.counts
-            if counts:
-                for p in held:
-                    counts.pop(p, None)
+            if q.counts or q.acq_counts:
+                q.forget(held)
             q.accepted += len(held)
             out.append(Removed(q.qid, held))
         return Settled(len(held), other)
 
     def release(
-        self, name: str, consumer: str, positions: tuple[int, ...] | list[int], out: list[Effect]
+        self,
+        name: str,
+        consumer: str,
+        positions: tuple[int, ...] | list[int],
+        out: list[Effect],
+        failed: bool = True,
     ) -> Settled:
-        """``consumer`` gives held messages back: ready again, or dead-lettered at the
-        delivery limit."""
+        """``consumer`` gives held messages back. A failed delivery (``failed``) raises
+        their delivery count: ready again, or dead-lettered at the delivery limit. A
+        "not now" (not ``failed``) raises their acquired count only."""
         q = self.queue(name)
         held, other = self._held(q, consumer, positions)
+        if not failed:
+            self._give_back(q, held, out)
+            return Settled(len(held), other)
         back = 0
+        counts, acq = q.counts, q.acq_counts
         for p in held:
-            c = q.counts.get(p, 0) + 1
-            if c >= q.delivery_limit:  # at most delivery_limit deliveries (guarantee 5)
+            c = counts.get(p, 0) + 1
+            if c >= q.delivery_limit:  # at most delivery_limit failures (guarantee 5)
                 self._dead_letter(q, p, "delivery-limit", out, was_acquired=True)
             else:
-                q.counts[p] = c
+                counts[p] = c
+                acq[p] = acq.get(p, 0) + 1
                 heapq.heappush(q.returned, p)
                 back += 1
+        q.failed_deliveries += len(held)
         q.redelivered += back
         if back:
             out.append(ReadyMore(q.name))
         return Settled(len(held), other)
 
+    def _give_back(self, q: QueueState, positions: list[int], out: list[Effect]) -> None:
+        """Held messages (no longer in ``q.acquired``) go back without a failure: only
+        their acquired count goes up (the "return" transition)."""
+        if not positions:
+            return
+        acq = q.acq_counts
+        for p in positions:
+            acq[p] = acq.get(p, 0) + 1
+            heapq.heappush(q.returned, p)
+        q.given_back += len(positions)
+        out.append(ReadyMore(q.name))
+
     def release_all(self, ev: ReleaseAll, out: list[Effect]) -> Settled:
-        """A consumer ends: everything it holds goes back; those it never handed to the
-        application (``ev.unread``) without counting a delivery."""
+        """A consumer ends: everything it holds goes back. Only those whose delivery
+        failed count one (``ev.failed``; without it, all but ``ev.unread``): the
+        others were never handed to the application."""
         q = self.queue(ev.queue)
-        unread = set(ev.unread)
         held = sorted(p for p, c in q.acquired.items() if c == ev.consumer)
-        back = [p for p in held if p in unread]
+        if ev.failed is None:
+            unread = set(ev.unread)
+            failed = [p for p in held if p not in unread]
+        else:
+            named = set(ev.failed)
+            failed = [p for p in held if p in named]
+        failing = set(failed)
+        back = [p for p in held if p not in failing]
         for p in back:  # never handed to the application: no delivery attempt
             del q.acquired[p]
-            heapq.heappush(q.returned, p)
-        if back:
-            out.append(ReadyMore(q.name))
-        done = self.release(ev.queue, ev.consumer, [p for p in held if p not in unread], out)
+        self._give_back(q, back, out)
+        done = self.release(ev.queue, ev.consumer, failed, out)
         return Settled(done.count + len(back), [])
 
     def reject(self, ev: Reject, out: list[Effect]) -> Settled:
         """The consumer refuses messages it holds: they are dead-lettered."""
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
+        q.failed_deliveries += len(held)
         for p in held:
             self._dead_letter(q, p, "rejected", out, was_acquired=True)
         return Settled(len(held), other)
@@ -554,8 +620,7 @@ class QueueIndex:
             for p in gone:
                 self._dead_letter(q, p, "expired", out, count=False)
         elif gone:
-            for p in gone:
-                q.counts.pop(p, None)
+            q.forget(gone)
             out.append(Removed(q.qid, gone))
         return Counted(len(gone))
 
@@ -610,8 +675,7 @@ class QueueIndex:
         while q.returned and q.returned[0] < through:
             back.append(heapq.heappop(q.returned))
         if back:
-            for p in back:
-                q.counts.pop(p, None)
+            q.forget(back)
             out.append(Removed(q.qid, back))
             n += len(back)
         if through > q.cursor:
@@ -634,10 +698,12 @@ class QueueIndex:
     ) -> None:
         """Move one message (no longer ready nor acquired) to q's DLQ, or drop it.
 
-        ``x-death-delivery-count`` is how many times it was delivered: the releases
-        so far, plus the delivery it was acquired for if it was.
+        ``x-death-delivery-count`` is its failed deliveries: the failed releases so
+        far, plus the delivery it was acquired for if that one failed now (a reject,
+        the release at the limit); ``x-death-acquired-count`` its hand-outs.
         """
         delivered = q.counts.pop(pos, 0) + (1 if was_acquired else 0)
+        handed = q.acq_counts.pop(pos, 0) + (1 if was_acquired else 0)
         dlq = self.queues.get(q.dead_letter) if q.dead_letter is not None else None
         if (
             dlq is not None
@@ -649,7 +715,7 @@ class QueueIndex:
             # A full drop-head DLQ makes room as it would for a publish; its oldest
             # ready message is dropped (not dead-lettered on: DLQ chains may cycle).
             for head in dlq.take_ready(1):
-                dlq.counts.pop(head, None)
+                dlq.forget((head,))
                 dlq.dropped += 1
                 out.append(Removed(dlq.qid, [head]))
             self.dirty.add(dlq.name)
@@ -663,6 +729,7 @@ class QueueIndex:
                 "x-death-queue": q.name,
                 "x-death-position": pos,
                 "x-death-delivery-count": delivered,
+                "x-death-acquired-count": handed,
             }
             out.append(Moved(q.qid, pos, dlq.qid, dst, headers, self.ledger.clock))
             out.append(ReadyMore(dlq.name))

@@ -137,7 +137,7 @@ class _BatonSubscription:
         return [r if isinstance(r, BaseException) else None for r in results]
 
     async def release_many(self, deliveries: list[Delivery]) -> None:
-        await self.consumer.release_many([d.handle for d in deliveries])
+        await self.consumer.release_many([d.handle for d in deliveries], failed=True)
 
     async def reject_many(self, deliveries: list[Delivery]) -> None:
         await self.consumer.reject_many([d.handle for d in deliveries])

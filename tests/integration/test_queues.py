@@ -332,7 +332,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
         async with conn.consume("s.b", prefetch=3) as consumer:
             msgs = [await next_msg(consumer) for _ in range(3)]
             await msgs[0].ack(confirm=True)
-            await msgs[1].release(confirm=True)  # back (count 1)
+            await msgs[1].release(failed=True, confirm=True)  # back (count 1)
             await msgs[2].reject(confirm=True)  # to s.a
             stats = await wait_stats(conn, "s.b", acquired=2)
             assert stats["consumers"] == 1
@@ -352,6 +352,9 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "enqueued": 4,
                 "accepted": 1,
                 "redelivered": 1,
+                "acquisitions": 5,  # 3, then 1 again and 3
+                "failed_deliveries": 2,  # the failed release and the reject
+                "given_back": 0,
                 "dead_lettered": 1,
                 "dropped": 0,
                 "expired": 0,

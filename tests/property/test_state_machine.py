@@ -65,8 +65,8 @@ def runtime_of(consumer: str) -> str:
 LIMIT = 2
 #: The operations the model moves messages by; every one is looked up in TRANSITIONS.
 MODELLED_OPS = frozenset(
-    {"enqueue", "acquire", "accept", "release", "release*", "reject", "expire", "drop-head",
-     "purge", "accept-through"}
+    {"enqueue", "acquire", "accept", "release", "release*", "return", "reject", "expire",
+     "drop-head", "purge", "accept-through"}
 )
 READY, ACQUIRED = MessageState.READY, MessageState.ACQUIRED
 
@@ -84,8 +84,12 @@ class QueueModel(RuleBasedStateMachine):
         self.records: list[bytes] = []
         self.seqs: dict[str, int] = {}
         self.seq = 0
-        # model: position -> [MessageState (READY or ACQUIRED), consumer, count]
+        # model: position -> [MessageState (READY or ACQUIRED), consumer, delivery count
+        # (failed deliveries), acquired count (hand-outs that ended)]
         self.msgs: dict[int, list[Any]] = {}
+        self.acquisitions = 0  # every hand-out
+        self.failures = 0  # every failed delivery (failed release, reject, lost consumer)
+        self.given_back = 0  # every "return" (no failure)
         self.next_pos = 0
         self.dlq_len = 0
         self.max_length: int | None = None
@@ -137,7 +141,7 @@ class QueueModel(RuleBasedStateMachine):
         assert (src, op) in TRANSITIONS, f"the table has no {op!r} from {src}"
         dst = TRANSITIONS[(src, op)]
         if dst is READY or dst is ACQUIRED:
-            m = self.msgs.setdefault(p, [dst, None, 0])
+            m = self.msgs.setdefault(p, [dst, None, 0, 0])
             m[0:2] = [dst, consumer if dst is ACQUIRED else None]
             return
         del self.msgs[p]
@@ -254,6 +258,8 @@ class QueueModel(RuleBasedStateMachine):
             return
         assert got[0].positions == expect
         assert got[0].counts == [self.msgs[p][2] for p in expect]
+        assert got[0].acquired == [self.msgs[p][3] for p in expect]
+        self.acquisitions += len(expect)
         for p in expect:
             self._move(p, "acquire", consumer)
 
@@ -279,23 +285,31 @@ class QueueModel(RuleBasedStateMachine):
         for p in ok:
             self._move(p, "accept")
 
-    def _release_model(self, ok: list[int]) -> None:
+    def _release_model(self, ok: list[int], failed: bool = True) -> None:
+        """Failed deliveries raise both counters (the delivery limit applies to the
+        delivery count); a "return" raises the acquired count only."""
         for p in ok:
             m = self.msgs[p]
+            m[3] += 1
+            if not failed:
+                self.given_back += 1
+                self._move(p, "return")
+                continue
+            self.failures += 1
             m[2] += 1
             self._move(p, "release*" if m[2] >= LIMIT else "release")
 
     @precondition(lambda self: "q" in self.state.queues)
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), failed=st.booleans())
+    def release(self, data: st.DataObject, failed: bool) -> None:
         consumer, positions = self._settle_args(data)
         held = set(self._held(consumer))
         done = self._completed(
-            self._apply(Release("q", consumer, tuple(positions)), runtime_of(consumer))
+            self._apply(Release("q", consumer, tuple(positions), failed), runtime_of(consumer))
         )
         ok = [p for p in positions if p in held]
         assert isinstance(done.result, Settled) and done.result.count == len(ok)
-        self._release_model(ok)
+        self._release_model(ok, failed)
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(count=st.integers(1, 3))
@@ -306,6 +320,7 @@ class QueueModel(RuleBasedStateMachine):
         expect = self._ready()[:count]
         got = [e for e in self._apply(Acquire("q", consumer, count), self.owner) if isinstance(e, Acquired)]
         assert [e.positions for e in got] == ([expect] if expect else [])
+        self.acquisitions += len(expect)
         for p in expect:
             self._move(p, "acquire", consumer)
         done = self._completed(self._apply(Release("q", consumer, tuple(expect)), self.owner))
@@ -320,22 +335,28 @@ class QueueModel(RuleBasedStateMachine):
         self._apply(Reject("q", consumer, tuple(positions)), runtime_of(consumer))
         for p in positions:
             if p in held:
+                self.failures += 1
                 self._move(p, "reject")
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(data=st.data())
     def release_all(self, data: st.DataObject) -> None:
-        """Cancel/disconnect: all back; those never handed out keep their count."""
+        """Cancel/disconnect: all back; only those the application had (``failed``,
+        or in records without it all but ``unread``) count a failed delivery."""
         consumer = data.draw(st.sampled_from(CONSUMERS))
         held = self._held(consumer)
-        unread = data.draw(st.lists(st.sampled_from(held), unique=True)) if held else []
-        done = self._completed(
-            self._apply(ReleaseAll("q", consumer, tuple(unread)), runtime_of(consumer))
-        )
+        named = data.draw(st.lists(st.sampled_from(held), unique=True)) if held else []
+        if data.draw(st.booleans(), label="names the failed ones"):
+            # Also a bogus position it does not hold: ignored.
+            ev = ReleaseAll("q", consumer, (), tuple(named) + (self.next_pos + 5,))
+            failed = [p for p in held if p in named]
+        else:
+            ev = ReleaseAll("q", consumer, tuple(named))
+            failed = [p for p in held if p not in named]
+        done = self._completed(self._apply(ev, runtime_of(consumer)))
         assert isinstance(done.result, Settled) and done.result.count == len(held)
-        for p in unread:  # back without a delivery counted
-            self._move(p, "release")
-        self._release_model([p for p in held if p not in unread])
+        self._release_model([p for p in held if p not in failed], failed=False)
+        self._release_model(failed)
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(data=st.data())
@@ -409,6 +430,11 @@ class QueueModel(RuleBasedStateMachine):
         }
         live_counts = {p: m[2] for p, m in self.msgs.items() if m[2]}
         assert {p: c for p, c in q.counts.items() if c} == live_counts
+        live_acquired = {p: m[3] for p, m in self.msgs.items() if m[3]}
+        assert {p: c for p, c in q.acq_counts.items() if c} == live_acquired
+        assert (q.acquisitions, q.failed_deliveries, q.given_back) == (
+            self.acquisitions, self.failures, self.given_back
+        )
         assert q.next_pos == self.next_pos
         assert q.length <= (self.max_length or q.length)
         assert self.state.queues["dlq"].ready == self.dlq_len
@@ -472,6 +498,7 @@ OPERATIONS: dict[str, list[Event]] = {
     "accept": [Accept("q", "n1/r1/1", (0,))],
     "release": [Release("q", "n1/r1/1", (0,))],
     "release*": [Release("q", "n1/r1/1", (0,))],  # at the delivery limit (see PATHS)
+    "return": [Release("q", "n1/r1/1", (0,), False)],
     "reject": [Reject("q", "n1/r1/1", (0,))],
     "expire": [Expire("q", 0)],
     "drop-head": [Enqueue("q", ((b"n", {}),))],  # max_length 1: the new one pushes it out

@@ -1,0 +1,170 @@
+"""Work-queue semantics against real brokers: the two counters of a message (docs/events.md,
+"The two counters").
+
+A message's *acquired count* goes up at every hand-out to a consumer; its *delivery
+count* only when a delivery fails (a failed release, a reject, the loss of the consumer
+that had it), and the delivery limit applies to the delivery count. So a consumer that
+leaves with buffered or in-flight messages, or releases one "not now", never brings a
+healthy message closer to the dead-letter queue, whatever the consumer churn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from batonmq import clients
+from batonmq.cluster.errors import BatonError
+from tests.helpers import drain, eventually, now, wait_stats
+from tests.integration.conftest import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+
+async def next_msg(consumer: clients.Consumer, timeout: float = 10.0) -> clients.Message:
+    """The consumer's next message, or fail the test after ``timeout`` seconds."""
+    return await asyncio.wait_for(consumer.__aiter__().__anext__(), timeout)
+
+
+async def test_leaving_with_buffered_messages_raises_their_acquired_count_only(
+    broker: BrokerProcess,
+) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("buf", delivery_limit=2)
+        await conn.publish_batch("buf", [b"%d" % i for i in range(150)])
+        async with conn.consume("buf", prefetch=100) as consumer:
+            for _ in range(100):
+                await (await next_msg(consumer)).ack()
+        stats = await wait_stats(conn, "buf", accepted=100, acquired=0)
+        assert stats["failed_deliveries"] == 0 and stats["redelivered"] == 0
+        rest = await drain(broker.address, "buf", count=50)
+        assert sorted(m.position for m in rest) == list(range(100, 150))
+        # Never handed to the application: no failed delivery, whatever the client had.
+        assert all(m.delivery_count == 0 for m in rest)
+        assert all(m.acquired_count <= 1 for m in rest)
+        stats = await conn.queue_stats("buf")
+        assert stats["failed_deliveries"] == 0 and stats["dead_lettered"] == 0
+        assert stats["given_back"] == sum(m.acquired_count for m in rest)
+
+
+async def test_one_release_counts_once(broker: BrokerProcess) -> None:
+    """prefetch 1, release and leave: the release is one hand-out (not now) or one
+    failure (failed=True), never two; a delivery limit of 2 needs two failures."""
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("once.dlq")
+        await conn.declare_queue("once", delivery_limit=2, dead_letter="once.dlq")
+        pos = await conn.publish("once", b"healthy")
+        for failed in (False, True, False):
+            async with conn.consume("once", prefetch=1) as consumer:
+                msg = await next_msg(consumer)
+                await msg.release(failed=failed)
+        async with conn.consume("once", prefetch=1) as consumer:
+            msg = await next_msg(consumer)
+            assert (msg.position, msg.delivery_count, msg.acquired_count) == (pos, 1, 3)
+            await msg.release(failed=True, confirm=True)  # the second failure: limit 2
+        dead = await drain(broker.address, "once.dlq", count=1)
+        assert dead[0].headers["x-death-reason"] == "delivery-limit"
+        assert dead[0].headers["x-death-delivery-count"] == 2
+        assert dead[0].headers["x-death-acquired-count"] == 4
+        stats = await conn.queue_stats("once")
+        assert (stats["acquisitions"], stats["failed_deliveries"], stats["given_back"]) == (4, 2, 2)
+
+
+async def test_poison_released_twice_and_one_rejected_dead_letter_two(
+    broker: BrokerProcess,
+) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("p.dlq")
+        await conn.declare_queue("p", delivery_limit=2, dead_letter="p.dlq")
+        await conn.publish_batch("p", [b"poison", b"bad"] + [b"ok%d" % i for i in range(8)])
+        while True:
+            # A fresh consumer each time, with room for everything: leaving with a
+            # full buffer must not count.
+            async with conn.consume("p", prefetch=10) as consumer:
+                msg = await next_msg(consumer)
+                if msg.body == b"poison":
+                    await msg.release(failed=True, confirm=True)
+                elif msg.body == b"bad":
+                    await msg.reject(confirm=True)
+                else:
+                    await msg.ack(confirm=True)
+            stats = await conn.queue_stats("p")
+            if stats["ready"] + stats["acquired"] == 0:
+                break
+        assert stats["dead_lettered"] == 2 and stats["accepted"] == 8
+        dead = await drain(broker.address, "p.dlq", count=2)
+        assert sorted(m.body for m in dead) == [b"bad", b"poison"]
+
+
+async def test_many_short_lived_consumers_dead_letter_only_failed_messages(
+    cluster: list[BrokerProcess],
+) -> None:
+    """Consumers on three brokers come and go with random prefetch, take a few
+    messages, ack or release the healthy ones "not now", fail the poison ones, and
+    leave with whatever they buffered; one broker is killed with kill -9 midway. With
+    delivery_limit 2, exactly the poison messages are dead-lettered: churn, in-flight
+    deliveries and the crash never fail a healthy message twice."""
+    addresses = [b.address for b in cluster]
+    rng = random.Random(7)
+    total, poison = 240, set(range(0, 240, 16))
+    async with await clients.connect(addresses) as conn:
+        await conn.declare_queue("churn.dlq")
+        await conn.declare_queue("churn", delivery_limit=2, dead_letter="churn.dlq")
+        bodies = [(b"poison-%d" if i in poison else b"ok-%d") % i for i in range(total)]
+        await conn.publish_batch("churn", bodies)
+    accepted: set[bytes] = set()
+    stop = asyncio.Event()
+    sessions = 0
+
+    async def worker(address: str, seed: int) -> None:
+        nonlocal sessions
+        r = random.Random(seed)
+        while not stop.is_set():
+            try:
+                async with await clients.connect(address, failover=False) as c:
+                    while not stop.is_set():
+                        async with c.consume("churn", prefetch=r.randint(1, 20)) as consumer:
+                            sessions += 1
+                            for _ in range(r.randint(1, 4)):
+                                msg = await consumer.get(timeout=0.5)
+                                if msg is None:
+                                    break
+                                if msg.body.startswith(b"poison"):
+                                    await msg.release(failed=True)
+                                elif r.random() < 0.3:
+                                    await msg.release()  # "not now"
+                                else:
+                                    await msg.ack(confirm=True)
+                                    accepted.add(msg.body)
+            except (BatonError, OSError):
+                # This worker's broker was killed: go on through another one.
+                address = r.choice([a for a in addresses if a != address])
+                await asyncio.sleep(0.2)  # (a dead broker refuses at once: pace the retries)
+
+    tasks = [asyncio.create_task(worker(addresses[i % 3], rng.random())) for i in range(6)]
+    try:
+        await eventually(lambda: now(len(accepted)), "a quarter accepted", timeout=60,
+                         until=lambda n: n >= 60)
+        cluster[2].kill9()  # its consumers' messages come back as failed deliveries
+        async with await clients.connect(addresses[:2]) as conn:
+
+            async def settled() -> int:
+                s = await conn.queue_stats("churn")
+                return int(s["accepted"] + s["dead_lettered"])
+
+            await eventually(settled, "every message accepted or dead-lettered", timeout=120,
+                             until=lambda n: n == total)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+    assert sessions >= 30, sessions  # many short-lived consumers
+    dead = await drain(addresses[0], "churn.dlq", count=len(poison))
+    assert sorted(m.headers["x-death-position"] for m in dead) == sorted(poison)
+    assert all(m.headers["x-death-reason"] == "delivery-limit" for m in dead)
+    async with await clients.connect(addresses[:2]) as conn:
+        stats = await conn.queue_stats("churn")
+    assert (stats["accepted"], stats["dead_lettered"]) == (total - len(poison), len(poison))
+    # The churn gave back many messages without failing them.
+    assert stats["given_back"] > 0
