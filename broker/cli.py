@@ -98,7 +98,9 @@ def _publish(args: argparse.Namespace) -> int:
             conn.declare_queue(args.queue)
         if args.count > 1 and len(bodies) == 1:
             bodies = bodies * args.count
-        positions = conn.publish_batch(args.queue, [(b, headers) for b in bodies])
+        positions = conn.publish_batch(
+            args.queue, [(b, headers) for b in bodies], delay=args.delay or None
+        )
     print(f"published {len(positions)} message(s) to {args.queue}", file=sys.stderr)
     return 0
 
@@ -296,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--header", action="append", default=[], help="KEY=VALUE, repeatable")
     pub.add_argument("--count", type=int, default=1, help="repeat a single message N times")
     pub.add_argument("--declare", action="store_true", help="declare the queue first")
+    pub.add_argument(
+        "--delay",
+        type=float,
+        default=0.0,
+        help="seconds the queue holds the messages from consumers (delayed messages)",
+    )
     pub.set_defaults(func=_publish)
 
     con = sub.add_parser("consume", help="print and ack messages")

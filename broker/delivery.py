@@ -290,7 +290,14 @@ class Delivery:
             return  # only the owner acquires (guarantee 2)
         if q.reserved_by is not None:
             return  # a range reader has the queue; Reserve(None) wakes us (ReadyMore)
-        budget = q.ready - sum(c.acquiring for c in consumers)
+        ready = q.ready
+        if q.delayed:
+            # Delayed releases whose time has come by this broker's clock: an Acquire
+            # appended now carries that time, so applying it makes them ready.
+            due = q.next_due()
+            if due is not None and due <= time.time() * 1000:
+                ready += len(q.delayed)
+        budget = ready - sum(c.acquiring for c in consumers)
         if budget <= 0:
             return
         # Round-robin: start after the consumer served first last time.
@@ -359,11 +366,16 @@ class Delivery:
         while True:
             await asyncio.sleep(min(0.05, self._time_slice / 4))
             now = time.monotonic()
+            now_ms = time.time() * 1000
             me = self.node.key
             for name, since in list(self._owned_since.items()):
                 q = self.node.state.queues.get(name)
                 if q is None or q.owner != me or name in self._handing_off:
                     continue
+                if q.delayed:
+                    due = q.next_due()
+                    if due is not None and due <= now_ms:
+                        self.pump(name)  # a delayed release is due (by our clock)
                 if not any(m != me for m in q.interested):
                     continue
                 local = self.by_queue.get(name, ())

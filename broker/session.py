@@ -74,6 +74,9 @@ __all__ = ["MAX_IN_FLIGHT", "Session", "SessionBroker"]
 
 log = logging.getLogger("baton.session")
 
+#: The longest delay of a release: 30 days.
+MAX_DELAY_MS = 30 * 24 * 3600 * 1000
+
 R = TypeVar("R", bound="Result | None")
 
 _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
@@ -83,6 +86,9 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "delivery_limit": (int,),
     "dead_letter": (str, type(None)),
     "message_ttl_ms": (int, type(None)),
+    "retry": (str, type(None)),
+    "retry_delay_ms": (int,),
+    "retry_max_ms": (int, type(None)),
 }
 
 
@@ -215,9 +221,16 @@ class Session(ClientConnection):
         match f:
             case wire.PublishBatch():
                 messages = self._batch(f.messages)
+                delay_ms, not_before = _publish_options(f.options)
                 self._submit(
                     f.corr,
-                    Enqueue(f.queue, messages, ((f.key, len(messages)),) if f.key else ()),
+                    Enqueue(
+                        f.queue,
+                        messages,
+                        ((f.key, len(messages)),) if f.key else (),
+                        delay_ms,
+                        not_before,
+                    ),
                     # A re-sent batch reports its original positions (cluster/state.py),
                     # without the key spans' positions.
                     lambda r: Enqueued(r.first_position, r.count),
@@ -225,7 +238,9 @@ class Session(ClientConnection):
             case wire.Ack():
                 self._settle(f.corr, f.consumer, f.positions, Accept)
             case wire.Release():
-                self._settle(f.corr, f.consumer, f.positions, Release, f.failed)
+                if not 0 <= f.delay_ms <= MAX_DELAY_MS:
+                    raise InvalidArgument(f"delay_ms must be 0..{MAX_DELAY_MS}")
+                self._settle(f.corr, f.consumer, f.positions, Release, f.failed, f.delay_ms)
             case wire.Reject():
                 self._settle(f.corr, f.consumer, f.positions, Reject)
             case wire.Subscribe():
@@ -279,13 +294,20 @@ class Session(ClientConnection):
         max_length (see :meth:`_flush_publishes`), else submitted alone."""
         self._check_body(f.body, f.headers)
         q = self.broker.node.state.queues.get(f.queue)
-        if q is not None and q.max_length is None:
+        if q is not None and q.max_length is None and not f.options:
             self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers, f.key))
             return
+        delay_ms, not_before = _publish_options(f.options)  # (such publishes go alone)
         self._flush_publishes()
         self._submit(
             f.corr,
-            Enqueue(f.queue, ((f.body, f.headers),), ((f.key, 1),) if f.key else ()),
+            Enqueue(
+                f.queue,
+                ((f.body, f.headers),),
+                ((f.key, 1),) if f.key else (),
+                delay_ms,
+                not_before,
+            ),
             lambda r: Published(r.first_position),
         )
 
@@ -410,6 +432,7 @@ class Session(ClientConnection):
         positions: list[int],
         kind: type[Accept | Release | Reject],
         failed: bool = True,
+        delay_ms: int = 0,
     ) -> None:
         """Settle what the consumer holds; report the rest as ``not_acquired``.
 
@@ -436,7 +459,9 @@ class Session(ClientConnection):
             return
         c.settling += len(mine)
         if kind is Release:
-            event: Accept | Release | Reject = Release(c.queue, c.cid, tuple(mine), failed)
+            event: Accept | Release | Reject = Release(
+                c.queue, c.cid, tuple(mine), failed, delay_ms
+            )
             self.broker.delivery.released(c)
         else:
             event = kind(c.queue, c.cid, tuple(mine))
@@ -453,6 +478,25 @@ class Session(ClientConnection):
         fut.add_done_callback(settled)
         delivery.settled(c)  # credit is back now; see Consumer.credit
         self.reply(corr, fut, lambda r: Settled(r.count, missing + r.not_acquired))
+
+
+def _publish_options(options: dict[str, Any]) -> tuple[int, int]:
+    """Read a Publish's options; returns ``(delay_ms, not_before)``.
+
+    Raises:
+        InvalidArgument: an unknown option, or a bad value.
+    """
+    if not options:
+        return 0, 0
+    for key, value in options.items():
+        if key not in ("delay_ms", "not_before"):
+            raise InvalidArgument(f"unknown publish option {key!r} (known: delay_ms, not_before)")
+        if type(value) is not int or value < 0:
+            raise InvalidArgument(f"publish option {key!r} must be a non-negative int")
+    delay_ms = options.get("delay_ms", 0)
+    if delay_ms > MAX_DELAY_MS:
+        raise InvalidArgument(f"delay_ms must be at most {MAX_DELAY_MS}")
+    return delay_ms, options.get("not_before", 0)
 
 
 def _subscribe_options(options: dict[str, Any]) -> bool:
@@ -486,4 +530,7 @@ def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         delivery_limit=options.get("delivery_limit", DEFAULT_DELIVERY_LIMIT),
         dead_letter=options.get("dead_letter"),
         message_ttl_ms=options.get("message_ttl_ms"),
+        retry=options.get("retry") or "",
+        retry_delay_ms=options.get("retry_delay_ms", 0),
+        retry_max_ms=options.get("retry_max_ms"),
     )

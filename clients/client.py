@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -32,7 +34,7 @@ from batonmq.clients.addresses import DEFAULT_PORT, format_address, parse_addres
 from batonmq.clients.conn import Channel
 from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
-from batonmq.clients.producer import Producer
+from batonmq.clients.producer import Producer, publish_options
 from batonmq.clients.topology import TopologyEvent, TopologyTracker
 from batonmq.clients.watch import TopologyWatch
 from batonmq.clients.wire import (
@@ -67,12 +69,38 @@ from batonmq.cluster.results import (
 __all__ = [
     "DEFAULT_PORT",
     "connect",
+    "Retry",
     "parse_addresses",
     "Connection",
     "Consumer",
     "Message",
     "TopologyWatch",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A queue's retry policy: how long a message whose delivery failed waits before it is
+    ready again (docs/client.md, "Retries and delays").
+
+    Attributes:
+        policy: ``"fixed"`` (always ``delay``), ``"linear"`` (``delay * n``) or
+            ``"exponential"`` (``delay * 2 ** (n - 1)``), n being its delivery count.
+        delay: seconds (at least 1 ms).
+        max: the longest wait in seconds (None: no cap).
+    """
+
+    policy: str
+    delay: float
+    max: float | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The DeclareQueue options that carry it."""
+        return {
+            "retry": self.policy,
+            "retry_delay_ms": int(round(self.delay * 1000)),
+            "retry_max_ms": None if self.max is None else int(round(self.max * 1000)),
+        }
 
 
 async def connect(
@@ -433,6 +461,7 @@ class Connection:
         delivery_limit: int = 20,
         dead_letter: str | None = None,
         message_ttl: float | None = None,
+        retry: Retry | None = None,
     ) -> dict[str, Any]:
         """Create a queue, or check that it exists with these settings.
 
@@ -447,6 +476,7 @@ class Connection:
                 dead-lettered (or dropped without a dead-letter queue).
             dead_letter: queue that receives rejected and over-limit messages.
             message_ttl: seconds a message may wait before it expires (None: forever).
+            retry: the retry policy of failed deliveries (None: ready again at once).
 
         Returns:
             The broker's result, e.g. ``{"created": True}``.
@@ -464,6 +494,10 @@ class Connection:
             "dead_letter": dead_letter,
             "message_ttl_ms": ttl_ms,
         }
+        if retry is not None:
+            if not isinstance(retry, Retry):
+                raise InvalidArgument(f"retry must be a clients.Retry, got {retry!r}")
+            options.update(retry.options())
         corr = self._next_corr()
         # Idempotent (create, or check the settings), so sent again after a failover.
         result = await self._request(DeclareQueue(corr, name, options), corr, retry=True)
@@ -583,6 +617,8 @@ class Connection:
         headers: Mapping[str, Any] | None = None,
         *,
         idempotency_key: str | None = None,
+        delay: float | None = None,
+        not_before: float | datetime | None = None,
     ) -> Coroutine[Any, Any, int]:
         """Publish one message and wait until the broker confirms it (``await`` it).
 
@@ -599,20 +635,31 @@ class Connection:
             idempotency_key: your own key for this publish (e.g. to publish again
                 safely from a new connection after a crash); by default a key unique
                 to this connection and publish.
+            delay: seconds the queue holds the message from consumers (a delayed
+                message; by the cluster's replicated clock, docs/client.md).
+            not_before: the time (an aware datetime, or seconds since the epoch)
+                before which no consumer gets it (with ``delay``: the later of both).
 
         Returns:
             The message's position in the queue.
 
         Raises:
             MessageTooLarge: the body is above the broker's ``max_message`` (nothing sent).
-            InvalidArgument: body or headers of the wrong type (nothing sent).
+            InvalidArgument: body or headers of the wrong type, a negative delay or
+                time (nothing sent).
             QueueNotFound, QueueFull: from the broker.
             ConnectionClosed: the connection ended before the confirmation; the message
                 may or may not have been enqueued.
         """
         # The producer's own coroutine, not one that awaits it: a publish is the hot
         # path, and a coroutine frame per call is a measurable share of its cost.
-        return self._producer.publish(queue, body, headers, idempotency_key=idempotency_key)
+        return self._producer.publish(
+            queue,
+            body,
+            headers,
+            idempotency_key=idempotency_key,
+            options=publish_options(delay, not_before),
+        )
 
     async def publish_batch(
         self,
@@ -620,6 +667,8 @@ class Connection:
         messages: Iterable[bytes | bytearray | memoryview | tuple[bytes, Mapping[str, Any]]],
         *,
         idempotency_key: str | None = None,
+        delay: float | None = None,
+        not_before: float | datetime | None = None,
     ) -> list[int]:
         """Publish many messages and wait until all are confirmed.
 
@@ -635,6 +684,7 @@ class Connection:
             messages: bodies, or ``(body, headers)`` pairs.
             idempotency_key: your own key for the batch; with several frames,
                 frame ``i`` uses ``f"{idempotency_key}#{i}"``.
+            delay, not_before: as for :meth:`publish`, for every message.
 
         Returns:
             The positions of the messages, in order.
@@ -646,7 +696,10 @@ class Connection:
             ConnectionClosed: the connection ended before every confirmation arrived.
         """
         return await self._producer.publish_batch(
-            queue, messages, idempotency_key=idempotency_key
+            queue,
+            messages,
+            idempotency_key=idempotency_key,
+            options=publish_options(delay, not_before),
         )
 
     def consume(self, queue: str, *, prefetch: int = 100) -> Consumer:

@@ -45,13 +45,15 @@ RELEASE_FAILED: Final = 3
 _KINDS: Final = (ACK, RELEASE, REJECT, RELEASE_FAILED)
 
 
-def _settle_frame(kind: int, corr: int, tag: int, positions: list[int]) -> Frame:
+def _settle_frame(
+    kind: int, corr: int, tag: int, positions: list[int], delay_ms: int = 0
+) -> Frame:
     """The frame that carries one batch of settlements of ``kind``."""
     if kind == ACK:
         return Ack(corr, tag, positions)
     if kind == REJECT:
         return Reject(corr, tag, positions)
-    return Release(corr, tag, positions, kind == RELEASE_FAILED)
+    return Release(corr, tag, positions, kind == RELEASE_FAILED, delay_ms)
 
 
 class ConsumerChannel(Protocol):
@@ -428,7 +430,7 @@ class Consumer:
 
     # --- settlement (coalesced per loop tick) -----------------------------------------
 
-    def settle(self, kind: int, position: int) -> asyncio.Future[None]:
+    def settle(self, kind: int, position: int, delay_ms: int = 0) -> asyncio.Future[None]:
         """Queue the settlement ``kind`` (ACK, RELEASE, REJECT, RELEASE_FAILED) of
         ``position``: it
         goes out with the others of this loop tick, in one frame.
@@ -449,6 +451,10 @@ class Consumer:
                         "its unsettled messages were released"
                     )
                 )
+            return fut
+        if delay_ms:
+            # A delayed release goes alone, now (batches share one frame's fields).
+            self._send(kind, _SettleBatch(), [position], [fut], delay_ms)
             return fut
         batch = self._batches[kind]
         if batch is None:
@@ -478,16 +484,26 @@ class Consumer:
         if batch is None:
             return
         self._batches[kind] = None
+        self._send(kind, batch, batch.positions, batch.waiters)
+
+    def _send(
+        self,
+        kind: int,
+        batch: _SettleBatch,
+        positions: list[int],
+        waiters: list[asyncio.Future[None]],
+        delay_ms: int = 0,
+    ) -> None:
         conn = self._conn
         corr = conn.next_corr()
         try:
-            fut = conn.request(_settle_frame(kind, corr, self.tag, batch.positions), corr)
+            frame = _settle_frame(kind, corr, self.tag, positions, delay_ms)
+            fut = conn.request(frame, corr)
         except BatonError as exc:
-            for waiter in batch.waiters:
+            for waiter in waiters:
                 if not waiter.done():
                     waiter.set_exception(exc)
             return
-        waiters, positions = batch.waiters, batch.positions
         fut.add_done_callback(lambda done: _fan_out(done, waiters, positions))
 
     async def ack_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
@@ -659,18 +675,18 @@ class Message:
         """The subscription of its consumer that delivered it (:attr:`Consumer.epoch`)."""
         return self._epoch
 
-    def issue_settlement(self, kind: int) -> asyncio.Future[None]:
+    def issue_settlement(self, kind: int, delay_ms: int = 0) -> asyncio.Future[None]:
         """Mark the message settled and queue the settlement ``kind`` on its consumer
         (:meth:`Consumer.settle`); the caller has checked that it may be settled."""
         self._settled = True
-        return self._consumer.settle(kind, self.position)
+        return self._consumer.settle(kind, self.position, delay_ms)
 
-    async def _settle_as(self, kind: int, confirm: bool) -> None:
+    async def _settle_as(self, kind: int, confirm: bool, delay_ms: int = 0) -> None:
         if self._settled:
             raise InvalidArgument(f"message {self.queue!r}@{self.position} is already settled")
         if self._epoch != self._consumer.epoch:
             raise _released_by_failover(self.queue, self.position)
-        fut = self.issue_settlement(kind)
+        fut = self.issue_settlement(kind, delay_ms)
         if confirm:
             await fut
         else:
@@ -696,7 +712,9 @@ class Message:
         """
         await self._settle_as(ACK, confirm)
 
-    async def release(self, *, failed: bool = False, confirm: bool = False) -> None:
+    async def release(
+        self, *, failed: bool = False, delay: float = 0.0, confirm: bool = False
+    ) -> None:
         """Give the message back to its queue, at its position.
 
         Two flavours (docs/client.md, "The two counters"):
@@ -708,12 +726,18 @@ class Message:
           not process it. Its delivery count goes up by one too, and the release
           that reaches the queue's ``delivery_limit`` dead-letters it instead.
 
-        ``confirm`` as for :meth:`ack`.
+        ``delay`` (seconds): no consumer gets the message again before that much time
+        has passed, by the cluster's replicated clock; then it is ready again at its
+        position. ``confirm`` as for :meth:`ack`.
 
         Raises:
+            InvalidArgument: a negative delay (nothing sent), or one above 30 days.
             The same as :meth:`ack`.
         """
-        await self._settle_as(RELEASE_FAILED if failed else RELEASE, confirm)
+        if delay < 0:
+            raise InvalidArgument("delay must not be negative")
+        kind = RELEASE_FAILED if failed else RELEASE
+        await self._settle_as(kind, confirm, int(delay * 1000))
 
     async def reject(self, *, confirm: bool = False) -> None:
         """Reject the message: it goes to the dead-letter queue (or is dropped).

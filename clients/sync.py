@@ -23,6 +23,7 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -242,6 +243,7 @@ class SyncConnection:
         delivery_limit: int = 20,
         dead_letter: str | None = None,
         message_ttl: float | None = None,
+        retry: _aio.Retry | None = None,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
         return self.run(
@@ -253,6 +255,7 @@ class SyncConnection:
                 delivery_limit=delivery_limit,
                 dead_letter=dead_letter,
                 message_ttl=message_ttl,
+                retry=retry,
             )
         )
 
@@ -293,14 +296,24 @@ class SyncConnection:
         headers: Mapping[str, Any] | None = None,
         *,
         idempotency_key: str | None = None,
+        delay: float | None = None,
+        not_before: float | datetime | None = None,
     ) -> int:
-        """Publish one message; returns its position once confirmed.
+        """Publish one message; returns its position once confirmed (``delay``,
+        ``not_before``: a delayed message, as :meth:`Connection.publish`).
 
         Raises:
             The same as :meth:`Connection.publish`, and Timeout.
         """
         return self.run(
-            self._conn.publish(queue, body, headers, idempotency_key=idempotency_key)
+            self._conn.publish(
+                queue,
+                body,
+                headers,
+                idempotency_key=idempotency_key,
+                delay=delay,
+                not_before=not_before,
+            )
         )
 
     def publish_batch(
@@ -309,6 +322,8 @@ class SyncConnection:
         messages: Iterable[bytes | bytearray | memoryview | tuple[bytes, Mapping[str, Any]]],
         *,
         idempotency_key: str | None = None,
+        delay: float | None = None,
+        not_before: float | datetime | None = None,
     ) -> list[int]:
         """Publish many messages; returns their positions once all are confirmed.
 
@@ -316,7 +331,9 @@ class SyncConnection:
         """
         items = list(messages)  # consume the iterable in the caller's thread
         return self.run(
-            self._conn.publish_batch(queue, items, idempotency_key=idempotency_key)
+            self._conn.publish_batch(
+                queue, items, idempotency_key=idempotency_key, delay=delay, not_before=not_before
+            )
         )
 
     def consume(self, queue: str, *, prefetch: int = 100) -> SyncConsumer:
@@ -606,10 +623,10 @@ class SyncMessage:
         """Accept the message (see :meth:`batonmq.clients.consumer.Message.ack`)."""
         self._conn.run(self._msg.ack(confirm=confirm))
 
-    def release(self, *, failed: bool = False, confirm: bool = False) -> None:
-        """Give the message back to its queue: "not now", or ``failed`` (see
-        :meth:`batonmq.clients.consumer.Message.release`)."""
-        self._conn.run(self._msg.release(failed=failed, confirm=confirm))
+    def release(self, *, failed: bool = False, delay: float = 0.0, confirm: bool = False) -> None:
+        """Give the message back to its queue: "not now", or ``failed``, after ``delay``
+        seconds (see :meth:`batonmq.clients.consumer.Message.release`)."""
+        self._conn.run(self._msg.release(failed=failed, delay=delay, confirm=confirm))
 
     def reject(self, *, confirm: bool = False) -> None:
         """Reject the message (see :meth:`batonmq.clients.consumer.Message.reject`)."""

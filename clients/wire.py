@@ -9,6 +9,10 @@ This module does no I/O (the h11 style): feed bytes in with
 :meth:`FrameCodec.receive_data`, take frames out with :meth:`FrameCodec.next_frame`,
 and turn frames into bytes with :meth:`FrameCodec.send`. The asyncio sides in
 ``broker/`` and ``clients/`` are thin loops around it.
+
+Size: a little over 800 lines, because every frame of the protocol is defined here, in
+one table next to the codec that reads it (docs/protocol.md mirrors it, and a test
+checks that they agree).
 """
 
 from __future__ import annotations
@@ -163,7 +167,7 @@ class DeclareQueue(Frame):
 
     ``options`` keys: durable (bool), max_length (int|None), overflow
     ("reject-publish"|"drop-head"), delivery_limit (int), dead_letter (str|None),
-    message_ttl_ms (int|None).
+    message_ttl_ms (int|None), retry (str|None), retry_delay_ms (int), retry_max_ms (int|None).
     """
 
     OP: ClassVar[int] = 10
@@ -216,7 +220,8 @@ class Publish(Frame):
 
     ``key`` is the publish's idempotency key (optional on the wire; "" = none): a
     publish re-sent with a key the cluster already applied to the queue is not
-    enqueued again, and its Ok reports the original position.
+    enqueued again, and its Ok reports the original position. ``options``: the work-queue
+    features the message uses (``delay_ms``, ``not_before``; docs/protocol.md).
     """
 
     OP: ClassVar[int] = 20
@@ -225,6 +230,7 @@ class Publish(Frame):
     body: bytes
     headers: dict[str, Any]
     key: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +238,8 @@ class PublishBatch(Frame):
     """C->S: enqueue messages atomically; Ok({"first_position": p, "count": n}).
 
     ``messages`` is a list of ``[body, headers]`` pairs; ``key`` the batch's
-    idempotency key (optional, as for Publish).
+    idempotency key (optional, as for Publish); ``options`` as for Publish, for every
+    message of the batch.
     """
 
     OP: ClassVar[int] = 21
@@ -240,6 +247,7 @@ class PublishBatch(Frame):
     queue: str
     messages: list[Any]
     key: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,13 +289,15 @@ class Ack(Frame):
 @dataclass(frozen=True, slots=True)
 class Release(Frame):
     """C->S: give delivered messages back to the queue. ``failed``: a failed delivery
-    (delivery count + 1, the delivery limit applies); false: "not now" (acquired count only)."""
+    (delivery count + 1, the delivery limit applies); false: "not now" (acquired count
+    only). ``delay_ms``: ready again only that much later (by the replicated clock)."""
 
     OP: ClassVar[int] = 33
     corr: int
     consumer: int
     positions: list[int]
     failed: bool = True
+    delay_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,7 +101,7 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         )
     if op == Enqueue.OP:
         values[1] = _messages(values[1])
-        if len(values) == 3:
+        if len(values) >= 3:
             values[2] = _keys(values[2], len(values[1]))
     elif (op in _POSITION_EVENTS or op == ReleaseAll.OP) and len(values) > 2:
         values[2] = _positions(values[2])
@@ -179,7 +179,12 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "delivery_limit": (int,),
     "dead_letter": (str, type(None)),
     "message_ttl_ms": (int, type(None)),
+    "retry": (str,),
+    "retry_delay_ms": (int,),
+    "retry_max_ms": (int, type(None)),
     "on": (bool,),
+    "delay_ms": (int,),
+    "not_before": (int,),
     "to": (str,),
     "holder": (str, type(None)),
     "role": (str,),

@@ -104,8 +104,12 @@ AnyEvent: TypeAlias = "Event[Result | None]"
 class DeclareQueue(Event[Declared]):
     """Create a queue, or check an existing one has the same settings.
 
-    ``delivery_limit``: a message is delivered at most this many times; the
-    release that would exceed it dead-letters the message instead.
+    ``delivery_limit``: a message's delivery fails at most this many times; the
+    failed release that reaches it dead-letters the message instead.
+
+    ``retry`` ("fixed", "linear", "exponential"; "" none), ``retry_delay_ms`` and
+    ``retry_max_ms``: a message whose delivery failed is held for a delay that grows
+    with its delivery count before it is ready again (docs/events.md).
     """
 
     OP: ClassVar[int] = 1
@@ -116,6 +120,9 @@ class DeclareQueue(Event[Declared]):
     delivery_limit: int = DEFAULT_DELIVERY_LIMIT
     dead_letter: str | None = None
     message_ttl_ms: int | None = None
+    retry: str = ""
+    retry_delay_ms: int = 0
+    retry_max_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +157,18 @@ class Enqueue(Event[Enqueued]):
     keys existed). A span whose key the state already applied to this queue is not
     enqueued again; the result reports its original positions (client failover
     re-sends unconfirmed publishes with the same key: exactly once on the queue).
+
+    ``delay_ms`` / ``not_before`` (ms since the epoch): the messages are stored now but
+    held from consumers until the replicated clock passes ``max(clock at apply +
+    delay_ms, not_before)``.
     """
 
     OP: ClassVar[int] = 10
     queue: str
     messages: tuple[tuple[bytes, dict[str, Any]], ...]
     keys: tuple[tuple[str, int], ...] = ()
+    delay_ms: int = 0
+    not_before: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +203,9 @@ class Release(Event[Settled]):
     so their delivery count goes up and the delivery limit applies. ``False`` is a
     "not now": only their acquired count goes up (docs/events.md, the two counters).
     Records written before the field existed were failed releases.
+
+    ``delay_ms``: the messages are ready again only once the replicated clock has
+    passed the clock at apply plus this (0: at once).
     """
 
     OP: ClassVar[int] = 13
@@ -197,6 +213,7 @@ class Release(Event[Settled]):
     consumer: str
     positions: tuple[int, ...]
     failed: bool = True
+    delay_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

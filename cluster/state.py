@@ -186,7 +186,9 @@ class State:
                 return self.index.accept(ev, out)
             case Release():
                 self._own_consumer(key, ev.consumer)
-                return self.index.release(ev.queue, ev.consumer, ev.positions, out, ev.failed)
+                return self.index.release(
+                    ev.queue, ev.consumer, ev.positions, out, ev.failed, ev.delay_ms
+                )
             case Reject():
                 self._own_consumer(key, ev.consumer)
                 return self.index.reject(ev, out)

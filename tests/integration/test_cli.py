@@ -191,3 +191,13 @@ async def test_serve_on_port_0_reports_and_advertises_the_port_it_got(tmp_path: 
         assert [i["address"] for i in (await topology(first))["instances"]] == [first]
     finally:
         b.stop()
+
+
+def test_publish_with_a_delay(broker: BrokerProcess) -> None:
+    addr = broker.address
+    r = baton("publish", "--broker", addr, "--declare", "--delay", "60", "later", "x")
+    assert r.returncode == 0, r.stderr
+    q = _queues(addr)["later"]
+    assert (q["ready"], q["delayed"], q["enqueued"]) == (0, 1, 1)
+    r = baton("consume", "later", "--broker", addr, "--timeout", "0.5")
+    assert r.returncode == 0 and r.stdout == "", r.stdout  # held: nothing to consume yet

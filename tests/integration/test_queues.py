@@ -365,6 +365,10 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "delivery_limit": 3,
                 "dead_letter": "s.a",
                 "message_ttl_ms": None,
+                "retry": None,
+                "retry_delay_ms": 0,
+                "retry_max_ms": None,
+                "delayed": 0,
                 "consumers": 1,
             }
         listed = await conn.list_queues()

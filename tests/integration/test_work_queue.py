@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
+from pathlib import Path
 
 import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import BatonError
-from tests.helpers import drain, eventually, now, wait_stats
+from tests.helpers import drain, equal_digests, eventually, now, wait_stats
 from tests.integration.conftest import BrokerProcess
+from tests.integration.test_join import brokers, log_url
 
 pytestmark = pytest.mark.integration
 
@@ -168,3 +171,86 @@ async def test_many_short_lived_consumers_dead_letter_only_failed_messages(
     assert (stats["accepted"], stats["dead_lettered"]) == (total - len(poison), len(poison))
     # The churn gave back many messages without failing them.
     assert stats["given_back"] > 0
+
+
+# --- delays: publish(delay=...), release(delay=...) ------------------------------------------
+
+
+async def test_delayed_publish_and_release_wait_for_their_time(broker: BrokerProcess) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("later")
+        t0 = time.time()
+        await conn.publish("later", b"in-1s", delay=1.0)
+        await conn.publish("later", b"now")
+        stats = await conn.queue_stats("later")
+        assert (stats["ready"], stats["delayed"]) == (1, 1)
+        async with conn.consume("later", prefetch=10) as consumer:
+            first = await next_msg(consumer)
+            assert first.body == b"now"
+            released_at = time.time()
+            await first.release(delay=1.5)  # "not now": back in 1.5 s
+            second = await next_msg(consumer)
+            assert second.body == b"in-1s" and time.time() - t0 >= 1.0
+            assert second.publish_time / 1000 <= t0 + 0.5  # held, not published late
+            await second.ack()
+            third = await next_msg(consumer)
+            assert third.body == b"now" and time.time() - released_at >= 1.5
+            assert (third.delivery_count, third.acquired_count) == (0, 1)
+            await third.ack(confirm=True)
+        stats = await conn.queue_stats("later")
+        assert (stats["ready"], stats["delayed"], stats["accepted"]) == (0, 0, 2)
+
+
+@pytest.mark.parametrize("kind", ["file", "kafka"])
+async def test_delays_and_retries_hold_across_kill9_of_the_owner_and_a_live_join(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Delayed publishes, delayed releases and a retry policy are replicated state: the
+    owner's kill -9 and a broker joining meanwhile neither lose them nor hand them out
+    before their time, and the replicas agree."""
+    nodes = brokers(tmp_path, log_url(kind, tmp_path, request), 3, ["--checkpoint-ms", "500"])
+    try:
+        for b in nodes[:2]:
+            b.start()
+        owner, other = nodes[0].address, nodes[1].address
+        async with await clients.connect(owner) as conn:
+            await conn.declare_queue(
+                "d", delivery_limit=5, retry=clients.Retry("fixed", delay=2.0)
+            )
+            t0 = time.time()
+            await conn.publish_batch("d", [b"late-%d" % i for i in range(10)], delay=6.0)
+            await conn.publish_batch("d", [b"now-%d" % i for i in range(15)])
+            not_before: dict[bytes, float] = {b"late-%d" % i: t0 + 6.0 for i in range(10)}
+            async with conn.consume("d", prefetch=15) as consumer:
+                for _ in range(15):
+                    msg = await next_msg(consumer)
+                    i = int(msg.body.split(b"-")[1])
+                    if i < 5:  # failed: the queue's policy holds it 2 s
+                        not_before[msg.body] = time.time() + 2.0
+                        await msg.release(failed=True, confirm=True)
+                    elif i < 10:  # "not now", back in 3 s
+                        not_before[msg.body] = time.time() + 3.0
+                        await msg.release(delay=3.0, confirm=True)
+                    else:
+                        await msg.ack(confirm=True)
+            stats = await conn.queue_stats("d")
+            assert (stats["ready"], stats["delayed"]) == (0, 20)
+        nodes[0].kill9()  # the owner, with every delayed message on its watch
+        await asyncio.to_thread(nodes[2].start, 60)  # joins live, by an update
+        got: dict[bytes, tuple[float, int, int]] = {}
+        async with await clients.connect([nodes[2].address, other]) as conn:
+            async with conn.consume("d", prefetch=50) as consumer:
+                while len(got) < 20:
+                    msg = await next_msg(consumer, timeout=30)
+                    got[msg.body] = (time.time(), msg.delivery_count, msg.acquired_count)
+                    await msg.ack(confirm=True)
+        assert set(got) == set(not_before), "a delayed message was lost or came twice"
+        early = {b: round(not_before[b] - t, 3) for b, (t, _, _) in got.items() if t < not_before[b]}
+        assert not early, f"handed out before their time (s early): {early}"
+        assert all(got[b"now-%d" % i][1:] == (1, 1) for i in range(5))  # failed once
+        assert all(got[b"now-%d" % i][1:] == (0, 1) for i in range(5, 10))  # not now
+        assert all(got[b"late-%d" % i][1:] == (0, 0) for i in range(10))
+        await equal_digests(nodes[1:])
+    finally:
+        for n in nodes:
+            n.stop()
