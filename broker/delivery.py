@@ -19,7 +19,8 @@ from typing import Any
 
 from batonmq.broker.reply import Replier
 from batonmq.cluster.errors import BatonError, QueueNotFound
-from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
+from batonmq.clients.wire import Expired
+from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, Release, ReleaseAll
 from batonmq.cluster.node import Node
 from batonmq.cluster.results import Counted, Settled
 from batonmq.cluster.effects import (
@@ -58,6 +59,8 @@ class Consumer:
         "counters",
         "sent",
         "paused_until",
+        "timeout",
+        "deadlines",
     )
 
     def __init__(
@@ -68,6 +71,7 @@ class Consumer:
         prefetch: int,
         session: Replier,
         counters: bool = False,
+        timeout: float = 0.0,
     ) -> None:
         self.tag = tag
         self.cid = cid  # replicated consumer id: "node/runtime/n"
@@ -80,10 +84,33 @@ class Consumer:
         self.sent = 0  # messages sent to this consumer so far
         self.counters = counters  # deliver the acquired count too (Subscribe option)
         self.paused_until = 0.0  # after a release (monotonic; 0: not paused)
+        # Ack timeout (s; 0: none) and, with one, each held message's deadline
+        # (monotonic): this broker releases what passes it as a failed delivery.
+        self.timeout = timeout
+        self.deadlines: dict[int, float] = {}
         self.settling = 0  # positions in an ack/release/reject not yet applied
         self.acquiring = 0  # count asked for by the acquire in flight (0: none)
         self.closed = False
         self.refill = max(1, prefetch // 2)  # acquire once this much credit is free
+
+    def settled_positions(self, positions: list[int]) -> None:
+        """These held messages were settled: they have no deadline any more."""
+        if self.timeout:
+            for p in positions:
+                self.deadlines.pop(p, None)
+
+    def touch(self, positions: list[int]) -> tuple[int, list[int]]:
+        """The application still works on these: their ack timeout starts again.
+
+        Returns:
+            How many it holds, and the positions it does not.
+        """
+        held = [p for p in positions if p in self.held]
+        if self.timeout:
+            deadline = time.monotonic() + self.timeout
+            for p in held:
+                self.deadlines[p] = deadline
+        return len(held), [p for p in positions if p not in self.held]
 
     @property
     def credit(self) -> int:
@@ -108,25 +135,36 @@ class Delivery:
         self._owned_since: dict[str, float] = {}  # queues we own -> since (monotonic)
         self._handing_off: set[str] = set()  # handoff appended, not applied yet
         self._deferred: set[str] = set()  # wanted while locked by a join update
+        self._timed: set[Consumer] = set()  # consumers with an ack timeout
         self.on_fenced: Callable[[], None] | None = None
         node.on_unlocked = self.unlocked
 
     # -- consumers -------------------------------------------------------------------
 
     def add(
-        self, queue: str, prefetch: int, session: Replier, tag: int, counters: bool = False
+        self,
+        queue: str,
+        prefetch: int,
+        session: Replier,
+        tag: int,
+        counters: bool = False,
+        ack_timeout_ms: int | None = None,
     ) -> Consumer:
         """Register a consumer and start delivering to it (``counters``: with each
-        message's acquired count).
+        message's acquired count; ``ack_timeout_ms``: its ack timeout, else the queue's).
 
         Raises:
             QueueNotFound: no such queue (in the state applied here).
         """
-        if queue not in self.node.state.queues:
+        q = self.node.state.queues.get(queue)
+        if q is None:
             raise QueueNotFound(f"queue {queue!r} does not exist")
         self._next += 1
         cid = f"{self.node.node_id}/{self.node.runtime_id}/{self._next}"
-        c = Consumer(tag, cid, queue, prefetch, session, counters)
+        timeout_ms = ack_timeout_ms if ack_timeout_ms is not None else q.ack_timeout_ms
+        c = Consumer(tag, cid, queue, prefetch, session, counters, (timeout_ms or 0) / 1000)
+        if c.timeout:
+            self._timed.add(c)
         self.by_queue.setdefault(queue, []).append(c)
         self.by_cid[cid] = c
         self._want(queue, True)
@@ -179,6 +217,7 @@ class Delivery:
         if c.closed:
             return None
         c.closed = True
+        self._timed.discard(c)
         self.by_cid.pop(c.cid, None)
         peers = self.by_queue.get(c.queue)
         if peers is not None and c in peers:
@@ -262,12 +301,16 @@ class Delivery:
         out: list[list[Any]] = []
         size = 0
         held, sent, counters = c.held, c.sent, c.counters
+        deadlines = c.deadlines if c.timeout else None
+        deadline = time.monotonic() + c.timeout
         for pos, count, acquired, m in zip(e.positions, e.counts, e.acquired, messages):
             if m is None:  # cannot happen unless the store lost data; never deliver junk
                 log.error("queue %s position %d acquired but not in the store", e.queue, pos)
                 continue
             held[pos] = sent
             sent += 1
+            if deadlines is not None:
+                deadlines[pos] = deadline
             if counters:
                 out.append([pos, count, m.body, m.headers, m.publish_time, acquired])
             else:
@@ -368,6 +411,8 @@ class Delivery:
             now = time.monotonic()
             now_ms = time.time() * 1000
             me = self.node.key
+            for c in list(self._timed):
+                self._time_out(c, now)
             for name, since in list(self._owned_since.items()):
                 q = self.node.state.queues.get(name)
                 if q is None or q.owner != me or name in self._handing_off:
@@ -385,6 +430,23 @@ class Delivery:
                     # when it applies the handoff.
                     self._handing_off.add(name)
                     self.node.submit(Handoff(name)).add_done_callback(_quiet)
+
+    def _time_out(self, c: Consumer, now: float) -> None:
+        """Release ``c``'s messages past their ack timeout as a failed delivery, and tell
+        its client; its connection and other consumers go on."""
+        expired = [p for p, d in c.deadlines.items() if d <= now]
+        if not expired or c.closed:
+            return
+        expired.sort()
+        for p in expired:
+            del c.deadlines[p]
+            c.held.pop(p, None)
+        log.info("consumer %s of %s: %d message(s) passed the ack timeout", c.cid, c.queue,
+                 len(expired))
+        event = Release(c.queue, c.cid, tuple(expired), True, 0, True)
+        self.node.submit(event).add_done_callback(_quiet)
+        c.session.send(Expired(c.tag, expired))
+        self.pump(c.queue)
 
     async def _expiry_loop(self, interval: float) -> None:
         """Append Expire for queues whose oldest ready messages passed their TTL.

@@ -89,6 +89,7 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "retry": (str, type(None)),
     "retry_delay_ms": (int,),
     "retry_max_ms": (int, type(None)),
+    "ack_timeout_ms": (int, type(None)),
 }
 
 
@@ -247,6 +248,12 @@ class Session(ClientConnection):
                 self._subscribe(f)
             case wire.Cancel():
                 self._cancel(f)
+            case wire.Touch():
+                c = self.consumers.get(f.consumer)
+                if c is None:
+                    raise UnknownConsumer(f"no consumer {f.consumer} on this connection")
+                count, missing = c.touch(f.positions)
+                self.send(wire.ok(f.corr, Settled(count, missing)))
             case wire.DeclareQueue():
                 self._submit(f.corr, _declare_event(f.queue, f.options), as_is)
             case wire.DeleteQueue():
@@ -407,10 +414,10 @@ class Session(ClientConnection):
         limit = self.broker.config.max_prefetch
         if not 1 <= f.prefetch <= limit:
             raise InvalidArgument(f"prefetch must be 1..{limit}")
-        counters = _subscribe_options(f.options)
+        counters, ack_timeout_ms = _subscribe_options(f.options)
         self._next_tag += 1
         tag = self._next_tag
-        c = self.broker.delivery.add(f.queue, f.prefetch, self, tag, counters)
+        c = self.broker.delivery.add(f.queue, f.prefetch, self, tag, counters, ack_timeout_ms)
         self.consumers[tag] = c
         self.send(wire.ok(f.corr, Subscribed(tag)))
         self.broker.delivery.pump(f.queue)
@@ -457,6 +464,7 @@ class Session(ClientConnection):
         if not mine:
             self.send(wire.ok(corr, Settled(0, missing)))
             return
+        c.settled_positions(mine)
         c.settling += len(mine)
         if kind is Release:
             event: Accept | Release | Reject = Release(
@@ -499,18 +507,24 @@ def _publish_options(options: dict[str, Any]) -> tuple[int, int]:
     return delay_ms, options.get("not_before", 0)
 
 
-def _subscribe_options(options: dict[str, Any]) -> bool:
-    """Read a Subscribe's options; returns ``counters``.
+def _subscribe_options(options: dict[str, Any]) -> tuple[bool, int | None]:
+    """Read a Subscribe's options; returns ``(counters, ack_timeout_ms)``.
 
     Raises:
-        InvalidArgument: an unknown option, or one of the wrong type.
+        InvalidArgument: an unknown option, or one of the wrong type or range.
     """
     for key, value in options.items():
-        if key != "counters":
-            raise InvalidArgument(f"unknown subscribe option {key!r} (known: counters)")
-        if not isinstance(value, bool):
-            raise InvalidArgument(f"subscribe option {key!r} must be a bool")
-    return bool(options.get("counters", False))
+        if key == "counters":
+            if not isinstance(value, bool):
+                raise InvalidArgument("subscribe option 'counters' must be a bool")
+        elif key == "ack_timeout_ms":
+            if type(value) is not int or not 1 <= value <= MAX_DELAY_MS:
+                raise InvalidArgument(f"ack_timeout_ms must be 1..{MAX_DELAY_MS}")
+        else:
+            raise InvalidArgument(
+                f"unknown subscribe option {key!r} (known: counters, ack_timeout_ms)"
+            )
+    return bool(options.get("counters", False)), options.get("ack_timeout_ms")
 
 
 def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
@@ -533,4 +547,5 @@ def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         retry=options.get("retry") or "",
         retry_delay_ms=options.get("retry_delay_ms", 0),
         retry_max_ms=options.get("retry_max_ms"),
+        ack_timeout_ms=options.get("ack_timeout_ms"),
     )

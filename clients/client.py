@@ -462,6 +462,7 @@ class Connection:
         dead_letter: str | None = None,
         message_ttl: float | None = None,
         retry: Retry | None = None,
+        ack_timeout: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue, or check that it exists with these settings.
 
@@ -477,6 +478,9 @@ class Connection:
             dead_letter: queue that receives rejected and over-limit messages.
             message_ttl: seconds a message may wait before it expires (None: forever).
             retry: the retry policy of failed deliveries (None: ready again at once).
+            ack_timeout: seconds a consumer may hold a message unsettled before its
+                broker releases it as a failed delivery (None: no limit; a consumer
+                may set its own).
 
         Returns:
             The broker's result, e.g. ``{"created": True}``.
@@ -494,6 +498,8 @@ class Connection:
             "dead_letter": dead_letter,
             "message_ttl_ms": ttl_ms,
         }
+        if ack_timeout is not None:
+            options["ack_timeout_ms"] = max(1, int(round(ack_timeout * 1000)))
         if retry is not None:
             if not isinstance(retry, Retry):
                 raise InvalidArgument(f"retry must be a clients.Retry, got {retry!r}")
@@ -702,17 +708,28 @@ class Connection:
             options=publish_options(delay, not_before),
         )
 
-    def consume(self, queue: str, *, prefetch: int = 100) -> Consumer:
+    def consume(
+        self, queue: str, *, prefetch: int = 100, ack_timeout: float | None = None
+    ) -> Consumer:
         """A consumer of ``queue``; subscribe by entering it (``async with``).
 
         Args:
             queue: the queue's name.
             prefetch: the most messages the broker delivers before they are settled.
+            ack_timeout: seconds a delivered message may stay unsettled; then the
+                broker releases it as a failed delivery and tells the consumer
+                (``msg.in_progress()`` starts it again). None: the queue's setting.
 
         Returns:
             A :class:`Consumer` (not yet subscribed).
         """
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
             raise InvalidArgument(f"prefetch must be a positive int, got {prefetch!r}")
-        return Consumer(self._channel, queue, prefetch)
+        if ack_timeout is not None and (
+            isinstance(ack_timeout, bool)
+            or not isinstance(ack_timeout, (int, float))
+            or ack_timeout <= 0
+        ):
+            raise InvalidArgument(f"ack_timeout must be positive seconds, got {ack_timeout!r}")
+        return Consumer(self._channel, queue, prefetch, ack_timeout)
 

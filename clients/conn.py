@@ -36,6 +36,7 @@ from batonmq.clients.wire import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
     ConsumerCancelled,
+    Expired,
     Deliver,
     Error,
     Frame,
@@ -435,6 +436,10 @@ class Channel:
                 term = self._terms.get(frame.service)
                 if term is not None:
                     term.leader_event(frame.event, frame.token, frame.leader)
+            case Expired():
+                consumer = self._consumers.get(frame.consumer)
+                if consumer is not None:
+                    consumer.expired(frame.positions)
             case ConsumerCancelled():
                 consumer = self._consumers.pop(frame.consumer, None)
                 if consumer is not None:

@@ -8,8 +8,13 @@ once it holds a quarter of ``prefetch``, so the broker can refill while the
 application works on the rest).
 
 The consumer talks to its connection through :class:`ConsumerChannel`; the connection
-routes Subscribe answers, Deliver and ConsumerCancelled frames to it (:meth:`Consumer.subscribed`,
-:meth:`Consumer.deliver`, :meth:`Consumer.end`) and tells it about failovers.
+routes Subscribe answers, Deliver, Expired and ConsumerCancelled frames to it
+(:meth:`Consumer.subscribed`, :meth:`Consumer.deliver`, :meth:`Consumer.expired`,
+:meth:`Consumer.end`) and tells it about failovers.
+
+Size: a little over 800 lines: :class:`Message` settles through its consumer's
+coalesced batches and the consumer makes the messages, so the two live together; moving
+Message out would need a protocol for its consumer (a follow-up).
 """
 
 from __future__ import annotations
@@ -29,7 +34,16 @@ from batonmq.cluster.errors import (
     ProtocolError,
     UnknownConsumer,
 )
-from batonmq.clients.wire import Ack, Cancel, Frame, Reject, Release, Subscribe, read_result
+from batonmq.clients.wire import (
+    Ack,
+    Cancel,
+    Frame,
+    Reject,
+    Release,
+    Subscribe,
+    Touch,
+    read_result,
+)
 from batonmq.cluster.results import Cancelled, Settled, Subscribed
 
 __all__ = ["ConsumerChannel", "Consumer", "Message", "ACK", "RELEASE", "REJECT", "RELEASE_FAILED"]
@@ -144,10 +158,28 @@ class Consumer:
         "_flush_at",
         "_epoch",
         "_received",
+        "ack_timeout",
+        "expired_count",
+        "_expired",
     )
 
-    def __init__(self, conn: ConsumerChannel, queue: str, prefetch: int) -> None:
+    def __init__(
+        self,
+        conn: ConsumerChannel,
+        queue: str,
+        prefetch: int,
+        ack_timeout: float | None = None,
+    ) -> None:
         self._conn = conn
+        #: Seconds a delivered message may stay unsettled before the broker releases
+        #: it as a failed delivery (None: the queue's setting).
+        self.ack_timeout = ack_timeout
+        #: Messages of this consumer the broker released at their ack timeout.
+        self.expired_count = 0
+        # Position -> how many times the broker released it at the ack timeout: a
+        # Message made before the last one cannot be settled (its position may be
+        # held again, by a later delivery to this same consumer).
+        self._expired: dict[int, int] = {}
         self.queue = queue
         self.prefetch = prefetch
         #: The broker's consumer tag (0 until subscribed).
@@ -203,7 +235,10 @@ class Consumer:
 
     def _subscribe_frame(self, corr: int) -> Subscribe:
         # "counters": each delivery carries the acquired count too.
-        return Subscribe(corr, self.queue, self.prefetch, {"counters": True})
+        options: dict[str, Any] = {"counters": True}
+        if self.ack_timeout is not None:
+            options["ack_timeout_ms"] = max(1, int(self.ack_timeout * 1000))
+        return Subscribe(corr, self.queue, self.prefetch, options)
 
     @property
     def active(self) -> bool:
@@ -241,15 +276,43 @@ class Consumer:
         append = self._buffer.append
         queue = self.queue
         epoch = self._epoch
+        expired = self._expired
         for position, delivery_count, body, headers, publish_time, acquired in messages:
-            append(
-                Message(
-                    self, queue, position, body, headers, delivery_count, publish_time, epoch,
-                    acquired,
-                )
+            msg = Message(
+                self, queue, position, body, headers, delivery_count, publish_time, epoch,
+                acquired,
             )
+            if expired:
+                msg.expiry = expired.get(position, 0)
+            append(msg)
         self._received += len(messages)
         self._ready.set()
+
+    def expired(self, positions: list[int]) -> None:
+        """The broker released these messages at their ack timeout (an Expired frame):
+        those still buffered are dropped, and settling the others fails."""
+        self.expired_count += len(positions)
+        gone = set(positions)
+        for p in gone:
+            self._expired[p] = self._expired.get(p, 0) + 1
+        if self._buffer:
+            kept = [m for m in self._buffer if m.position not in gone]
+            self._buffer.clear()
+            self._buffer.extend(kept)
+        _log.warning(
+            "consumer %s of %r: %d message(s) passed the ack timeout and were released",
+            self.tag, self.queue, len(positions),
+        )
+
+    def expiries(self, position: int) -> int:
+        """How many times the message at ``position`` was released at its ack timeout."""
+        return self._expired.get(position, 0) if self._expired else 0
+
+    def touch(self, position: int) -> asyncio.Future[dict[str, Any]]:
+        """Send Touch for ``position`` (see :meth:`Message.in_progress`)."""
+        conn = self._conn
+        corr = conn.next_corr()
+        return conn.request(Touch(corr, self.tag, [position]), corr)
 
     def failed_over(self) -> None:
         """The broker was lost: it released every message of this subscription.
@@ -260,6 +323,7 @@ class Consumer:
         self._epoch += 1
         self.tag = 0
         self._received = 0
+        self._expired.clear()
         self._buffer.clear()
         for kind in _KINDS:
             batch = self._batches[kind]
@@ -529,10 +593,7 @@ class Consumer:
         for msg in items:
             if msg.consumer is not self:
                 raise InvalidArgument(f"message {msg.position} is not from this consumer")
-            if msg.settled:
-                raise InvalidArgument(f"message {msg.position} is already settled")
-            if msg.epoch != self._epoch:
-                raise _released_by_failover(self.queue, msg.position)
+            msg.check_live()
         futures = []
         for msg in items:
             futures.append(msg.issue_settlement(kind))
@@ -628,6 +689,7 @@ class Message:
         "publish_time",
         "_settled",
         "_epoch",
+        "expiry",
     )
 
     def __init__(
@@ -652,6 +714,9 @@ class Message:
         self.publish_time = publish_time
         self._settled = False
         self._epoch = epoch
+        #: Ack-timeout releases of its position before this delivery (see
+        #: :meth:`Consumer.expiries`): when they differ, this delivery has expired.
+        self.expiry = 0
 
     def __repr__(self) -> str:
         return (
@@ -681,11 +746,26 @@ class Message:
         self._settled = True
         return self._consumer.settle(kind, self.position, delay_ms)
 
-    async def _settle_as(self, kind: int, confirm: bool, delay_ms: int = 0) -> None:
+    def check_live(self) -> None:
+        """Raise if this delivery cannot be settled any more (nothing is sent).
+
+        Raises:
+            InvalidArgument: already settled.
+            NotAcquired: released by a failover, or at its ack timeout.
+        """
         if self._settled:
             raise InvalidArgument(f"message {self.queue!r}@{self.position} is already settled")
-        if self._epoch != self._consumer.epoch:
+        consumer = self._consumer
+        if self._epoch != consumer.epoch:
             raise _released_by_failover(self.queue, self.position)
+        if consumer.expiries(self.position) != self.expiry:
+            raise NotAcquired(
+                f"message {self.queue!r}@{self.position} passed its ack timeout: the broker"
+                " released it (it cannot be settled any more)"
+            )
+
+    async def _settle_as(self, kind: int, confirm: bool, delay_ms: int = 0) -> None:
+        self.check_live()
         fut = self.issue_settlement(kind, delay_ms)
         if confirm:
             await fut
@@ -738,6 +818,27 @@ class Message:
             raise InvalidArgument("delay must not be negative")
         kind = RELEASE_FAILED if failed else RELEASE
         await self._settle_as(kind, confirm, int(delay * 1000))
+
+    async def in_progress(self) -> None:
+        """Tell the broker the application still works on the message: its ack
+        timeout (``consume(..., ack_timeout=...)`` or the queue's) starts again.
+
+        Raises:
+            InvalidArgument: the message was already settled (nothing sent).
+            NotAcquired: the broker no longer holds it for this consumer (it passed
+                its ack timeout, or the connection failed over).
+            UnknownConsumer, ConnectionClosed: as for :meth:`ack`.
+        """
+        self.check_live()
+        consumer = self._consumer
+        if not consumer.active:
+            raise UnknownConsumer(f"consumer of {self.queue!r} was cancelled")
+        result = read_result(Settled, await consumer.touch(self.position))
+        if result.not_acquired:
+            raise NotAcquired(
+                f"message {self.queue!r}@{self.position} is not held by this consumer any"
+                " more (it passed its ack timeout?)"
+            )
 
     async def reject(self, *, confirm: bool = False) -> None:
         """Reject the message: it goes to the dead-letter queue (or is dropped).

@@ -244,6 +244,7 @@ class SyncConnection:
         dead_letter: str | None = None,
         message_ttl: float | None = None,
         retry: _aio.Retry | None = None,
+        ack_timeout: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
         return self.run(
@@ -256,6 +257,7 @@ class SyncConnection:
                 dead_letter=dead_letter,
                 message_ttl=message_ttl,
                 retry=retry,
+                ack_timeout=ack_timeout,
             )
         )
 
@@ -336,9 +338,13 @@ class SyncConnection:
             )
         )
 
-    def consume(self, queue: str, *, prefetch: int = 100) -> SyncConsumer:
+    def consume(
+        self, queue: str, *, prefetch: int = 100, ack_timeout: float | None = None
+    ) -> SyncConsumer:
         """A blocking consumer of ``queue``; subscribe by entering it (``with``)."""
-        return SyncConsumer(self, self._conn.consume(queue, prefetch=prefetch))
+        return SyncConsumer(
+            self, self._conn.consume(queue, prefetch=prefetch, ack_timeout=ack_timeout)
+        )
 
     def lead(self, service: str, *, timeout: float | None = None) -> SyncTerm:
         """Run for leader of ``service``; ``with conn.lead(name) as term:`` blocks until
@@ -627,6 +633,11 @@ class SyncMessage:
         """Give the message back to its queue: "not now", or ``failed``, after ``delay``
         seconds (see :meth:`batonmq.clients.consumer.Message.release`)."""
         self._conn.run(self._msg.release(failed=failed, delay=delay, confirm=confirm))
+
+    def in_progress(self) -> None:
+        """Start the message's ack timeout again (see
+        :meth:`batonmq.clients.consumer.Message.in_progress`)."""
+        self._conn.run(self._msg.in_progress())
 
     def reject(self, *, confirm: bool = False) -> None:
         """Reject the message (see :meth:`batonmq.clients.consumer.Message.reject`)."""

@@ -52,6 +52,8 @@ __all__ = [
     "Reject",
     "Cancel",
     "ConsumerCancelled",
+    "Expired",
+    "Touch",
     "Topology",
     "UpdateRequest",
     "UpdateState",
@@ -253,7 +255,8 @@ class PublishBatch(Frame):
 @dataclass(frozen=True, slots=True)
 class Subscribe(Frame):
     """C->S: start a consumer; Ok({"consumer": tag}). ``prefetch`` caps unsettled deliveries.
-    ``options``: ``counters: bool`` adds the acquired count to each delivered message."""
+    ``options``: ``counters: bool`` adds the acquired count to each delivered message;
+    ``ack_timeout_ms: int`` sets this consumer's ack timeout (else the queue's)."""
 
     OP: ClassVar[int] = 30
     corr: int
@@ -335,6 +338,27 @@ class ConsumerCancelled(Frame):
     consumer: int
     code: int
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Expired(Frame):
+    """S->C: these messages of consumer ``consumer`` passed its ack timeout unsettled:
+    the broker released them as a failed delivery (settling them now fails)."""
+
+    OP: ClassVar[int] = 37
+    consumer: int
+    positions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Touch(Frame):
+    """C->S: the application still works on these delivered messages: their ack
+    timeout starts again. Ok({"count": n, "not_acquired": [...]}) at once."""
+
+    OP: ClassVar[int] = 38
+    corr: int
+    consumer: int
+    positions: list[int]
 
 
 # --- cluster --------------------------------------------------------------------------
@@ -553,6 +577,8 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         Reject,
         Cancel,
         ConsumerCancelled,
+        Expired,
+        Touch,
         Topology,
         UpdateRequest,
         UpdateState,

@@ -182,6 +182,8 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "retry": (str,),
     "retry_delay_ms": (int,),
     "retry_max_ms": (int, type(None)),
+    "ack_timeout_ms": (int, type(None)),
+    "timed_out": (bool,),
     "on": (bool,),
     "delay_ms": (int,),
     "not_before": (int,),

@@ -110,6 +110,9 @@ class DeclareQueue(Event[Declared]):
     ``retry`` ("fixed", "linear", "exponential"; "" none), ``retry_delay_ms`` and
     ``retry_max_ms``: a message whose delivery failed is held for a delay that grows
     with its delivery count before it is ready again (docs/events.md).
+
+    ``ack_timeout_ms``: how long a consumer may hold a message unsettled before its
+    broker releases it as a failed delivery (a consumer may set its own).
     """
 
     OP: ClassVar[int] = 1
@@ -123,6 +126,7 @@ class DeclareQueue(Event[Declared]):
     retry: str = ""
     retry_delay_ms: int = 0
     retry_max_ms: int | None = None
+    ack_timeout_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +209,8 @@ class Release(Event[Settled]):
     Records written before the field existed were failed releases.
 
     ``delay_ms``: the messages are ready again only once the replicated clock has
-    passed the clock at apply plus this (0: at once).
+    passed the clock at apply plus this (0: at once). ``timed_out``: appended by the
+    consumer's broker because they passed the consumer's ack timeout (a failed one).
     """
 
     OP: ClassVar[int] = 13
@@ -214,6 +219,7 @@ class Release(Event[Settled]):
     positions: tuple[int, ...]
     failed: bool = True
     delay_ms: int = 0
+    timed_out: bool = False
 
 
 @dataclass(frozen=True, slots=True)

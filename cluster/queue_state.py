@@ -16,7 +16,7 @@ __all__ = ["QueueState", "WORK_SETTINGS", "RETRY_POLICIES"]
 
 #: The work-queue settings of DeclareQueue after the first six (docs/events.md), in the
 #: order they are compared and snapshotted; each is a QueueState field of that name.
-WORK_SETTINGS: Final = ("retry", "retry_delay_ms", "retry_max_ms")
+WORK_SETTINGS: Final = ("retry", "retry_delay_ms", "retry_max_ms", "ack_timeout_ms")
 #: How the delay before a retry grows with the delivery count n (1 after one failure):
 #: fixed: d; linear: d * n; exponential: d * 2 ** (n - 1); all capped at retry_max_ms.
 RETRY_POLICIES: Final = ("fixed", "linear", "exponential")
@@ -46,6 +46,7 @@ class QueueState:
     retry: str = ""  # the retry policy ("": none; RETRY_POLICIES)
     retry_delay_ms: int = 0
     retry_max_ms: int | None = None
+    ack_timeout_ms: int | None = None  # consumers' default ack timeout (the brokers keep it)
     next_pos: int = 0
     cursor: int = 0
     returned: list[int] = field(default_factory=list)  # a heap
@@ -66,6 +67,7 @@ class QueueState:
     acquisitions: int = 0  # messages handed to consumers (every hand-out)
     failed_deliveries: int = 0  # failed releases, rejects, and held messages of a lost consumer
     given_back: int = 0  # messages given back without a failure (the "return" move)
+    timed_out: int = 0  # failed deliveries that were an ack timeout
     # Delayed messages (published with a delay, or released with one): position ->
     # the replicated time (ms) it is ready (again), and a heap of (time, position)
     # (stale entries are skipped). A delayed publish may lie in the never-delivered
@@ -167,6 +169,8 @@ class QueueState:
             "retry": self.retry or None,
             "retry_delay_ms": self.retry_delay_ms,
             "retry_max_ms": self.retry_max_ms,
+            "ack_timeout_ms": self.ack_timeout_ms,
+            "timed_out": self.timed_out,
             "owner": self.owner,
             "interested": list(self.interested),
             "reserved_by": self.reserved_by,
@@ -281,7 +285,7 @@ class QueueState:
             list(self.interested),
             self.reserved_by,
             sorted(self.acq_counts.items()),
-            [self.acquisitions, self.failed_deliveries, self.given_back],
+            [self.acquisitions, self.failed_deliveries, self.given_back, self.timed_out],
             sorted(self.delayed.items()),
         ]
 
@@ -313,7 +317,8 @@ class QueueState:
         q.reserved_by = snap[13] if len(snap) > 13 else None  # absent in older snapshots
         if len(snap) > 15:  # absent in snapshots from before the two counters
             q.acq_counts = {p: c for p, c in snap[14]}
-            q.acquisitions, q.failed_deliveries, q.given_back = snap[15]
+            q.acquisitions, q.failed_deliveries, q.given_back = snap[15][:3]
+            q.timed_out = snap[15][3] if len(snap[15]) > 3 else 0
         if len(snap) > 16:  # absent in snapshots from before delayed releases
             q.delayed = {p: t for p, t in snap[16]}
             q.delay_heap = sorted((t, p) for p, t in snap[16])

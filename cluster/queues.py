@@ -372,6 +372,7 @@ class QueueIndex:
         out: list[Effect],
         failed: bool = True,
         delay_ms: int = 0,
+        timed_out: bool = False,
     ) -> Settled:
         """``consumer`` gives held messages back. A failed delivery (``failed``) raises
         their delivery count: ready again, or dead-lettered at the delivery limit. A
@@ -406,6 +407,8 @@ class QueueIndex:
                 acq[p] = acq.get(p, 0) + 1
                 back.append(p)
         q.failed_deliveries += len(held)
+        if timed_out:
+            q.timed_out += len(held)
         q.redelivered += len(back)
         self._back(q, back, out, delay_ms)
         return Settled(len(held), other)
@@ -634,3 +637,5 @@ def validate_declare(ev: DeclareQueue) -> None:
             raise InvalidArgument("retry_max_ms must be at least retry_delay_ms")
     elif ev.retry_delay_ms or ev.retry_max_ms is not None:
         raise InvalidArgument("retry_delay_ms and retry_max_ms need a retry policy")
+    if ev.ack_timeout_ms is not None and ev.ack_timeout_ms < 1:
+        raise InvalidArgument("ack_timeout_ms must be positive (or None)")

@@ -187,7 +187,7 @@ class State:
             case Release():
                 self._own_consumer(key, ev.consumer)
                 return self.index.release(
-                    ev.queue, ev.consumer, ev.positions, out, ev.failed, ev.delay_ms
+                    ev.queue, ev.consumer, ev.positions, out, ev.failed, ev.delay_ms, ev.timed_out
                 )
             case Reject():
                 self._own_consumer(key, ev.consumer)

@@ -368,6 +368,8 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "retry": None,
                 "retry_delay_ms": 0,
                 "retry_max_ms": None,
+                "ack_timeout_ms": None,
+                "timed_out": 0,
                 "delayed": 0,
                 "consumers": 1,
             }

@@ -254,3 +254,102 @@ async def test_delays_and_retries_hold_across_kill9_of_the_owner_and_a_live_join
     finally:
         for n in nodes:
             n.stop()
+
+
+# --- ack timeout -----------------------------------------------------------------------------
+
+
+async def test_ack_timeout_releases_as_a_failure_and_tells_only_that_consumer(
+    broker: BrokerProcess,
+) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("slow", ack_timeout=60)
+        await conn.declare_queue("other")
+        await conn.publish_batch("slow", [b"stuck", b"busy"])
+        await conn.publish_batch("other", [b"o%d" % i for i in range(3)])
+        async with conn.consume("slow", prefetch=1, ack_timeout=0.6) as slow, conn.consume(
+            "other", prefetch=1
+        ) as other:
+            stuck = await next_msg(slow)
+            assert stuck.body == b"stuck"
+            await eventually(lambda: now(slow.expired_count), "the ack timeout", timeout=10,
+                             until=lambda n: n == 1)
+            with pytest.raises(clients.NotAcquired):
+                await stuck.ack(confirm=True)
+            # The connection and its other consumer go on.
+            for _ in range(3):
+                await (await next_msg(other)).ack(confirm=True)
+            # Back as a failed delivery, to the same consumer; in_progress keeps it.
+            busy = await next_msg(slow)
+            again = busy if busy.body == b"stuck" else await next_msg(slow)
+            assert again.body == b"stuck" and (again.delivery_count, again.acquired_count) == (1, 1)
+            for _ in range(4):
+                await asyncio.sleep(0.3)  # pacing: working past the timeout, saying so
+                await again.in_progress()
+            await again.ack(confirm=True)
+            if busy is not again:
+                await busy.ack(confirm=True)
+            else:
+                await (await next_msg(slow)).ack(confirm=True)
+        stats = await conn.queue_stats("slow")
+        assert (stats["timed_out"], stats["failed_deliveries"], stats["accepted"]) == (1, 1, 2)
+        assert stats["ack_timeout_ms"] == 60000
+        assert slow.expired_count == 1
+
+
+def test_the_queues_ack_timeout_applies_by_default_sync(broker: BrokerProcess) -> None:
+    with clients.sync.connect(broker.address) as conn:
+        conn.declare_queue("q.to", ack_timeout=0.5, delivery_limit=2)
+        conn.publish("q.to", b"x")
+        with conn.consume("q.to", prefetch=1) as consumer:
+            msg = consumer.next(timeout=5)
+            msg.in_progress()  # held: extends it
+            again = consumer.next(timeout=10)  # the timeout passed: redelivered
+            assert (again.position, again.delivery_count) == (msg.position, 1)
+            with pytest.raises(clients.NotAcquired):
+                msg.ack(confirm=True)
+            again.ack(confirm=True)
+        assert conn.queue_stats("q.to")["timed_out"] == 1
+
+
+@pytest.mark.parametrize("kind", ["file", "kafka"])
+async def test_ack_timeouts_hold_across_kill9_of_the_owner_and_a_live_join(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The owner is killed while its consumer holds a message, and a broker joins: the
+    view change gives the message back (a failure). The next owner's consumer lets it
+    pass its ack timeout (a second failure, told to that consumer only), and the joiner
+    serves it the third time, counters intact."""
+    nodes = brokers(tmp_path, log_url(kind, tmp_path, request), 3, ["--checkpoint-ms", "500"])
+    try:
+        for b in nodes[:2]:
+            b.start()
+        async with await clients.connect(nodes[0].address) as first:
+            await first.declare_queue("t", ack_timeout=1.0, delivery_limit=5)
+            await first.publish("t", b"job")
+            held = first.consume("t", prefetch=1)
+            await held.__aenter__()
+            msg = await next_msg(held)
+            assert (msg.delivery_count, msg.acquired_count) == (0, 0)
+            nodes[0].kill9()  # the owner, holding the message
+        await asyncio.to_thread(nodes[2].start, 60)  # joins live, during the failover
+        async with await clients.connect(nodes[1].address) as second:
+            async with second.consume("t", prefetch=1) as consumer:
+                msg = await next_msg(consumer, timeout=30)  # after the view change
+                assert (msg.delivery_count, msg.acquired_count) == (1, 1)
+                await eventually(lambda: now(consumer.expired_count), "the ack timeout",
+                                 timeout=15, until=lambda n: n == 1)
+                again = await next_msg(consumer)  # back to it, as a failed delivery
+                assert (again.delivery_count, again.acquired_count) == (2, 2)
+                await again.release()  # "not now": for the joiner's consumer
+        async with await clients.connect(nodes[2].address) as third:
+            async with third.consume("t", prefetch=1) as consumer:
+                msg = await next_msg(consumer, timeout=30)
+                assert (msg.delivery_count, msg.acquired_count) == (2, 3)
+                await msg.ack(confirm=True)
+            stats = await third.queue_stats("t")
+        assert (stats["timed_out"], stats["failed_deliveries"], stats["accepted"]) == (1, 2, 1)
+        await equal_digests(nodes[1:])
+    finally:
+        for n in nodes:
+            n.stop()

@@ -93,6 +93,7 @@ class QueueModel(RuleBasedStateMachine):
         self.acquisitions = 0  # every hand-out
         self.failures = 0  # every failed delivery (failed release, reject, lost consumer)
         self.given_back = 0  # every "return" (no failure)
+        self.timed_out = 0  # failed deliveries that were an ack timeout
         self.next_pos = 0
         self.dlq_len = 0
         self.max_length: int | None = None
@@ -360,12 +361,17 @@ class QueueModel(RuleBasedStateMachine):
         consumer, positions = self._settle_args(data)
         held = set(self._held(consumer))
         due = self._clock_next() + delay
+        # A consumer's broker releases at the ack timeout as a failed delivery.
+        timed_out = failed and data.draw(st.booleans(), label="ack timeout")
         done = self._completed(
             self._apply(
-                Release("q", consumer, tuple(positions), failed, delay), runtime_of(consumer)
+                Release("q", consumer, tuple(positions), failed, delay, timed_out),
+                runtime_of(consumer),
             )
         )
         ok = [p for p in positions if p in held]
+        if timed_out:
+            self.timed_out += len(ok)
         assert isinstance(done.result, Settled) and done.result.count == len(ok)
         self._release_model(ok, failed, due if delay else 0, due - delay)
 
@@ -494,8 +500,8 @@ class QueueModel(RuleBasedStateMachine):
         assert {p: c for p, c in q.counts.items() if c} == live_counts
         live_acquired = {p: m[3] for p, m in self.msgs.items() if m[3]}
         assert {p: c for p, c in q.acq_counts.items() if c} == live_acquired
-        assert (q.acquisitions, q.failed_deliveries, q.given_back) == (
-            self.acquisitions, self.failures, self.given_back
+        assert (q.acquisitions, q.failed_deliveries, q.given_back, q.timed_out) == (
+            self.acquisitions, self.failures, self.given_back, self.timed_out
         )
         assert q.next_pos == self.next_pos
         assert q.length <= (self.max_length or q.length)
