@@ -466,7 +466,7 @@ class Delivery:
                     continue  # (TTL waits while a range reader has the queue)
                 if q.owner != me and not (q.owner is None and leader == me):
                     continue  # one broker per queue appends Expire
-                head = min(q.returned[0] if q.returned else q.cursor, q.cursor)
+                head = q.head  # (the lowest ready position, priority queues too)
                 through = -1
                 for pos, enqueued_at in self.node.store.scan(q.qid, head, 10_000):
                     if enqueued_at + q.message_ttl_ms > now:

@@ -90,6 +90,7 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "retry_delay_ms": (int,),
     "retry_max_ms": (int, type(None)),
     "ack_timeout_ms": (int, type(None)),
+    "max_priority": (int, type(None)),
 }
 
 
@@ -222,7 +223,7 @@ class Session(ClientConnection):
         match f:
             case wire.PublishBatch():
                 messages = self._batch(f.messages)
-                delay_ms, not_before = _publish_options(f.options)
+                delay_ms, not_before, priority = _publish_options(f.options)
                 self._submit(
                     f.corr,
                     Enqueue(
@@ -231,6 +232,7 @@ class Session(ClientConnection):
                         ((f.key, len(messages)),) if f.key else (),
                         delay_ms,
                         not_before,
+                        priority,
                     ),
                     # A re-sent batch reports its original positions (cluster/state.py),
                     # without the key spans' positions.
@@ -304,7 +306,7 @@ class Session(ClientConnection):
         if q is not None and q.max_length is None and not f.options:
             self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers, f.key))
             return
-        delay_ms, not_before = _publish_options(f.options)  # (such publishes go alone)
+        delay_ms, not_before, priority = _publish_options(f.options)  # (they go alone)
         self._flush_publishes()
         self._submit(
             f.corr,
@@ -314,6 +316,7 @@ class Session(ClientConnection):
                 ((f.key, 1),) if f.key else (),
                 delay_ms,
                 not_before,
+                priority,
             ),
             lambda r: Published(r.first_position),
         )
@@ -488,23 +491,28 @@ class Session(ClientConnection):
         self.reply(corr, fut, lambda r: Settled(r.count, missing + r.not_acquired))
 
 
-def _publish_options(options: dict[str, Any]) -> tuple[int, int]:
-    """Read a Publish's options; returns ``(delay_ms, not_before)``.
+def _publish_options(options: dict[str, Any]) -> tuple[int, int, int]:
+    """Read a Publish's options; returns ``(delay_ms, not_before, priority)``.
 
     Raises:
         InvalidArgument: an unknown option, or a bad value.
     """
     if not options:
-        return 0, 0
+        return 0, 0, 0
     for key, value in options.items():
-        if key not in ("delay_ms", "not_before"):
-            raise InvalidArgument(f"unknown publish option {key!r} (known: delay_ms, not_before)")
+        if key not in ("delay_ms", "not_before", "priority"):
+            raise InvalidArgument(
+                f"unknown publish option {key!r} (known: delay_ms, not_before, priority)"
+            )
         if type(value) is not int or value < 0:
             raise InvalidArgument(f"publish option {key!r} must be a non-negative int")
     delay_ms = options.get("delay_ms", 0)
     if delay_ms > MAX_DELAY_MS:
         raise InvalidArgument(f"delay_ms must be at most {MAX_DELAY_MS}")
-    return delay_ms, options.get("not_before", 0)
+    priority = options.get("priority", 0)
+    if priority > 9:
+        raise InvalidArgument("priority must be 0..9")
+    return delay_ms, options.get("not_before", 0), priority
 
 
 def _subscribe_options(options: dict[str, Any]) -> tuple[bool, int | None]:
@@ -548,4 +556,5 @@ def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         retry_delay_ms=options.get("retry_delay_ms", 0),
         retry_max_ms=options.get("retry_max_ms"),
         ack_timeout_ms=options.get("ack_timeout_ms"),
+        max_priority=options.get("max_priority") or 0,
     )

@@ -463,6 +463,7 @@ class Connection:
         message_ttl: float | None = None,
         retry: Retry | None = None,
         ack_timeout: float | None = None,
+        max_priority: int | None = None,
     ) -> dict[str, Any]:
         """Create a queue, or check that it exists with these settings.
 
@@ -481,6 +482,8 @@ class Connection:
             ack_timeout: seconds a consumer may hold a message unsettled before its
                 broker releases it as a failed delivery (None: no limit; a consumer
                 may set its own).
+            max_priority: 1..9 makes a priority queue: messages published with a
+                higher priority go first (strict: see docs/client.md, "Priorities").
 
         Returns:
             The broker's result, e.g. ``{"created": True}``.
@@ -498,6 +501,8 @@ class Connection:
             "dead_letter": dead_letter,
             "message_ttl_ms": ttl_ms,
         }
+        if max_priority is not None:
+            options["max_priority"] = max_priority
         if ack_timeout is not None:
             options["ack_timeout_ms"] = max(1, int(round(ack_timeout * 1000)))
         if retry is not None:
@@ -625,6 +630,7 @@ class Connection:
         idempotency_key: str | None = None,
         delay: float | None = None,
         not_before: float | datetime | None = None,
+        priority: int | None = None,
     ) -> Coroutine[Any, Any, int]:
         """Publish one message and wait until the broker confirms it (``await`` it).
 
@@ -645,6 +651,8 @@ class Connection:
                 message; by the cluster's replicated clock, docs/client.md).
             not_before: the time (an aware datetime, or seconds since the epoch)
                 before which no consumer gets it (with ``delay``: the later of both).
+            priority: 0..9, on a queue declared with ``max_priority`` (higher goes
+                first; capped at the queue's maximum; ignored on other queues).
 
         Returns:
             The message's position in the queue.
@@ -664,7 +672,7 @@ class Connection:
             body,
             headers,
             idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before),
+            options=publish_options(delay, not_before, priority),
         )
 
     async def publish_batch(
@@ -675,6 +683,7 @@ class Connection:
         idempotency_key: str | None = None,
         delay: float | None = None,
         not_before: float | datetime | None = None,
+        priority: int | None = None,
     ) -> list[int]:
         """Publish many messages and wait until all are confirmed.
 
@@ -690,7 +699,7 @@ class Connection:
             messages: bodies, or ``(body, headers)`` pairs.
             idempotency_key: your own key for the batch; with several frames,
                 frame ``i`` uses ``f"{idempotency_key}#{i}"``.
-            delay, not_before: as for :meth:`publish`, for every message.
+            delay, not_before, priority: as for :meth:`publish`, for every message.
 
         Returns:
             The positions of the messages, in order.
@@ -705,7 +714,7 @@ class Connection:
             queue,
             messages,
             idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before),
+            options=publish_options(delay, not_before, priority),
         )
 
     def consume(

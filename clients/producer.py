@@ -27,16 +27,23 @@ NO_OPTIONS: Final[dict[str, Any]] = {}
 
 
 def publish_options(
-    delay: float | None = None, not_before: float | datetime | None = None
+    delay: float | None = None,
+    not_before: float | datetime | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """The Publish frame's options for these arguments (see :meth:`Connection.publish`).
 
     Raises:
-        InvalidArgument: a negative delay or time, or one of the wrong type.
+        InvalidArgument: a negative delay or time, a priority outside 0..9, or a
+            value of the wrong type.
     """
-    if delay is None and not_before is None:
+    if delay is None and not_before is None and not priority:
         return NO_OPTIONS
     options: dict[str, Any] = {}
+    if priority:
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise InvalidArgument(f"priority must be an int 0..9, got {priority!r}")
+        options["priority"] = priority
     if delay is not None:
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
             raise InvalidArgument(f"delay must be a non-negative number of seconds, got {delay!r}")

@@ -245,6 +245,7 @@ class SyncConnection:
         message_ttl: float | None = None,
         retry: _aio.Retry | None = None,
         ack_timeout: float | None = None,
+        max_priority: int | None = None,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
         return self.run(
@@ -258,6 +259,7 @@ class SyncConnection:
                 message_ttl=message_ttl,
                 retry=retry,
                 ack_timeout=ack_timeout,
+                max_priority=max_priority,
             )
         )
 
@@ -300,6 +302,7 @@ class SyncConnection:
         idempotency_key: str | None = None,
         delay: float | None = None,
         not_before: float | datetime | None = None,
+        priority: int | None = None,
     ) -> int:
         """Publish one message; returns its position once confirmed (``delay``,
         ``not_before``: a delayed message, as :meth:`Connection.publish`).
@@ -315,6 +318,7 @@ class SyncConnection:
                 idempotency_key=idempotency_key,
                 delay=delay,
                 not_before=not_before,
+                priority=priority,
             )
         )
 
@@ -326,6 +330,7 @@ class SyncConnection:
         idempotency_key: str | None = None,
         delay: float | None = None,
         not_before: float | datetime | None = None,
+        priority: int | None = None,
     ) -> list[int]:
         """Publish many messages; returns their positions once all are confirmed.
 
@@ -334,7 +339,12 @@ class SyncConnection:
         items = list(messages)  # consume the iterable in the caller's thread
         return self.run(
             self._conn.publish_batch(
-                queue, items, idempotency_key=idempotency_key, delay=delay, not_before=not_before
+                queue,
+                items,
+                idempotency_key=idempotency_key,
+                delay=delay,
+                not_before=not_before,
+                priority=priority,
             )
         )
 

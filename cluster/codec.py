@@ -187,6 +187,8 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "on": (bool,),
     "delay_ms": (int,),
     "not_before": (int,),
+    "priority": (int,),
+    "max_priority": (int,),
     "to": (str,),
     "holder": (str, type(None)),
     "role": (str,),

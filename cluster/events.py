@@ -113,6 +113,8 @@ class DeclareQueue(Event[Declared]):
 
     ``ack_timeout_ms``: how long a consumer may hold a message unsettled before its
     broker releases it as a failed delivery (a consumer may set its own).
+    ``max_priority`` (1..9; 0: none): a priority queue, whose higher-priority messages go
+    first (strictly: lower ones wait while any higher one is ready).
     """
 
     OP: ClassVar[int] = 1
@@ -127,6 +129,7 @@ class DeclareQueue(Event[Declared]):
     retry_delay_ms: int = 0
     retry_max_ms: int | None = None
     ack_timeout_ms: int | None = None
+    max_priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,8 @@ class Enqueue(Event[Enqueued]):
 
     ``delay_ms`` / ``not_before`` (ms since the epoch): the messages are stored now but
     held from consumers until the replicated clock passes ``max(clock at apply +
-    delay_ms, not_before)``.
+    delay_ms, not_before)``. ``priority`` (0..9): on a priority queue, capped at its
+    ``max_priority``; ignored elsewhere.
     """
 
     OP: ClassVar[int] = 10
@@ -173,6 +177,7 @@ class Enqueue(Event[Enqueued]):
     keys: tuple[tuple[str, int], ...] = ()
     delay_ms: int = 0
     not_before: int = 0
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

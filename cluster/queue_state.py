@@ -12,11 +12,19 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["QueueState", "WORK_SETTINGS", "RETRY_POLICIES"]
+__all__ = ["QueueState", "WORK_SETTINGS", "RETRY_POLICIES", "MAX_PRIORITY"]
 
 #: The work-queue settings of DeclareQueue after the first six (docs/events.md), in the
 #: order they are compared and snapshotted; each is a QueueState field of that name.
-WORK_SETTINGS: Final = ("retry", "retry_delay_ms", "retry_max_ms", "ack_timeout_ms")
+WORK_SETTINGS: Final = (
+    "retry",
+    "retry_delay_ms",
+    "retry_max_ms",
+    "ack_timeout_ms",
+    "max_priority",
+)
+#: The highest message priority a queue may allow.
+MAX_PRIORITY: Final = 9
 #: How the delay before a retry grows with the delivery count n (1 after one failure):
 #: fixed: d; linear: d * n; exponential: d * 2 ** (n - 1); all capped at retry_max_ms.
 RETRY_POLICIES: Final = ("fixed", "linear", "exponential")
@@ -47,6 +55,11 @@ class QueueState:
     retry_delay_ms: int = 0
     retry_max_ms: int | None = None
     ack_timeout_ms: int | None = None  # consumers' default ack timeout (the brokers keep it)
+    # A priority queue (max_priority > 0) keeps no never-delivered range: every ready
+    # message is in prio_heap as (-priority, position), so the highest priority goes
+    # first and, within one, the lowest position; prio holds the priority (> 0) of each
+    # message still in the queue.
+    max_priority: int = 0
     next_pos: int = 0
     cursor: int = 0
     returned: list[int] = field(default_factory=list)  # a heap
@@ -76,15 +89,22 @@ class QueueState:
     delayed: dict[int, int] = field(default_factory=dict)
     delay_heap: list[tuple[int, int]] = field(default_factory=list)
     delayed_ahead: int = 0
+    prio: dict[int, int] = field(default_factory=dict)
+    prio_heap: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def head(self) -> int:
         """The lowest ready position (``next_pos`` if none is ready)."""
+        if self.prio_heap:  # (a priority queue: its heap is in priority order)
+            return min(p for _, p in self.prio_heap)
         return self.returned[0] if self.returned else self.cursor
 
     @property
     def ready(self) -> int:
-        return self.next_pos - self.cursor + len(self.returned) - self.delayed_ahead
+        return (
+            self.next_pos - self.cursor + len(self.returned) + len(self.prio_heap)
+            - self.delayed_ahead
+        )
 
     @property
     def length(self) -> int:
@@ -110,9 +130,34 @@ class QueueState:
                 if p >= self.cursor:
                     self.delayed_ahead -= 1  # ready where it is, in the fresh range
                 else:
-                    heapq.heappush(self.returned, p)
+                    self.make_ready(p)
                 n += 1
         return n
+
+    def make_ready(self, pos: int) -> None:
+        """The message at ``pos`` (below the cursor, not acquired) is ready again."""
+        if self.max_priority:
+            heapq.heappush(self.prio_heap, (-self.prio.get(pos, 0), pos))
+        else:
+            heapq.heappush(self.returned, pos)
+
+    def take_prio(self, below: int) -> list[int]:
+        """Remove and return the ready positions ``< below`` of a priority queue,
+        ascending."""
+        gone = sorted(p for _, p in self.prio_heap if p < below)
+        if gone:
+            cut = set(gone)
+            self.prio_heap = [e for e in self.prio_heap if e[1] not in cut]
+            heapq.heapify(self.prio_heap)
+        return gone
+
+    def ready_set(self) -> set[int]:
+        """The released positions, and a priority queue's ready ones, as a set (for
+        :meth:`holds` over many positions)."""
+        out = set(self.returned)
+        if self.prio_heap:
+            out.update(p for _, p in self.prio_heap)
+        return out
 
     def delay(self, pos: int, due: int) -> None:
         """The message at ``pos`` (not ready, not acquired) is ready at ``due`` (ms)."""
@@ -170,6 +215,7 @@ class QueueState:
             "retry_delay_ms": self.retry_delay_ms,
             "retry_max_ms": self.retry_max_ms,
             "ack_timeout_ms": self.ack_timeout_ms,
+            "max_priority": self.max_priority or None,
             "timed_out": self.timed_out,
             "owner": self.owner,
             "interested": list(self.interested),
@@ -180,10 +226,12 @@ class QueueState:
 
     def forget(self, positions: list[int] | tuple[int, ...]) -> None:
         """Drop the counters of messages that left the queue."""
-        counts, acq = self.counts, self.acq_counts
+        counts, acq, prio = self.counts, self.acq_counts, self.prio
         for p in positions:
             counts.pop(p, None)
             acq.pop(p, None)
+            if prio:
+                prio.pop(p, None)
 
     def take_delayed(self, below: int) -> list[int]:
         """Remove and return the delayed positions ``< below``, ascending."""
@@ -196,17 +244,17 @@ class QueueState:
 
     def holds(self, pos: int, returned: set[int] | None = None) -> bool:
         """Is the message at ``pos`` still in the queue (ready or acquired)?
-        ``returned``: ``set(self.returned)``, when asking for many positions."""
+        ``returned``: :meth:`ready_set`, when asking for many positions."""
         if self.cursor <= pos < self.next_pos or pos in self.acquired or pos in self.delayed:
             return True
-        return pos in (returned if returned is not None else self.returned)
+        return pos in (returned if returned is not None else self.ready_set())
 
     def live_desc(self) -> tuple[range, list[int]]:
         """Every position still in the queue, back to front: the never-delivered
         range ``[cursor, next_pos)`` descending, then the acquired and released ones
         (all below the cursor) descending. O(acquired + released), not O(length)."""
         below = sorted(
-            set(self.returned)
+            self.ready_set()
             | self.acquired.keys()
             | {p for p in self.delayed if p < self.cursor},
             reverse=True,
@@ -216,6 +264,11 @@ class QueueState:
     def take_ready(self, count: int) -> list[int]:
         """Remove and return up to ``count`` ready positions, lowest first (guarantee 7)."""
         out: list[int] = []
+        if self.max_priority:
+            heap = self.prio_heap
+            while heap and len(out) < count:
+                out.append(heapq.heappop(heap)[1])
+            return out
         returned = self.returned
         while returned and len(out) < count:
             out.append(heapq.heappop(returned))
@@ -287,6 +340,7 @@ class QueueState:
             sorted(self.acq_counts.items()),
             [self.acquisitions, self.failed_deliveries, self.given_back, self.timed_out],
             sorted(self.delayed.items()),
+            [sorted(self.prio.items()), sorted(p for _, p in self.prio_heap)],
         ]
 
     @classmethod
@@ -323,4 +377,8 @@ class QueueState:
             q.delayed = {p: t for p, t in snap[16]}
             q.delay_heap = sorted((t, p) for p, t in snap[16])
             q.delayed_ahead = sum(1 for p in q.delayed if p >= q.cursor)
+        if len(snap) > 17:  # absent in snapshots from before priorities
+            prio, ready = snap[17]
+            q.prio = {p: n for p, n in prio}
+            q.prio_heap = sorted((-q.prio.get(p, 0), p) for p in ready)
         return q

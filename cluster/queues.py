@@ -63,7 +63,7 @@ from batonmq.cluster.events import (
     Reserve,
 )
 from batonmq.cluster.keys import PublishKeys
-from batonmq.cluster.queue_state import RETRY_POLICIES, WORK_SETTINGS, QueueState
+from batonmq.cluster.queue_state import MAX_PRIORITY, RETRY_POLICIES, WORK_SETTINGS, QueueState
 from batonmq.cluster.results import (
     AcceptedThrough,
     Counted,
@@ -226,7 +226,7 @@ class QueueIndex:
         """Drop every ready message of the queue (acquired ones stay)."""
         q = self.queue(ev.queue)
         # Delayed ones go too: below the cursor one by one, in the fresh range with it.
-        returned = sorted(q.returned + q.take_delayed(q.cursor))
+        returned = sorted(q.returned + q.take_delayed(q.cursor) + q.take_prio(q.next_pos))
         q.take_delayed(q.next_pos)
         n = len(returned) + q.next_pos - q.cursor
         if q.cursor < q.next_pos:
@@ -250,6 +250,8 @@ class QueueIndex:
         """
         if ev.delay_ms < 0 or ev.not_before < 0:
             raise InvalidArgument("a publish's delay and not_before must not be negative")
+        if not 0 <= ev.priority <= MAX_PRIORITY:
+            raise InvalidArgument(f"priority must be 0..{MAX_PRIORITY}")
         q = self.queue(ev.queue)
         messages = ev.messages
         starts: list[int] | None = None  # each key span's first position
@@ -279,13 +281,27 @@ class QueueIndex:
         first = q.next_pos
         q.next_pos += n
         q.enqueued += n
+        due = 0
         if ev.delay_ms or ev.not_before:
             # Held until the replicated clock passes its time (docs/events.md).
             clock = self.ledger.clock
             due = max(clock + ev.delay_ms, ev.not_before)
-            if due > clock:
-                for p in range(first, first + n):
+            if due <= clock:
+                due = 0
+        if q.max_priority:
+            # A priority queue has no never-delivered range (queue_state.py).
+            q.cursor = q.next_pos
+            priority = min(ev.priority, q.max_priority)
+            for p in range(first, first + n):
+                if priority:
+                    q.prio[p] = priority
+                if due:
                     q.delay(p, due)
+                else:
+                    heapq.heappush(q.prio_heap, (-priority, p))
+        elif due:
+            for p in range(first, first + n):
+                q.delay(p, due)
         crc = q.body_crc
         for body, _headers in messages:
             crc = zlib.crc32(body, crc)
@@ -358,7 +374,7 @@ class QueueIndex:
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
         if held:
-            if q.counts or q.acq_counts:
+            if q.counts or q.acq_counts or q.prio:
                 q.forget(held)
             q.accepted += len(held)
             out.append(Removed(q.qid, held))
@@ -423,7 +439,7 @@ class QueueIndex:
                 q.delay(p, due)
             return
         for p in positions:
-            heapq.heappush(q.returned, p)
+            q.make_ready(p)
         out.append(ReadyMore(q.name))
 
     def _give_back(
@@ -481,6 +497,8 @@ class QueueIndex:
             gone.append(heapq.heappop(q.returned))
         # Delayed messages do not expire while they wait (they stay delayed).
         gone.extend(q.skip_to(ev.through + 1))
+        if q.prio_heap:
+            gone.extend(q.take_prio(ev.through + 1))
         q.expired += len(gone)
         if q.dead_letter is not None and q.dead_letter in self.queues:
             for p in gone:
@@ -545,6 +563,8 @@ class QueueIndex:
             # cursor one by one; those in the fresh range go with the range below.
             back.extend(q.take_delayed(min(through, q.cursor)))
             q.take_delayed(through)
+        if q.prio_heap:
+            back.extend(q.take_prio(through))
         if back:
             q.forget(back)
             out.append(Removed(q.qid, back))
@@ -574,6 +594,8 @@ class QueueIndex:
         the release at the limit); ``x-death-acquired-count`` its hand-outs.
         """
         delivered = q.counts.pop(pos, 0) + (1 if was_acquired else 0)
+        if q.prio:
+            q.prio.pop(pos, None)
         handed = q.acq_counts.pop(pos, 0) + (1 if was_acquired else 0)
         dlq = self.queues.get(q.dead_letter) if q.dead_letter is not None else None
         if (
@@ -639,3 +661,5 @@ def validate_declare(ev: DeclareQueue) -> None:
         raise InvalidArgument("retry_delay_ms and retry_max_ms need a retry policy")
     if ev.ack_timeout_ms is not None and ev.ack_timeout_ms < 1:
         raise InvalidArgument("ack_timeout_ms must be positive (or None)")
+    if not 0 <= ev.max_priority <= MAX_PRIORITY:
+        raise InvalidArgument(f"max_priority must be 0..{MAX_PRIORITY} (0: not a priority queue)")

@@ -369,6 +369,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "retry_delay_ms": 0,
                 "retry_max_ms": None,
                 "ack_timeout_ms": None,
+                "max_priority": None,
                 "timed_out": 0,
                 "delayed": 0,
                 "consumers": 1,

@@ -353,3 +353,43 @@ async def test_ack_timeouts_hold_across_kill9_of_the_owner_and_a_live_join(
     finally:
         for n in nodes:
             n.stop()
+
+
+# --- priorities ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["file", "kafka"])
+async def test_priorities_hold_across_kill9_of_the_owner_and_a_live_join(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A priority queue offers higher priorities first and, within one, in position order;
+    messages the killed owner's consumer held come back with their priority, and a
+    broker that joined meanwhile serves them in the same order."""
+    nodes = brokers(tmp_path, log_url(kind, tmp_path, request), 3, ["--checkpoint-ms", "500"])
+    try:
+        for b in nodes[:2]:
+            b.start()
+        prio = {p: (p * 7) % 4 for p in range(24)}  # priorities 0..3, interleaved
+        async with await clients.connect(nodes[0].address) as first:
+            await first.declare_queue("pq", max_priority=3)
+            for p in range(24):
+                assert await first.publish("pq", b"%d" % p, priority=prio[p]) == p
+            held = first.consume("pq", prefetch=3)
+            await held.__aenter__()
+            taken = [(await next_msg(held)).position for _ in range(3)]
+            order = sorted(prio, key=lambda p: (-prio[p], p))
+            assert taken == order[:3]
+            nodes[0].kill9()  # the owner, its consumer holding the three first
+        await asyncio.to_thread(nodes[2].start, 60)  # joins live
+        got: list[int] = []
+        async with await clients.connect(nodes[2].address) as third:
+            async with third.consume("pq", prefetch=1) as consumer:
+                while len(got) < 24:
+                    msg = await next_msg(consumer, timeout=30)
+                    got.append(msg.position)
+                    await msg.ack(confirm=True)
+        assert got == order
+        await equal_digests(nodes[1:])
+    finally:
+        for n in nodes:
+            n.stop()

@@ -101,6 +101,7 @@ class QueueModel(RuleBasedStateMachine):
         self.dropped = 0  # ... and DROPPED
         self.keyed: dict[str, tuple[int, int]] = {}  # idempotency key -> (first, count)
         self.retry: tuple[str, int, int | None] | None = None  # the queue's retry policy
+        self.max_priority = 0  # a priority queue's highest priority (0: not one)
         # Two member runtimes: both beat, n1/r1 proposes, both vote (docs/design.md §7).
         for m in MEMBERS:
             self._apply(Heartbeat("voter", "", {}), m)
@@ -132,7 +133,12 @@ class QueueModel(RuleBasedStateMachine):
         return done[0]
 
     def _ready(self) -> list[int]:
-        return sorted(p for p, m in self.msgs.items() if m[0] is READY)
+        """Ready positions in the order they are offered: by position, and on a
+        priority queue highest priority first."""
+        ready = [p for p, m in self.msgs.items() if m[0] is READY]
+        if self.max_priority:
+            return sorted(ready, key=lambda p: (-self.msgs[p][5], p))
+        return sorted(ready)
 
     def _held(self, consumer: str) -> list[int]:
         return sorted(p for p, m in self.msgs.items() if m[0] is ACQUIRED and m[1] == consumer)
@@ -160,7 +166,7 @@ class QueueModel(RuleBasedStateMachine):
         assert (src, op) in TRANSITIONS, f"the table has no {op!r} from {src}"
         dst = TRANSITIONS[(src, op)]
         if dst is READY or dst is ACQUIRED or dst is DELAYED:
-            m = self.msgs.setdefault(p, [dst, None, 0, 0, 0])
+            m = self.msgs.setdefault(p, [dst, None, 0, 0, 0, 0])
             m[0:2] = [dst, consumer if dst is ACQUIRED else None]
             m[4] = due if dst is DELAYED else 0
             return
@@ -181,9 +187,14 @@ class QueueModel(RuleBasedStateMachine):
         drop_head=st.booleans(),
         retry=st.sampled_from([None, ("fixed", 3, None), ("linear", 2, None),
                                ("exponential", 2, 3)]),
+        max_priority=st.sampled_from([0, 0, 3]),
     )
     def declare(
-        self, max_length: int | None, drop_head: bool, retry: tuple[str, int, int | None] | None
+        self,
+        max_length: int | None,
+        drop_head: bool,
+        retry: tuple[str, int, int | None] | None,
+        max_priority: int,
     ) -> None:
         overflow = "drop-head" if drop_head else "reject-publish"
         kind, delay, cap = retry or ("", 0, None)
@@ -198,11 +209,13 @@ class QueueModel(RuleBasedStateMachine):
                     retry=kind,
                     retry_delay_ms=delay,
                     retry_max_ms=cap,
+                    max_priority=max_priority,
                 )
             )
         )
         assert done.result == Declared(created=True)
         self.max_length, self.overflow, self.retry = max_length, overflow, retry
+        self.max_priority = max_priority
         for m in MEMBERS:  # both have consumers; the first interest makes the owner
             self._apply(Interest("q", True), m)
         assert self.state.queues["q"].owner == "n1/r1"
@@ -226,16 +239,17 @@ class QueueModel(RuleBasedStateMachine):
         assert {name: q.snapshot() for name, q in self.state.queues.items()} == before
 
     @precondition(lambda self: "q" in self.state.queues)
-    @rule(n=st.integers(1, 4), delay=DELAYS)
-    def enqueue(self, n: int, delay: int) -> None:
-        """A publish, held from consumers for ``delay`` ms of the replicated clock."""
+    @rule(n=st.integers(1, 4), delay=DELAYS, priority=st.integers(0, 5))
+    def enqueue(self, n: int, delay: int, priority: int) -> None:
+        """A publish, held from consumers for ``delay`` ms of the replicated clock, with a
+        priority (capped on a priority queue, ignored elsewhere)."""
         due = self._clock_next() + delay
-        ev = Enqueue("q", tuple((b"m%d" % i, {}) for i in range(n)), (), delay)
+        ev = Enqueue("q", tuple((b"m%d" % i, {}) for i in range(n)), (), delay, 0, priority)
         out = self._apply(ev)
-        if self._enqueue_model(self._completed(out), n, due if delay else 0):
+        if self._enqueue_model(self._completed(out), n, due if delay else 0, priority):
             assert self._completed(out).result == Enqueued(self.next_pos - n, n)
 
-    def _enqueue_model(self, done: Completed, n: int, due: int = 0) -> bool:
+    def _enqueue_model(self, done: Completed, n: int, due: int = 0, priority: int = 0) -> bool:
         """Model a new publish of ``n`` messages; False if it was refused (QueueFull)."""
         length = len(self.msgs)
         if self.max_length is not None and length + n > self.max_length:
@@ -252,6 +266,7 @@ class QueueModel(RuleBasedStateMachine):
                 self._move(self.next_pos, "enqueue-delayed", due=due)
             else:
                 self._move(self.next_pos, "enqueue")
+            self.msgs[self.next_pos][5] = min(priority, self.max_priority)
             self.next_pos += 1
         return True
 

@@ -244,3 +244,43 @@ def test_bad_retry_settings_are_refused(settings: dict[str, Any]) -> None:
     log = Log()
     done, _ = log.apply(DeclareQueue("r", **settings))
     assert isinstance(done.error, InvalidArgument) and "r" not in log.state.queues
+
+
+# --- priorities ----------------------------------------------------------------------------
+
+
+def test_a_priority_queue_offers_higher_priorities_first_in_position_order() -> None:
+    log = Log(max_priority=5)
+    log.ok(Enqueue("q", ((b"a", {}), (b"b", {}))))  # priority 0
+    log.ok(Enqueue("q", ((b"c", {}),), (), 0, 0, 9))  # capped at 5
+    log.ok(Enqueue("q", ((b"d", {}), (b"e", {})), (), 0, 0, 3))
+    assert log.q.prio == {2: 5, 3: 3, 4: 3} and log.q.ready == 5
+    assert [p for p, _, _ in log.take(2)] == [2, 3]
+    # Released, a message keeps its priority: 2 (5) goes before 4 (3), 3 before 0.
+    log.ok(Release("q", CONSUMER, (2, 3), False))
+    assert [p for p, _, _ in log.take(5)] == [2, 3, 4, 0, 1]
+    assert log.q.ready == 0 and log.q.head == log.q.next_pos
+
+
+def test_priority_queue_snapshots_expiry_and_purge() -> None:
+    log = Log(max_priority=3, message_ttl_ms=1)
+    log.ok(Enqueue("q", ((b"a", {}),)))
+    log.ok(Enqueue("q", ((b"b", {}),), (), 0, 0, 2))
+    log.ok(Enqueue("q", ((b"c", {}),), (), 0, 0, 1))
+    restored = QueueState.restore(log.q.snapshot())
+    assert restored.snapshot() == log.q.snapshot() and restored.take_ready(3) == [1, 2, 0]
+    assert log.q.head == 0
+    log.ok(Expire("q", 1))
+    assert log.q.expired == 2 and log.q.ready == 1 and log.q.prio == {2: 1}
+    assert log.ok(PurgeQueue("q")).purged == 1
+    assert log.q.ready == 0 and log.q.prio == {}
+
+
+def test_priority_is_ignored_on_other_queues_and_checked() -> None:
+    log = Log()
+    log.ok(Enqueue("q", ((b"a", {}),), (), 0, 0, 7))
+    assert log.q.prio == {} and log.q.ready == 1
+    done, _ = log.apply(Enqueue("q", ((b"a", {}),), (), 0, 0, 10))
+    assert isinstance(done.error, InvalidArgument)
+    done, _ = log.apply(DeclareQueue("r", max_priority=10))
+    assert isinstance(done.error, InvalidArgument)
