@@ -343,9 +343,15 @@ class Delivery:
         budget = ready - sum(c.acquiring for c in consumers)
         if budget <= 0:
             return
-        # Round-robin: start after the consumer served first last time.
-        consumers.append(consumers.pop(0))
-        for c in consumers:
+        if q.single_active_consumer:
+            # Only the first consumer still here (subscription order) gets messages.
+            active = next((c for c in consumers if not c.closed), None)
+            serve = [active] if active is not None else []
+        else:
+            # Round-robin: start after the consumer served first last time.
+            consumers.append(consumers.pop(0))
+            serve = consumers
+        for c in serve:
             if budget <= 0:
                 break
             if c.acquiring or c.closed or c.session.paused:
@@ -421,8 +427,8 @@ class Delivery:
                     due = q.next_due()
                     if due is not None and due <= now_ms:
                         self.pump(name)  # a delayed release is due (by our clock)
-                if not any(m != me for m in q.interested):
-                    continue
+                if not any(m != me for m in q.interested) or q.single_active_consumer:
+                    continue  # (a single active consumer keeps its queue)
                 local = self.by_queue.get(name, ())
                 starving = not any(c.credit > 0 and not c.closed for c in local)
                 if starving or now - since >= self._time_slice:

@@ -91,6 +91,7 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "retry_max_ms": (int, type(None)),
     "ack_timeout_ms": (int, type(None)),
     "max_priority": (int, type(None)),
+    "single_active_consumer": (bool,),
 }
 
 
@@ -557,4 +558,5 @@ def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         retry_max_ms=options.get("retry_max_ms"),
         ack_timeout_ms=options.get("ack_timeout_ms"),
         max_priority=options.get("max_priority") or 0,
+        single_active_consumer=options.get("single_active_consumer", False),
     )

@@ -464,6 +464,7 @@ class Connection:
         retry: Retry | None = None,
         ack_timeout: float | None = None,
         max_priority: int | None = None,
+        single_active_consumer: bool = False,
     ) -> dict[str, Any]:
         """Create a queue, or check that it exists with these settings.
 
@@ -484,6 +485,8 @@ class Connection:
                 may set its own).
             max_priority: 1..9 makes a priority queue: messages published with a
                 higher priority go first (strict: see docs/client.md, "Priorities").
+            single_active_consumer: one consumer at a time gets all the messages;
+                the next one takes over when it leaves (docs/client.md).
 
         Returns:
             The broker's result, e.g. ``{"created": True}``.
@@ -503,6 +506,8 @@ class Connection:
         }
         if max_priority is not None:
             options["max_priority"] = max_priority
+        if single_active_consumer:
+            options["single_active_consumer"] = True
         if ack_timeout is not None:
             options["ack_timeout_ms"] = max(1, int(round(ack_timeout * 1000)))
         if retry is not None:

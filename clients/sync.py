@@ -246,6 +246,7 @@ class SyncConnection:
         retry: _aio.Retry | None = None,
         ack_timeout: float | None = None,
         max_priority: int | None = None,
+        single_active_consumer: bool = False,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
         return self.run(
@@ -260,6 +261,7 @@ class SyncConnection:
                 retry=retry,
                 ack_timeout=ack_timeout,
                 max_priority=max_priority,
+                single_active_consumer=single_active_consumer,
             )
         )
 

@@ -189,6 +189,7 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "not_before": (int,),
     "priority": (int,),
     "max_priority": (int,),
+    "single_active_consumer": (bool,),
     "to": (str,),
     "holder": (str, type(None)),
     "role": (str,),

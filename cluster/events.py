@@ -115,6 +115,8 @@ class DeclareQueue(Event[Declared]):
     broker releases it as a failed delivery (a consumer may set its own).
     ``max_priority`` (1..9; 0: none): a priority queue, whose higher-priority messages go
     first (strictly: lower ones wait while any higher one is ready).
+    ``single_active_consumer``: one consumer at a time gets every message; the queue
+    stays with its owner while that broker has consumers (no time slices).
     """
 
     OP: ClassVar[int] = 1
@@ -130,6 +132,7 @@ class DeclareQueue(Event[Declared]):
     retry_max_ms: int | None = None
     ack_timeout_ms: int | None = None
     max_priority: int = 0
+    single_active_consumer: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ WORK_SETTINGS: Final = (
     "retry_max_ms",
     "ack_timeout_ms",
     "max_priority",
+    "single_active_consumer",
 )
 #: The highest message priority a queue may allow.
 MAX_PRIORITY: Final = 9
@@ -60,6 +61,10 @@ class QueueState:
     # first and, within one, the lowest position; prio holds the priority (> 0) of each
     # message still in the queue.
     max_priority: int = 0
+    # One consumer at a time gets the queue's messages: the first consumer (in
+    # subscription order) of its owner, which keeps the queue while it has one; then
+    # the first interested broker, in the order interest was applied (docs/events.md).
+    single_active_consumer: bool = False
     next_pos: int = 0
     cursor: int = 0
     returned: list[int] = field(default_factory=list)  # a heap
@@ -216,6 +221,7 @@ class QueueState:
             "retry_max_ms": self.retry_max_ms,
             "ack_timeout_ms": self.ack_timeout_ms,
             "max_priority": self.max_priority or None,
+            "single_active_consumer": self.single_active_consumer,
             "timed_out": self.timed_out,
             "owner": self.owner,
             "interested": list(self.interested),

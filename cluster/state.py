@@ -232,7 +232,10 @@ class State:
     # -- ownership (docs/design.md §6) ---------------------------------------------------------
 
     def _next_interested(self, q: QueueState, after: str | None) -> str | None:
-        """The next interested member after ``after`` in view order (cyclic), not it."""
+        """The next interested member after ``after`` in view order (cyclic), not it; for
+        a single-active-consumer queue the first interested one, in interest order."""
+        if q.single_active_consumer:
+            return next((m for m in q.interested if m != after), None)
         order = [m for m in self.membership.members if m in q.interested and m != after]
         if not order:
             return None
@@ -267,6 +270,8 @@ class State:
         if q.owner != key:
             self.ignore("not-owner")
             raise NotOwner(f"{key} does not own queue {q.name!r}")
+        if q.single_active_consumer:
+            return Owner(q.owner)  # its active consumer keeps it: no time slices
         to = ev.to if ev.to in q.interested and ev.to != key else self._next_interested(q, key)
         if to is not None:
             self._set_owner(q, to, out)

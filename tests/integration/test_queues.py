@@ -370,6 +370,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "retry_max_ms": None,
                 "ack_timeout_ms": None,
                 "max_priority": None,
+                "single_active_consumer": False,
                 "timed_out": 0,
                 "delayed": 0,
                 "consumers": 1,

@@ -393,3 +393,55 @@ async def test_priorities_hold_across_kill9_of_the_owner_and_a_live_join(
     finally:
         for n in nodes:
             n.stop()
+
+
+# --- single active consumer ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["file", "kafka"])
+async def test_single_active_consumer_fails_over_in_order_across_kill9_and_a_join(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """One consumer at a time gets the messages, in order. Its broker (the owner) is
+    killed: the consumer of the next broker in interest order takes over from the
+    lowest position; when it leaves, the consumer of a broker that joined meanwhile does."""
+    nodes = brokers(tmp_path, log_url(kind, tmp_path, request), 3, ["--checkpoint-ms", "500"])
+    try:
+        for b in nodes[:2]:
+            b.start()
+        async with await clients.connect(nodes[1].address) as c1_conn, await clients.connect(
+            nodes[0].address
+        ) as c2_conn:
+            await c1_conn.declare_queue("sac", single_active_consumer=True)
+            await c1_conn.publish_batch("sac", [b"%d" % i for i in range(40)])
+            c1 = c1_conn.consume("sac", prefetch=5)
+            await c1.__aenter__()  # first: node-2 owns the queue, c1 is active
+            await eventually(lambda: c2_conn.queue_stats("sac"), "node-2 owns it",
+                             until=lambda s: s["owner"] is not None
+                             and s["owner"].startswith("node-2/"))
+            async with c2_conn.consume("sac", prefetch=5) as c2:
+                for i in range(10):
+                    msg = await next_msg(c1)
+                    assert msg.position == i
+                    await msg.ack(confirm=True)
+                await asyncio.sleep(0.3)  # pacing: time for a wrong delivery to c2 to show
+                assert c2.buffered == 0, "a second consumer got messages"
+                nodes[1].kill9()  # the active consumer's broker, holding 10..14
+                await asyncio.to_thread(nodes[2].start, 60)  # joins live
+                async with await clients.connect(nodes[2].address) as c3_conn:
+                    async with c3_conn.consume("sac", prefetch=5) as c3:
+                        for i in range(10, 20):
+                            msg = await next_msg(c2, timeout=30)
+                            assert msg.position == i, (msg.position, i)
+                            assert msg.delivery_count == (1 if i < 15 else 0)
+                            await msg.ack(confirm=True)
+                        assert c3.buffered == 0, "a second consumer got messages"
+                        await c2.cancel()  # leaves: the joiner's consumer takes over
+                        for i in range(20, 40):
+                            msg = await next_msg(c3, timeout=30)
+                            assert msg.position == i, (msg.position, i)
+                            await msg.ack(confirm=True)
+        await equal_digests([nodes[0], nodes[2]])
+    finally:
+        for n in nodes:
+            n.stop()

@@ -102,6 +102,7 @@ class QueueModel(RuleBasedStateMachine):
         self.keyed: dict[str, tuple[int, int]] = {}  # idempotency key -> (first, count)
         self.retry: tuple[str, int, int | None] | None = None  # the queue's retry policy
         self.max_priority = 0  # a priority queue's highest priority (0: not one)
+        self.sac = False  # a single-active-consumer queue: its owner keeps it
         # Two member runtimes: both beat, n1/r1 proposes, both vote (docs/design.md §7).
         for m in MEMBERS:
             self._apply(Heartbeat("voter", "", {}), m)
@@ -188,6 +189,7 @@ class QueueModel(RuleBasedStateMachine):
         retry=st.sampled_from([None, ("fixed", 3, None), ("linear", 2, None),
                                ("exponential", 2, 3)]),
         max_priority=st.sampled_from([0, 0, 3]),
+        sac=st.booleans(),
     )
     def declare(
         self,
@@ -195,6 +197,7 @@ class QueueModel(RuleBasedStateMachine):
         drop_head: bool,
         retry: tuple[str, int, int | None] | None,
         max_priority: int,
+        sac: bool,
     ) -> None:
         overflow = "drop-head" if drop_head else "reject-publish"
         kind, delay, cap = retry or ("", 0, None)
@@ -210,12 +213,13 @@ class QueueModel(RuleBasedStateMachine):
                     retry_delay_ms=delay,
                     retry_max_ms=cap,
                     max_priority=max_priority,
+                    single_active_consumer=sac,
                 )
             )
         )
         assert done.result == Declared(created=True)
         self.max_length, self.overflow, self.retry = max_length, overflow, retry
-        self.max_priority = max_priority
+        self.max_priority, self.sac = max_priority, sac
         for m in MEMBERS:  # both have consumers; the first interest makes the owner
             self._apply(Interest("q", True), m)
         assert self.state.queues["q"].owner == "n1/r1"
@@ -223,9 +227,11 @@ class QueueModel(RuleBasedStateMachine):
     @precondition(lambda self: "q" in self.state.queues)
     @rule()
     def handoff(self) -> None:
-        """Time slice: the owner passes the queue to the other interested member."""
+        """Time slice: the owner passes the queue to the other interested member (not
+        a single-active-consumer queue: its owner keeps it)."""
         self._apply(Handoff("q"), self.owner)
-        self.owner = MEMBERS[1] if self.owner == MEMBERS[0] else MEMBERS[0]
+        if not self.sac:
+            self.owner = MEMBERS[1] if self.owner == MEMBERS[0] else MEMBERS[0]
         assert self.state.queues["q"].owner == self.owner
 
     @rule(data=st.data())

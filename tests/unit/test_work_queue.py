@@ -15,6 +15,7 @@ from batonmq.cluster.effects import Acquired, Completed, Effect
 from batonmq.cluster.errors import InvalidArgument
 from batonmq.cluster.events import (
     Acquire,
+    Handoff,
     DeclareQueue,
     Enqueue,
     Event,
@@ -29,6 +30,7 @@ from batonmq.cluster.events import (
     Vote,
 )
 from batonmq.cluster.queues import QueueState
+from batonmq.cluster.results import Owner
 from batonmq.cluster.state import State
 
 R = TypeVar("R")
@@ -284,3 +286,33 @@ def test_priority_is_ignored_on_other_queues_and_checked() -> None:
     assert isinstance(done.error, InvalidArgument)
     done, _ = log.apply(DeclareQueue("r", max_priority=10))
     assert isinstance(done.error, InvalidArgument)
+
+
+# --- single active consumer ------------------------------------------------------------------
+
+
+def test_a_single_active_consumer_queue_stays_and_passes_on_in_interest_order() -> None:
+    state = State()
+    seqs: dict[str, int] = {}
+    members = ("n1/r1", "n2/r2", "n3/r3")
+
+    def apply(who: str, ev: Event[Any]) -> Completed:
+        seqs[who] = seqs.get(who, 0) + 1
+        node, runtime = who.split("/")
+        out: list[Effect] = []
+        state.apply(sum(seqs.values()), Origin(node, runtime, seqs[who], 1000), ev, out)
+        return next(e for e in out if isinstance(e, Completed))
+
+    for m in members:
+        apply(m, Heartbeat("voter", "", {}))
+    apply("n1/r1", Propose(1, members, "c"))
+    for m in members:
+        apply(m, Vote(1, True))
+    assert apply("n1/r1", DeclareQueue("q", single_active_consumer=True)).error is None
+    for m in ("n2/r2", "n3/r3", "n1/r1"):  # interest in this order: n2 owns it
+        apply(m, Interest("q", True))
+    q = state.queues["q"]
+    assert q.owner == "n2/r2" and q.stats()["single_active_consumer"] is True
+    assert apply("n2/r2", Handoff("q")).result == Owner("n2/r2")  # no time slices
+    apply("n2/r2", Interest("q", False))
+    assert q.owner == "n3/r3"  # next in interest order (view order would give n1)
