@@ -46,6 +46,7 @@ from batonmq.cluster.errors import (
     UnsupportedVersion,
 )
 from batonmq.cluster.events import (
+    DEFAULT_DEDUPE_WINDOW_MS,
     DEFAULT_DELIVERY_LIMIT,
     Accept,
     AcceptThrough,
@@ -92,6 +93,7 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "ack_timeout_ms": (int, type(None)),
     "max_priority": (int, type(None)),
     "single_active_consumer": (bool,),
+    "dedupe_window_ms": (int,),
 }
 
 
@@ -559,4 +561,5 @@ def _declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         ack_timeout_ms=options.get("ack_timeout_ms"),
         max_priority=options.get("max_priority") or 0,
         single_active_consumer=options.get("single_active_consumer", False),
+        dedupe_window_ms=options.get("dedupe_window_ms", DEFAULT_DEDUPE_WINDOW_MS),
     )

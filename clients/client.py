@@ -465,6 +465,7 @@ class Connection:
         ack_timeout: float | None = None,
         max_priority: int | None = None,
         single_active_consumer: bool = False,
+        dedupe_window: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue, or check that it exists with these settings.
 
@@ -487,6 +488,8 @@ class Connection:
                 higher priority go first (strict: see docs/client.md, "Priorities").
             single_active_consumer: one consumer at a time gets all the messages;
                 the next one takes over when it leaves (docs/client.md).
+            dedupe_window: seconds a publish's idempotency key is remembered (None:
+                the default, 120; 0: publishes are never deduplicated).
 
         Returns:
             The broker's result, e.g. ``{"created": True}``.
@@ -508,6 +511,8 @@ class Connection:
             options["max_priority"] = max_priority
         if single_active_consumer:
             options["single_active_consumer"] = True
+        if dedupe_window is not None:
+            options["dedupe_window_ms"] = int(round(dedupe_window * 1000))
         if ack_timeout is not None:
             options["ack_timeout_ms"] = max(1, int(round(ack_timeout * 1000)))
         if retry is not None:

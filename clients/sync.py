@@ -247,6 +247,7 @@ class SyncConnection:
         ack_timeout: float | None = None,
         max_priority: int | None = None,
         single_active_consumer: bool = False,
+        dedupe_window: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
         return self.run(
@@ -262,6 +263,7 @@ class SyncConnection:
                 ack_timeout=ack_timeout,
                 max_priority=max_priority,
                 single_active_consumer=single_active_consumer,
+                dedupe_window=dedupe_window,
             )
         )
 

@@ -190,6 +190,7 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "priority": (int,),
     "max_priority": (int,),
     "single_active_consumer": (bool,),
+    "dedupe_window_ms": (int,),
     "to": (str,),
     "holder": (str, type(None)),
     "role": (str,),

@@ -65,10 +65,13 @@ __all__ = [
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
+    "DEFAULT_DEDUPE_WINDOW_MS",
 ]
 
 OVERFLOW_POLICIES: Final = ("reject-publish", "drop-head")
 DEFAULT_DELIVERY_LIMIT: Final = 20
+#: A queue's default dedupe window (ms of the replicated clock), as JetStream's.
+DEFAULT_DEDUPE_WINDOW_MS: Final = 120_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,8 @@ class DeclareQueue(Event[Declared]):
     first (strictly: lower ones wait while any higher one is ready).
     ``single_active_consumer``: one consumer at a time gets every message; the queue
     stays with its owner while that broker has consumers (no time slices).
+    ``dedupe_window_ms``: how long a publish's idempotency key is remembered (0: never;
+    re-sent publishes are then enqueued again).
     """
 
     OP: ClassVar[int] = 1
@@ -133,6 +138,7 @@ class DeclareQueue(Event[Declared]):
     ack_timeout_ms: int | None = None
     max_priority: int = 0
     single_active_consumer: bool = False
+    dedupe_window_ms: int = DEFAULT_DEDUPE_WINDOW_MS
 
 
 @dataclass(frozen=True, slots=True)

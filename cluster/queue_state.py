@@ -12,6 +12,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from batonmq.cluster.events import DEFAULT_DEDUPE_WINDOW_MS
+
 __all__ = ["QueueState", "WORK_SETTINGS", "RETRY_POLICIES", "MAX_PRIORITY"]
 
 #: The work-queue settings of DeclareQueue after the first six (docs/events.md), in the
@@ -23,6 +25,7 @@ WORK_SETTINGS: Final = (
     "ack_timeout_ms",
     "max_priority",
     "single_active_consumer",
+    "dedupe_window_ms",
 )
 #: The highest message priority a queue may allow.
 MAX_PRIORITY: Final = 9
@@ -65,6 +68,7 @@ class QueueState:
     # subscription order) of its owner, which keeps the queue while it has one; then
     # the first interested broker, in the order interest was applied (docs/events.md).
     single_active_consumer: bool = False
+    dedupe_window_ms: int = DEFAULT_DEDUPE_WINDOW_MS  # publish keys are remembered this long
     next_pos: int = 0
     cursor: int = 0
     returned: list[int] = field(default_factory=list)  # a heap
@@ -222,6 +226,7 @@ class QueueState:
             "ack_timeout_ms": self.ack_timeout_ms,
             "max_priority": self.max_priority or None,
             "single_active_consumer": self.single_active_consumer,
+            "dedupe_window_ms": self.dedupe_window_ms,
             "timed_out": self.timed_out,
             "owner": self.owner,
             "interested": list(self.interested),

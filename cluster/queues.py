@@ -256,8 +256,11 @@ class QueueIndex:
         messages = ev.messages
         starts: list[int] | None = None  # each key span's first position
         fresh: list[tuple[str, int]] = []  # keyed spans enqueued now: remember them
-        if ev.keys and self.keys.memory > 0:
-            messages, starts, fresh, dups = self.keys.split(q.qid, q.next_pos, ev)
+        keys = self.keys
+        if ev.keys and keys.memory > 0 and q.dedupe_window_ms > 0:
+            clock = self.ledger.clock
+            keys.forget_expired(clock)
+            messages, starts, fresh, dups = keys.split(q.qid, q.next_pos, ev, clock)
             if dups:
                 self.ledger.ignore("duplicate-publish", dups)
             if not messages:  # every span was applied before: a re-sent publish
@@ -311,7 +314,8 @@ class QueueIndex:
         if starts is None:
             return Enqueued(first, n)
         for key, pos in fresh:
-            self.keys.remember(q.qid, key, pos)
+            expires = self.ledger.clock + q.dedupe_window_ms
+            self.keys.remember(q.qid, key, pos, expires)
         return Enqueued(first, n, starts)
 
     def acquire(self, key: str, ev: Acquire, out: list[Effect]) -> Counted:
@@ -661,5 +665,7 @@ def validate_declare(ev: DeclareQueue) -> None:
         raise InvalidArgument("retry_delay_ms and retry_max_ms need a retry policy")
     if ev.ack_timeout_ms is not None and ev.ack_timeout_ms < 1:
         raise InvalidArgument("ack_timeout_ms must be positive (or None)")
+    if ev.dedupe_window_ms < 0:
+        raise InvalidArgument("dedupe_window_ms must not be negative (0: no deduplication)")
     if not 0 <= ev.max_priority <= MAX_PRIORITY:
         raise InvalidArgument(f"max_priority must be 0..{MAX_PRIORITY} (0: not a priority queue)")

@@ -121,8 +121,9 @@ class State:
         self.index.dirty = names
 
     @property
-    def keys(self) -> dict[tuple[int, str], int]:
-        """The remembered publish keys: (qid, key) -> the first position it got."""
+    def keys(self) -> dict[tuple[int, str], tuple[int, int]]:
+        """The remembered publish keys: (qid, key) -> (the first position it got, when
+        it is forgotten: replicated ms, -1 never)."""
         return self.publish_keys.known
 
     @property
@@ -403,7 +404,9 @@ class State:
         Everything is marked dirty, so the next take_dirty()/take_keys() write it all."""
         meta, keys, queues = snap
         self.restore_meta(meta)
-        self.publish_keys.install([(e[0], e[1], e[2], e[3]) for e in keys])
+        self.publish_keys.install(
+            [(e[0], e[1], e[2], e[3], e[4] if len(e) > 4 else -1) for e in keys]
+        )
         self.queues = {}
         for qsnap in queues:
             q = QueueState.restore(qsnap)
@@ -412,7 +415,8 @@ class State:
         self._meta_dirty = True
 
     def key_entries(self) -> list[KeyEntry]:
-        """The remembered publish keys as (seq, qid, key, first position), in log order."""
+        """The remembered publish keys as (seq, qid, key, first position, expires), in log
+        order."""
         return self.publish_keys.entries()
 
     def restore_keys(self, entries: list[KeyEntry]) -> None:

@@ -371,6 +371,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "ack_timeout_ms": None,
                 "max_priority": None,
                 "single_active_consumer": False,
+                "dedupe_window_ms": 120000,
                 "timed_out": 0,
                 "delayed": 0,
                 "consumers": 1,

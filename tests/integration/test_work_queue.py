@@ -445,3 +445,23 @@ async def test_single_active_consumer_fails_over_in_order_across_kill9_and_a_joi
     finally:
         for n in nodes:
             n.stop()
+
+
+# --- the dedupe window -----------------------------------------------------------------------
+
+
+async def test_the_dedupe_window_survives_kill9_and_ends_with_its_time(
+    broker: BrokerProcess,
+) -> None:
+    async with await clients.connect(broker.address) as conn:
+        await conn.declare_queue("dd", dedupe_window=3.0)
+        first = await conn.publish("dd", b"x", idempotency_key="order-1")
+        assert await conn.publish("dd", b"x", idempotency_key="order-1") == first
+    broker.kill9()
+    broker.restart()
+    async with await clients.connect(broker.address) as conn:
+        # Within the window, after a crash: still the same publish.
+        assert await conn.publish("dd", b"x", idempotency_key="order-1") == first
+        await asyncio.sleep(3.2)  # time passing on purpose: the window ends
+        assert await conn.publish("dd", b"x", idempotency_key="order-1") == first + 1
+        assert (await conn.queue_stats("dd"))["dedupe_window_ms"] == 3000

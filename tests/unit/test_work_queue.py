@@ -316,3 +316,36 @@ def test_a_single_active_consumer_queue_stays_and_passes_on_in_interest_order() 
     assert apply("n2/r2", Handoff("q")).result == Owner("n2/r2")  # no time slices
     apply("n2/r2", Interest("q", False))
     assert q.owner == "n3/r3"  # next in interest order (view order would give n1)
+
+
+# --- the dedupe window ---------------------------------------------------------------------
+
+
+def test_a_publish_key_is_remembered_for_its_queues_window() -> None:
+    log = Log(dedupe_window_ms=1000)
+    first = log.ok(Enqueue("q", ((b"a", {}),), (("k", 1),)), at=5000)
+    again = log.ok(Enqueue("q", ((b"a", {}),), (("k", 1),)), at=5999)
+    assert (first.first_position, again.first_position, log.q.next_pos) == (0, 0, 1)
+    later = log.ok(Enqueue("q", ((b"a", {}),), (("k", 1),)), at=6000)  # the window passed
+    assert later.first_position == 1 and log.q.next_pos == 2
+    assert log.state.keys == {(log.q.qid, "k"): (1, 7000)}  # the old entry is forgotten
+    # Replicas restored from the keys agree (the times are part of the digest).
+    restored = State()
+    restored.restore_meta(log.state.meta_snapshot())
+    restored.restore_keys(log.state.key_entries())
+    for name, q in log.state.queues.items():
+        restored.queues[name] = QueueState.restore(q.snapshot())
+    assert restored.digest() == log.state.digest()
+
+
+def test_a_zero_window_never_deduplicates_and_windows_are_per_queue() -> None:
+    log = Log(dedupe_window_ms=0)
+    log.ok(DeclareQueue("long", dedupe_window_ms=10_000))
+    log.ok(Enqueue("q", ((b"a", {}),), (("k", 1),)), at=5000)
+    log.ok(Enqueue("q", ((b"a", {}),), (("k", 1),)), at=5001)
+    assert log.q.next_pos == 2 and log.state.keys == {}
+    log.ok(Enqueue("long", ((b"a", {}),), (("k", 1),)), at=5000)
+    log.ok(Enqueue("long", ((b"a", {}),), (("k", 1),)), at=14_999)
+    assert log.state.queues["long"].next_pos == 1
+    done, _ = log.apply(DeclareQueue("bad", dedupe_window_ms=-1))
+    assert isinstance(done.error, InvalidArgument)
