@@ -34,9 +34,11 @@ from batonmq.cluster.effects import (
 
 __all__ = ["Consumer", "Delivery", "RELEASE_PAUSE"]
 
-#: Seconds a consumer is offered nothing after it released messages: a consumer that
-#: releases and then leaves (its Cancel follows within a moment) must not be handed
-#: them straight back, raising their acquired count for nothing.
+#: Seconds a consumer is offered nothing after it released the last messages it held:
+#: a consumer that releases and then leaves (its Cancel follows within a moment) must
+#: not be handed them straight back, raising their acquired count for nothing. One that
+#: still holds others goes on at once (a busy consumer releasing poison messages must
+#: not slow down).
 RELEASE_PAUSE = 0.1
 
 log = logging.getLogger("baton.delivery")
@@ -381,8 +383,10 @@ class Delivery:
             self.pump(c.queue)
 
     def released(self, c: Consumer) -> None:
-        """``c`` released messages: offer it nothing for :data:`RELEASE_PAUSE` seconds,
-        then look again."""
+        """``c`` released messages: if it holds nothing else now, offer it nothing for
+        :data:`RELEASE_PAUSE` seconds, then look again."""
+        if c.held:
+            return
         c.paused_until = time.monotonic() + RELEASE_PAUSE
         asyncio.get_running_loop().call_later(RELEASE_PAUSE, self._resume, c)
 
