@@ -478,10 +478,12 @@ class Delivery:
                     continue  # one broker per queue appends Expire
                 head = q.head  # (the lowest ready position, priority queues too)
                 through = -1
+                delayed = q.delayed
                 for pos, enqueued_at in self.node.store.scan(q.qid, head, 10_000):
                     if enqueued_at + q.message_ttl_ms > now:
                         break
-                    through = pos
+                    if pos not in delayed:  # (they do not expire while they wait)
+                        through = pos
                 if through >= head:
                     self.node.submit(Expire(q.name, through)).add_done_callback(_quiet)
 
