@@ -99,7 +99,10 @@ def _publish(args: argparse.Namespace) -> int:
         if args.count > 1 and len(bodies) == 1:
             bodies = bodies * args.count
         positions = conn.publish_batch(
-            args.queue, [(b, headers) for b in bodies], delay=args.delay or None
+            args.queue,
+            [(b, headers) for b in bodies],
+            delay=args.delay or None,
+            priority=args.priority or None,
         )
     print(f"published {len(positions)} message(s) to {args.queue}", file=sys.stderr)
     return 0
@@ -303,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="seconds the queue holds the messages from consumers (delayed messages)",
+    )
+    pub.add_argument(
+        "--priority", type=int, default=0, help="0..9, on a queue declared with max_priority"
     )
     pub.set_defaults(func=_publish)
 

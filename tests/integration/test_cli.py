@@ -201,3 +201,5 @@ def test_publish_with_a_delay(broker: BrokerProcess) -> None:
     assert (q["ready"], q["delayed"], q["enqueued"]) == (0, 1, 1)
     r = baton("consume", "later", "--broker", addr, "--timeout", "0.5")
     assert r.returncode == 0 and r.stdout == "", r.stdout  # held: nothing to consume yet
+    r = baton("publish", "--broker", addr, "later", "x", "--priority", "12")
+    assert r.returncode == 1 and "priority must be" in r.stderr, r.stderr
