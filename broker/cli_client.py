@@ -34,7 +34,12 @@ def _publish(args: argparse.Namespace) -> int:
             conn.declare_queue(args.queue)
         if args.count > 1 and len(bodies) == 1:
             bodies = bodies * args.count
-        positions = conn.publish_batch(args.queue, [(b, headers) for b in bodies])
+        positions = conn.publish_batch(
+            args.queue,
+            [(b, headers) for b in bodies],
+            delay=args.delay or None,
+            priority=args.priority or None,
+        )
     print(f"published {len(positions)} message(s) to {args.queue}", file=sys.stderr)
     return 0
 
@@ -59,9 +64,14 @@ def _consume(args: argparse.Namespace) -> int:
                     break
                 line = msg.body.decode(errors="replace")
                 if args.verbose:
-                    line = f"{msg.position}\t{msg.delivery_count}\t{json.dumps(msg.headers)}\t{line}"
+                    line = (
+                        f"{msg.position}\t{msg.delivery_count}\t{msg.acquired_count}\t"
+                        f"{json.dumps(msg.headers)}\t{line}"
+                    )
                 print(line, flush=True)
-                if args.no_ack:
+                if args.fail:
+                    msg.release(failed=True)
+                elif args.no_ack:
                     msg.release()
                 else:
                     msg.ack()
@@ -176,6 +186,10 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     pub.add_argument("--header", action="append", default=[], help="KEY=VALUE, repeatable")
     pub.add_argument("--count", type=int, default=1, help="repeat a single message N times")
     pub.add_argument("--declare", action="store_true", help="declare the queue first")
+    pub.add_argument("--delay", type=float, default=0.0,
+                     help="seconds the queue holds the messages from consumers (delayed messages)")
+    pub.add_argument("--priority", type=int, default=0,
+                     help="0..9, on a queue declared with max_priority")
     pub.set_defaults(func=_publish)
 
     con = sub.add_parser("consume", help="print and ack messages")
@@ -184,8 +198,13 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     con.add_argument("--count", type=int, default=0, help="stop after N (0: no limit)")
     con.add_argument("--timeout", type=float, default=5.0, help="stop after idle seconds (0: never)")
     con.add_argument("--prefetch", type=int, default=100)
-    con.add_argument("--no-ack", action="store_true", help="release instead of ack")
-    con.add_argument("-v", "--verbose", action="store_true", help="position, count, headers too")
+    con.add_argument("--no-ack", action="store_true",
+                     help='release ("not now": acquired count only) instead of ack')
+    con.add_argument("--fail", action="store_true",
+                     help="release as a failed delivery (delivery count + 1, the delivery limit"
+                          " applies)")
+    con.add_argument("-v", "--verbose", action="store_true",
+                     help="position, delivery count, acquired count, headers too")
     con.set_defaults(func=_consume)
 
     t = sub.add_parser("topology", help="show the cluster's view as a broker applied it")

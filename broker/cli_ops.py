@@ -81,6 +81,14 @@ def _queue_declare(args: argparse.Namespace) -> int:
             delivery_limit=args.delivery_limit,
             dead_letter=args.dead_letter,
             message_ttl=args.message_ttl,
+            retry=(
+                None if args.retry is None
+                else clients.Retry(args.retry, args.retry_delay, args.retry_max)
+            ),
+            ack_timeout=args.ack_timeout,
+            max_priority=args.max_priority,
+            single_active_consumer=args.single_active_consumer,
+            dedupe_window=args.dedupe_window,
         )
     if args.json:
         print(json.dumps(result))
@@ -197,6 +205,21 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
                    help="queue for rejected and over-limit messages")
     d.add_argument("--message-ttl", type=float, default=None, metavar="SECONDS",
                    help="how long a message may wait before it expires")
+    d.add_argument("--retry", choices=("fixed", "linear", "exponential"), default=None,
+                   help="retry policy of failed deliveries: the wait grows so with the"
+                        " delivery count (default: ready again at once)")
+    d.add_argument("--retry-delay", type=float, default=1.0, metavar="SECONDS",
+                   help="the retry policy's delay (default 1)")
+    d.add_argument("--retry-max", type=float, default=None, metavar="SECONDS",
+                   help="the retry policy's longest wait (default: no cap)")
+    d.add_argument("--ack-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a held message unsettled this long goes back as a failed delivery")
+    d.add_argument("--max-priority", type=int, default=None, metavar="N",
+                   help="1..9: a priority queue (publish --priority)")
+    d.add_argument("--single-active-consumer", action="store_true",
+                   help="one consumer at a time gets every message; the next takes over")
+    d.add_argument("--dedupe-window", type=float, default=None, metavar="SECONDS",
+                   help="how long a publish key is remembered (default 120; 0: never)")
     d.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
     d.set_defaults(func=_queue_declare)
     for name, func, what in (

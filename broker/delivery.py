@@ -19,7 +19,8 @@ from typing import Any
 
 from batonmq.broker.reply import Replier
 from batonmq.cluster.errors import BatonError, QueueNotFound
-from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, ReleaseAll
+from batonmq.clients.wire import Expired
+from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, Release, ReleaseAll
 from batonmq.cluster.node import Node
 from batonmq.cluster.results import Counted, Settled
 from batonmq.cluster.effects import (
@@ -31,7 +32,14 @@ from batonmq.cluster.effects import (
     ReadyMore,
 )
 
-__all__ = ["Consumer", "Delivery"]
+__all__ = ["Consumer", "Delivery", "RELEASE_PAUSE"]
+
+#: Seconds a consumer is offered nothing after it released the last messages it held:
+#: a consumer that releases and then leaves (its Cancel follows within a moment) must
+#: not be handed them straight back, raising their acquired count for nothing. One that
+#: still holds others goes on at once (a busy consumer releasing poison messages must
+#: not slow down).
+RELEASE_PAUSE = 0.1
 
 log = logging.getLogger("baton.delivery")
 
@@ -50,19 +58,61 @@ class Consumer:
         "acquiring",
         "closed",
         "refill",
+        "counters",
+        "sent",
+        "paused_until",
+        "timeout",
+        "deadlines",
     )
 
-    def __init__(self, tag: int, cid: str, queue: str, prefetch: int, session: Replier) -> None:
+    def __init__(
+        self,
+        tag: int,
+        cid: str,
+        queue: str,
+        prefetch: int,
+        session: Replier,
+        counters: bool = False,
+        timeout: float = 0.0,
+    ) -> None:
         self.tag = tag
         self.cid = cid  # replicated consumer id: "node/runtime/n"
         self.queue = queue
         self.prefetch = prefetch
         self.session = session
-        self.held: set[int] = set()  # delivered, not yet settled
+        # Delivered, not yet settled: position -> how many messages were sent to
+        # this consumer before it (tells a cancel which ones the client had received).
+        self.held: dict[int, int] = {}
+        self.sent = 0  # messages sent to this consumer so far
+        self.counters = counters  # deliver the acquired count too (Subscribe option)
+        self.paused_until = 0.0  # after a release (monotonic; 0: not paused)
+        # Ack timeout (s; 0: none) and, with one, each held message's deadline
+        # (monotonic): this broker releases what passes it as a failed delivery.
+        self.timeout = timeout
+        self.deadlines: dict[int, float] = {}
         self.settling = 0  # positions in an ack/release/reject not yet applied
         self.acquiring = 0  # count asked for by the acquire in flight (0: none)
         self.closed = False
         self.refill = max(1, prefetch // 2)  # acquire once this much credit is free
+
+    def settled_positions(self, positions: list[int]) -> None:
+        """These held messages were settled: they have no deadline any more."""
+        if self.timeout:
+            for p in positions:
+                self.deadlines.pop(p, None)
+
+    def touch(self, positions: list[int]) -> tuple[int, list[int]]:
+        """The application still works on these: their ack timeout starts again.
+
+        Returns:
+            How many it holds, and the positions it does not.
+        """
+        held = [p for p in positions if p in self.held]
+        if self.timeout:
+            deadline = time.monotonic() + self.timeout
+            for p in held:
+                self.deadlines[p] = deadline
+        return len(held), [p for p in positions if p not in self.held]
 
     @property
     def credit(self) -> int:
@@ -87,22 +137,36 @@ class Delivery:
         self._owned_since: dict[str, float] = {}  # queues we own -> since (monotonic)
         self._handing_off: set[str] = set()  # handoff appended, not applied yet
         self._deferred: set[str] = set()  # wanted while locked by a join update
+        self._timed: set[Consumer] = set()  # consumers with an ack timeout
         self.on_fenced: Callable[[], None] | None = None
         node.on_unlocked = self.unlocked
 
     # -- consumers -------------------------------------------------------------------
 
-    def add(self, queue: str, prefetch: int, session: Replier, tag: int) -> Consumer:
-        """Register a consumer and start delivering to it.
+    def add(
+        self,
+        queue: str,
+        prefetch: int,
+        session: Replier,
+        tag: int,
+        counters: bool = False,
+        ack_timeout_ms: int | None = None,
+    ) -> Consumer:
+        """Register a consumer and start delivering to it (``counters``: with each
+        message's acquired count; ``ack_timeout_ms``: its ack timeout, else the queue's).
 
         Raises:
             QueueNotFound: no such queue (in the state applied here).
         """
-        if queue not in self.node.state.queues:
+        q = self.node.state.queues.get(queue)
+        if q is None:
             raise QueueNotFound(f"queue {queue!r} does not exist")
         self._next += 1
         cid = f"{self.node.node_id}/{self.node.runtime_id}/{self._next}"
-        c = Consumer(tag, cid, queue, prefetch, session)
+        timeout_ms = ack_timeout_ms if ack_timeout_ms is not None else q.ack_timeout_ms
+        c = Consumer(tag, cid, queue, prefetch, session, counters, (timeout_ms or 0) / 1000)
+        if c.timeout:
+            self._timed.add(c)
         self.by_queue.setdefault(queue, []).append(c)
         self.by_cid[cid] = c
         self._want(queue, True)
@@ -136,16 +200,26 @@ class Delivery:
                 self.node.submit(Interest(queue, True)).add_done_callback(_quiet)
 
     def remove(
-        self, c: Consumer, unread: list[int] | None = None
+        self, c: Consumer, unread: list[int] | None = None, received: int = -1
     ) -> asyncio.Future[Settled] | None:
-        """Stop a consumer; everything it holds goes back to the queue (those in
-        ``unread``, never handed to the application, without a delivery attempt).
+        """Stop a consumer; everything it holds goes back to the queue. Only the
+        messages the application had count as a failed delivery: not those in
+        ``unread`` (still in the client's buffer), nor, when the client says how many
+        it ``received``, those sent after them (still on their way), nor those
+        acquired and not sent yet (docs/events.md, the two counters).
+
+        Args:
+            c: the consumer.
+            unread: a cancel's positions never handed to the application; None for
+                a lost connection (every message sent counts as failed).
+            received: a cancel's count of messages received (-1: not told).
 
         Returns the ReleaseAll's completion, or None if the queue is gone.
         """
         if c.closed:
             return None
         c.closed = True
+        self._timed.discard(c)
         self.by_cid.pop(c.cid, None)
         peers = self.by_queue.get(c.queue)
         if peers is not None and c in peers:
@@ -155,8 +229,15 @@ class Delivery:
                 self._want(c.queue, False)
         if c.queue not in self.node.state.queues:
             return None
-        positions = tuple(p for p in unread or () if type(p) is int and p in c.held)
-        fut = self.node.submit(ReleaseAll(c.queue, c.cid, positions))
+        skip = {p for p in unread or () if type(p) is int}
+        failed = tuple(
+            sorted(
+                p
+                for p, seq in c.held.items()
+                if p not in skip and (received < 0 or seq < received)
+            )
+        )
+        fut = self.node.submit(ReleaseAll(c.queue, c.cid, (), failed))
         fut.add_done_callback(_quiet)
         return fut
 
@@ -212,22 +293,35 @@ class Delivery:
         c = self.by_cid.get(e.consumer)
         if c is None or c.closed:
             if e.consumer.startswith(f"{self.node.node_id}/{self.node.runtime_id}/"):
-                # Acquired for one of ours that has gone since: give it all back.
-                self.node.submit(ReleaseAll(e.queue, e.consumer)).add_done_callback(_quiet)
+                # Acquired for one of ours that has gone since: give it all back;
+                # never sent, so not a failed delivery.
+                self.node.submit(ReleaseAll(e.queue, e.consumer, (), ())).add_done_callback(
+                    _quiet
+                )
             return
         messages = self.node.store.get_messages(e.qid, e.positions)
         out: list[list[Any]] = []
         size = 0
-        for pos, count, m in zip(e.positions, e.counts, messages):
+        held, sent, counters = c.held, c.sent, c.counters
+        deadlines = c.deadlines if c.timeout else None
+        deadline = time.monotonic() + c.timeout
+        for pos, count, acquired, m in zip(e.positions, e.counts, e.acquired, messages):
             if m is None:  # cannot happen unless the store lost data; never deliver junk
                 log.error("queue %s position %d acquired but not in the store", e.queue, pos)
                 continue
-            c.held.add(pos)
-            out.append([pos, count, m.body, m.headers, m.publish_time])
+            held[pos] = sent
+            sent += 1
+            if deadlines is not None:
+                deadlines[pos] = deadline
+            if counters:
+                out.append([pos, count, m.body, m.headers, m.publish_time, acquired])
+            else:
+                out.append([pos, count, m.body, m.headers, m.publish_time])
             size += m.size + 16
             if size >= self._chunk_bytes:
                 c.session.deliver(c.tag, out)
                 out, size = [], 0
+        c.sent = sent
         if out:
             c.session.deliver(c.tag, out)
 
@@ -241,16 +335,33 @@ class Delivery:
             return  # only the owner acquires (guarantee 2)
         if q.reserved_by is not None:
             return  # a range reader has the queue; Reserve(None) wakes us (ReadyMore)
-        budget = q.ready - sum(c.acquiring for c in consumers)
+        ready = q.ready
+        if q.delayed:
+            # Delayed releases whose time has come by this broker's clock: an Acquire
+            # appended now carries that time, so applying it makes them ready.
+            due = q.next_due()
+            if due is not None and due <= time.time() * 1000:
+                ready += len(q.delayed)
+        budget = ready - sum(c.acquiring for c in consumers)
         if budget <= 0:
             return
-        # Round-robin: start after the consumer served first last time.
-        consumers.append(consumers.pop(0))
-        for c in consumers:
+        if q.single_active_consumer:
+            # Only the first consumer still here (subscription order) gets messages.
+            active = next((c for c in consumers if not c.closed), None)
+            serve = [active] if active is not None else []
+        else:
+            # Round-robin: start after the consumer served first last time.
+            consumers.append(consumers.pop(0))
+            serve = consumers
+        for c in serve:
             if budget <= 0:
                 break
             if c.acquiring or c.closed or c.session.paused:
                 continue
+            if c.paused_until:
+                if c.paused_until > time.monotonic():
+                    continue
+                c.paused_until = 0.0
             credit = c.credit
             n = min(credit, budget)
             if n <= 0:
@@ -270,6 +381,19 @@ class Delivery:
         """Credit came back to ``c`` (its settle was applied)."""
         if not c.closed:
             self.pump(c.queue)
+
+    def released(self, c: Consumer) -> None:
+        """``c`` released messages: if it holds nothing else now, offer it nothing for
+        :data:`RELEASE_PAUSE` seconds, then look again."""
+        if c.held:
+            return
+        c.paused_until = time.monotonic() + RELEASE_PAUSE
+        asyncio.get_running_loop().call_later(RELEASE_PAUSE, self._resume, c)
+
+    def _resume(self, c: Consumer) -> None:
+        # (The loop's timer may fire a little before paused_until by time.monotonic().)
+        c.paused_until = 0.0
+        self.settled(c)
 
     # -- TTL -------------------------------------------------------------------------------
 
@@ -295,13 +419,20 @@ class Delivery:
         while True:
             await asyncio.sleep(min(0.05, self._time_slice / 4))
             now = time.monotonic()
+            now_ms = time.time() * 1000
             me = self.node.key
+            for c in list(self._timed):
+                self._time_out(c, now)
             for name, since in list(self._owned_since.items()):
                 q = self.node.state.queues.get(name)
                 if q is None or q.owner != me or name in self._handing_off:
                     continue
-                if not any(m != me for m in q.interested):
-                    continue
+                if q.delayed:
+                    due = q.next_due()
+                    if due is not None and due <= now_ms:
+                        self.pump(name)  # a delayed release is due (by our clock)
+                if not any(m != me for m in q.interested) or q.single_active_consumer:
+                    continue  # (a single active consumer keeps its queue)
                 local = self.by_queue.get(name, ())
                 starving = not any(c.credit > 0 and not c.closed for c in local)
                 if starving or now - since >= self._time_slice:
@@ -309,6 +440,23 @@ class Delivery:
                     # when it applies the handoff.
                     self._handing_off.add(name)
                     self.node.submit(Handoff(name)).add_done_callback(_quiet)
+
+    def _time_out(self, c: Consumer, now: float) -> None:
+        """Release ``c``'s messages past their ack timeout as a failed delivery, and tell
+        its client; its connection and other consumers go on."""
+        expired = [p for p, d in c.deadlines.items() if d <= now]
+        if not expired or c.closed:
+            return
+        expired.sort()
+        for p in expired:
+            del c.deadlines[p]
+            c.held.pop(p, None)
+        log.info("consumer %s of %s: %d message(s) passed the ack timeout", c.cid, c.queue,
+                 len(expired))
+        event = Release(c.queue, c.cid, tuple(expired), True, 0, True)
+        self.node.submit(event).add_done_callback(_quiet)
+        c.session.send(Expired(c.tag, expired))
+        self.pump(c.queue)
 
     async def _expiry_loop(self, interval: float) -> None:
         """Append Expire for queues whose oldest ready messages passed their TTL.
@@ -328,12 +476,14 @@ class Delivery:
                     continue  # (TTL waits while a range reader has the queue)
                 if q.owner != me and not (q.owner is None and leader == me):
                     continue  # one broker per queue appends Expire
-                head = min(q.returned[0] if q.returned else q.cursor, q.cursor)
+                head = q.head  # (the lowest ready position, priority queues too)
                 through = -1
+                delayed = q.delayed
                 for pos, enqueued_at in self.node.store.scan(q.qid, head, 10_000):
                     if enqueued_at + q.message_ttl_ms > now:
                         break
-                    through = pos
+                    if pos not in delayed:  # (they do not expire while they wait)
+                        through = pos
                 if through >= head:
                     self.node.submit(Expire(q.name, through)).add_done_callback(_quiet)
 

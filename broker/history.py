@@ -52,8 +52,9 @@ MAX_HISTORY_RECORDS = 2_000_000
 #: lets the broker serve (a record with a big publish batch costs ~1 ms to apply).
 SLICE_SECONDS = 0.005
 
-_Status = tuple[str, str | None, int]  # (where, consumer, delivery count)
-_ABSENT: _Status = ("absent", None, 0)
+# (where, consumer, delivery count: failed deliveries, acquired count: earlier hand-outs)
+_Status = tuple[str, str | None, int, int]
+_ABSENT: _Status = ("absent", None, 0, 0)
 _ONE_AT_A_TIME: weakref.WeakKeyDictionary[Node, asyncio.Lock] = weakref.WeakKeyDictionary()
 _ASKED = {Accept: "accept asked", Release: "release asked", Reject: "reject asked"}
 
@@ -62,12 +63,15 @@ def _status(q: QueueState | None, pos: int) -> _Status:
     if q is None or pos >= q.next_pos:
         return _ABSENT
     holder = q.acquired.get(pos)
-    count = q.counts.get(pos, 0)
+    count, acquired = q.counts.get(pos, 0), q.acq_counts.get(pos, 0)
     if holder is not None:
-        return ("acquired", holder, count)
-    if pos >= q.cursor or pos in q.returned:
-        return ("ready", None, count)
-    return ("gone", None, count)
+        return ("acquired", holder, count, acquired)
+    if (
+        pos >= q.cursor or pos in q.returned or pos in q.delayed
+        or (q.max_priority and q.holds(pos))  # a priority queue keeps its ready in a heap
+    ):
+        return ("ready", None, count, acquired)  # ready, or delayed until its time
+    return ("gone", None, count, acquired)
 
 
 def _step(
@@ -97,10 +101,13 @@ def _step(
                 step["note"] = "pushed out at once (overflow drop-head)"
         return step
     if now == "acquired":
-        step.update(what="acquired", consumer=after[1], delivery=after[2] + 1)
+        # The n-th hand-out, and the failed deliveries before it (docs/events.md).
+        step.update(what="acquired", consumer=after[1], acquisition=after[3] + 1,
+                    delivery_count=after[2])
         return step
     if was == "acquired" and now == "ready":
-        step.update(what="released", consumer=before[1], delivery_count=after[2])
+        step.update(what="released", consumer=before[1], delivery_count=after[2],
+                    failed=after[2] > before[2])
         if not isinstance(event, (Release, ReleaseAll)):
             step["note"] = "its consumer's broker left the view"
         return step
@@ -218,7 +225,7 @@ async def _history(node: Node, queue: str, position: int, limit: int) -> Message
                     if q is not None:
                         after = _status(q, position)
                     elif status[0] in ("ready", "acquired"):
-                        after = ("gone", None, status[2])  # the queue went with the message
+                        after = ("gone", None, status[2], status[3])  # the queue went with it
                     else:
                         after = status
                     if after != status:

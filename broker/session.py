@@ -51,6 +51,7 @@ from batonmq.cluster.errors import (
     UnsupportedVersion,
 )
 from batonmq.cluster.events import (
+    DEFAULT_DEDUPE_WINDOW_MS,
     DEFAULT_DELIVERY_LIMIT,
     Accept,
     AcceptThrough,
@@ -79,6 +80,9 @@ __all__ = ["MAX_IN_FLIGHT", "Session", "SessionBroker", "declare_event"]
 
 log = logging.getLogger("baton.session")
 
+#: The longest delay of a release: 30 days.
+MAX_DELAY_MS = 30 * 24 * 3600 * 1000
+
 R = TypeVar("R", bound="Result | None")
 
 _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
@@ -88,6 +92,13 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "delivery_limit": (int,),
     "dead_letter": (str, type(None)),
     "message_ttl_ms": (int, type(None)),
+    "retry": (str, type(None)),
+    "retry_delay_ms": (int,),
+    "retry_max_ms": (int, type(None)),
+    "ack_timeout_ms": (int, type(None)),
+    "max_priority": (int, type(None)),
+    "single_active_consumer": (bool,),
+    "dedupe_window_ms": (int,),
 }
 
 
@@ -237,9 +248,17 @@ class Session(ClientConnection):
         match f:
             case wire.PublishBatch():
                 messages = self._batch(f.messages)
+                delay_ms, not_before, priority = _publish_options(f.options)
                 self._submit(
                     f.corr,
-                    Enqueue(f.queue, messages, ((f.key, len(messages)),) if f.key else ()),
+                    Enqueue(
+                        f.queue,
+                        messages,
+                        ((f.key, len(messages)),) if f.key else (),
+                        delay_ms,
+                        not_before,
+                        priority,
+                    ),
                     # A re-sent batch reports its original positions (cluster/state.py),
                     # without the key spans' positions.
                     lambda r: Enqueued(r.first_position, r.count),
@@ -247,13 +266,21 @@ class Session(ClientConnection):
             case wire.Ack():
                 self._settle(f.corr, f.consumer, f.positions, Accept)
             case wire.Release():
-                self._settle(f.corr, f.consumer, f.positions, Release)
+                if not 0 <= f.delay_ms <= MAX_DELAY_MS:
+                    raise InvalidArgument(f"delay_ms must be 0..{MAX_DELAY_MS}")
+                self._settle(f.corr, f.consumer, f.positions, Release, f.failed, f.delay_ms)
             case wire.Reject():
                 self._settle(f.corr, f.consumer, f.positions, Reject)
             case wire.Subscribe():
                 self._subscribe(f)
             case wire.Cancel():
                 self._cancel(f)
+            case wire.Touch():
+                c = self.consumers.get(f.consumer)
+                if c is None:
+                    raise UnknownConsumer(f"no consumer {f.consumer} on this connection")
+                count, missing = c.touch(f.positions)
+                self.send(wire.ok(f.corr, Settled(count, missing)))
             case wire.DeclareQueue():
                 self._submit(f.corr, declare_event(f.queue, f.options), as_is)
             case wire.DeleteQueue():
@@ -318,13 +345,21 @@ class Session(ClientConnection):
         check_name("queue name", f.queue)  # before merging: a bad one fails alone
         check_key(f.key)
         q = self.broker.node.state.queues.get(f.queue)
-        if q is not None and q.max_length is None:
+        if q is not None and q.max_length is None and not f.options:
             self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers, f.key))
             return
+        delay_ms, not_before, priority = _publish_options(f.options)  # (they go alone)
         self._flush_publishes()
         self._submit(
             f.corr,
-            Enqueue(f.queue, ((f.body, f.headers),), ((f.key, 1),) if f.key else ()),
+            Enqueue(
+                f.queue,
+                ((f.body, f.headers),),
+                ((f.key, 1),) if f.key else (),
+                delay_ms,
+                not_before,
+                priority,
+            ),
             lambda r: Published(r.first_position),
         )
 
@@ -437,9 +472,10 @@ class Session(ClientConnection):
                 f" {cfg.max_connection_prefetch} (max_connection_prefetch), this would be {total}"
             )
         check_name("queue name", f.queue)  # its Interest events go to the log
+        counters, ack_timeout_ms = _subscribe_options(f.options)
         self._next_tag += 1
         tag = self._next_tag
-        c = self.broker.delivery.add(f.queue, f.prefetch, self, tag)
+        c = self.broker.delivery.add(f.queue, f.prefetch, self, tag, counters, ack_timeout_ms)
         self.consumers[tag] = c
         self.send(wire.ok(f.corr, Subscribed(tag)))
         self.broker.delivery.pump(f.queue)
@@ -448,14 +484,20 @@ class Session(ClientConnection):
         c = self.consumers.pop(f.consumer, None)
         if c is None:
             raise UnknownConsumer(f"no consumer {f.consumer} on this connection")
-        fut = self.broker.delivery.remove(c, f.unread)
+        fut = self.broker.delivery.remove(c, f.unread, f.received)
         if fut is None:
             self.send(wire.ok(f.corr, Cancelled(0)))
         else:
             self.reply(f.corr, fut, lambda r: Cancelled(r.count))
 
     def _settle(
-        self, corr: int, tag: int, positions: list[int], kind: type[Accept | Release | Reject]
+        self,
+        corr: int,
+        tag: int,
+        positions: list[int],
+        kind: type[Accept | Release | Reject],
+        failed: bool = True,
+        delay_ms: int = 0,
     ) -> None:
         """Settle what the consumer holds; report the rest as ``not_acquired``.
 
@@ -473,26 +515,81 @@ class Session(ClientConnection):
         missing: list[int] = []
         for p in positions:
             if p in held:
-                held.discard(p)
+                del held[p]
                 mine.append(p)
             else:
                 missing.append(p)  # never delivered to it, settled already, or twice here
         if not mine:
             self.send(wire.ok(corr, Settled(0, missing)))
             return
+        c.settled_positions(mine)
         c.settling += len(mine)
-        fut = self.broker.node.submit(kind(c.queue, c.cid, tuple(mine)))
+        if kind is Release:
+            event: Accept | Release | Reject = Release(
+                c.queue, c.cid, tuple(mine), failed, delay_ms
+            )
+            self.broker.delivery.released(c)
+        else:
+            event = kind(c.queue, c.cid, tuple(mine))
+        fut = self.broker.node.submit(event)
         delivery = self.broker.delivery
 
         def settled(f: asyncio.Future[Settled]) -> None:
             c.settling -= len(mine)
             if f.cancelled() or f.exception() is not None:
-                held.update(mine)  # still ours: released if we disconnect
+                # Still ours: released if we disconnect (the client had them).
+                held.update(dict.fromkeys(mine, -1))
             delivery.settled(c)
 
         fut.add_done_callback(settled)
         delivery.settled(c)  # credit is back now; see Consumer.credit
         self.reply(corr, fut, lambda r: Settled(r.count, missing + r.not_acquired))
+
+
+def _publish_options(options: dict[str, Any]) -> tuple[int, int, int]:
+    """Read a Publish's options; returns ``(delay_ms, not_before, priority)``.
+
+    Raises:
+        InvalidArgument: an unknown option, or a bad value.
+    """
+    if not options:
+        return 0, 0, 0
+    for key, value in options.items():
+        if key not in ("delay_ms", "not_before", "priority"):
+            raise InvalidArgument(
+                f"unknown publish option {key!r} (known: delay_ms, not_before, priority)"
+            )
+        if type(value) is not int or value < 0:
+            raise InvalidArgument(f"publish option {key!r} must be a non-negative int")
+    delay_ms = options.get("delay_ms", 0)
+    if delay_ms > MAX_DELAY_MS:
+        raise InvalidArgument(f"delay_ms must be at most {MAX_DELAY_MS}")
+    priority = options.get("priority", 0)
+    if priority > 9:
+        raise InvalidArgument("priority must be 0..9")
+    return delay_ms, options.get("not_before", 0), priority
+
+
+def _subscribe_options(options: dict[str, Any]) -> tuple[bool, int | None]:
+    """Read a Subscribe's options; returns ``(counters, ack_timeout_ms)``.
+
+    Raises:
+        InvalidArgument: an unknown option, or one of the wrong type or range.
+    """
+    for key, value in options.items():
+        if key == "counters":
+            if not isinstance(value, bool):
+                raise InvalidArgument("subscribe option 'counters' must be a bool")
+        elif key == "ack_timeout_ms":
+            if type(value) is not int or not 1 <= value <= MAX_DELAY_MS:
+                raise InvalidArgument(f"ack_timeout_ms must be 1..{MAX_DELAY_MS}")
+        else:
+            raise InvalidArgument(
+                f"unknown subscribe option {key!r} (known: counters, ack_timeout_ms)"
+            )
+    return bool(options.get("counters", False)), options.get("ack_timeout_ms")
+
+
 
 
 def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
@@ -517,6 +614,13 @@ def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         delivery_limit=options.get("delivery_limit", DEFAULT_DELIVERY_LIMIT),
         dead_letter=options.get("dead_letter"),
         message_ttl_ms=options.get("message_ttl_ms"),
+        retry=options.get("retry") or "",
+        retry_delay_ms=options.get("retry_delay_ms", 0),
+        retry_max_ms=options.get("retry_max_ms"),
+        ack_timeout_ms=options.get("ack_timeout_ms"),
+        max_priority=options.get("max_priority") or 0,
+        single_active_consumer=options.get("single_active_consumer", False),
+        dedupe_window_ms=options.get("dedupe_window_ms", DEFAULT_DEDUPE_WINDOW_MS),
     )
 
 

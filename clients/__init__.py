@@ -35,7 +35,7 @@ import-entries pipeline, which load pyspark).
 from __future__ import annotations
 
 from batonmq.clients import errors, leadership, sync, tls, topology, wire
-from batonmq.clients.client import Connection, connect
+from batonmq.clients.client import Connection, Retry, connect
 from batonmq.clients.consumer import Consumer, Message
 from batonmq.cluster.errors import (
     BatonError,
@@ -70,6 +70,7 @@ from batonmq.clients.wire import PROTOCOL_VERSION
 __all__ = [
     "connect",
     "Connection",
+    "Retry",
     "Consumer",
     "Message",
     "sync",

@@ -13,10 +13,15 @@ Layout (after aiokafka's ``conn.py``, ``producer/`` and ``consumer/``):
 * :mod:`~batonmq.clients.watch`: :class:`TopologyWatch`, the poller of
   :meth:`Connection.watch_topology`.
 * :mod:`~batonmq.clients.leadership`: :class:`~batonmq.clients.leadership.Term`.
+* :mod:`~batonmq.clients.queue_options`: :class:`Retry` and a declaration's options.
 
 :class:`Connection` is the facade over them: every call of docs/client.md is here, and
 the names that used to live in this module (``Consumer``, ``Message``, ``TopologyWatch``,
 ``parse_addresses``, ``DEFAULT_PORT``) are still importable from it.
+
+Size: a little over 800 lines, because the facade has one method per command of the
+protocol, each with the docstring users read; what the methods do lives in the modules
+above, and the methods are a few lines each.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from datetime import datetime
 from ssl import SSLContext
 from types import TracebackType
 from typing import Any
@@ -33,7 +39,8 @@ from batonmq.clients.addresses import DEFAULT_PORT, format_address, parse_addres
 from batonmq.clients.conn import Channel
 from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
-from batonmq.clients.producer import Producer
+from batonmq.clients.producer import Producer, publish_options
+from batonmq.clients.queue_options import Retry, declare_options
 from batonmq.clients.topology import TopologyEvent, TopologyTracker
 from batonmq.clients.watch import TopologyWatch
 from batonmq.clients.wire import (
@@ -74,6 +81,7 @@ from batonmq.cluster.results import (
 __all__ = [
     "DEFAULT_PORT",
     "connect",
+    "Retry",
     "parse_addresses",
     "Connection",
     "Consumer",
@@ -449,6 +457,11 @@ class Connection:
         delivery_limit: int = 20,
         dead_letter: str | None = None,
         message_ttl: float | None = None,
+        retry: Retry | None = None,
+        ack_timeout: float | None = None,
+        max_priority: int | None = None,
+        single_active_consumer: bool = False,
+        dedupe_window: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue, or check that it exists with these settings.
 
@@ -458,10 +471,21 @@ class Connection:
             max_length: cap on ready messages (None: no cap).
             overflow: at ``max_length``: ``"reject-publish"`` (publish fails with
                 QueueFull) or ``"drop-head"`` (the oldest ready message is dropped).
-            delivery_limit: a message delivered this many times and released again is
+            delivery_limit: a message whose delivery failed this many times (failed
+                releases, consumer losses, see docs/client.md "The two counters") is
                 dead-lettered (or dropped without a dead-letter queue).
             dead_letter: queue that receives rejected and over-limit messages.
             message_ttl: seconds a message may wait before it expires (None: forever).
+            retry: the retry policy of failed deliveries (None: ready again at once).
+            ack_timeout: seconds a consumer may hold a message unsettled before its
+                broker releases it as a failed delivery (None: no limit; a consumer
+                may set its own).
+            max_priority: 1..9 makes a priority queue: messages published with a
+                higher priority go first (strict: see docs/client.md, "Priorities").
+            single_active_consumer: one consumer at a time gets all the messages;
+                the next one takes over when it leaves (docs/client.md).
+            dedupe_window: seconds a publish's idempotency key is remembered (None:
+                the default, 120; 0: publishes are never deduplicated).
 
         Returns:
             The broker's result, e.g. ``{"created": True}``.
@@ -470,15 +494,19 @@ class Connection:
             QueueExists: the queue exists with different settings.
             InvalidArgument: a setting is out of range.
         """
-        ttl_ms = None if message_ttl is None else int(round(message_ttl * 1000))
-        options = {
-            "durable": durable,
-            "max_length": max_length,
-            "overflow": overflow,
-            "delivery_limit": delivery_limit,
-            "dead_letter": dead_letter,
-            "message_ttl_ms": ttl_ms,
-        }
+        options = declare_options(
+            durable=durable,
+            max_length=max_length,
+            overflow=overflow,
+            delivery_limit=delivery_limit,
+            dead_letter=dead_letter,
+            message_ttl=message_ttl,
+            retry=retry,
+            ack_timeout=ack_timeout,
+            max_priority=max_priority,
+            single_active_consumer=single_active_consumer,
+            dedupe_window=dedupe_window,
+        )
         corr = self._next_corr()
         # Idempotent (create, or check the settings), so sent again after a failover.
         result = await self._request(DeclareQueue(corr, name, options), corr, retry=True)
@@ -667,6 +695,9 @@ class Connection:
         headers: Mapping[str, Any] | None = None,
         *,
         idempotency_key: str | None = None,
+        delay: float | None = None,
+        not_before: float | datetime | None = None,
+        priority: int | None = None,
     ) -> Coroutine[Any, Any, int]:
         """Publish one message and wait until the broker confirms it (``await`` it).
 
@@ -683,20 +714,33 @@ class Connection:
             idempotency_key: your own key for this publish (e.g. to publish again
                 safely from a new connection after a crash); by default a key unique
                 to this connection and publish.
+            delay: seconds the queue holds the message from consumers (a delayed
+                message; by the cluster's replicated clock, docs/client.md).
+            not_before: the time (an aware datetime, or seconds since the epoch)
+                before which no consumer gets it (with ``delay``: the later of both).
+            priority: 0..9, on a queue declared with ``max_priority`` (higher goes
+                first; capped at the queue's maximum; ignored on other queues).
 
         Returns:
             The message's position in the queue.
 
         Raises:
             MessageTooLarge: the body is above the broker's ``max_message`` (nothing sent).
-            InvalidArgument: body or headers of the wrong type (nothing sent).
+            InvalidArgument: body or headers of the wrong type, a negative delay or
+                time (nothing sent).
             QueueNotFound, QueueFull: from the broker.
             ConnectionClosed: the connection ended before the confirmation; the message
                 may or may not have been enqueued.
         """
         # The producer's own coroutine, not one that awaits it: a publish is the hot
         # path, and a coroutine frame per call is a measurable share of its cost.
-        return self._producer.publish(queue, body, headers, idempotency_key=idempotency_key)
+        return self._producer.publish(
+            queue,
+            body,
+            headers,
+            idempotency_key=idempotency_key,
+            options=publish_options(delay, not_before, priority),
+        )
 
     async def publish_batch(
         self,
@@ -704,6 +748,9 @@ class Connection:
         messages: Iterable[bytes | bytearray | memoryview | tuple[bytes, Mapping[str, Any]]],
         *,
         idempotency_key: str | None = None,
+        delay: float | None = None,
+        not_before: float | datetime | None = None,
+        priority: int | None = None,
     ) -> list[int]:
         """Publish many messages and wait until all are confirmed.
 
@@ -719,6 +766,7 @@ class Connection:
             messages: bodies, or ``(body, headers)`` pairs.
             idempotency_key: your own key for the batch; with several frames,
                 frame ``i`` uses ``f"{idempotency_key}#{i}"``.
+            delay, not_before, priority: as for :meth:`publish`, for every message.
 
         Returns:
             The positions of the messages, in order.
@@ -730,20 +778,34 @@ class Connection:
             ConnectionClosed: the connection ended before every confirmation arrived.
         """
         return await self._producer.publish_batch(
-            queue, messages, idempotency_key=idempotency_key
+            queue,
+            messages,
+            idempotency_key=idempotency_key,
+            options=publish_options(delay, not_before, priority),
         )
 
-    def consume(self, queue: str, *, prefetch: int = 100) -> Consumer:
+    def consume(
+        self, queue: str, *, prefetch: int = 100, ack_timeout: float | None = None
+    ) -> Consumer:
         """A consumer of ``queue``; subscribe by entering it (``async with``).
 
         Args:
             queue: the queue's name.
             prefetch: the most messages the broker delivers before they are settled.
+            ack_timeout: seconds a delivered message may stay unsettled; then the
+                broker releases it as a failed delivery and tells the consumer
+                (``msg.in_progress()`` starts it again). None: the queue's setting.
 
         Returns:
             A :class:`Consumer` (not yet subscribed).
         """
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
             raise InvalidArgument(f"prefetch must be a positive int, got {prefetch!r}")
-        return Consumer(self._channel, queue, prefetch)
+        if ack_timeout is not None and (
+            isinstance(ack_timeout, bool)
+            or not isinstance(ack_timeout, (int, float))
+            or ack_timeout <= 0
+        ):
+            raise InvalidArgument(f"ack_timeout must be positive seconds, got {ack_timeout!r}")
+        return Consumer(self._channel, queue, prefetch, ack_timeout)
 

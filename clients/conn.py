@@ -38,6 +38,7 @@ from batonmq.clients.wire import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
     ConsumerCancelled,
+    Expired,
     Deliver,
     Error,
     Frame,
@@ -480,6 +481,10 @@ class Channel:
                 term = self._terms.get(frame.service)
                 if term is not None:
                     term.leader_event(frame.event, frame.token, frame.leader)
+            case Expired():
+                consumer = self._consumers.get(frame.consumer)
+                if consumer is not None:
+                    consumer.expired(frame.positions)
             case ConsumerCancelled():
                 consumer = self._consumers.pop(frame.consumer, None)
                 if consumer is not None:

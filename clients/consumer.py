@@ -8,8 +8,13 @@ once it holds a quarter of ``prefetch``, so the broker can refill while the
 application works on the rest).
 
 The consumer talks to its connection through :class:`ConsumerChannel`; the connection
-routes Subscribe answers, Deliver and ConsumerCancelled frames to it (:meth:`Consumer.subscribed`,
-:meth:`Consumer.deliver`, :meth:`Consumer.end`) and tells it about failovers.
+routes Subscribe answers, Deliver, Expired and ConsumerCancelled frames to it
+(:meth:`Consumer.subscribed`, :meth:`Consumer.deliver`, :meth:`Consumer.expired`,
+:meth:`Consumer.end`) and tells it about failovers.
+
+Size: a little over 800 lines: :class:`Message` settles through its consumer's
+coalesced batches and the consumer makes the messages, so the two live together; moving
+Message out would need a protocol for its consumer (a follow-up).
 """
 
 from __future__ import annotations
@@ -29,18 +34,40 @@ from batonmq.cluster.errors import (
     ProtocolError,
     UnknownConsumer,
 )
-from batonmq.clients.wire import Ack, Cancel, Frame, Reject, Release, Subscribe, read_result
+from batonmq.clients.wire import (
+    Ack,
+    Cancel,
+    Frame,
+    Reject,
+    Release,
+    Subscribe,
+    Touch,
+    read_result,
+)
 from batonmq.cluster.results import Cancelled, Settled, Subscribed
 
-__all__ = ["ConsumerChannel", "Consumer", "Message", "ACK", "RELEASE", "REJECT"]
+__all__ = ["ConsumerChannel", "Consumer", "Message", "ACK", "RELEASE", "REJECT", "RELEASE_FAILED"]
 
 _log = logging.getLogger("baton.client")
 
-# Settlement kinds: index into Consumer._batches and the frame class that carries them.
+# Settlement kinds: index into Consumer._batches. RELEASE is the "not now" release
+# (acquired count only), RELEASE_FAILED the failed delivery (delivery count too).
 ACK: Final = 0
 RELEASE: Final = 1
 REJECT: Final = 2
-_SETTLE_FRAMES: Final[tuple[type[Ack], type[Release], type[Reject]]] = (Ack, Release, Reject)
+RELEASE_FAILED: Final = 3
+_KINDS: Final = (ACK, RELEASE, REJECT, RELEASE_FAILED)
+
+
+def _settle_frame(
+    kind: int, corr: int, tag: int, positions: list[int], delay_ms: int = 0
+) -> Frame:
+    """The frame that carries one batch of settlements of ``kind``."""
+    if kind == ACK:
+        return Ack(corr, tag, positions)
+    if kind == REJECT:
+        return Reject(corr, tag, positions)
+    return Release(corr, tag, positions, kind == RELEASE_FAILED, delay_ms)
 
 
 class ConsumerChannel(Protocol):
@@ -130,10 +157,29 @@ class Consumer:
         "settle_failures",
         "_flush_at",
         "_epoch",
+        "_received",
+        "ack_timeout",
+        "expired_count",
+        "_expired",
     )
 
-    def __init__(self, conn: ConsumerChannel, queue: str, prefetch: int) -> None:
+    def __init__(
+        self,
+        conn: ConsumerChannel,
+        queue: str,
+        prefetch: int,
+        ack_timeout: float | None = None,
+    ) -> None:
         self._conn = conn
+        #: Seconds a delivered message may stay unsettled before the broker releases
+        #: it as a failed delivery (None: the queue's setting).
+        self.ack_timeout = ack_timeout
+        #: Messages of this consumer the broker released at their ack timeout.
+        self.expired_count = 0
+        # Position -> how many times the broker released it at the ack timeout: a
+        # Message made before the last one cannot be settled (its position may be
+        # held again, by a later delivery to this same consumer).
+        self._expired: dict[int, int] = {}
         self.queue = queue
         self.prefetch = prefetch
         #: The broker's consumer tag (0 until subscribed).
@@ -142,7 +188,7 @@ class Consumer:
         self._buffer: deque[Message] = deque()
         self._ready = asyncio.Event()
         self._error: BaseException | None = None
-        self._batches: list[_SettleBatch | None] = [None, None, None]
+        self._batches: list[_SettleBatch | None] = [None, None, None, None]
         self._abandoned = False
         #: Unconfirmed settlements the broker refused (each is also logged).
         self.settle_failures = 0
@@ -150,6 +196,9 @@ class Consumer:
         # Subscriptions so far (one per broker, failover starts a new one): a
         # Message of an earlier one cannot be settled.
         self._epoch = 0
+        # Messages received on this subscription: a cancel tells the broker, so that
+        # those still on their way do not count as a failed delivery.
+        self._received = 0
 
     def __repr__(self) -> str:
         state = ("new", "active", "ended")[self._state]
@@ -172,7 +221,7 @@ class Consumer:
             raise InvalidArgument("consumer already started")
         conn = self._conn
         corr = conn.next_corr()
-        fut = conn.request(Subscribe(corr, self.queue, self.prefetch), corr, retry=True)
+        fut = conn.request(self._subscribe_frame(corr), corr, retry=True)
         conn.expect_subscribed(corr, self)
         try:
             await fut
@@ -183,6 +232,13 @@ class Consumer:
             if self._state == _ACTIVE:
                 conn.background(self.cancel())
             raise
+
+    def _subscribe_frame(self, corr: int) -> Subscribe:
+        # "counters": each delivery carries the acquired count too.
+        options: dict[str, Any] = {"counters": True}
+        if self.ack_timeout is not None:
+            options["ack_timeout_ms"] = max(1, int(self.ack_timeout * 1000))
+        return Subscribe(corr, self.queue, self.prefetch, options)
 
     @property
     def active(self) -> bool:
@@ -220,11 +276,43 @@ class Consumer:
         append = self._buffer.append
         queue = self.queue
         epoch = self._epoch
-        for position, delivery_count, body, headers, publish_time in messages:
-            append(
-                Message(self, queue, position, body, headers, delivery_count, publish_time, epoch)
+        expired = self._expired
+        for position, delivery_count, body, headers, publish_time, acquired in messages:
+            msg = Message(
+                self, queue, position, body, headers, delivery_count, publish_time, epoch,
+                acquired,
             )
+            if expired:
+                msg.expiry = expired.get(position, 0)
+            append(msg)
+        self._received += len(messages)
         self._ready.set()
+
+    def expired(self, positions: list[int]) -> None:
+        """The broker released these messages at their ack timeout (an Expired frame):
+        those still buffered are dropped, and settling the others fails."""
+        self.expired_count += len(positions)
+        gone = set(positions)
+        for p in gone:
+            self._expired[p] = self._expired.get(p, 0) + 1
+        if self._buffer:
+            kept = [m for m in self._buffer if m.position not in gone]
+            self._buffer.clear()
+            self._buffer.extend(kept)
+        _log.warning(
+            "consumer %s of %r: %d message(s) passed the ack timeout and were released",
+            self.tag, self.queue, len(positions),
+        )
+
+    def expiries(self, position: int) -> int:
+        """How many times the message at ``position`` was released at its ack timeout."""
+        return self._expired.get(position, 0) if self._expired else 0
+
+    def touch(self, position: int) -> asyncio.Future[dict[str, Any]]:
+        """Send Touch for ``position`` (see :meth:`Message.in_progress`)."""
+        conn = self._conn
+        corr = conn.next_corr()
+        return conn.request(Touch(corr, self.tag, [position]), corr)
 
     def failed_over(self) -> None:
         """The broker was lost: it released every message of this subscription.
@@ -234,8 +322,10 @@ class Consumer:
         """
         self._epoch += 1
         self.tag = 0
+        self._received = 0
+        self._expired.clear()
         self._buffer.clear()
-        for kind in (ACK, RELEASE, REJECT):
+        for kind in _KINDS:
             batch = self._batches[kind]
             if batch is None:
                 continue
@@ -248,7 +338,7 @@ class Consumer:
         """Subscribe again (same queue and prefetch) on the broker failed over to."""
         conn = self._conn
         corr = conn.next_corr()
-        fut = conn.request(Subscribe(corr, self.queue, self.prefetch), corr, retry=True)
+        fut = conn.request(self._subscribe_frame(corr), corr, retry=True)
         conn.expect_subscribed(corr, self)
 
         def done(f: asyncio.Future[dict[str, Any]]) -> None:
@@ -282,9 +372,10 @@ class Consumer:
         """Stop the consumer: send Cancel and wait for the broker's Ok.
 
         Buffered messages are dropped here; the broker releases every message of
-        this consumer that was not settled. Those still buffered (never handed to
-        the application) go back without raising their delivery count; the others
-        count as a failed delivery. Cancelling an ended consumer does nothing.
+        this consumer that was not settled. Only those the application had (taken
+        from the iterator, not settled) count as a failed delivery; those still
+        buffered or on their way go back with only their acquired count raised.
+        Cancelling an ended consumer does nothing.
 
         Returns:
             How many messages the broker released (0 if nothing was sent).
@@ -306,13 +397,15 @@ class Consumer:
             # arrives (see subscribed).
             self._abandoned = True
             return 0
-        # Flush settlements issued before the cancel so that they are not released.
-        for kind in (ACK, RELEASE, REJECT):
+        # Flush settlements issued before the cancel so that they are not released
+        # (and go out in the same write: a message released "not now" reaches the
+        # broker with the Cancel, so it is not handed back to this leaving consumer).
+        for kind in _KINDS:
             if self._batches[kind] is not None:
                 self._flush(kind)
         corr = conn.next_corr()
         try:
-            result = await conn.request(Cancel(corr, self.tag, unread), corr)
+            result = await conn.request(Cancel(corr, self.tag, unread, self._received), corr)
         except UnknownConsumer:
             return 0  # the broker ended it first (ConsumerCancelled crossed our Cancel)
         except ConnectionClosed:
@@ -401,8 +494,9 @@ class Consumer:
 
     # --- settlement (coalesced per loop tick) -----------------------------------------
 
-    def settle(self, kind: int, position: int) -> asyncio.Future[None]:
-        """Queue the settlement ``kind`` (ACK, RELEASE, REJECT) of ``position``: it
+    def settle(self, kind: int, position: int, delay_ms: int = 0) -> asyncio.Future[None]:
+        """Queue the settlement ``kind`` (ACK, RELEASE, REJECT, RELEASE_FAILED) of
+        ``position``: it
         goes out with the others of this loop tick, in one frame.
 
         Returns:
@@ -421,6 +515,10 @@ class Consumer:
                         "its unsettled messages were released"
                     )
                 )
+            return fut
+        if delay_ms:
+            # A delayed release goes alone, now (batches share one frame's fields).
+            self._send(kind, _SettleBatch(), [position], [fut], delay_ms)
             return fut
         batch = self._batches[kind]
         if batch is None:
@@ -450,16 +548,26 @@ class Consumer:
         if batch is None:
             return
         self._batches[kind] = None
+        self._send(kind, batch, batch.positions, batch.waiters)
+
+    def _send(
+        self,
+        kind: int,
+        batch: _SettleBatch,
+        positions: list[int],
+        waiters: list[asyncio.Future[None]],
+        delay_ms: int = 0,
+    ) -> None:
         conn = self._conn
         corr = conn.next_corr()
         try:
-            fut = conn.request(_SETTLE_FRAMES[kind](corr, self.tag, batch.positions), corr)
+            frame = _settle_frame(kind, corr, self.tag, positions, delay_ms)
+            fut = conn.request(frame, corr)
         except BatonError as exc:
-            for waiter in batch.waiters:
+            for waiter in waiters:
                 if not waiter.done():
                     waiter.set_exception(exc)
             return
-        waiters, positions = batch.waiters, batch.positions
         fut.add_done_callback(lambda done: _fan_out(done, waiters, positions))
 
     async def ack_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
@@ -470,9 +578,11 @@ class Consumer:
         """
         await self._settle_many(ACK, messages, confirm)
 
-    async def release_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
+    async def release_many(
+        self, messages: Iterable[Message], *, failed: bool = False, confirm: bool = False
+    ) -> None:
         """Release several messages with one frame (see :meth:`Message.release`)."""
-        await self._settle_many(RELEASE, messages, confirm)
+        await self._settle_many(RELEASE_FAILED if failed else RELEASE, messages, confirm)
 
     async def reject_many(self, messages: Iterable[Message], *, confirm: bool = False) -> None:
         """Reject several messages with one frame (see :meth:`Message.reject`)."""
@@ -483,10 +593,7 @@ class Consumer:
         for msg in items:
             if msg.consumer is not self:
                 raise InvalidArgument(f"message {msg.position} is not from this consumer")
-            if msg.settled:
-                raise InvalidArgument(f"message {msg.position} is already settled")
-            if msg.epoch != self._epoch:
-                raise _released_by_failover(self.queue, msg.position)
+            msg.check_live()
         futures = []
         for msg in items:
             futures.append(msg.issue_settlement(kind))
@@ -563,8 +670,11 @@ class Message:
         position: the message's position in the queue (its id together with ``queue``).
         body: the message body (bytes).
         headers: the headers published with it.
-        delivery_count: earlier deliveries of this message that ended in a release
-            (0 on the first delivery; see docs/client.md).
+        delivery_count: earlier deliveries of this message that failed (a failed
+            release, a consumer timeout, the crash or disconnect of its consumer; 0
+            on the first delivery). The queue's delivery limit applies to it.
+        acquired_count: earlier hand-outs of this message to a consumer, failed or
+            not (0 on the first delivery; see docs/client.md, "The two counters").
         publish_time: when the broker took the message, in ms since the epoch.
     """
 
@@ -575,9 +685,11 @@ class Message:
         "body",
         "headers",
         "delivery_count",
+        "acquired_count",
         "publish_time",
         "_settled",
         "_epoch",
+        "expiry",
     )
 
     def __init__(
@@ -590,6 +702,7 @@ class Message:
         delivery_count: int,
         publish_time: int,
         epoch: int = 0,
+        acquired_count: int = 0,
     ) -> None:
         self._consumer = consumer
         self.queue = queue
@@ -597,13 +710,18 @@ class Message:
         self.body = body
         self.headers = headers
         self.delivery_count = delivery_count
+        self.acquired_count = acquired_count
         self.publish_time = publish_time
         self._settled = False
         self._epoch = epoch
+        #: Ack-timeout releases of its position before this delivery (see
+        #: :meth:`Consumer.expiries`): when they differ, this delivery has expired.
+        self.expiry = 0
 
     def __repr__(self) -> str:
         return (
             f"<Message {self.queue!r}@{self.position} delivery={self.delivery_count} "
+            f"acquired={self.acquired_count} "
             f"{len(self.body)}B>"
         )
 
@@ -622,18 +740,33 @@ class Message:
         """The subscription of its consumer that delivered it (:attr:`Consumer.epoch`)."""
         return self._epoch
 
-    def issue_settlement(self, kind: int) -> asyncio.Future[None]:
+    def issue_settlement(self, kind: int, delay_ms: int = 0) -> asyncio.Future[None]:
         """Mark the message settled and queue the settlement ``kind`` on its consumer
         (:meth:`Consumer.settle`); the caller has checked that it may be settled."""
         self._settled = True
-        return self._consumer.settle(kind, self.position)
+        return self._consumer.settle(kind, self.position, delay_ms)
 
-    async def _settle_as(self, kind: int, confirm: bool) -> None:
+    def check_live(self) -> None:
+        """Raise if this delivery cannot be settled any more (nothing is sent).
+
+        Raises:
+            InvalidArgument: already settled.
+            NotAcquired: released by a failover, or at its ack timeout.
+        """
         if self._settled:
             raise InvalidArgument(f"message {self.queue!r}@{self.position} is already settled")
-        if self._epoch != self._consumer.epoch:
+        consumer = self._consumer
+        if self._epoch != consumer.epoch:
             raise _released_by_failover(self.queue, self.position)
-        fut = self.issue_settlement(kind)
+        if consumer.expiries(self.position) != self.expiry:
+            raise NotAcquired(
+                f"message {self.queue!r}@{self.position} passed its ack timeout: the broker"
+                " released it (it cannot be settled any more)"
+            )
+
+    async def _settle_as(self, kind: int, confirm: bool, delay_ms: int = 0) -> None:
+        self.check_live()
+        fut = self.issue_settlement(kind, delay_ms)
         if confirm:
             await fut
         else:
@@ -659,16 +792,53 @@ class Message:
         """
         await self._settle_as(ACK, confirm)
 
-    async def release(self, *, confirm: bool = False) -> None:
-        """Give the message back to its queue; its delivery count goes up by one.
+    async def release(
+        self, *, failed: bool = False, delay: float = 0.0, confirm: bool = False
+    ) -> None:
+        """Give the message back to its queue, at its position.
 
-        At the queue's ``delivery_limit`` it is dead-lettered instead.
-        ``confirm`` as for :meth:`ack`.
+        Two flavours (docs/client.md, "The two counters"):
+
+        * ``release()`` is **"not now"**: the message is fine, this consumer just
+          does not take it now. Only its acquired count goes up; the delivery limit
+          does not apply.
+        * ``release(failed=True)`` is a **failed delivery**: the application could
+          not process it. Its delivery count goes up by one too, and the release
+          that reaches the queue's ``delivery_limit`` dead-letters it instead.
+
+        ``delay`` (seconds): no consumer gets the message again before that much time
+        has passed, by the cluster's replicated clock; then it is ready again at its
+        position. ``confirm`` as for :meth:`ack`.
 
         Raises:
+            InvalidArgument: a negative delay (nothing sent), or one above 30 days.
             The same as :meth:`ack`.
         """
-        await self._settle_as(RELEASE, confirm)
+        if delay < 0:
+            raise InvalidArgument("delay must not be negative")
+        kind = RELEASE_FAILED if failed else RELEASE
+        await self._settle_as(kind, confirm, int(delay * 1000))
+
+    async def in_progress(self) -> None:
+        """Tell the broker the application still works on the message: its ack
+        timeout (``consume(..., ack_timeout=...)`` or the queue's) starts again.
+
+        Raises:
+            InvalidArgument: the message was already settled (nothing sent).
+            NotAcquired: the broker no longer holds it for this consumer (it passed
+                its ack timeout, or the connection failed over).
+            UnknownConsumer, ConnectionClosed: as for :meth:`ack`.
+        """
+        self.check_live()
+        consumer = self._consumer
+        if not consumer.active:
+            raise UnknownConsumer(f"consumer of {self.queue!r} was cancelled")
+        result = read_result(Settled, await consumer.touch(self.position))
+        if result.not_acquired:
+            raise NotAcquired(
+                f"message {self.queue!r}@{self.position} is not held by this consumer any"
+                " more (it passed its ack timeout?)"
+            )
 
     async def reject(self, *, confirm: bool = False) -> None:
         """Reject the message: it goes to the dead-letter queue (or is dropped).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any, Final, Protocol
 
 from batonmq.cluster.errors import InvalidArgument, MessageTooLarge
@@ -18,9 +19,48 @@ from batonmq.cluster.results import Enqueued, Published
 from batonmq.clients.results import consume_result
 from batonmq.clients.wire import Frame, Publish, PublishBatch, read_result
 
-__all__ = ["ProducerChannel", "Producer"]
+__all__ = ["ProducerChannel", "Producer", "publish_options"]
 
 _EMPTY_HEADERS: Final[dict[str, Any]] = {}
+#: The options of a publish that uses none of the work-queue features (never mutated).
+NO_OPTIONS: Final[dict[str, Any]] = {}
+
+
+def publish_options(
+    delay: float | None = None,
+    not_before: float | datetime | None = None,
+    priority: int | None = None,
+) -> dict[str, Any]:
+    """The Publish frame's options for these arguments (see :meth:`Connection.publish`).
+
+    Raises:
+        InvalidArgument: a negative delay or time, a priority outside 0..9, or a
+            value of the wrong type.
+    """
+    if delay is None and not_before is None and not priority:
+        return NO_OPTIONS
+    options: dict[str, Any] = {}
+    if priority:
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise InvalidArgument(f"priority must be an int 0..9, got {priority!r}")
+        options["priority"] = priority
+    if delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
+            raise InvalidArgument(f"delay must be a non-negative number of seconds, got {delay!r}")
+        options["delay_ms"] = int(delay * 1000)
+    if not_before is not None:
+        if isinstance(not_before, datetime):
+            if not_before.tzinfo is None:
+                raise InvalidArgument("not_before must be an aware datetime (with a tzinfo)")
+            stamp = not_before.timestamp()
+        elif isinstance(not_before, bool) or not isinstance(not_before, (int, float)):
+            raise InvalidArgument(f"not_before must be a datetime or epoch seconds, got {not_before!r}")
+        else:
+            stamp = float(not_before)
+        if stamp < 0:
+            raise InvalidArgument("not_before must not be before the epoch")
+        options["not_before"] = int(stamp * 1000)
+    return options
 
 
 class ProducerChannel(Protocol):
@@ -89,8 +129,10 @@ class Producer:
         headers: Mapping[str, Any] | None = None,
         *,
         idempotency_key: str | None = None,
+        options: dict[str, Any] = NO_OPTIONS,
     ) -> int:
-        """Publish one message and wait until the broker confirms it.
+        """Publish one message and wait until the broker confirms it (``options``: from
+        :func:`publish_options`).
 
         Returns:
             The message's position in the queue.
@@ -109,7 +151,9 @@ class Producer:
         if not channel.writable.is_set():
             await channel.wait_writable()
         corr = channel.next_corr()
-        result = await channel.request(Publish(corr, queue, data, hdrs, key), corr, retry=True)
+        result = await channel.request(
+            Publish(corr, queue, data, hdrs, key, options), corr, retry=True
+        )
         return read_result(Published, result).position
 
     async def publish_batch(
@@ -118,9 +162,10 @@ class Producer:
         messages: Iterable[bytes | bytearray | memoryview | tuple[bytes, Mapping[str, Any]]],
         *,
         idempotency_key: str | None = None,
+        options: dict[str, Any] = NO_OPTIONS,
     ) -> list[int]:
         """Publish many messages in as few PublishBatch frames as fit, and wait until
-        all are confirmed.
+        all are confirmed (``options``: from :func:`publish_options`).
 
         Returns:
             The positions of the messages, in order.
@@ -164,7 +209,7 @@ class Producer:
                 key = self._new_key()
             else:
                 key = base if len(chunks) == 1 else f"{base}#{i}"
-            encoded.append((corr, channel.encode(PublishBatch(corr, queue, part, key))))
+            encoded.append((corr, channel.encode(PublishBatch(corr, queue, part, key, options))))
         futures: list[asyncio.Future[dict[str, Any]]] = []
         try:
             for corr, data in encoded:

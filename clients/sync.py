@@ -23,6 +23,7 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from ssl import SSLContext
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -248,6 +249,11 @@ class SyncConnection:
         delivery_limit: int = 20,
         dead_letter: str | None = None,
         message_ttl: float | None = None,
+        retry: _aio.Retry | None = None,
+        ack_timeout: float | None = None,
+        max_priority: int | None = None,
+        single_active_consumer: bool = False,
+        dedupe_window: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
         return self.run(
@@ -259,6 +265,11 @@ class SyncConnection:
                 delivery_limit=delivery_limit,
                 dead_letter=dead_letter,
                 message_ttl=message_ttl,
+                retry=retry,
+                ack_timeout=ack_timeout,
+                max_priority=max_priority,
+                single_active_consumer=single_active_consumer,
+                dedupe_window=dedupe_window,
             )
         )
 
@@ -319,14 +330,26 @@ class SyncConnection:
         headers: Mapping[str, Any] | None = None,
         *,
         idempotency_key: str | None = None,
+        delay: float | None = None,
+        not_before: float | datetime | None = None,
+        priority: int | None = None,
     ) -> int:
-        """Publish one message; returns its position once confirmed.
+        """Publish one message; returns its position once confirmed (``delay``,
+        ``not_before``: a delayed message, as :meth:`Connection.publish`).
 
         Raises:
             The same as :meth:`Connection.publish`, and Timeout.
         """
         return self.run(
-            self._conn.publish(queue, body, headers, idempotency_key=idempotency_key)
+            self._conn.publish(
+                queue,
+                body,
+                headers,
+                idempotency_key=idempotency_key,
+                delay=delay,
+                not_before=not_before,
+                priority=priority,
+            )
         )
 
     def publish_batch(
@@ -335,6 +358,9 @@ class SyncConnection:
         messages: Iterable[bytes | bytearray | memoryview | tuple[bytes, Mapping[str, Any]]],
         *,
         idempotency_key: str | None = None,
+        delay: float | None = None,
+        not_before: float | datetime | None = None,
+        priority: int | None = None,
     ) -> list[int]:
         """Publish many messages; returns their positions once all are confirmed.
 
@@ -342,12 +368,23 @@ class SyncConnection:
         """
         items = list(messages)  # consume the iterable in the caller's thread
         return self.run(
-            self._conn.publish_batch(queue, items, idempotency_key=idempotency_key)
+            self._conn.publish_batch(
+                queue,
+                items,
+                idempotency_key=idempotency_key,
+                delay=delay,
+                not_before=not_before,
+                priority=priority,
+            )
         )
 
-    def consume(self, queue: str, *, prefetch: int = 100) -> SyncConsumer:
+    def consume(
+        self, queue: str, *, prefetch: int = 100, ack_timeout: float | None = None
+    ) -> SyncConsumer:
         """A blocking consumer of ``queue``; subscribe by entering it (``with``)."""
-        return SyncConsumer(self, self._conn.consume(queue, prefetch=prefetch))
+        return SyncConsumer(
+            self, self._conn.consume(queue, prefetch=prefetch, ack_timeout=ack_timeout)
+        )
 
     def lead(self, service: str, *, timeout: float | None = None) -> SyncTerm:
         """Run for leader of ``service``; ``with conn.lead(name) as term:`` blocks until
@@ -489,7 +526,7 @@ class SyncConsumer:
         """Stop the consumer; returns how many messages the broker released.
 
         Messages taken from the broker but not yet returned by :meth:`next` go
-        back without raising their delivery count.
+        back without raising their delivery count (only their acquired count).
         """
         unread = [m.message for m in self._local]
         self._local.clear()
@@ -547,10 +584,15 @@ class SyncConsumer:
             self._consumer.ack_many([m.message for m in messages], confirm=confirm)
         )
 
-    def release_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
-        """Release several messages with one frame."""
+    def release_many(
+        self, messages: Iterable[SyncMessage], *, failed: bool = False, confirm: bool = False
+    ) -> None:
+        """Release several messages with one frame ("not now", or ``failed``: see
+        :meth:`batonmq.clients.consumer.Message.release`)."""
         self._conn.run(
-            self._consumer.release_many([m.message for m in messages], confirm=confirm)
+            self._consumer.release_many(
+                [m.message for m in messages], failed=failed, confirm=confirm
+            )
         )
 
     def reject_many(self, messages: Iterable[SyncMessage], *, confirm: bool = False) -> None:
@@ -592,6 +634,7 @@ class SyncMessage:
         "body",
         "headers",
         "delivery_count",
+        "acquired_count",
         "publish_time",
     )
 
@@ -603,10 +646,14 @@ class SyncMessage:
         self.body = msg.body
         self.headers = msg.headers
         self.delivery_count = msg.delivery_count
+        self.acquired_count = msg.acquired_count
         self.publish_time = msg.publish_time
 
     def __repr__(self) -> str:
-        return f"<SyncMessage {self.queue!r}@{self.position} delivery={self.delivery_count}>"
+        return (
+            f"<SyncMessage {self.queue!r}@{self.position} delivery={self.delivery_count}"
+            f" acquired={self.acquired_count}>"
+        )
 
     @property
     def settled(self) -> bool:
@@ -622,9 +669,15 @@ class SyncMessage:
         """Accept the message (see :meth:`batonmq.clients.consumer.Message.ack`)."""
         self._conn.run(self._msg.ack(confirm=confirm))
 
-    def release(self, *, confirm: bool = False) -> None:
-        """Give the message back to its queue (see :meth:`batonmq.clients.consumer.Message.release`)."""
-        self._conn.run(self._msg.release(confirm=confirm))
+    def release(self, *, failed: bool = False, delay: float = 0.0, confirm: bool = False) -> None:
+        """Give the message back to its queue: "not now", or ``failed``, after ``delay``
+        seconds (see :meth:`batonmq.clients.consumer.Message.release`)."""
+        self._conn.run(self._msg.release(failed=failed, delay=delay, confirm=confirm))
+
+    def in_progress(self) -> None:
+        """Start the message's ack timeout again (see
+        :meth:`batonmq.clients.consumer.Message.in_progress`)."""
+        self._conn.run(self._msg.in_progress())
 
     def reject(self, *, confirm: bool = False) -> None:
         """Reject the message (see :meth:`batonmq.clients.consumer.Message.reject`)."""

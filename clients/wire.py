@@ -52,6 +52,8 @@ __all__ = [
     "Reject",
     "Cancel",
     "ConsumerCancelled",
+    "Expired",
+    "Touch",
     "Topology",
     "Peek",
     "Connections",
@@ -170,7 +172,7 @@ class DeclareQueue(Frame):
 
     ``options`` keys: durable (bool), max_length (int|None), overflow
     ("reject-publish"|"drop-head"), delivery_limit (int), dead_letter (str|None),
-    message_ttl_ms (int|None).
+    message_ttl_ms (int|None), retry (str|None), retry_delay_ms (int), retry_max_ms (int|None).
     """
 
     OP: ClassVar[int] = 10
@@ -223,7 +225,8 @@ class Publish(Frame):
 
     ``key`` is the publish's idempotency key (optional on the wire; "" = none): a
     publish re-sent with a key the cluster already applied to the queue is not
-    enqueued again, and its Ok reports the original position.
+    enqueued again, and its Ok reports the original position. ``options``: the work-queue
+    features the message uses (``delay_ms``, ``not_before``; docs/protocol.md).
     """
 
     OP: ClassVar[int] = 20
@@ -232,6 +235,7 @@ class Publish(Frame):
     body: bytes
     headers: dict[str, Any]
     key: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +243,8 @@ class PublishBatch(Frame):
     """C->S: enqueue messages atomically; Ok({"first_position": p, "count": n}).
 
     ``messages`` is a list of ``[body, headers]`` pairs; ``key`` the batch's
-    idempotency key (optional, as for Publish).
+    idempotency key (optional, as for Publish); ``options`` as for Publish, for every
+    message of the batch.
     """
 
     OP: ClassVar[int] = 21
@@ -247,16 +252,20 @@ class PublishBatch(Frame):
     queue: str
     messages: list[Any]
     key: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Subscribe(Frame):
-    """C->S: start a consumer; Ok({"consumer": tag}). ``prefetch`` caps unsettled deliveries."""
+    """C->S: start a consumer; Ok({"consumer": tag}). ``prefetch`` caps unsettled deliveries.
+    ``options``: ``counters: bool`` adds the acquired count to each delivered message;
+    ``ack_timeout_ms: int`` sets this consumer's ack timeout (else the queue's)."""
 
     OP: ClassVar[int] = 30
     corr: int
     queue: str
     prefetch: int
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +273,8 @@ class Deliver(Frame):
     """S->C: messages for consumer ``consumer``.
 
     ``messages`` is a list of ``[position, delivery_count, body, headers,
-    publish_time_ms]``.
+    publish_time_ms]``, with ``acquired_count`` as a sixth item for a consumer that
+    subscribed with the ``counters`` option.
     """
 
     OP: ClassVar[int] = 31
@@ -284,12 +294,16 @@ class Ack(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Release(Frame):
-    """C->S: give delivered messages back to the queue (delivery count + 1)."""
+    """C->S: give delivered messages back to the queue. ``failed``: a failed delivery
+    (delivery count + 1, the delivery limit applies); false: "not now" (acquired count
+    only). ``delay_ms``: ready again only that much later (by the replicated clock)."""
 
     OP: ClassVar[int] = 33
     corr: int
     consumer: int
     positions: list[int]
+    failed: bool = True
+    delay_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,13 +322,15 @@ class Cancel(Frame):
 
     ``unread`` lists delivered messages the client never handed to the application
     (still in its buffer): they go back *without* raising their delivery count, as
-    AMQP 1.0's "released" outcome; the rest count as a failed delivery.
+    AMQP 1.0's "released" outcome. ``received``: messages the client received on this
+    subscription; those delivered after them go back without a failure too (-1: not told).
     """
 
     OP: ClassVar[int] = 35
     corr: int
     consumer: int
     unread: list[int]
+    received: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +341,27 @@ class ConsumerCancelled(Frame):
     consumer: int
     code: int
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Expired(Frame):
+    """S->C: these messages of consumer ``consumer`` passed its ack timeout unsettled:
+    the broker released them as a failed delivery (settling them now fails)."""
+
+    OP: ClassVar[int] = 37
+    consumer: int
+    positions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Touch(Frame):
+    """C->S: the application still works on these delivered messages: their ack
+    timeout starts again. Ok({"count": n, "not_acquired": [...]}) at once."""
+
+    OP: ClassVar[int] = 38
+    corr: int
+    consumer: int
+    positions: list[int]
 
 
 # --- cluster --------------------------------------------------------------------------
@@ -583,6 +620,8 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         Reject,
         Cancel,
         ConsumerCancelled,
+        Expired,
+        Touch,
         Topology,
         Peek,
         Connections,

@@ -101,10 +101,16 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         )
     if op == Enqueue.OP:
         values[1] = _messages(values[1])
-        if len(values) == 3:
+        if len(values) >= 3:
             values[2] = _keys(values[2], len(values[1]))
     elif (op in _POSITION_EVENTS or op == ReleaseAll.OP) and len(values) > 2:
         values[2] = _positions(values[2])
+        if len(values) > 3:
+            if op == ReleaseAll.OP:
+                if values[3] is not None:
+                    values[3] = _positions(values[3])
+            elif op == Release.OP and type(values[3]) is not bool:
+                raise MalformedEvent("Release.failed must be a bool")
     elif op == Propose.OP:
         if not isinstance(values[1], list) or not all(isinstance(m, str) for m in values[1]):
             raise MalformedEvent("Propose.members must be a list of strings")
@@ -173,7 +179,18 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "delivery_limit": (int,),
     "dead_letter": (str, type(None)),
     "message_ttl_ms": (int, type(None)),
+    "retry": (str,),
+    "retry_delay_ms": (int,),
+    "retry_max_ms": (int, type(None)),
+    "ack_timeout_ms": (int, type(None)),
+    "timed_out": (bool,),
     "on": (bool,),
+    "delay_ms": (int,),
+    "not_before": (int,),
+    "priority": (int,),
+    "max_priority": (int,),
+    "single_active_consumer": (bool,),
+    "dedupe_window_ms": (int,),
     "to": (str,),
     "holder": (str, type(None)),
     "role": (str,),

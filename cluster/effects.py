@@ -93,13 +93,16 @@ class Moved(Effect):
 
 @dataclass(frozen=True, slots=True)
 class Acquired(Effect):
-    """``consumer`` now holds these messages; ``counts[i]`` is positions[i]'s delivery count."""
+    """``consumer`` now holds these messages; ``counts[i]`` is positions[i]'s delivery
+    count (failed deliveries so far) and ``acquired[i]`` its acquired count (earlier
+    hand-outs)."""
 
     queue: str
     qid: int
     consumer: str
     positions: list[int]
     counts: list[int]
+    acquired: list[int]
 
 
 @dataclass(frozen=True, slots=True)

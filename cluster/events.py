@@ -65,10 +65,13 @@ __all__ = [
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
+    "DEFAULT_DEDUPE_WINDOW_MS",
 ]
 
 OVERFLOW_POLICIES: Final = ("reject-publish", "drop-head")
 DEFAULT_DELIVERY_LIMIT: Final = 20
+#: A queue's default dedupe window (ms of the replicated clock), as JetStream's.
+DEFAULT_DEDUPE_WINDOW_MS: Final = 120_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +107,21 @@ AnyEvent: TypeAlias = "Event[Result | None]"
 class DeclareQueue(Event[Declared]):
     """Create a queue, or check an existing one has the same settings.
 
-    ``delivery_limit``: a message is delivered at most this many times; the
-    release that would exceed it dead-letters the message instead.
+    ``delivery_limit``: a message's delivery fails at most this many times; the
+    failed release that reaches it dead-letters the message instead.
+
+    ``retry`` ("fixed", "linear", "exponential"; "" none), ``retry_delay_ms`` and
+    ``retry_max_ms``: a message whose delivery failed is held for a delay that grows
+    with its delivery count before it is ready again (docs/events.md).
+
+    ``ack_timeout_ms``: how long a consumer may hold a message unsettled before its
+    broker releases it as a failed delivery (a consumer may set its own).
+    ``max_priority`` (1..9; 0: none): a priority queue, whose higher-priority messages go
+    first (strictly: lower ones wait while any higher one is ready).
+    ``single_active_consumer``: one consumer at a time gets every message; the queue
+    stays with its owner while that broker has consumers (no time slices).
+    ``dedupe_window_ms``: how long a publish's idempotency key is remembered (0: never;
+    re-sent publishes are then enqueued again).
     """
 
     OP: ClassVar[int] = 1
@@ -116,6 +132,13 @@ class DeclareQueue(Event[Declared]):
     delivery_limit: int = DEFAULT_DELIVERY_LIMIT
     dead_letter: str | None = None
     message_ttl_ms: int | None = None
+    retry: str = ""
+    retry_delay_ms: int = 0
+    retry_max_ms: int | None = None
+    ack_timeout_ms: int | None = None
+    max_priority: int = 0
+    single_active_consumer: bool = False
+    dedupe_window_ms: int = DEFAULT_DEDUPE_WINDOW_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +173,20 @@ class Enqueue(Event[Enqueued]):
     keys existed). A span whose key the state already applied to this queue is not
     enqueued again; the result reports its original positions (client failover
     re-sends unconfirmed publishes with the same key: exactly once on the queue).
+
+    ``delay_ms`` / ``not_before`` (ms since the epoch): the messages are stored now but
+    held from consumers until the replicated clock passes ``max(clock at apply +
+    delay_ms, not_before)``. ``priority`` (0..9): on a priority queue, capped at its
+    ``max_priority``; ignored elsewhere.
     """
 
     OP: ClassVar[int] = 10
     queue: str
     messages: tuple[tuple[bytes, dict[str, Any]], ...]
     keys: tuple[tuple[str, int], ...] = ()
+    delay_ms: int = 0
+    not_before: int = 0
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,12 +215,25 @@ class Accept(Event[Settled]):
 
 @dataclass(frozen=True, slots=True)
 class Release(Event[Settled]):
-    """Give messages back to the queue; their delivery count goes up (guarantee 4)."""
+    """Give messages back to the queue (guarantee 4).
+
+    ``failed``: the delivery failed (the application could not process the messages),
+    so their delivery count goes up and the delivery limit applies. ``False`` is a
+    "not now": only their acquired count goes up (docs/events.md, the two counters).
+    Records written before the field existed were failed releases.
+
+    ``delay_ms``: the messages are ready again only once the replicated clock has
+    passed the clock at apply plus this (0: at once). ``timed_out``: appended by the
+    consumer's broker because they passed the consumer's ack timeout (a failed one).
+    """
 
     OP: ClassVar[int] = 13
     queue: str
     consumer: str
     positions: tuple[int, ...]
+    failed: bool = True
+    delay_ms: int = 0
+    timed_out: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,14 +250,21 @@ class Reject(Event[Settled]):
 class ReleaseAll(Event[Settled]):
     """Release every message ``consumer`` holds on ``queue`` (cancel, disconnect).
 
-    Those in ``unread`` were never handed to the application: they go back with
-    their delivery count unchanged; the others count as a failed delivery.
+    ``failed`` (when not None) names the held messages whose delivery failed: the
+    application had them and did not settle them. Every other held message (still
+    in the client's buffer, on its way there, or acquired for a consumer that had
+    gone) goes back with only its acquired count raised.
+
+    Without ``failed`` (None: records of brokers from before the field, and a
+    disconnect), those in ``unread`` go back without a failure and all others
+    count as a failed delivery.
     """
 
     OP: ClassVar[int] = 15
     queue: str
     consumer: str
     unread: tuple[int, ...] = ()
+    failed: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

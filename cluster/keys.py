@@ -1,11 +1,12 @@
 """The publish-key memory: idempotent publishes, in log order. Pure: no I/O, no clock.
 
 A publish may carry idempotency keys (:attr:`batonmq.cluster.events.Enqueue.keys`, one
-per span of its messages). The state remembers, cluster-wide, the last
-:data:`KEY_MEMORY` keyed spans applied, each with the first position it got; a span
-re-sent with a key still remembered is not enqueued again, and is answered with its
-original position. The oldest key is forgotten first, in log order, so every replica
-forgets the same ones.
+per span of its messages). The state remembers each keyed span applied, with the first
+position it got, for its queue's dedupe window (``dedupe_window_ms``, 2 minutes by
+default, as JetStream's duplicate window) of the replicated clock; a span re-sent with a
+key still remembered is not enqueued again, and is answered with its original position.
+Keys are forgotten in log order once their window has passed, and, as a bound on memory,
+when more than :data:`KEY_MEMORY` are remembered, so every replica forgets the same ones.
 
 The keys are kept as three parallel deques (cheap to snapshot and digest) plus a dict
 for the lookup; the node driver stores them key by key as they come
@@ -17,17 +18,22 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Final
 
-from batonmq.cluster.events import Enqueue
+from batonmq.cluster.events import DEFAULT_DEDUPE_WINDOW_MS, Enqueue
 
-__all__ = ["KEY_MEMORY", "KeyEntry", "Messages", "PublishKeys"]
+__all__ = ["KEY_MEMORY", "DEDUPE_WINDOW_MS", "KeyEntry", "Messages", "PublishKeys"]
 
-#: How many publish idempotency keys the state remembers, cluster-wide, in log order
-#: (the oldest is forgotten first). A client's re-sent publish is deduplicated if
-#: its first copy is among the last KEY_MEMORY keyed publishes applied.
-KEY_MEMORY: Final = 100_000
+#: The most publish idempotency keys the state remembers, cluster-wide (the oldest is
+#: forgotten first, even inside its window): a bound on memory.
+KEY_MEMORY: Final = 1_000_000
+#: A queue's default dedupe window: a re-sent publish is deduplicated if its first copy
+#: was applied less than this long ago (replicated clock).
+DEDUPE_WINDOW_MS: Final = DEFAULT_DEDUPE_WINDOW_MS
+#: ``expires`` of a key kept until it is pushed out (keys stored before the window).
+_NEVER: Final = -1
 
-#: One remembered key: (sequence number, queue id, key, first position).
-KeyEntry = tuple[int, int, str, int]
+#: One remembered key: (sequence number, queue id, key, first position, expires: the
+#: replicated time in ms from which it is forgotten, or -1 for never).
+KeyEntry = tuple[int, int, str, int, int]
 #: An Enqueue's messages: (body, headers) pairs.
 Messages = tuple[tuple[bytes, dict[str, Any]], ...]
 
@@ -41,20 +47,22 @@ class PublishKeys:
 
     def __init__(self, memory: int = KEY_MEMORY) -> None:
         self.memory = memory
-        self.known: dict[tuple[int, str], int] = {}
-        # The same keys in log order (three parallel deques) so that the oldest is
+        self.known: dict[tuple[int, str], tuple[int, int]] = {}  # -> (first, expires)
+        # The same keys in log order (parallel deques) so that the oldest is
         # forgotten first.
         self._qids: deque[int] = deque()
         self._names: deque[str] = deque()
         self._firsts: deque[int] = deque()
+        self._expires: deque[int] = deque()
         self.total = 0  # keys ever remembered: the next key's sequence number
         self._new: list[KeyEntry] = []  # (seq, qid, key, first) to store
 
     def split(
-        self, qid: int, next_pos: int, ev: Enqueue
+        self, qid: int, next_pos: int, ev: Enqueue, clock: int = 0
     ) -> tuple[Messages, list[int], list[tuple[str, int]], int]:
         """Split an Enqueue's key spans into re-sent ones (already applied to queue
-        ``qid``, whose next position is ``next_pos``) and new ones.
+        ``qid``, whose next position is ``next_pos``, and remembered at ``clock``) and
+        new ones.
 
         Returns:
             (the new spans' messages, each span's first position, the new keyed spans
@@ -70,8 +78,10 @@ class PublishKeys:
         for key, count in ev.keys:
             old: int | None = None
             if key:
-                old = known.get((qid, key))
-                if old is None:
+                hit = known.get((qid, key))
+                if hit is not None and (hit[1] < 0 or hit[1] > clock):
+                    old = hit[0]
+                else:
                     old = here.get(key)
             if old is not None:
                 starts.append(old)
@@ -93,24 +103,42 @@ class PublishKeys:
             return ev.messages[keep[0][0] : keep[0][1]], starts, fresh, dups
         return tuple(m for a, b in keep for m in ev.messages[a:b]), starts, fresh, dups
 
-    def remember(self, qid: int, key: str, first: int) -> None:
-        """Remember a keyed publish; forget the oldest past ``memory`` (log order)."""
-        self.known[(qid, key)] = first
+    def remember(self, qid: int, key: str, first: int, expires: int = _NEVER) -> None:
+        """Remember a keyed publish until ``expires`` (replicated ms; -1: never);
+        forget the oldest past ``memory`` (log order)."""
+        self.known[(qid, key)] = (first, expires)
         self._qids.append(qid)
         self._names.append(key)
         self._firsts.append(first)
-        self._new.append((self.total, qid, key, first))
+        self._expires.append(expires)
+        self._new.append((self.total, qid, key, first, expires))
         self.total += 1
         while len(self._firsts) > self.memory:
-            self._firsts.popleft()
-            del self.known[(self._qids.popleft(), self._names.popleft())]
+            self._pop()
+
+    def _pop(self) -> None:
+        """Forget the oldest key (unless the same key was remembered again since)."""
+        qid, name = self._qids.popleft(), self._names.popleft()
+        entry = (self._firsts.popleft(), self._expires.popleft())
+        if self.known.get((qid, name)) == entry:
+            del self.known[(qid, name)]
+
+    def forget_expired(self, clock: int) -> None:
+        """Forget the oldest keys, in log order, while their window has passed at
+        ``clock`` (a key behind one with a longer window waits for it, but is no
+        longer honoured: :meth:`split` checks each key's own time)."""
+        expires = self._expires
+        while expires and 0 <= expires[0] <= clock:
+            self._pop()
 
     def entries(self) -> list[KeyEntry]:
         """The remembered keys as (seq, qid, key, first position), in log order."""
         low = self.total - len(self._firsts)
         return [
-            (low + i, qid, key, first)
-            for i, (qid, key, first) in enumerate(zip(self._qids, self._names, self._firsts))
+            (low + i, qid, key, first, expires)
+            for i, (qid, key, first, expires) in enumerate(
+                zip(self._qids, self._names, self._firsts, self._expires)
+            )
         ]
 
     def restore(self, entries: list[KeyEntry]) -> None:
@@ -120,7 +148,8 @@ class PublishKeys:
         self._qids = deque(e[1] for e in entries)
         self._names = deque(e[2] for e in entries)
         self._firsts = deque(e[3] for e in entries)
-        self.known = {(qid, key): first for _, qid, key, first in entries}
+        self._expires = deque(e[4] for e in entries)
+        self.known = {(e[1], e[2]): (e[3], e[4]) for e in entries}
         self._new = []
 
     def install(self, entries: list[KeyEntry]) -> None:
@@ -141,4 +170,4 @@ class PublishKeys:
 
     def digest_part(self) -> list[list[Any]]:
         """The keys in log order (the order decides what is forgotten first), canonical."""
-        return [list(self._qids), list(self._names), list(self._firsts)]
+        return [list(self._qids), list(self._names), list(self._firsts), list(self._expires)]

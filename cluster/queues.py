@@ -18,6 +18,9 @@ code, the table and the model must agree.
 
 Ownership, membership and service leadership are not here: the facade
 :class:`batonmq.cluster.state.State` dispatches to this index and keeps those.
+
+The index's data type, :class:`~batonmq.cluster.queue_state.QueueState`, lives in
+cluster/queue_state.py (re-exported here).
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ from __future__ import annotations
 import enum
 import heapq
 import zlib
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from batonmq.cluster.effects import (
     Acquired,
@@ -61,6 +63,7 @@ from batonmq.cluster.events import (
     Reserve,
 )
 from batonmq.cluster.keys import PublishKeys
+from batonmq.cluster.queue_state import MAX_PRIORITY, RETRY_POLICIES, WORK_SETTINGS, QueueState
 from batonmq.cluster.results import (
     AcceptedThrough,
     Counted,
@@ -89,196 +92,41 @@ class MessageState(enum.Enum):
     """Where a message is in its life. Terminal states are not kept: the message is gone."""
 
     READY = "ready"
+    DELAYED = "delayed"
     ACQUIRED = "acquired"
     ACCEPTED = "accepted"
     DEAD_LETTERED = "dead-lettered"
     DROPPED = "dropped"
 
 
-#: (state, operation) -> next state. "release*" is a release that reaches the
-#: delivery limit; "drop-head" is overflow pushing out the oldest ready message.
+#: (state, operation) -> next state. "release" is a failed delivery given back (its
+#: delivery count goes up); "release*" one that reaches the delivery limit; "return"
+#: gives a message back without a failure (a "not now" release, or a message the
+#: client never handed to the application when its consumer left): only its acquired
+#: count goes up. "drop-head" is overflow pushing out the oldest ready message.
+#: DELAYED messages are invisible to consumers until their time (a publish with a
+#: delay, or "delay": a release of either flavour with one); "wake" is the replicated
+#: clock passing that time.
 #: DEAD_LETTERED becomes DROPPED when the queue has no (existing) dead-letter queue.
 TRANSITIONS: Final[dict[tuple[MessageState | None, str], MessageState]] = {
     (None, "enqueue"): MessageState.READY,
+    (None, "enqueue-delayed"): MessageState.DELAYED,
+    (MessageState.DELAYED, "wake"): MessageState.READY,
     (MessageState.READY, "acquire"): MessageState.ACQUIRED,
     (MessageState.ACQUIRED, "accept"): MessageState.ACCEPTED,
     (MessageState.ACQUIRED, "release"): MessageState.READY,
+    (MessageState.ACQUIRED, "return"): MessageState.READY,
+    (MessageState.ACQUIRED, "delay"): MessageState.DELAYED,
     (MessageState.ACQUIRED, "release*"): MessageState.DEAD_LETTERED,
     (MessageState.ACQUIRED, "reject"): MessageState.DEAD_LETTERED,
     (MessageState.READY, "expire"): MessageState.DEAD_LETTERED,
     (MessageState.READY, "drop-head"): MessageState.DEAD_LETTERED,
     (MessageState.READY, "purge"): MessageState.DROPPED,
+    (MessageState.DELAYED, "purge"): MessageState.DROPPED,
     # The holder of a queue's reservation committed a position range (docs/design.md §11).
     (MessageState.READY, "accept-through"): MessageState.ACCEPTED,
+    (MessageState.DELAYED, "accept-through"): MessageState.ACCEPTED,
 }
-
-
-@dataclass(slots=True)
-class QueueState:
-    """One queue's replicated index. Positions ``cursor <= p < next_pos`` are ready
-    and never yet delivered; ``returned`` holds released (ready again) positions,
-    all below ``cursor``; ``acquired`` maps held positions to their consumer."""
-
-    name: str
-    qid: int
-    durable: bool
-    max_length: int | None
-    overflow: str
-    delivery_limit: int
-    dead_letter: str | None
-    message_ttl_ms: int | None
-    declared_by: str  # the member ("node/runtime") that declared it
-    next_pos: int = 0
-    cursor: int = 0
-    returned: list[int] = field(default_factory=list)  # a heap
-    acquired: dict[int, str] = field(default_factory=dict)
-    counts: dict[int, int] = field(default_factory=dict)
-    body_crc: int = 0
-    enqueued: int = 0
-    accepted: int = 0
-    redelivered: int = 0
-    dead_lettered: int = 0
-    dropped: int = 0
-    expired: int = 0
-    purged: int = 0
-    owner: str | None = None  # the member that may acquire (docs/design.md §6)
-    interested: list[str] = field(default_factory=list)  # members with consumers
-    reserved_by: str | None = None  # the range reader that has the queue (Reserve)
-    # Counted since this replica began applying (not replicated state: not in the
-    # snapshot or the digest); the admin listener's metrics read them (docs/admin.md).
-    delivered: int = field(default=0, compare=False)
-    released: int = field(default=0, compare=False)
-    rejected: int = field(default=0, compare=False)
-
-    @property
-    def head(self) -> int:
-        """The lowest ready position (``next_pos`` if none is ready)."""
-        return self.returned[0] if self.returned else self.cursor
-
-    @property
-    def ready(self) -> int:
-        return self.next_pos - self.cursor + len(self.returned)
-
-    @property
-    def length(self) -> int:
-        """Messages counted against max_length: ready + acquired."""
-        return self.ready + len(self.acquired)
-
-    def settings(self) -> tuple[Any, ...]:
-        return (
-            self.durable,
-            self.max_length,
-            self.overflow,
-            self.delivery_limit,
-            self.dead_letter,
-            self.message_ttl_ms,
-        )
-
-    def stats(self) -> dict[str, Any]:
-        """Counters for queue_stats (all replicated, equal on every broker)."""
-        return {
-            "queue": self.name,
-            "ready": self.ready,
-            "acquired": len(self.acquired),
-            "next_position": self.next_pos,
-            "enqueued": self.enqueued,
-            "accepted": self.accepted,
-            "redelivered": self.redelivered,
-            "dead_lettered": self.dead_lettered,
-            "dropped": self.dropped,
-            "expired": self.expired,
-            "purged": self.purged,
-            "durable": self.durable,
-            "max_length": self.max_length,
-            "overflow": self.overflow,
-            "delivery_limit": self.delivery_limit,
-            "dead_letter": self.dead_letter,
-            "message_ttl_ms": self.message_ttl_ms,
-            "owner": self.owner,
-            "interested": list(self.interested),
-            "reserved_by": self.reserved_by,
-            "head": self.head,
-        }
-
-    def holds(self, pos: int, returned: set[int] | None = None) -> bool:
-        """Is the message at ``pos`` still in the queue (ready or acquired)?
-        ``returned``: ``set(self.returned)``, when asking for many positions."""
-        if self.cursor <= pos < self.next_pos or pos in self.acquired:
-            return True
-        return pos in (returned if returned is not None else self.returned)
-
-    def live_desc(self) -> tuple[range, list[int]]:
-        """Every position still in the queue, back to front: the never-delivered
-        range ``[cursor, next_pos)`` descending, then the acquired and released ones
-        (all below the cursor) descending. O(acquired + released), not O(length)."""
-        below = sorted(set(self.returned) | self.acquired.keys(), reverse=True)
-        return range(self.next_pos - 1, self.cursor - 1, -1), below
-
-    def take_ready(self, count: int) -> list[int]:
-        """Remove and return up to ``count`` ready positions, lowest first (guarantee 7)."""
-        out: list[int] = []
-        returned = self.returned
-        while returned and len(out) < count:
-            out.append(heapq.heappop(returned))
-        k = min(count - len(out), self.next_pos - self.cursor)
-        if k > 0:
-            out.extend(range(self.cursor, self.cursor + k))
-            self.cursor += k
-        return out
-
-    def snapshot(self) -> list[Any]:
-        """Canonical, msgpack-able form: equal states give equal snapshots."""
-        return [
-            self.name,
-            self.qid,
-            list(self.settings()),
-            self.declared_by,
-            self.next_pos,
-            self.cursor,
-            sorted(self.returned),
-            sorted(self.acquired.items()),
-            sorted(self.counts.items()),
-            self.body_crc,
-            [
-                self.enqueued,
-                self.accepted,
-                self.redelivered,
-                self.dead_lettered,
-                self.dropped,
-                self.expired,
-                self.purged,
-            ],
-            self.owner,
-            list(self.interested),
-            self.reserved_by,
-        ]
-
-    @classmethod
-    def restore(cls, snap: list[Any]) -> "QueueState":
-        (name, qid, settings, declared_by, next_pos, cursor, returned, acquired, counts, crc, st,
-         owner, interested) = snap[:13]
-        durable, max_length, overflow, delivery_limit, dead_letter, ttl = settings
-        q = cls(
-            name,
-            qid,
-            durable=durable,
-            max_length=max_length,
-            overflow=overflow,
-            delivery_limit=delivery_limit,
-            dead_letter=dead_letter,
-            message_ttl_ms=ttl,
-            declared_by=declared_by,
-        )
-        q.next_pos, q.cursor = next_pos, cursor
-        q.returned = list(returned)  # sorted, hence a valid heap
-        q.acquired = {p: c for p, c in acquired}
-        q.counts = {p: c for p, c in counts}
-        q.body_crc = crc
-        (q.enqueued, q.accepted, q.redelivered, q.dead_lettered, q.dropped, q.expired, q.purged) = st
-        q.owner, q.interested = owner, list(interested)
-        q.reserved_by = snap[13] if len(snap) > 13 else None  # absent in older snapshots
-        return q
-
 
 
 class Ledger(Protocol):
@@ -344,7 +192,7 @@ class QueueIndex:
             ev.delivery_limit,
             ev.dead_letter,
             ev.message_ttl_ms,
-        )
+        ) + tuple(getattr(ev, name) for name in WORK_SETTINGS)
         q = self.queues.get(ev.queue)
         if q is not None:
             if q.settings() != settings:
@@ -362,6 +210,7 @@ class QueueIndex:
             dead_letter=ev.dead_letter,
             message_ttl_ms=ev.message_ttl_ms,
             declared_by=key,
+            **{name: getattr(ev, name) for name in WORK_SETTINGS},
         )
         self.dirty.add(ev.queue)
         return Declared(created=True)
@@ -376,15 +225,16 @@ class QueueIndex:
     def purge(self, ev: PurgeQueue, out: list[Effect]) -> Purged:
         """Drop every ready message of the queue (acquired ones stay)."""
         q = self.queue(ev.queue)
-        returned = sorted(q.returned)
+        # Delayed ones go too: below the cursor one by one, in the fresh range with it.
+        returned = sorted(q.returned + q.take_delayed(q.cursor) + q.take_prio(q.next_pos))
+        q.take_delayed(q.next_pos)
         n = len(returned) + q.next_pos - q.cursor
         if q.cursor < q.next_pos:
             out.append(RemovedRange(q.qid, q.cursor, q.next_pos))
             q.cursor = q.next_pos
         if returned:
             out.append(Removed(q.qid, returned))
-            for p in returned:
-                q.counts.pop(p, None)
+            q.forget(returned)
             q.returned = []
         q.purged += n
         return Purged(purged=n)
@@ -398,12 +248,19 @@ class QueueIndex:
         Raises:
             QueueFull: they do not fit and the overflow policy refuses them.
         """
+        if ev.delay_ms < 0 or ev.not_before < 0:
+            raise InvalidArgument("a publish's delay and not_before must not be negative")
+        if not 0 <= ev.priority <= MAX_PRIORITY:
+            raise InvalidArgument(f"priority must be 0..{MAX_PRIORITY}")
         q = self.queue(ev.queue)
         messages = ev.messages
         starts: list[int] | None = None  # each key span's first position
         fresh: list[tuple[str, int]] = []  # keyed spans enqueued now: remember them
-        if ev.keys and self.keys.memory > 0:
-            messages, starts, fresh, dups = self.keys.split(q.qid, q.next_pos, ev)
+        keys = self.keys
+        if ev.keys and keys.memory > 0 and q.dedupe_window_ms > 0:
+            clock = self.ledger.clock
+            keys.forget_expired(clock)
+            messages, starts, fresh, dups = keys.split(q.qid, q.next_pos, ev, clock)
             if dups:
                 self.ledger.ignore("duplicate-publish", dups)
             if not messages:  # every span was applied before: a re-sent publish
@@ -427,6 +284,27 @@ class QueueIndex:
         first = q.next_pos
         q.next_pos += n
         q.enqueued += n
+        due = 0
+        if ev.delay_ms or ev.not_before:
+            # Held until the replicated clock passes its time (docs/events.md).
+            clock = self.ledger.clock
+            due = max(clock + ev.delay_ms, ev.not_before)
+            if due <= clock:
+                due = 0
+        if q.max_priority:
+            # A priority queue has no never-delivered range (queue_state.py).
+            q.cursor = q.next_pos
+            priority = min(ev.priority, q.max_priority)
+            for p in range(first, first + n):
+                if priority:
+                    q.prio[p] = priority
+                if due:
+                    q.delay(p, due)
+                else:
+                    heapq.heappush(q.prio_heap, (-priority, p))
+        elif due:
+            for p in range(first, first + n):
+                q.delay(p, due)
         crc = q.body_crc
         for body, _headers in messages:
             crc = zlib.crc32(body, crc)
@@ -436,7 +314,8 @@ class QueueIndex:
         if starts is None:
             return Enqueued(first, n)
         for key, pos in fresh:
-            self.keys.remember(q.qid, key, pos)
+            expires = self.ledger.clock + q.dedupe_window_ms
+            self.keys.remember(q.qid, key, pos, expires)
         return Enqueued(first, n, starts)
 
     def acquire(self, key: str, ev: Acquire, out: list[Effect]) -> Counted:
@@ -457,14 +336,26 @@ class QueueIndex:
             # A range reader has the queue: consumers get nothing (docs/design.md §11).
             self.ledger.ignore("reserved")
             return Counted(0)
+        if q.delayed:
+            q.wake(self.ledger.clock)  # the acquire's own time counts (docs/events.md)
         positions = q.take_ready(ev.count)
         if positions:
-            acquired, counts, consumer = q.acquired, q.counts, ev.consumer
+            acquired, counts, acq, consumer = q.acquired, q.counts, q.acq_counts, ev.consumer
             for p in positions:
                 acquired[p] = consumer
-            q.delivered += len(positions)
+            n = len(positions)
+            q.acquisitions += n
+            q.delivered += n
+            # Fresh messages have neither counter: no per-message lookups for them.
             out.append(
-                Acquired(q.name, q.qid, consumer, positions, [counts.get(p, 0) for p in positions])
+                Acquired(
+                    q.name,
+                    q.qid,
+                    consumer,
+                    positions,
+                    [counts.get(p, 0) for p in positions] if counts else [0] * n,
+                    [acq.get(p, 0) for p in positions] if acq else [0] * n,
+                )
             )
         return Counted(len(positions))
 
@@ -488,49 +379,106 @@ class QueueIndex:
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
         if held:
-            counts = q.counts
-            if counts:
-                for p in held:
-                    counts.pop(p, None)
+            if q.counts or q.acq_counts or q.prio:
+                q.forget(held)
             q.accepted += len(held)
             out.append(Removed(q.qid, held))
         return Settled(len(held), other)
 
     def release(
-        self, name: str, consumer: str, positions: tuple[int, ...] | list[int], out: list[Effect]
+        self,
+        name: str,
+        consumer: str,
+        positions: tuple[int, ...] | list[int],
+        out: list[Effect],
+        failed: bool = True,
+        delay_ms: int = 0,
+        timed_out: bool = False,
     ) -> Settled:
-        """``consumer`` gives held messages back: ready again, or dead-lettered at the
-        delivery limit."""
+        """``consumer`` gives held messages back. A failed delivery (``failed``) raises
+        their delivery count: ready again, or dead-lettered at the delivery limit. A
+        "not now" (not ``failed``) raises their acquired count only. With ``delay_ms``
+        they are ready again only that long after the replicated clock's now.
+
+        Raises:
+            InvalidArgument: a negative delay.
+        """
+        if delay_ms < 0:
+            raise InvalidArgument("a release's delay must not be negative")
         q = self.queue(name)
         held, other = self._held(q, consumer, positions)
         q.released += len(held)
-        back = 0
+        if not failed:
+            self._give_back(q, held, out, delay_ms)
+            return Settled(len(held), other)
+        back: list[int] = []
+        counts, acq = q.counts, q.acq_counts
         for p in held:
-            c = q.counts.get(p, 0) + 1
-            if c >= q.delivery_limit:  # at most delivery_limit deliveries (guarantee 5)
+            c = counts.get(p, 0) + 1
+            if c >= q.delivery_limit:  # at most delivery_limit failures (guarantee 5)
                 self._dead_letter(q, p, "delivery-limit", out, was_acquired=True)
+            elif q.retry and not delay_ms:
+                # The queue's retry policy: back after a delay that grows with the
+                # failures (an explicit delay wins).
+                counts[p] = c
+                acq[p] = acq.get(p, 0) + 1
+                q.delay(p, self.ledger.clock + q.retry_delay(c))
+                q.redelivered += 1
             else:
-                q.counts[p] = c
-                heapq.heappush(q.returned, p)
-                back += 1
-        q.redelivered += back
-        if back:
-            out.append(ReadyMore(q.name))
+                counts[p] = c
+                acq[p] = acq.get(p, 0) + 1
+                back.append(p)
+        q.failed_deliveries += len(held)
+        if timed_out:
+            q.timed_out += len(held)
+        q.redelivered += len(back)
+        self._back(q, back, out, delay_ms)
         return Settled(len(held), other)
 
+    def _back(self, q: QueueState, positions: list[int], out: list[Effect], delay_ms: int) -> None:
+        """Positions go back to ready, or to the delayed ones until clock + ``delay_ms``."""
+        if not positions:
+            return
+        if delay_ms > 0:
+            due = self.ledger.clock + delay_ms
+            for p in positions:
+                q.delay(p, due)
+            return
+        for p in positions:
+            q.make_ready(p)
+        out.append(ReadyMore(q.name))
+
+    def _give_back(
+        self, q: QueueState, positions: list[int], out: list[Effect], delay_ms: int = 0
+    ) -> None:
+        """Held messages (no longer in ``q.acquired``) go back without a failure: only
+        their acquired count goes up (the "return" transition)."""
+        if not positions:
+            return
+        acq = q.acq_counts
+        for p in positions:
+            acq[p] = acq.get(p, 0) + 1
+        q.given_back += len(positions)
+        self._back(q, positions, out, delay_ms)
+
     def release_all(self, ev: ReleaseAll, out: list[Effect]) -> Settled:
-        """A consumer ends: everything it holds goes back; those it never handed to the
-        application (``ev.unread``) without counting a delivery."""
+        """A consumer ends: everything it holds goes back. Only those whose delivery
+        failed count one (``ev.failed``; without it, all but ``ev.unread``): the
+        others were never handed to the application."""
         q = self.queue(ev.queue)
-        unread = set(ev.unread)
         held = sorted(p for p, c in q.acquired.items() if c == ev.consumer)
-        back = [p for p in held if p in unread]
+        if ev.failed is None:
+            unread = set(ev.unread)
+            failed = [p for p in held if p not in unread]
+        else:
+            named = set(ev.failed)
+            failed = [p for p in held if p in named]
+        failing = set(failed)
+        back = [p for p in held if p not in failing]
         for p in back:  # never handed to the application: no delivery attempt
             del q.acquired[p]
-            heapq.heappush(q.returned, p)
-        if back:
-            out.append(ReadyMore(q.name))
-        done = self.release(ev.queue, ev.consumer, [p for p in held if p not in unread], out)
+        self._give_back(q, back, out)
+        done = self.release(ev.queue, ev.consumer, failed, out)
         return Settled(done.count + len(back), [])
 
     def reject(self, ev: Reject, out: list[Effect]) -> Settled:
@@ -538,6 +486,7 @@ class QueueIndex:
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
         q.rejected += len(held)
+        q.failed_deliveries += len(held)
         for p in held:
             self._dead_letter(q, p, "rejected", out, was_acquired=True)
         return Settled(len(held), other)
@@ -553,17 +502,16 @@ class QueueIndex:
         gone: list[int] = []
         while q.returned and q.returned[0] <= ev.through:
             gone.append(heapq.heappop(q.returned))
-        k = min(ev.through + 1, q.next_pos) - q.cursor
-        if k > 0:
-            gone.extend(range(q.cursor, q.cursor + k))
-            q.cursor += k
+        # Delayed messages do not expire while they wait (they stay delayed).
+        gone.extend(q.skip_to(ev.through + 1))
+        if q.prio_heap:
+            gone.extend(q.take_prio(ev.through + 1))
         q.expired += len(gone)
         if q.dead_letter is not None and q.dead_letter in self.queues:
             for p in gone:
                 self._dead_letter(q, p, "expired", out, count=False)
         elif gone:
-            for p in gone:
-                q.counts.pop(p, None)
+            q.forget(gone)
             out.append(Removed(q.qid, gone))
         return Counted(len(gone))
 
@@ -617,9 +565,15 @@ class QueueIndex:
         back: list[int] = []
         while q.returned and q.returned[0] < through:
             back.append(heapq.heappop(q.returned))
+        if q.delayed:
+            # Delayed ones are committed too: the reader read them. Those below the
+            # cursor one by one; those in the fresh range go with the range below.
+            back.extend(q.take_delayed(min(through, q.cursor)))
+            q.take_delayed(through)
+        if q.prio_heap:
+            back.extend(q.take_prio(through))
         if back:
-            for p in back:
-                q.counts.pop(p, None)
+            q.forget(back)
             out.append(Removed(q.qid, back))
             n += len(back)
         if through > q.cursor:
@@ -642,10 +596,14 @@ class QueueIndex:
     ) -> None:
         """Move one message (no longer ready nor acquired) to q's DLQ, or drop it.
 
-        ``x-death-delivery-count`` is how many times it was delivered: the releases
-        so far, plus the delivery it was acquired for if it was.
+        ``x-death-delivery-count`` is its failed deliveries: the failed releases so
+        far, plus the delivery it was acquired for if that one failed now (a reject,
+        the release at the limit); ``x-death-acquired-count`` its hand-outs.
         """
         delivered = q.counts.pop(pos, 0) + (1 if was_acquired else 0)
+        if q.prio:
+            q.prio.pop(pos, None)
+        handed = q.acq_counts.pop(pos, 0) + (1 if was_acquired else 0)
         dlq = self.queues.get(q.dead_letter) if q.dead_letter is not None else None
         if (
             dlq is not None
@@ -657,7 +615,7 @@ class QueueIndex:
             # A full drop-head DLQ makes room as it would for a publish; its oldest
             # ready message is dropped (not dead-lettered on: DLQ chains may cycle).
             for head in dlq.take_ready(1):
-                dlq.counts.pop(head, None)
+                dlq.forget((head,))
                 dlq.dropped += 1
                 out.append(Removed(dlq.qid, [head]))
             self.dirty.add(dlq.name)
@@ -671,6 +629,7 @@ class QueueIndex:
                 "x-death-queue": q.name,
                 "x-death-position": pos,
                 "x-death-delivery-count": delivered,
+                "x-death-acquired-count": handed,
             }
             out.append(Moved(q.qid, pos, dlq.qid, dst, headers, self.ledger.clock))
             out.append(ReadyMore(dlq.name))
@@ -698,3 +657,18 @@ def validate_declare(ev: DeclareQueue) -> None:
         raise InvalidArgument("message_ttl must be positive (or None)")
     if ev.dead_letter is not None and (ev.dead_letter == ev.queue or not ev.dead_letter):
         raise InvalidArgument("a queue cannot be its own dead-letter queue")
+    if ev.retry:
+        if ev.retry not in RETRY_POLICIES:
+            raise InvalidArgument(f"retry must be one of {', '.join(RETRY_POLICIES)}")
+        if ev.retry_delay_ms < 1:
+            raise InvalidArgument("retry_delay_ms must be at least 1 with a retry policy")
+        if ev.retry_max_ms is not None and ev.retry_max_ms < ev.retry_delay_ms:
+            raise InvalidArgument("retry_max_ms must be at least retry_delay_ms")
+    elif ev.retry_delay_ms or ev.retry_max_ms is not None:
+        raise InvalidArgument("retry_delay_ms and retry_max_ms need a retry policy")
+    if ev.ack_timeout_ms is not None and ev.ack_timeout_ms < 1:
+        raise InvalidArgument("ack_timeout_ms must be positive (or None)")
+    if ev.dedupe_window_ms < 0:
+        raise InvalidArgument("dedupe_window_ms must not be negative (0: no deduplication)")
+    if not 0 <= ev.max_priority <= MAX_PRIORITY:
+        raise InvalidArgument(f"max_priority must be 0..{MAX_PRIORITY} (0: not a priority queue)")

@@ -122,8 +122,9 @@ class State:
         self.index.dirty = names
 
     @property
-    def keys(self) -> dict[tuple[int, str], int]:
-        """The remembered publish keys: (qid, key) -> the first position it got."""
+    def keys(self) -> dict[tuple[int, str], tuple[int, int]]:
+        """The remembered publish keys: (qid, key) -> (the first position it got, when
+        it is forgotten: replicated ms, -1 never)."""
         return self.publish_keys.known
 
     @property
@@ -187,7 +188,9 @@ class State:
                 return self.index.accept(ev, out)
             case Release():
                 self._own_consumer(key, ev.consumer)
-                return self.index.release(ev.queue, ev.consumer, ev.positions, out)
+                return self.index.release(
+                    ev.queue, ev.consumer, ev.positions, out, ev.failed, ev.delay_ms, ev.timed_out
+                )
             case Reject():
                 self._own_consumer(key, ev.consumer)
                 return self.index.reject(ev, out)
@@ -233,7 +236,10 @@ class State:
     # -- ownership (docs/design.md §6) ---------------------------------------------------------
 
     def _next_interested(self, q: QueueState, after: str | None) -> str | None:
-        """The next interested member after ``after`` in view order (cyclic), not it."""
+        """The next interested member after ``after`` in view order (cyclic), not it; for
+        a single-active-consumer queue the first interested one, in interest order."""
+        if q.single_active_consumer:
+            return next((m for m in q.interested if m != after), None)
         order = [m for m in self.membership.members if m in q.interested and m != after]
         if not order:
             return None
@@ -268,6 +274,8 @@ class State:
         if q.owner != key:
             self.ignore("not-owner")
             raise NotOwner(f"{key} does not own queue {q.name!r}")
+        if q.single_active_consumer:
+            return Owner(q.owner)  # its active consumer keeps it: no time slices
         to = ev.to if ev.to in q.interested and ev.to != key else self._next_interested(q, key)
         if to is not None:
             self._set_owner(q, to, out)
@@ -417,7 +425,9 @@ class State:
         Everything is marked dirty, so the next take_dirty()/take_keys() write it all."""
         meta, keys, queues = snap
         self.restore_meta(meta)
-        self.publish_keys.install([(e[0], e[1], e[2], e[3]) for e in keys])
+        self.publish_keys.install(
+            [(e[0], e[1], e[2], e[3], e[4] if len(e) > 4 else -1) for e in keys]
+        )
         self.queues = {}
         for qsnap in queues:
             q = QueueState.restore(qsnap)
@@ -426,7 +436,8 @@ class State:
         self._meta_dirty = True
 
     def key_entries(self) -> list[KeyEntry]:
-        """The remembered publish keys as (seq, qid, key, first position), in log order."""
+        """The remembered publish keys as (seq, qid, key, first position, expires), in log
+        order."""
         return self.publish_keys.entries()
 
     def restore_keys(self, entries: list[KeyEntry]) -> None:

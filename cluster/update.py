@@ -243,7 +243,7 @@ async def update_frames(
                         break  # the queue was deleted: nothing of it is needed
                     if pos < now.cursor:
                         if returned is None:
-                            returned = set(now.returned)
+                            returned = now.ready_set()
                         if not now.holds(pos, returned):
                             continue
                 raw = cap.reader.get_raw(plan.qid, pos)
@@ -536,7 +536,7 @@ class Catchup:
         node = self.node
         name = self._name(qid)
         q = node.state.queues.get(name) if name is not None else None
-        returned = set(q.returned) if q is not None else None
+        returned = q.ready_set() if q is not None else None
         batch = node.store.batch()
         n = 0
         for item in entries:

@@ -137,7 +137,7 @@ class _BatonSubscription:
         return [r if isinstance(r, BaseException) else None for r in results]
 
     async def release_many(self, deliveries: list[Delivery]) -> None:
-        await self.consumer.release_many([d.handle for d in deliveries])
+        await self.consumer.release_many([d.handle for d in deliveries], failed=True)
 
     async def reject_many(self, deliveries: list[Delivery]) -> None:
         await self.consumer.reject_many([d.handle for d in deliveries])
@@ -177,6 +177,21 @@ class BatonAdapter:
     async def publish(self, queue: str, body: bytes) -> int:
         return await self.conn.publish(queue, body)
 
+    # -- work-queue features (Baton only; the workers check the adapter's type) --------
+
+    async def declare_work(
+        self, queue: str, delivery_limit: int, dead_letter: str | None, retry_delay: float
+    ) -> None:
+        """Create the queue with a fixed retry policy (``retry_delay`` s; 0: none)."""
+        retry = clients.Retry("fixed", retry_delay) if retry_delay > 0 else None
+        await self.conn.declare_queue(
+            queue, delivery_limit=delivery_limit, dead_letter=dead_letter, retry=retry
+        )
+
+    async def publish_delayed(self, queue: str, body: bytes, delay: float) -> int:
+        """Publish a message the queue holds from consumers for ``delay`` seconds."""
+        return await self.conn.publish(queue, body, delay=delay)
+
     async def subscribe(self, queue: str, prefetch: int) -> Subscription:
         consumer = self.conn.consume(queue, prefetch=prefetch)
         await consumer.start()
@@ -184,7 +199,8 @@ class BatonAdapter:
 
     async def depth(self, queue: str) -> tuple[int, dict[str, Any]]:
         stats = await self.conn.queue_stats(queue)
-        return int(stats.get("ready", 0)) + int(stats.get("acquired", 0)), stats
+        held = int(stats.get("ready", 0)) + int(stats.get("acquired", 0))
+        return held + int(stats.get("delayed", 0)), stats  # (delayed: still on the queue)
 
     async def close(self) -> None:
         await self.conn.close()

@@ -78,6 +78,8 @@ VIOLATIONS = (
     "poison_loop",
     "unexpected",
     "split_brain",
+    "early_delivery",
+    "early_retry",
 )
 
 #: Where the lost messages were in their queues (they sum to ``lost``; see module doc).
@@ -85,6 +87,10 @@ LOST_CLASSES = ("lost_prefix", "lost_middle", "lost_postfix")
 
 #: The broker of a record whose worker never said where it is connected.
 UNKNOWN_BROKER = "?"
+
+#: Slack (ns) when comparing a delivery with a delay's end: the broker counts whole ms
+#: of wall-clock time, the history monotonic ns.
+DELAY_SLACK_NS = 5_000_000
 
 #: Fault kinds after which a broker no longer holds its consumers' messages.
 BROKER_DOWN_FAULTS = frozenset({"kill9", "sigstop", "stop"})
@@ -196,6 +202,14 @@ class _Checker:
         self.brokers: dict[str, dict[str, int]] = {}
         self.broker_msgs: dict[str, set[str]] = defaultdict(set)
 
+        # Work-queue delays: msg -> no delivery before this t (its publish-invoke plus
+        # its delay); (queue, msg) -> no redelivery before this t (a failed release plus
+        # the queue's retry delay); queue -> its retry delay (ns).
+        self.not_before: dict[str, int] = {}
+        self.delayed_msgs: set[str] = set()
+        self.retry_after: dict[tuple[str, str], int] = {}
+        self.retry_ns: dict[str, int] = {}
+
     def broker_of(self, actor: str) -> str:
         """The broker an actor's worker is connected to now (from ``connected`` records)."""
         return self.worker_address.get(actor.split("/", 1)[0], UNKNOWN_BROKER)
@@ -237,8 +251,29 @@ class _Checker:
                     self.stats["holds_ended_by_faults"] += len(self.held_by[consumer])
                 self.end_consumer(consumer, "")
 
+    def early(self, op: Op) -> None:
+        """A delivery before the end of the message's delay, or of its retry delay."""
+        due = self.not_before.get(op.msg)
+        if due is not None:
+            if op.t < due - DELAY_SLACK_NS:
+                self.flag(
+                    "early_delivery",
+                    f"{op.queue}@{op.position} ({op.msg}) delivered to {op.actor} "
+                    f"{(due - op.t) / 1e6:.1f} ms before its delay ended",
+                )
+            del self.not_before[op.msg]  # (the first delivery is the one held)
+        due = self.retry_after.pop((op.queue, op.msg), None)
+        if due is not None and op.t < due - DELAY_SLACK_NS:
+            self.flag(
+                "early_retry",
+                f"{op.queue}@{op.position} ({op.msg}) redelivered to {op.actor} "
+                f"{(due - op.t) / 1e6:.1f} ms before its retry delay ended",
+            )
+
     def deliver(self, op: Op) -> None:
         self.stats["deliveries"] += 1
+        if op.msg and (self.not_before or self.retry_after):
+            self.early(op)
         key = _key(op)
         if op.count > 0:
             self.stats["redeliveries"] += 1
@@ -287,7 +322,12 @@ class _Checker:
                 f"(limit {limit})",
             )
         first_key = (op.queue, op.msg or str(op.position))
-        if op.count == 0 and first_key not in self.seen_first and op.position >= 0:
+        if (
+            op.count == 0
+            and first_key not in self.seen_first
+            and op.position >= 0
+            and op.msg not in self.delayed_msgs  # (first delivered once its delay ends)
+        ):
             epoch = self.queue_epoch[op.queue]
             last = self.last_first.get((op.actor, op.queue))
             if last is not None and last[0] == epoch and op.position < last[1]:
@@ -355,9 +395,15 @@ class _Checker:
                 OpKind.REJECT,
             ):
                 self.settle(op)
+                retry = self.retry_ns.get(op.queue)
+                if retry and kind == OpKind.RELEASE and op.msg:
+                    self.retry_after[(op.queue, op.msg)] = op.t + retry
             elif kind == OpKind.PUBLISH_INVOKE:
                 publish_invoked += 1
                 self.invoked.add(op.msg)
+                if op.info.startswith("delay_ms="):
+                    self.not_before[op.msg] = op.t + int(op.info[9:]) * 1_000_000
+                    self.delayed_msgs.add(op.msg)
             elif kind == OpKind.PUBLISH_OK:
                 self.confirmed[op.msg] = op
                 if op.position >= 0:
@@ -374,6 +420,8 @@ class _Checker:
                     self.limits[op.queue] = int(settings["delivery_limit"])
                 if settings.get("dead_letter"):
                     self.dlq[op.queue] = settings["dead_letter"]
+                if settings.get("retry_ms", "").isdigit():
+                    self.retry_ns[op.queue] = int(settings["retry_ms"]) * 1_000_000
             elif kind == OpKind.FINAL:
                 self.counts["pending"] += max(0, op.count)
             elif kind == OpKind.CONNECTED:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from batonmq.loadtest.adapters import BatonAdapter
 from batonmq.loadtest.connect import open_adapter
 from batonmq.loadtest.checker import CheckResult, check
 from batonmq.loadtest.cluster import BatonCluster, ExternalSystem
@@ -163,6 +164,9 @@ async def _prepare(
     system: str, addresses: list[str], workload: Workload, w: HistoryWriter, purge: bool
 ) -> None:
     conn = await open_adapter(system, addresses, workload)
+    if workload.work_queue and not isinstance(conn, BatonAdapter):
+        await conn.close()
+        raise RuntimeError(f"the {workload.name} workload uses delays and retries: Baton only")
     try:
         for q in workload.queue_names():
             dlq = workload.dead_letter_of(q)
@@ -171,11 +175,13 @@ async def _prepare(
                 w.record(OpKind.QUEUE, dlq, info="delivery_limit=20")
                 if purge:
                     await conn.purge(dlq)
-            await conn.declare(q, workload.delivery_limit, dlq)
-            w.record(
-                OpKind.QUEUE, q,
-                info=f"delivery_limit={workload.delivery_limit},dead_letter={dlq or ''}",
-            )
+            info = f"delivery_limit={workload.delivery_limit},dead_letter={dlq or ''}"
+            if workload.work_queue and isinstance(conn, BatonAdapter):
+                await conn.declare_work(q, workload.delivery_limit, dlq, workload.retry_delay)
+                info += f",retry_ms={int(workload.retry_delay * 1000)}"
+            else:
+                await conn.declare(q, workload.delivery_limit, dlq)
+            w.record(OpKind.QUEUE, q, info=info)
             if purge:
                 await conn.purge(q)
     finally:

@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from batonmq.loadtest.adapters import ClientAdapter, Delivery, Subscription
+from batonmq.loadtest.adapters import BatonAdapter, ClientAdapter, Delivery, Subscription
 from batonmq.loadtest.connect import open_adapter
 from batonmq.loadtest.history import (
     FLAG_NORMAL,
@@ -106,10 +106,17 @@ async def _produce(spec: WorkerSpec, counter: Counter) -> None:
     record = w.record
     failovers = conn.failovers
 
-    async def one(queue: str, mid: str, body: bytes) -> None:
+    baton = conn if isinstance(conn, BatonAdapter) else None  # delays are Baton's
+    delayed = baton is not None and workload.delay_share > 0 and workload.delay > 0
+    delay_info = f"delay_ms={int(workload.delay * 1000)}"
+
+    async def one(queue: str, mid: str, body: bytes, later: bool = False) -> None:
         nonlocal failovers
         try:
-            position = await conn.publish(queue, body)
+            if later and baton is not None:
+                position = await baton.publish_delayed(queue, body, workload.delay)
+            else:
+                position = await conn.publish(queue, body)
         except errors as exc:
             record(OpKind.PUBLISH_FAIL, queue, mid, info=f"{type(exc).__name__}: {exc}")
         else:
@@ -151,8 +158,10 @@ async def _produce(spec: WorkerSpec, counter: Counter) -> None:
             mid = f"{spec.actor}:{seq}"
             queue = queues[seq % n]
             body = make_body(mid.encode(), _flag(rng, workload), workload.size)
-            record(OpKind.PUBLISH_INVOKE, queue, mid, count=lag)
-            task = asyncio.create_task(one(queue, mid, body))
+            later = delayed and rng.random() < workload.delay_share
+            # A delayed message says so in its invoke record: the checker's bound.
+            record(OpKind.PUBLISH_INVOKE, queue, mid, count=lag, info=delay_info if later else "")
+            task = asyncio.create_task(one(queue, mid, body, later))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:

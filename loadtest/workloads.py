@@ -36,6 +36,12 @@ class Workload:
         dead_letter: give every queue a dead-letter queue ``<queue>.dlq`` (drained too).
         backlog: start the consumers only when the producers are done, so they drain
             a backlog (the consume rate is then the drain rate).
+        delay_share: share of messages (0..1) published with a ``delay`` (Baton only):
+            the checker proves none is delivered before its time.
+        delay: seconds those messages are held from consumers.
+        retry_delay: the work queues' retry policy (Baton only, fixed, seconds; 0: none):
+            the poison messages' failed releases come back no sooner, which the
+            checker proves.
     """
 
     name: str
@@ -53,6 +59,14 @@ class Workload:
     delivery_limit: int = 20
     dead_letter: bool = False
     backlog: bool = False
+    delay_share: float = 0.0
+    delay: float = 0.0
+    retry_delay: float = 0.0
+
+    @property
+    def work_queue(self) -> bool:
+        """Does it use delays or retries (Baton's work-queue features)?"""
+        return bool(self.delay_share and self.delay) or self.retry_delay > 0
 
     def queue_names(self) -> list[str]:
         """The work queues (not their dead-letter queues)."""
@@ -82,6 +96,23 @@ PRESETS: dict[str, Workload] = {
         reject_share=0.05,
         delivery_limit=3,
         dead_letter=True,
+    ),
+    # Work-queue semantics (Baton only): delayed messages and a retry policy for the
+    # poison ones; the checker proves no message comes before its delay, no failed one
+    # before its retry delay, and none is lost across the retries.
+    "work-queue": Workload(
+        "work-queue",
+        queues=2,
+        window=200,
+        prefetch=50,
+        ack_batch=25,
+        release_share=0.05,
+        reject_share=0.02,
+        delivery_limit=3,
+        dead_letter=True,
+        delay_share=0.2,
+        delay=0.5,
+        retry_delay=0.2,
     ),
     # Publish with nobody consuming, then drain the backlog: how fast a queue that fell
     # behind catches up (the consume figure is the drain rate).

@@ -53,8 +53,9 @@ class Loaded:
     meta: list[Any] | None = None
     #: The last :meth:`Batch.put_queue` snapshot of each queue, by name.
     queues: dict[str, list[Any]] = field(default_factory=dict)
-    #: The kept publish keys ``(seq, qid, key, first position)``, in seq order.
-    keys: list[tuple[int, int, str, int]] = field(default_factory=list)
+    #: The kept publish keys ``(seq, qid, key, first position, expires)``, in seq order
+    #: (``expires``: the replicated time, ms, the key is forgotten at; -1: never).
+    keys: list[tuple[int, int, str, int, int]] = field(default_factory=list)
 
 
 class Batch(abc.ABC):
@@ -125,8 +126,8 @@ class Batch(abc.ABC):
         """Save the non-queue replicated state."""
 
     @abc.abstractmethod
-    def put_keys(self, entries: list[tuple[int, int, str, int]], forget: range) -> None:
-        """Save publish idempotency keys ``(seq, qid, key, first position)``, then forget
+    def put_keys(self, entries: list[tuple[int, int, str, int, int]], forget: range) -> None:
+        """Save publish idempotency keys ``(seq, qid, key, first position, expires)``, then forget
         the keys whose seq is in ``forget`` (a seq in both is forgotten)."""
 
 

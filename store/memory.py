@@ -48,7 +48,7 @@ class _Contents:
     queues: dict[str, bytes] = field(default_factory=dict)  # name -> packed snapshot
     meta: bytes | None = None  # packed snapshot
     applied: int = -1
-    keys: dict[int, bytes] = field(default_factory=dict)  # seq -> packed [qid, key, first]
+    keys: dict[int, bytes] = field(default_factory=dict)  # seq -> packed [qid, key, first, expires]
     idents: dict[str, str] = field(default_factory=dict)
     outbox: dict[str, dict[int, bytes]] = field(default_factory=dict)  # runtime -> seq -> record
     in_use: bool = True  # an open MemoryStore works on these contents
@@ -165,8 +165,10 @@ class _MemoryBatch(Batch):
 
         self.ops.append(put)
 
-    def put_keys(self, entries: list[tuple[int, int, str, int]], forget: range) -> None:
-        packed = [(seq, _pack([qid, key, first])) for seq, qid, key, first in entries]
+    def put_keys(self, entries: list[tuple[int, int, str, int, int]], forget: range) -> None:
+        packed = [
+            (seq, _pack([qid, key, first, expires])) for seq, qid, key, first, expires in entries
+        ]
 
         def put(c: _Contents) -> None:
             c.keys.update(packed)
@@ -230,8 +232,8 @@ class MemoryStore(Store):
             out.meta = _unpack(c.meta)
         out.queues = {name: _unpack(snap) for name, snap in sorted(c.queues.items())}
         for seq in sorted(c.keys):
-            qid, name, first = _unpack(c.keys[seq])
-            out.keys.append((seq, qid, name, first))
+            qid, name, first, expires = _unpack(c.keys[seq])
+            out.keys.append((seq, qid, name, first, expires))
         return out
 
     def batch(self) -> Batch:

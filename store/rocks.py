@@ -6,7 +6,7 @@ Keys:
   ``s``                                              -> msgpack meta snapshot
   ``a``                                              -> applied offset (8 bytes BE, signed)
   ``i`` + key                                        -> identity value (utf-8)
-  ``k`` + seq (8 bytes BE)                           -> msgpack [qid, key, first position]: a publish key
+  ``k`` + seq (8 bytes BE)                           -> msgpack [qid, key, first position, expires]: a publish key
   ``o`` + runtime (utf-8) + ``/`` + seq (8 bytes BE)   -> an outbox event's log record
 
 Fixed-width big-endian qid/position keys sort in position order, so a queue's
@@ -134,10 +134,10 @@ class _RocksBatch(Batch):
         else:
             self.wb.put(key, self._packer.pack(snapshot))
 
-    def put_keys(self, entries: list[tuple[int, int, str, int]], forget: range) -> None:
+    def put_keys(self, entries: list[tuple[int, int, str, int, int]], forget: range) -> None:
         pack = self._packer.pack
-        for seq, qid, key, first in entries:
-            self.wb.put(b"k" + _SEQ.pack(seq), pack([qid, key, first]))
+        for seq, qid, key, first, expires in entries:
+            self.wb.put(b"k" + _SEQ.pack(seq), pack([qid, key, first, expires]))
         for seq in forget:
             self.wb.delete(b"k" + _SEQ.pack(seq))
 
@@ -204,8 +204,10 @@ class RocksStore(Store):
         for key, value in self._prefixed(b"q"):
             out.queues[key[1:].decode()] = msgpack.unpackb(value, raw=False, strict_map_key=False)
         for key, value in self._prefixed(b"k"):
-            qid, name, first = msgpack.unpackb(value, raw=False)
-            out.keys.append((_SEQ.unpack(key[1:])[0], qid, name, first))
+            item = msgpack.unpackb(value, raw=False)
+            # Keys stored before the time window have no expiry (-1): kept until pushed out.
+            expires = item[3] if len(item) > 3 else -1
+            out.keys.append((_SEQ.unpack(key[1:])[0], item[0], item[1], item[2], expires))
         return out
 
     def batch(self) -> Batch:

@@ -71,7 +71,7 @@ class StoreContract:
         batch.put_messages(Q, 3, ((b"a", {"h": 1}), (b"b", {})), 1000, 900)
         batch.put_queue("q", [Q, 5, [1, 2]])
         batch.put_meta(["meta", 1])
-        batch.put_keys([(1, Q, "k1", 3)], range(0))
+        batch.put_keys([(1, Q, "k1", 3, 9000)], range(0))
         # Nothing of the batch is visible before its commit.
         assert store.get_messages(Q, [3, 4]) == [None, None]
         assert store.load() == Loaded()
@@ -81,7 +81,7 @@ class StoreContract:
         assert (a.body, a.headers, a.enqueued_at, a.publish_time) == (b"a", {"h": 1}, 1000, 900)
         assert (b.body, b.headers, b.enqueued_at, b.publish_time) == (b"b", {}, 1000, 900)
         assert store.load() == Loaded(applied=41, meta=["meta", 1], queues={"q": [Q, 5, [1, 2]]},
-                                      keys=[(1, Q, "k1", 3)])
+                                      keys=[(1, Q, "k1", 3, 9000)])
 
     def test_each_commit_sets_the_applied_offset(self, store: Store) -> None:
         put(store, Q, 0, [b"x"], applied=5)
@@ -127,7 +127,7 @@ class StoreContract:
         batch.put_messages(Q, 0, ((b"a", {"h": "v"}), (b"b", {})), 10, 9)
         batch.put_queue("q", [Q, {"1": 2}])
         batch.put_meta([1, 2, 3])
-        batch.put_keys([(4, Q, "k4", 0), (5, Q, "k5", 1)], range(0))
+        batch.put_keys([(4, Q, "k4", 0, -1), (5, Q, "k5", 1, -1)], range(0))
         store.commit(batch, 12)
         store.outbox_put("r1", [(1, b"rec-1"), (2, b"rec-2")])
         store.put_ident("node", "n1")
@@ -140,7 +140,7 @@ class StoreContract:
         try:
             assert again.load() == loaded
             assert loaded == Loaded(applied=12, meta=[1, 2, 3], queues={"q": [Q, {"1": 2}]},
-                                    keys=[(4, Q, "k4", 0), (5, Q, "k5", 1)])
+                                    keys=[(4, Q, "k4", 0, -1), (5, Q, "k5", 1, -1)])
             msgs = again.get_messages(Q, [0, 1, 2])
             assert [(m.body, m.headers, m.enqueued_at, m.publish_time) if m else None for m in msgs] == [
                 (b"a", {"h": "v"}, 10, 9), (b"b", {}, 10, 9), None]
@@ -269,15 +269,23 @@ class StoreContract:
 
     def test_publish_keys_are_kept_in_seq_order_until_forgotten(self, store: Store) -> None:
         batch = store.batch()
-        batch.put_keys([(300, Q, "k300", 9), (2, Q, "k2", 1), (1 << 33, OTHER, "big", 0)], range(0))
-        batch.put_keys([(1, Q, "k1", 0)], range(0))
+        batch.put_keys(
+            [(300, Q, "k300", 9, 5000), (2, Q, "k2", 1, -1), (1 << 33, OTHER, "big", 0, 7)],
+            range(0),
+        )
+        batch.put_keys([(1, Q, "k1", 0, 4000)], range(0))
         store.commit(batch, 0)
-        assert store.load().keys == [(1, Q, "k1", 0), (2, Q, "k2", 1), (300, Q, "k300", 9), (1 << 33, OTHER, "big", 0)]
+        assert store.load().keys == [
+            (1, Q, "k1", 0, 4000), (2, Q, "k2", 1, -1), (300, Q, "k300", 9, 5000),
+            (1 << 33, OTHER, "big", 0, 7),
+        ]
         batch = store.batch()
         # k3 is saved and forgotten in one call: forgotten. k300 is kept (outside the range).
-        batch.put_keys([(3, Q, "k3", 2), (301, Q, "k301", 10)], range(0, 4))
+        batch.put_keys([(3, Q, "k3", 2, 1), (301, Q, "k301", 10, 1)], range(0, 4))
         store.commit(batch, 1)
-        assert store.load().keys == [(300, Q, "k300", 9), (301, Q, "k301", 10), (1 << 33, OTHER, "big", 0)]
+        assert store.load().keys == [
+            (300, Q, "k300", 9, 5000), (301, Q, "k301", 10, 1), (1 << 33, OTHER, "big", 0, 7),
+        ]
 
     # ---- outbox and identity ----
 
@@ -414,7 +422,7 @@ class StoreContract:
         batch.put_messages(Q, 0, ((b"m", {}),), 1, 1)
         batch.put_queue("q", ["snap"])
         batch.put_meta(["meta"])
-        batch.put_keys([(1, Q, "k", 0)], range(0))
+        batch.put_keys([(1, Q, "k", 0, -1)], range(0))
         store.commit(batch, 30)
         store.put_ident("node", "n1")
         store.outbox_put("r", [(1, b"rec")])
@@ -499,3 +507,22 @@ class TestRocksStore(StoreContract):
     def test_an_open_store_cannot_be_opened_again(self, store: Store, tmp_path: Path) -> None:
         with pytest.raises(StoreError, match="another broker"):
             RocksStore(str(tmp_path / "store"))
+
+    def test_keys_stored_before_the_dedupe_window_load_without_an_expiry(
+        self, tmp_path: Path
+    ) -> None:
+        store = RocksStore(str(tmp_path / "old"))
+        batch = store.batch()
+        batch.put_keys([(1, Q, "k", 0, 5)], range(0))
+        store.commit(batch, 0)
+        store.close()
+        from rocksdict import Rdict
+
+        db = Rdict(str(tmp_path / "old"))  # as an older broker wrote it: no expiry
+        db[b"k" + (1).to_bytes(8, "big")] = msgpack.packb([Q, "k", 0])
+        db.close()
+        again = RocksStore(str(tmp_path / "old"))
+        try:
+            assert again.load().keys == [(1, Q, "k", 0, -1)]
+        finally:
+            again.close()

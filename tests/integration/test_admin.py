@@ -220,7 +220,11 @@ async def test_message_history_from_the_log(
     assert [s["what"] for s in body["steps"]] == [
         "enqueued", "acquired", "released", "acquired", "dead-lettered"
     ]
-    assert [s.get("delivery") for s in body["steps"] if s["what"] == "acquired"] == [1, 2]
+    acquired = [s for s in body["steps"] if s["what"] == "acquired"]
+    # A plain release is a "not now": the second hand-out, no failed delivery before it.
+    assert [(s["acquisition"], s["delivery_count"]) for s in acquired] == [(1, 0), (2, 0)]
+    released = [s for s in body["steps"] if s["what"] == "released"]
+    assert [s["failed"] for s in released] == [False]
     last = body["steps"][-1]
     assert (last["reason"], last["to_queue"], last["to_position"]) == ("rejected", "dlq", 0)
     offsets = [s["offset"] for s in body["steps"]]

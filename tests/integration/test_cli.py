@@ -62,10 +62,11 @@ def test_publish_queues_consume(broker: BrokerProcess) -> None:
     lines = r.stdout.splitlines()
     assert len(lines) == 3, r.stdout
     fields = [line.split("\t") for line in lines]
-    assert [f[3] for f in fields] == ["a", "b", "c"]
+    assert [f[4] for f in fields] == ["a", "b", "c"]
     assert [int(f[0]) for f in fields] == [0, 1, 2]  # positions
     assert [int(f[1]) for f in fields] == [0, 0, 0]  # delivery counts
-    assert [json.loads(f[2]) for f in fields] == [{}, {}, {}]
+    assert [int(f[2]) for f in fields] == [0, 0, 0]  # acquired counts
+    assert [json.loads(f[3]) for f in fields] == [{}, {}, {}]
     assert "consumed 3 message(s) from q" in r.stderr
 
     q = _queues(addr)["q"]
@@ -86,16 +87,22 @@ def test_publish_headers_stdin_and_table(broker: BrokerProcess) -> None:
     header, row = r.stdout.splitlines()
     assert header.split() == ["queue", "ready", "acquired", "consumers", "enqueued"]
     assert row.split() == ["h", "4", "0", "0", "4"]
-    # --no-ack releases: the messages stay, with a raised delivery count.
+    # --no-ack releases "not now": the message stays, with a raised acquired count;
+    # --fail releases it as a failed delivery: its delivery count goes up too.
     r = baton("consume", "h", "--broker", addr, "--count", "1", "-v", "--no-ack")
     assert r.returncode == 0, r.stderr
-    pos, count, headers, body = r.stdout.rstrip("\n").split("\t")
-    assert (pos, count, json.loads(headers), body) == ("0", "0", {"k": "v", "n": "1=2"}, "line one")
+    pos, count, acquired, headers, body = r.stdout.rstrip("\n").split("\t")
+    assert (pos, count, acquired, json.loads(headers), body) == (
+        "0", "0", "0", {"k": "v", "n": "1=2"}, "line one"
+    )
+    r = baton("consume", "h", "--broker", addr, "--count", "1", "-v", "--fail")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\t")[:3] == ["0", "0", "1"]
     r = baton("consume", "h", "--broker", addr, "--timeout", "0.5", "-v")
     assert r.returncode == 0, r.stderr
     rows = [line.split("\t") for line in r.stdout.splitlines()]
-    assert [row[3] for row in rows] == ["line one", "line two", "rep", "rep"]
-    assert int(rows[0][1]) >= 1  # released once by --no-ack
+    assert [row[4] for row in rows] == ["line one", "line two", "rep", "rep"]
+    assert rows[0][1:3] == ["1", "2"]  # one failed delivery, two hand-outs before
     q = _queues(addr)["h"]
     # (The first consumer prefetched all four; cancelling it released the other three too.)
     assert (q["ready"], q["acquired"], q["accepted"]) == (0, 0, 4)
@@ -190,3 +197,15 @@ async def test_serve_on_port_0_reports_and_advertises_the_port_it_got(tmp_path: 
         assert [i["address"] for i in (await topology(first))["instances"]] == [first]
     finally:
         b.stop()
+
+
+def test_publish_with_a_delay(broker: BrokerProcess) -> None:
+    addr = broker.address
+    r = baton("publish", "--broker", addr, "--declare", "--delay", "60", "later", "x")
+    assert r.returncode == 0, r.stderr
+    q = _queues(addr)["later"]
+    assert (q["ready"], q["delayed"], q["enqueued"]) == (0, 1, 1)
+    r = baton("consume", "later", "--broker", addr, "--timeout", "0.5")
+    assert r.returncode == 0 and r.stdout == "", r.stdout  # held: nothing to consume yet
+    r = baton("publish", "--broker", addr, "later", "x", "--priority", "12")
+    assert r.returncode == 1 and "priority must be" in r.stderr, r.stderr

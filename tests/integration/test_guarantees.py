@@ -116,11 +116,18 @@ async def test_guarantee_4_release_raises_delivery_count(broker: BrokerProcess) 
             for expected in range(3):
                 msg = await next_msg(consumer)
                 assert (msg.position, msg.delivery_count) == (pos, expected)
-                await msg.release(confirm=True)
+                assert msg.acquired_count == expected
+                await msg.release(failed=True, confirm=True)
+            # A "not now" release raises the acquired count only.
             msg = await next_msg(consumer)
+            assert (msg.delivery_count, msg.acquired_count) == (3, 3)
+            await msg.release(confirm=True)
+            msg = await next_msg(consumer)
+            assert (msg.delivery_count, msg.acquired_count) == (3, 4)
             await msg.ack(confirm=True)
         stats = await conn.queue_stats("rel")
         assert stats["redelivered"] == 3 and stats["ready"] == 0
+        assert (stats["acquisitions"], stats["failed_deliveries"], stats["given_back"]) == (5, 3, 1)
 
 
 async def test_guarantee_5_reject_and_delivery_limit_dead_letter(broker: BrokerProcess) -> None:
@@ -140,7 +147,8 @@ async def test_guarantee_5_reject_and_delivery_limit_dead_letter(broker: BrokerP
                     await msg.reject(confirm=True)
                 else:
                     assert msg.body == b"poison"
-                    await msg.release(confirm=True)  # a poison message: fails every time
+                    # A poison message: fails every time.
+                    await msg.release(failed=True, confirm=True)
                 stats = await conn.queue_stats("jobs")
                 if stats["ready"] + stats["acquired"] == 0:
                     break
@@ -153,7 +161,7 @@ async def test_guarantee_5_reject_and_delivery_limit_dead_letter(broker: BrokerP
         assert by_body[b"poison"].headers["x-death-position"] == poison
         async with conn.consume("nodlq", prefetch=1) as consumer:
             for _ in range(2):
-                await (await next_msg(consumer)).release(confirm=True)
+                await (await next_msg(consumer)).release(failed=True, confirm=True)
         stats = await conn.queue_stats("nodlq")
         assert stats["dropped"] == 1 and stats["ready"] == 0
 
@@ -186,7 +194,7 @@ async def test_guarantee_7_order_and_redelivery_keeps_position(broker: BrokerPro
         async with conn.consume("ordered", prefetch=5) as consumer:
             batch = [await next_msg(consumer) for _ in range(5)]
             assert [m.position for m in batch] == [0, 1, 2, 3, 4]
-            await batch[1].release(confirm=True)
+            await batch[1].release(failed=True, confirm=True)
             for m in batch[:1] + batch[2:]:
                 await m.ack(confirm=True)
             seen = []

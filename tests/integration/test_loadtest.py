@@ -185,3 +185,26 @@ def test_kafka_restart_and_a_full_disk_lose_nothing_confirmed(tmp_path: Path) ->
     # Kafka and the tmpfs are gone again.
     assert _processes_mentioning(str(report)) == []
     assert not os.path.ismount(report / "baton" / "servers" / "data")
+
+
+@pytest.mark.timeout(180)
+def test_work_queue_run_keeps_delays_and_retries_across_kill9(tmp_path: Path) -> None:
+    """The work-queue preset (delayed publishes, a retry policy for failed releases) on
+    three brokers with a kill -9: nothing is delivered before its delay or retry delay
+    and nothing is lost across the retries."""
+    report = tmp_path / "report"
+    out = tmp_path / "result.json"
+    done = loadtest(
+        "--preset", "work-queue", "--rate", "1500", "--duration", "12", "--brokers", "3",
+        "--faults", "kill9@4s", "--report", str(report), "--json", str(out), "--quiet",
+        timeout=170,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    counts = result["checker"]["counts"]
+    assert all(v == 0 for v in counts.values()), counts
+    stats = result["checker"]["stats"]
+    assert stats["redeliveries"] > 0 and stats["faults"] >= 1, stats
+    history = load_run(report / "baton")
+    delayed = [op for op in history if op.kind == OpKind.PUBLISH_INVOKE and op.info]
+    assert delayed and all(op.info == "delay_ms=500" for op in delayed)

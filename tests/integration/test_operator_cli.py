@@ -34,6 +34,19 @@ def test_version() -> None:
     assert r.stdout.strip() == f"baton {version('batonmq')}"
 
 
+def test_queue_declare_takes_the_work_queue_settings(broker: BrokerProcess) -> None:
+    r = baton("queue", "declare", "work", "--broker", broker.address, "--retry", "exponential",
+              "--retry-delay", "0.5", "--retry-max", "30", "--ack-timeout", "20",
+              "--max-priority", "5", "--single-active-consumer", "--dedupe-window", "60")
+    assert (r.returncode, r.stdout) == (0, "queue work declared\n"), r.stderr
+    with clients.sync.connect(broker.address) as conn:
+        stats = conn.queue_stats("work")
+    assert (stats["retry"], stats["retry_delay_ms"], stats["retry_max_ms"]) == (
+        "exponential", 500, 30_000)
+    assert (stats["ack_timeout_ms"], stats["max_priority"]) == (20_000, 5)
+    assert stats["single_active_consumer"] is True and stats["dedupe_window_ms"] == 60_000
+
+
 def test_queue_declare_purge_delete_round_trip(broker: BrokerProcess) -> None:
     addr = broker.address
     r = baton("queue", "declare", "jobs", "--broker", addr, "--max-length", "10",
@@ -230,6 +243,8 @@ MISTAKES = [
     (["queue", "declare", "q", "--broker", "{refused}"], "could not connect"),
     (["queue", "declare", "q", "--max-length", "many"], "invalid int value: 'many'"),
     (["queue", "declare", "q", "--overflow", "spill"], "invalid choice: 'spill'"),
+    (["queue", "declare", "q", "--retry", "sometimes"], "invalid choice: 'sometimes'"),
+    (["queue", "declare", "pq", "--max-priority", "12", "--broker", "{running}"], "priority"),
     (["queue", "frobnicate", "q"], "invalid choice: 'frobnicate'"),
     (["queue", "purge"], "the following arguments are required: queue"),
     (["queue", "peek", "nope", "--broker", "{running}"], "queue 'nope' does not exist"),

@@ -332,7 +332,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
         async with conn.consume("s.b", prefetch=3) as consumer:
             msgs = [await next_msg(consumer) for _ in range(3)]
             await msgs[0].ack(confirm=True)
-            await msgs[1].release(confirm=True)  # back (count 1)
+            await msgs[1].release(failed=True, confirm=True)  # back (count 1)
             await msgs[2].reject(confirm=True)  # to s.a
             stats = await wait_stats(conn, "s.b", acquired=2)
             assert stats["consumers"] == 1
@@ -352,6 +352,9 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "enqueued": 4,
                 "accepted": 1,
                 "redelivered": 1,
+                "acquisitions": 5,  # 3, then 1 again and 3
+                "failed_deliveries": 2,  # the failed release and the reject
+                "given_back": 0,
                 "dead_lettered": 1,
                 "dropped": 0,
                 "expired": 0,
@@ -362,6 +365,15 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "delivery_limit": 3,
                 "dead_letter": "s.a",
                 "message_ttl_ms": None,
+                "retry": None,
+                "retry_delay_ms": 0,
+                "retry_max_ms": None,
+                "ack_timeout_ms": None,
+                "max_priority": None,
+                "single_active_consumer": False,
+                "dedupe_window_ms": 120000,
+                "timed_out": 0,
+                "delayed": 0,
                 "consumers": 1,
             }
         listed = await conn.list_queues()

@@ -55,10 +55,11 @@ def test_sync_round_trip(broker: BrokerProcess) -> None:
             assert msgs[0].settled
             with pytest.raises(clients.InvalidArgument):
                 msgs[0].ack()  # settled twice
-            msgs[1].release(confirm=True)
+            msgs[1].release(failed=True, confirm=True)
             msgs[2].reject()  # unconfirmed: returns at once
             again = consumer.next(timeout=5)
             assert (again.position, again.body, again.delivery_count) == (1, b"m1", 1)
+            assert again.acquired_count == 1
             again.ack()
             consumer.ack_many(msgs[3:], confirm=True)
             with pytest.raises(Timeout):

@@ -65,10 +65,12 @@ def runtime_of(consumer: str) -> str:
 LIMIT = 2
 #: The operations the model moves messages by; every one is looked up in TRANSITIONS.
 MODELLED_OPS = frozenset(
-    {"enqueue", "acquire", "accept", "release", "release*", "reject", "expire", "drop-head",
-     "purge", "accept-through"}
+    {"enqueue", "enqueue-delayed", "wake", "acquire", "accept", "release", "release*", "return",
+     "delay", "reject", "expire", "drop-head", "purge", "accept-through"}
 )
-READY, ACQUIRED = MessageState.READY, MessageState.ACQUIRED
+READY, ACQUIRED, DELAYED = MessageState.READY, MessageState.ACQUIRED, MessageState.DELAYED
+#: Delays (ms) the rules draw: 0 (none) or a few envelope ticks (one per applied event).
+DELAYS = st.sampled_from([0, 0, 2, 5, 30])
 
 
 def test_every_operation_of_the_table_is_modelled() -> None:
@@ -84,14 +86,23 @@ class QueueModel(RuleBasedStateMachine):
         self.records: list[bytes] = []
         self.seqs: dict[str, int] = {}
         self.seq = 0
-        # model: position -> [MessageState (READY or ACQUIRED), consumer, count]
+        # model: position -> [MessageState (READY, DELAYED or ACQUIRED), consumer,
+        # delivery count (failed deliveries), acquired count (hand-outs that ended),
+        # due time of a DELAYED one]
         self.msgs: dict[int, list[Any]] = {}
+        self.acquisitions = 0  # every hand-out
+        self.failures = 0  # every failed delivery (failed release, reject, lost consumer)
+        self.given_back = 0  # every "return" (no failure)
+        self.timed_out = 0  # failed deliveries that were an ack timeout
         self.next_pos = 0
         self.dlq_len = 0
         self.max_length: int | None = None
         self.accepted = 0  # messages of q that ended ACCEPTED
         self.dropped = 0  # ... and DROPPED
         self.keyed: dict[str, tuple[int, int]] = {}  # idempotency key -> (first, count)
+        self.retry: tuple[str, int, int | None] | None = None  # the queue's retry policy
+        self.max_priority = 0  # a priority queue's highest priority (0: not one)
+        self.sac = False  # a single-active-consumer queue: its owner keeps it
         # Two member runtimes: both beat, n1/r1 proposes, both vote (docs/design.md §7).
         for m in MEMBERS:
             self._apply(Heartbeat("voter", "", {}), m)
@@ -123,12 +134,31 @@ class QueueModel(RuleBasedStateMachine):
         return done[0]
 
     def _ready(self) -> list[int]:
-        return sorted(p for p, m in self.msgs.items() if m[0] is READY)
+        """Ready positions in the order they are offered: by position, and on a
+        priority queue highest priority first."""
+        ready = [p for p, m in self.msgs.items() if m[0] is READY]
+        if self.max_priority:
+            return sorted(ready, key=lambda p: (-self.msgs[p][5], p))
+        return sorted(ready)
 
     def _held(self, consumer: str) -> list[int]:
         return sorted(p for p, m in self.msgs.items() if m[0] is ACQUIRED and m[1] == consumer)
 
-    def _move(self, p: int, op: str, consumer: str | None = None) -> None:
+    def _delayed(self) -> dict[int, int]:
+        return {p: m[4] for p, m in self.msgs.items() if m[0] is DELAYED}
+
+    def _wake(self, clock: int) -> None:
+        """The replicated clock is at ``clock`` when an acquire applies: delayed messages
+        whose time has come are ready again."""
+        for p, due in self._delayed().items():
+            if due <= clock:
+                self._move(p, "wake")
+
+    def _clock_next(self) -> int:
+        """The envelope time (hence the clock) of the next applied event."""
+        return 1000 + self.seq + 1
+
+    def _move(self, p: int, op: str, consumer: str | None = None, due: int = 0) -> None:
         """Move message ``p`` (a new one if not in the model yet) by ``op``, as
         TRANSITIONS says; a terminal state ends it: an accepted or dropped message is
         gone (counted), a dead-lettered one is in the dead-letter queue now."""
@@ -136,9 +166,10 @@ class QueueModel(RuleBasedStateMachine):
         src = self.msgs[p][0] if p in self.msgs else None
         assert (src, op) in TRANSITIONS, f"the table has no {op!r} from {src}"
         dst = TRANSITIONS[(src, op)]
-        if dst is READY or dst is ACQUIRED:
-            m = self.msgs.setdefault(p, [dst, None, 0])
+        if dst is READY or dst is ACQUIRED or dst is DELAYED:
+            m = self.msgs.setdefault(p, [dst, None, 0, 0, 0, 0])
             m[0:2] = [dst, consumer if dst is ACQUIRED else None]
+            m[4] = due if dst is DELAYED else 0
             return
         del self.msgs[p]
         if dst is MessageState.DEAD_LETTERED:  # the queue has a dead-letter queue
@@ -152,9 +183,24 @@ class QueueModel(RuleBasedStateMachine):
     # -- rules -----------------------------------------------------------------------
 
     @precondition(lambda self: "q" not in self.state.queues)
-    @rule(max_length=st.one_of(st.none(), st.integers(1, 8)), drop_head=st.booleans())
-    def declare(self, max_length: int | None, drop_head: bool) -> None:
+    @rule(
+        max_length=st.one_of(st.none(), st.integers(1, 8)),
+        drop_head=st.booleans(),
+        retry=st.sampled_from([None, ("fixed", 3, None), ("linear", 2, None),
+                               ("exponential", 2, 3)]),
+        max_priority=st.sampled_from([0, 0, 3]),
+        sac=st.booleans(),
+    )
+    def declare(
+        self,
+        max_length: int | None,
+        drop_head: bool,
+        retry: tuple[str, int, int | None] | None,
+        max_priority: int,
+        sac: bool,
+    ) -> None:
         overflow = "drop-head" if drop_head else "reject-publish"
+        kind, delay, cap = retry or ("", 0, None)
         done = self._completed(
             self._apply(
                 DeclareQueue(
@@ -163,11 +209,17 @@ class QueueModel(RuleBasedStateMachine):
                     overflow=overflow,
                     delivery_limit=LIMIT,
                     dead_letter="dlq",
+                    retry=kind,
+                    retry_delay_ms=delay,
+                    retry_max_ms=cap,
+                    max_priority=max_priority,
+                    single_active_consumer=sac,
                 )
             )
         )
         assert done.result == Declared(created=True)
-        self.max_length, self.overflow = max_length, overflow
+        self.max_length, self.overflow, self.retry = max_length, overflow, retry
+        self.max_priority, self.sac = max_priority, sac
         for m in MEMBERS:  # both have consumers; the first interest makes the owner
             self._apply(Interest("q", True), m)
         assert self.state.queues["q"].owner == "n1/r1"
@@ -175,9 +227,11 @@ class QueueModel(RuleBasedStateMachine):
     @precondition(lambda self: "q" in self.state.queues)
     @rule()
     def handoff(self) -> None:
-        """Time slice: the owner passes the queue to the other interested member."""
+        """Time slice: the owner passes the queue to the other interested member (not
+        a single-active-consumer queue: its owner keeps it)."""
         self._apply(Handoff("q"), self.owner)
-        self.owner = MEMBERS[1] if self.owner == MEMBERS[0] else MEMBERS[0]
+        if not self.sac:
+            self.owner = MEMBERS[1] if self.owner == MEMBERS[0] else MEMBERS[0]
         assert self.state.queues["q"].owner == self.owner
 
     @rule(data=st.data())
@@ -191,13 +245,17 @@ class QueueModel(RuleBasedStateMachine):
         assert {name: q.snapshot() for name, q in self.state.queues.items()} == before
 
     @precondition(lambda self: "q" in self.state.queues)
-    @rule(n=st.integers(1, 4))
-    def enqueue(self, n: int) -> None:
-        out = self._apply(Enqueue("q", tuple((b"m%d" % i, {}) for i in range(n))))
-        if self._enqueue_model(self._completed(out), n):
+    @rule(n=st.integers(1, 4), delay=DELAYS, priority=st.integers(0, 5))
+    def enqueue(self, n: int, delay: int, priority: int) -> None:
+        """A publish, held from consumers for ``delay`` ms of the replicated clock, with a
+        priority (capped on a priority queue, ignored elsewhere)."""
+        due = self._clock_next() + delay
+        ev = Enqueue("q", tuple((b"m%d" % i, {}) for i in range(n)), (), delay, 0, priority)
+        out = self._apply(ev)
+        if self._enqueue_model(self._completed(out), n, due if delay else 0, priority):
             assert self._completed(out).result == Enqueued(self.next_pos - n, n)
 
-    def _enqueue_model(self, done: Completed, n: int) -> bool:
+    def _enqueue_model(self, done: Completed, n: int, due: int = 0, priority: int = 0) -> bool:
         """Model a new publish of ``n`` messages; False if it was refused (QueueFull)."""
         length = len(self.msgs)
         if self.max_length is not None and length + n > self.max_length:
@@ -210,7 +268,11 @@ class QueueModel(RuleBasedStateMachine):
                 self._move(p, "drop-head")
         assert done.error is None, done.error
         for _ in range(n):
-            self._move(self.next_pos, "enqueue")
+            if due:
+                self._move(self.next_pos, "enqueue-delayed", due=due)
+            else:
+                self._move(self.next_pos, "enqueue")
+            self.msgs[self.next_pos][5] = min(priority, self.max_priority)
             self.next_pos += 1
         return True
 
@@ -243,6 +305,8 @@ class QueueModel(RuleBasedStateMachine):
     @rule(consumer=st.sampled_from(CONSUMERS), count=st.integers(0, 5))
     def acquire(self, consumer: str, count: int) -> None:
         who = runtime_of(consumer)
+        if who == self.owner and count > 0:
+            self._wake(self._clock_next())
         out = self._apply(Acquire("q", consumer, count), who)
         got = [e for e in out if isinstance(e, Acquired)]
         if who != self.owner:  # only the owner acquires (guarantee 2)
@@ -254,6 +318,8 @@ class QueueModel(RuleBasedStateMachine):
             return
         assert got[0].positions == expect
         assert got[0].counts == [self.msgs[p][2] for p in expect]
+        assert got[0].acquired == [self.msgs[p][3] for p in expect]
+        self.acquisitions += len(expect)
         for p in expect:
             self._move(p, "acquire", consumer)
 
@@ -279,23 +345,56 @@ class QueueModel(RuleBasedStateMachine):
         for p in ok:
             self._move(p, "accept")
 
-    def _release_model(self, ok: list[int]) -> None:
+    def _retry_due(self, count: int, clock: int) -> int:
+        """When a message that failed ``count`` times is ready again under the queue's
+        retry policy (0: at once)."""
+        if self.retry is None:
+            return 0
+        kind, d, cap = self.retry
+        d = {"fixed": d, "linear": d * count, "exponential": d * 2 ** (count - 1)}[kind]
+        return clock + (d if cap is None else min(d, cap))
+
+    def _release_model(
+        self, ok: list[int], failed: bool = True, due: int = 0, clock: int = 0
+    ) -> None:
+        """Failed deliveries raise both counters (the delivery limit applies to the
+        delivery count); a "return" raises the acquired count only. With a ``due``
+        time they wait, delayed, until then; failed ones without one, as long as the
+        queue's retry policy says (``clock``: the releasing event's)."""
         for p in ok:
             m = self.msgs[p]
+            m[3] += 1
+            if not failed:
+                self.given_back += 1
+                self._move(p, "delay" if due else "return", due=due)
+                continue
+            self.failures += 1
             m[2] += 1
-            self._move(p, "release*" if m[2] >= LIMIT else "release")
+            if m[2] >= LIMIT:
+                self._move(p, "release*")
+            else:
+                wait = due or self._retry_due(m[2], clock)
+                self._move(p, "delay" if wait else "release", due=wait)
 
     @precondition(lambda self: "q" in self.state.queues)
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), failed=st.booleans(), delay=DELAYS)
+    def release(self, data: st.DataObject, failed: bool, delay: int) -> None:
         consumer, positions = self._settle_args(data)
         held = set(self._held(consumer))
+        due = self._clock_next() + delay
+        # A consumer's broker releases at the ack timeout as a failed delivery.
+        timed_out = failed and data.draw(st.booleans(), label="ack timeout")
         done = self._completed(
-            self._apply(Release("q", consumer, tuple(positions)), runtime_of(consumer))
+            self._apply(
+                Release("q", consumer, tuple(positions), failed, delay, timed_out),
+                runtime_of(consumer),
+            )
         )
         ok = [p for p in positions if p in held]
+        if timed_out:
+            self.timed_out += len(ok)
         assert isinstance(done.result, Settled) and done.result.count == len(ok)
-        self._release_model(ok)
+        self._release_model(ok, failed, due if delay else 0, due - delay)
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(count=st.integers(1, 3))
@@ -303,14 +402,17 @@ class QueueModel(RuleBasedStateMachine):
         """A consumer of the owner takes messages and gives them straight back (it fails
         on them): redelivered until the delivery limit dead-letters them."""
         consumer = next(c for c in CONSUMERS if runtime_of(c) == self.owner)
+        self._wake(self._clock_next())
         expect = self._ready()[:count]
         got = [e for e in self._apply(Acquire("q", consumer, count), self.owner) if isinstance(e, Acquired)]
         assert [e.positions for e in got] == ([expect] if expect else [])
+        self.acquisitions += len(expect)
         for p in expect:
             self._move(p, "acquire", consumer)
+        clock = self._clock_next()
         done = self._completed(self._apply(Release("q", consumer, tuple(expect)), self.owner))
         assert isinstance(done.result, Settled) and done.result.count == len(expect)
-        self._release_model(expect)
+        self._release_model(expect, clock=clock)
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(data=st.data())
@@ -320,22 +422,29 @@ class QueueModel(RuleBasedStateMachine):
         self._apply(Reject("q", consumer, tuple(positions)), runtime_of(consumer))
         for p in positions:
             if p in held:
+                self.failures += 1
                 self._move(p, "reject")
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(data=st.data())
     def release_all(self, data: st.DataObject) -> None:
-        """Cancel/disconnect: all back; those never handed out keep their count."""
+        """Cancel/disconnect: all back; only those the application had (``failed``,
+        or in records without it all but ``unread``) count a failed delivery."""
         consumer = data.draw(st.sampled_from(CONSUMERS))
         held = self._held(consumer)
-        unread = data.draw(st.lists(st.sampled_from(held), unique=True)) if held else []
-        done = self._completed(
-            self._apply(ReleaseAll("q", consumer, tuple(unread)), runtime_of(consumer))
-        )
+        named = data.draw(st.lists(st.sampled_from(held), unique=True)) if held else []
+        if data.draw(st.booleans(), label="names the failed ones"):
+            # Also a bogus position it does not hold: ignored.
+            ev = ReleaseAll("q", consumer, (), tuple(named) + (self.next_pos + 5,))
+            failed = [p for p in held if p in named]
+        else:
+            ev = ReleaseAll("q", consumer, tuple(named))
+            failed = [p for p in held if p not in named]
+        clock = self._clock_next()
+        done = self._completed(self._apply(ev, runtime_of(consumer)))
         assert isinstance(done.result, Settled) and done.result.count == len(held)
-        for p in unread:  # back without a delivery counted
-            self._move(p, "release")
-        self._release_model([p for p in held if p not in unread])
+        self._release_model([p for p in held if p not in failed], failed=False)
+        self._release_model(failed, clock=clock)
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule(data=st.data())
@@ -349,7 +458,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule()
     def purge(self) -> None:
         done = self._completed(self._apply(PurgeQueue("q")))
-        ready = self._ready()
+        ready = self._ready() + sorted(self._delayed())
         assert done.result == Purged(len(ready))
         for p in ready:
             self._move(p, "purge")
@@ -363,7 +472,7 @@ class QueueModel(RuleBasedStateMachine):
         self._apply(Reserve("q", "reader"))
         done = self._completed(self._apply(AcceptThrough("q", through, "reader")))
         self._apply(Reserve("q", None))
-        gone = [p for p in self._ready() if p < through]
+        gone = [p for p in self._ready() + sorted(self._delayed()) if p < through]
         assert isinstance(done.result, AcceptedThrough) and done.result.count == len(gone)
         for p in gone:
             self._move(p, "accept-through")
@@ -404,11 +513,17 @@ class QueueModel(RuleBasedStateMachine):
             assert not self.msgs
             return
         assert q.ready == len(self._ready())
+        assert q.delayed == self._delayed()
         assert dict(q.acquired) == {
             p: m[1] for p, m in self.msgs.items() if m[0] is ACQUIRED
         }
         live_counts = {p: m[2] for p, m in self.msgs.items() if m[2]}
         assert {p: c for p, c in q.counts.items() if c} == live_counts
+        live_acquired = {p: m[3] for p, m in self.msgs.items() if m[3]}
+        assert {p: c for p, c in q.acq_counts.items() if c} == live_acquired
+        assert (q.acquisitions, q.failed_deliveries, q.given_back, q.timed_out) == (
+            self.acquisitions, self.failures, self.given_back, self.timed_out
+        )
         assert q.next_pos == self.next_pos
         assert q.length <= (self.max_length or q.length)
         assert self.state.queues["dlq"].ready == self.dlq_len
@@ -464,14 +579,23 @@ TestQueueModel = QueueModel.TestCase
 PATHS: dict[MessageState | None, list[str]] = {
     None: [],
     READY: ["enqueue"],
+    DELAYED: ["enqueue-delayed"],
     ACQUIRED: ["enqueue", "acquire"],
 }
 OPERATIONS: dict[str, list[Event]] = {
     "enqueue": [Enqueue("q", ((b"m", {}),))],
+    # Held 3 ms of the replicated clock: each event below is 1 ms later.
+    "enqueue-delayed": [Enqueue("q", ((b"m", {}),), (), 3)],
+    # The clock passes its time (heartbeats move it on); the next acquire takes it,
+    # and a "not now" shows it ready.
+    "wake": [Heartbeat("voter", "", {})] * 3
+    + [Acquire("q", "n1/r1/1", 1), Release("q", "n1/r1/1", (0,), False)],
+    "delay": [Release("q", "n1/r1/1", (0,), True, 1000)],
     "acquire": [Acquire("q", "n1/r1/1", 1)],
     "accept": [Accept("q", "n1/r1/1", (0,))],
     "release": [Release("q", "n1/r1/1", (0,))],
     "release*": [Release("q", "n1/r1/1", (0,))],  # at the delivery limit (see PATHS)
+    "return": [Release("q", "n1/r1/1", (0,), False)],
     "reject": [Reject("q", "n1/r1/1", (0,))],
     "expire": [Expire("q", 0)],
     "drop-head": [Enqueue("q", ((b"n", {}),))],  # max_length 1: the new one pushes it out
@@ -511,6 +635,8 @@ class _OneMessage:
         out = [e for ev in OPERATIONS[op] for e in self._apply(ev)]
         if 0 in q.acquired:
             return ACQUIRED
+        if 0 in q.delayed:
+            return DELAYED
         if q.holds(0):
             return READY
         if any(isinstance(e, Moved) and (e.src_qid, e.src_pos) == (q.qid, 0) for e in out):

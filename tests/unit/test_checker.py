@@ -419,3 +419,27 @@ def test_handing_a_queue_between_brokers_is_compared_per_broker_and_not_a_split_
         "B:2": {"deliveries": 3, "messages": 3, "accepted": 3, "split_brain": 0},
     }
     assert result.to_dict()["brokers"]["B:2"]["accepted"] == 3
+
+
+def test_a_delivery_before_its_delay_or_retry_delay_is_caught() -> None:
+    """Work-queue runs: a delayed message must not come before its delay, a failed one
+    not before the queue's retry delay; delayed messages are exempt from the order
+    check (they come after later positions, by design)."""
+
+    def run(delay_gap: int, retry_gap: int) -> dict[str, int]:
+        h = History().add(K.QUEUE, "runner", info="delivery_limit=3,dead_letter=,retry_ms=10")
+        h.add(K.PUBLISH_INVOKE, "p1", "q", "p1:0", info="delay_ms=20")
+        h.add(K.PUBLISH_OK, "p1", "q", "p1:0", 0)
+        h.publish("p1:1", 1)
+        h.deliver("c1", "p1:1", 1).ack("c1", "p1:1", 1)
+        h.t += delay_gap
+        h.deliver("c1", "p1:0", 0)  # first delivery of the delayed one, after position 1
+        h.add(K.RELEASE, "c1", "q", "p1:0", 0, 0)
+        h.t += retry_gap
+        h.deliver("c1", "p1:0", 0, count=1).ack("c1", "p1:0", 0)
+        return check(h.final(0).ops).counts
+
+    ok = run(delay_gap=20_000_000, retry_gap=10_000_000)
+    assert all(ok[k] == 0 for k in VIOLATIONS), ok
+    early = run(delay_gap=0, retry_gap=0)  # (beyond the checker's 5 ms slack)
+    assert (early["early_delivery"], early["early_retry"], early["order"]) == (1, 1, 0)

@@ -286,7 +286,7 @@ async def test_publish_keys_survive_a_restart(tmp_path: Path) -> None:
         await node.submit(Enqueue("q", ((b"m%d" % i, {}),), ((f"k{i}", 1),)))
     await _close(node)
     store = _reopen(node)
-    assert [k for _, _, k, _ in store.load().keys] == ["k2", "k3", "k4"]
+    assert [e[2] for e in store.load().keys] == ["k2", "k3", "k4"]
     store.close()
 
     again = Node("a", await open_log(url), store.reopen())

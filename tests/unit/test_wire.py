@@ -76,6 +76,8 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.Services: wire.Services(19),
     wire.Handover: wire.Handover(20, "import-entries", "n2", 30_000),
     wire.ConsumerCancelled: wire.ConsumerCancelled(3, errors.QueueNotFound.code, "queue deleted"),
+    wire.Expired: wire.Expired(3, [4, 9]),
+    wire.Touch: wire.Touch(21, 3, [4]),
 }
 
 

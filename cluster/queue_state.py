@@ -1,0 +1,400 @@
+"""One queue's replicated index (docs/design.md §2, §5; docs/events.md, "Messages").
+Pure: no I/O, no clock.
+
+:class:`QueueState` is the data the message transitions of cluster/queues.py change:
+positions, who holds what, the two counters of redelivered messages, the delayed ones,
+the queue's settings and counters, and its canonical snapshot.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from batonmq.cluster.events import DEFAULT_DEDUPE_WINDOW_MS
+
+__all__ = ["QueueState", "WORK_SETTINGS", "RETRY_POLICIES", "MAX_PRIORITY"]
+
+#: The work-queue settings of DeclareQueue after the first six (docs/events.md), in the
+#: order they are compared and snapshotted; each is a QueueState field of that name.
+WORK_SETTINGS: Final = (
+    "retry",
+    "retry_delay_ms",
+    "retry_max_ms",
+    "ack_timeout_ms",
+    "max_priority",
+    "single_active_consumer",
+    "dedupe_window_ms",
+)
+#: The highest message priority a queue may allow.
+MAX_PRIORITY: Final = 9
+#: How the delay before a retry grows with the delivery count n (1 after one failure):
+#: fixed: d; linear: d * n; exponential: d * 2 ** (n - 1); all capped at retry_max_ms.
+RETRY_POLICIES: Final = ("fixed", "linear", "exponential")
+
+
+@dataclass(slots=True)
+class QueueState:
+    """One queue's replicated index. Positions ``cursor <= p < next_pos`` are ready
+    and never yet delivered; ``returned`` holds released (ready again) positions,
+    all below ``cursor``; ``acquired`` maps held positions to their consumer.
+
+    The two counters of a message (docs/events.md, "The two counters"): ``counts``
+    holds its delivery count, the failed deliveries so far (the delivery limit
+    applies to it), and ``acq_counts`` its acquired count, the hand-outs to a
+    consumer that ended so far; both only for messages that have one above 0, so a
+    message delivered once and accepted never has an entry."""
+
+    name: str
+    qid: int
+    durable: bool
+    max_length: int | None
+    overflow: str
+    delivery_limit: int
+    dead_letter: str | None
+    message_ttl_ms: int | None
+    declared_by: str  # the member ("node/runtime") that declared it
+    retry: str = ""  # the retry policy ("": none; RETRY_POLICIES)
+    retry_delay_ms: int = 0
+    retry_max_ms: int | None = None
+    ack_timeout_ms: int | None = None  # consumers' default ack timeout (the brokers keep it)
+    # A priority queue (max_priority > 0) keeps no never-delivered range: every ready
+    # message is in prio_heap as (-priority, position), so the highest priority goes
+    # first and, within one, the lowest position; prio holds the priority (> 0) of each
+    # message still in the queue.
+    max_priority: int = 0
+    # One consumer at a time gets the queue's messages: the first consumer (in
+    # subscription order) of its owner, which keeps the queue while it has one; then
+    # the first interested broker, in the order interest was applied (docs/events.md).
+    single_active_consumer: bool = False
+    dedupe_window_ms: int = DEFAULT_DEDUPE_WINDOW_MS  # publish keys are remembered this long
+    next_pos: int = 0
+    cursor: int = 0
+    returned: list[int] = field(default_factory=list)  # a heap
+    acquired: dict[int, str] = field(default_factory=dict)
+    counts: dict[int, int] = field(default_factory=dict)
+    acq_counts: dict[int, int] = field(default_factory=dict)
+    body_crc: int = 0
+    enqueued: int = 0
+    accepted: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    dropped: int = 0
+    expired: int = 0
+    purged: int = 0
+    owner: str | None = None  # the member that may acquire (docs/design.md §6)
+    interested: list[str] = field(default_factory=list)  # members with consumers
+    reserved_by: str | None = None  # the range reader that has the queue (Reserve)
+    acquisitions: int = 0  # messages handed to consumers (every hand-out)
+    failed_deliveries: int = 0  # failed releases, rejects, and held messages of a lost consumer
+    given_back: int = 0  # messages given back without a failure (the "return" move)
+    timed_out: int = 0  # failed deliveries that were an ack timeout
+    # Counted since this replica began applying (not replicated state: not in the
+    # snapshot or the digest); the admin listener's metrics read them (docs/admin.md).
+    delivered: int = field(default=0, compare=False)
+    released: int = field(default=0, compare=False)
+    rejected: int = field(default=0, compare=False)
+    # Delayed messages (published with a delay, or released with one): position ->
+    # the replicated time (ms) it is ready (again), and a heap of (time, position)
+    # (stale entries are skipped). A delayed publish may lie in the never-delivered
+    # range: ``delayed_ahead`` counts those (at or above ``cursor``); derived, so not
+    # part of the snapshot.
+    delayed: dict[int, int] = field(default_factory=dict)
+    delay_heap: list[tuple[int, int]] = field(default_factory=list)
+    delayed_ahead: int = 0
+    prio: dict[int, int] = field(default_factory=dict)
+    prio_heap: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def head(self) -> int:
+        """The lowest ready position (``next_pos`` if none is ready)."""
+        if self.prio_heap:  # (a priority queue: its heap is in priority order)
+            return min(p for _, p in self.prio_heap)
+        return self.returned[0] if self.returned else self.cursor
+
+    @property
+    def ready(self) -> int:
+        return (
+            self.next_pos - self.cursor + len(self.returned) + len(self.prio_heap)
+            - self.delayed_ahead
+        )
+
+    @property
+    def length(self) -> int:
+        """Messages counted against max_length: ready + acquired + delayed."""
+        return self.ready + len(self.acquired) + len(self.delayed)
+
+    def next_due(self) -> int | None:
+        """When the earliest delayed message is ready again (ms), or None."""
+        heap, delayed = self.delay_heap, self.delayed
+        while heap and delayed.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # stale: the message left the queue meanwhile
+        return heap[0][0] if heap else None
+
+    def wake(self, clock: int) -> int:
+        """Delayed messages whose time has come (by the replicated ``clock``) are ready
+        again; returns how many."""
+        n = 0
+        heap, delayed = self.delay_heap, self.delayed
+        while heap and heap[0][0] <= clock:
+            due, p = heapq.heappop(heap)
+            if delayed.get(p) == due:
+                del delayed[p]
+                if p >= self.cursor:
+                    self.delayed_ahead -= 1  # ready where it is, in the fresh range
+                else:
+                    self.make_ready(p)
+                n += 1
+        return n
+
+    def make_ready(self, pos: int) -> None:
+        """The message at ``pos`` (below the cursor, not acquired) is ready again."""
+        if self.max_priority:
+            heapq.heappush(self.prio_heap, (-self.prio.get(pos, 0), pos))
+        else:
+            heapq.heappush(self.returned, pos)
+
+    def take_prio(self, below: int) -> list[int]:
+        """Remove and return the ready positions ``< below`` of a priority queue,
+        ascending."""
+        gone = sorted(p for _, p in self.prio_heap if p < below)
+        if gone:
+            cut = set(gone)
+            self.prio_heap = [e for e in self.prio_heap if e[1] not in cut]
+            heapq.heapify(self.prio_heap)
+        return gone
+
+    def ready_set(self) -> set[int]:
+        """The released positions, and a priority queue's ready ones, as a set (for
+        :meth:`holds` over many positions)."""
+        out = set(self.returned)
+        if self.prio_heap:
+            out.update(p for _, p in self.prio_heap)
+        return out
+
+    def delay(self, pos: int, due: int) -> None:
+        """The message at ``pos`` (not ready, not acquired) is ready at ``due`` (ms)."""
+        self.delayed[pos] = due
+        heapq.heappush(self.delay_heap, (due, pos))
+        if pos >= self.cursor:
+            self.delayed_ahead += 1
+
+    def settings(self) -> tuple[Any, ...]:
+        return (
+            self.durable,
+            self.max_length,
+            self.overflow,
+            self.delivery_limit,
+            self.dead_letter,
+            self.message_ttl_ms,
+        ) + tuple(getattr(self, name) for name in WORK_SETTINGS)
+
+    def retry_delay(self, count: int) -> int:
+        """The retry policy's delay (ms) before a message that failed ``count`` times
+        is ready again (0: no policy)."""
+        if not self.retry:
+            return 0
+        d = self.retry_delay_ms
+        if self.retry == "linear":
+            d *= count
+        elif self.retry == "exponential":
+            d <<= min(count - 1, 40)
+        return d if self.retry_max_ms is None else min(d, self.retry_max_ms)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for queue_stats (all replicated, equal on every broker)."""
+        return {
+            "queue": self.name,
+            "ready": self.ready,
+            "acquired": len(self.acquired),
+            "next_position": self.next_pos,
+            "enqueued": self.enqueued,
+            "accepted": self.accepted,
+            "redelivered": self.redelivered,
+            "acquisitions": self.acquisitions,
+            "failed_deliveries": self.failed_deliveries,
+            "given_back": self.given_back,
+            "dead_lettered": self.dead_lettered,
+            "dropped": self.dropped,
+            "expired": self.expired,
+            "purged": self.purged,
+            "durable": self.durable,
+            "max_length": self.max_length,
+            "overflow": self.overflow,
+            "delivery_limit": self.delivery_limit,
+            "dead_letter": self.dead_letter,
+            "message_ttl_ms": self.message_ttl_ms,
+            "retry": self.retry or None,
+            "retry_delay_ms": self.retry_delay_ms,
+            "retry_max_ms": self.retry_max_ms,
+            "ack_timeout_ms": self.ack_timeout_ms,
+            "max_priority": self.max_priority or None,
+            "single_active_consumer": self.single_active_consumer,
+            "dedupe_window_ms": self.dedupe_window_ms,
+            "timed_out": self.timed_out,
+            "owner": self.owner,
+            "interested": list(self.interested),
+            "reserved_by": self.reserved_by,
+            "head": self.head,
+            "delayed": len(self.delayed),
+        }
+
+    def forget(self, positions: list[int] | tuple[int, ...]) -> None:
+        """Drop the counters of messages that left the queue."""
+        counts, acq, prio = self.counts, self.acq_counts, self.prio
+        for p in positions:
+            counts.pop(p, None)
+            acq.pop(p, None)
+            if prio:
+                prio.pop(p, None)
+
+    def take_delayed(self, below: int) -> list[int]:
+        """Remove and return the delayed positions ``< below``, ascending."""
+        gone = sorted(p for p in self.delayed if p < below)
+        for p in gone:
+            del self.delayed[p]
+            if p >= self.cursor:
+                self.delayed_ahead -= 1
+        return gone
+
+    def holds(self, pos: int, returned: set[int] | None = None) -> bool:
+        """Is the message at ``pos`` still in the queue (ready or acquired)?
+        ``returned``: :meth:`ready_set`, when asking for many positions."""
+        if self.cursor <= pos < self.next_pos or pos in self.acquired or pos in self.delayed:
+            return True
+        return pos in (returned if returned is not None else self.ready_set())
+
+    def live_desc(self) -> tuple[range, list[int]]:
+        """Every position still in the queue, back to front: the never-delivered
+        range ``[cursor, next_pos)`` descending, then the acquired and released ones
+        (all below the cursor) descending. O(acquired + released), not O(length)."""
+        below = sorted(
+            self.ready_set()
+            | self.acquired.keys()
+            | {p for p in self.delayed if p < self.cursor},
+            reverse=True,
+        )
+        return range(self.next_pos - 1, self.cursor - 1, -1), below
+
+    def take_ready(self, count: int) -> list[int]:
+        """Remove and return up to ``count`` ready positions, lowest first (guarantee 7)."""
+        out: list[int] = []
+        if self.max_priority:
+            heap = self.prio_heap
+            while heap and len(out) < count:
+                out.append(heapq.heappop(heap)[1])
+            return out
+        returned = self.returned
+        while returned and len(out) < count:
+            out.append(heapq.heappop(returned))
+        if self.delayed_ahead:
+            self._take_fresh_around_delayed(count, out)
+            return out
+        k = min(count - len(out), self.next_pos - self.cursor)
+        if k > 0:
+            out.extend(range(self.cursor, self.cursor + k))
+            self.cursor += k
+        return out
+
+    def _take_fresh_around_delayed(self, count: int, out: list[int]) -> None:
+        """take_ready's fresh part when delayed publishes lie in the fresh range: the
+        cursor passes them by (they stay delayed, below the cursor now)."""
+        delayed = self.delayed
+        p = self.cursor
+        while len(out) < count and p < self.next_pos:
+            if p in delayed:
+                self.delayed_ahead -= 1
+            else:
+                out.append(p)
+            p += 1
+        self.cursor = p
+
+    def skip_to(self, pos: int) -> list[int]:
+        """Move the cursor up to ``pos`` (at most ``next_pos``); returns the fresh
+        positions passed that are not delayed (the delayed ones stay delayed)."""
+        end = min(pos, self.next_pos)
+        if end <= self.cursor:
+            return []
+        if not self.delayed_ahead:
+            passed = list(range(self.cursor, end))
+        else:
+            passed = []
+            for p in range(self.cursor, end):
+                if p in self.delayed:
+                    self.delayed_ahead -= 1
+                else:
+                    passed.append(p)
+        self.cursor = end
+        return passed
+
+    def snapshot(self) -> list[Any]:
+        """Canonical, msgpack-able form: equal states give equal snapshots."""
+        return [
+            self.name,
+            self.qid,
+            list(self.settings()),
+            self.declared_by,
+            self.next_pos,
+            self.cursor,
+            sorted(self.returned),
+            sorted(self.acquired.items()),
+            sorted(self.counts.items()),
+            self.body_crc,
+            [
+                self.enqueued,
+                self.accepted,
+                self.redelivered,
+                self.dead_lettered,
+                self.dropped,
+                self.expired,
+                self.purged,
+            ],
+            self.owner,
+            list(self.interested),
+            self.reserved_by,
+            sorted(self.acq_counts.items()),
+            [self.acquisitions, self.failed_deliveries, self.given_back, self.timed_out],
+            sorted(self.delayed.items()),
+            [sorted(self.prio.items()), sorted(p for _, p in self.prio_heap)],
+        ]
+
+    @classmethod
+    def restore(cls, snap: list[Any]) -> "QueueState":
+        (name, qid, settings, declared_by, next_pos, cursor, returned, acquired, counts, crc, st,
+         owner, interested) = snap[:13]
+        durable, max_length, overflow, delivery_limit, dead_letter, ttl = settings[:6]
+        q = cls(
+            name,
+            qid,
+            durable=durable,
+            max_length=max_length,
+            overflow=overflow,
+            delivery_limit=delivery_limit,
+            dead_letter=dead_letter,
+            message_ttl_ms=ttl,
+            declared_by=declared_by,
+        )
+        for name, value in zip(WORK_SETTINGS, settings[6:]):  # absent in older snapshots
+            setattr(q, name, value)
+        q.next_pos, q.cursor = next_pos, cursor
+        q.returned = list(returned)  # sorted, hence a valid heap
+        q.acquired = {p: c for p, c in acquired}
+        q.counts = {p: c for p, c in counts}
+        q.body_crc = crc
+        (q.enqueued, q.accepted, q.redelivered, q.dead_lettered, q.dropped, q.expired, q.purged) = st
+        q.owner, q.interested = owner, list(interested)
+        q.reserved_by = snap[13] if len(snap) > 13 else None  # absent in older snapshots
+        if len(snap) > 15:  # absent in snapshots from before the two counters
+            q.acq_counts = {p: c for p, c in snap[14]}
+            q.acquisitions, q.failed_deliveries, q.given_back = snap[15][:3]
+            q.timed_out = snap[15][3] if len(snap[15]) > 3 else 0
+        if len(snap) > 16:  # absent in snapshots from before delayed releases
+            q.delayed = {p: t for p, t in snap[16]}
+            q.delay_heap = sorted((t, p) for p, t in snap[16])
+            q.delayed_ahead = sum(1 for p in q.delayed if p >= q.cursor)
+        if len(snap) > 17:  # absent in snapshots from before priorities
+            prio, ready = snap[17]
+            q.prio = {p: n for p, n in prio}
+            q.prio_heap = sorted((-q.prio.get(p, 0), p) for p in ready)
+        return q
