@@ -6,15 +6,16 @@ messages from ``--tasks`` tasks on one connection, one ``await conn.publish()`` 
 time (each waits for its confirm), and stops the broker. Rounds alternate between
 "off" (no ``--admin-listen``) and "on" (``--admin-listen 127.0.0.1:0`` with a separate
 scraper process fetching ``/metrics`` every ``--scrape-interval`` seconds, as Prometheus
-would), so that drift on a shared machine hits both alike. Prints each round and the
-median of each side, with the broker's CPU time per message (steadier than
-throughput on a shared machine); the goal is "on" at most 5% below "off".
+would), so that drift on a shared machine hits both alike; each cycle starts one side
+later, so no side always runs first. Prints each round and the median of each side,
+with the broker's CPU time per message (steadier than throughput on a shared machine),
+and the load average over the run; the goal is "on" at most 5% below "off".
 
 ``--console`` adds a third side, "console": the listener on, scraped as in "on", and
 a separate process polling what an open web console polls (``CONSOLE_ENDPOINTS``, all
 at once every ``--console-interval`` s, as ``broker/console/console.js`` does), so the
 run also shows what leaving a console page open costs. Rounds then go off, on,
-console, off, ...
+console, on, console, off, console, off, on, ...
 
     python -m batonmq.loadtest.bench_admin --messages 150000 --rounds 3
     python -m batonmq.loadtest.bench_admin --messages 100000 --rounds 8 --console
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -67,8 +69,7 @@ async def _publish(address: str, messages: int, tasks: int, size: int) -> float:
         return messages / (time.monotonic() - t0)
 
 
-def _start(admin: bool) -> tuple[subprocess.Popen[bytes], str, str | None]:
-    data_dir = tempfile.mkdtemp(prefix="baton-bench-admin-")
+def _start(admin: bool, data_dir: str) -> tuple[subprocess.Popen[bytes], str, str | None]:
     cmd = [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
            "--listen", "127.0.0.1:0", "--data-dir", data_dir]
     if admin:
@@ -120,7 +121,8 @@ def _ended(poller: subprocess.Popen[str] | None) -> int:
 
 
 def _round(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    proc, address, admin_address = _start(mode != "off")
+    data_dir = tempfile.mkdtemp(prefix="baton-bench-admin-")
+    proc, address, admin_address = _start(mode != "off", data_dir)
     scraper = console = None
     try:
         if mode != "off":
@@ -138,6 +140,7 @@ def _round(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         scrapes, console_polls = _ended(scraper), _ended(console)
         _stop(proc)
+        shutil.rmtree(data_dir, ignore_errors=True)  # ~100 MB of log per round
     return {
         "admin": mode,
         "publish_msgs_per_s": rate,
@@ -202,7 +205,9 @@ def main() -> int:
     rounds = []
     load = [os.getloadavg()[0]]
     for i in range(args.rounds * len(sides)):
-        r = _round(sides[i % len(sides)], args)
+        # Each cycle starts one side later (off on console, on console off, ...): no side
+        # always runs first, after the same neighbour.
+        r = _round(sides[(i + i // len(sides)) % len(sides)], args)
         load.append(os.getloadavg()[0])
         print(json.dumps(r), flush=True)
         rounds.append(r)
