@@ -495,3 +495,22 @@ def test_a_queue_panel_peeks_and_shows_a_message_history_from_the_log(
         assert logged and all("/api/queues/life/peek" in e and "404" in e for e in logged), logged
         browser.find_element(By.ID, "d-close").click()
         assert not browser.find_element(By.ID, "detail").is_displayed()
+
+        # Declared again: the panel follows the new incarnation. A history the broker is
+        # slow to answer (here: stopped) shows the loading line until it answers.
+        conn.declare_queue("life")
+        assert conn.publish("life", b"again") == 0
+        row = wait_for(browser, lambda: queue_row(browser, "life"), "the queue's row again")
+        row.find_element(By.CSS_SELECTOR, 'button[data-action="open"]').click()
+        wait_for(browser, lambda: sorted(peek_rows(browser)) == ["0"], "the new peek list")
+        loading = browser.find_element(By.ID, "h-loading")
+        admin_broker.pause()
+        try:
+            ask_history(browser, "0")
+            wait_for(browser, loading.is_displayed, "the loading line")
+            assert not browser.find_element(By.ID, "h-result").is_displayed()
+        finally:
+            admin_broker.resume()
+        wait_for(browser, lambda: history_steps(browser) == ["enqueued"], "the new history")
+        assert not loading.is_displayed()
+        assert browser.find_element(By.ID, "h-state").text == "ready"
