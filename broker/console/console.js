@@ -7,6 +7,12 @@ const POLL_MS = 1500;
 // A broker that is stopped (SIGSTOP) or wedged accepts the connection and never answers:
 // without a deadline the page would wait forever and never say so.
 const API_TIMEOUT_MS = 4000;
+// A message's history replays the log from its start (docs/admin.md "Message history"):
+// on a long log that takes a while, so it gets its own, longer deadline.
+const HISTORY_TIMEOUT_MS = 120000;
+const PEEK_COUNT = 20;
+const BODY_PREVIEW = 120;  // characters of a body shown in the peek list
+const HEADERS_PREVIEW = 160;
 // Rates are computed here from the replicated counters of two polls (docs/admin.md).
 const RATE_FIELDS = { enqueued: "publish", delivered: "deliver", accepted: "ack" };
 
@@ -16,6 +22,9 @@ const state = {
   seenNodes: new Map(),  // node key -> the instance row last seen in the view
   timer: null,
   busy: false,
+  detail: null,        // the queue whose detail panel is open
+  historySeq: 0,       // the latest history asked: older answers are dropped
+  peekSeq: 0,
 };
 
 // -- small DOM helpers (text only) -------------------------------------------------
@@ -70,10 +79,11 @@ function replaceRows(tableId, rows, emptyId) {
 
 // -- the API --------------------------------------------------------------------------
 
-async function api(method, path, body) {
+async function api(method, path, body, timeoutMs) {
+  const deadline = timeoutMs || API_TIMEOUT_MS;
   const init = {
     method, headers: { Accept: "application/json" }, cache: "no-store",
-    signal: AbortSignal.timeout(API_TIMEOUT_MS),
+    signal: AbortSignal.timeout(deadline),
   };
   if (body !== undefined) {
     init.body = JSON.stringify(body);
@@ -84,7 +94,7 @@ async function api(method, path, body) {
     r = await fetch(path, init);
   } catch (e) {
     const why = e.name === "TimeoutError"
-      ? `no answer within ${API_TIMEOUT_MS / 1000} s` : e.message;
+      ? `no answer within ${deadline / 1000} s` : e.message;
     throw new Error(`${path}: ${why}`);
   }
   let data = null;
@@ -236,7 +246,10 @@ function renderQueues(queues) {
     if (q.updating) badges.push(" ", badge("updating", "warn"));
     if (q.reserved_by) badges.push(" ", badge("reserved", "muted"));
     return el("tr", { "data-queue": q.queue },
-      el("td", { class: "name", "data-field": "queue" }, q.queue, ...badges),
+      el("td", { class: "name", "data-field": "queue" },
+        el("button", { type: "button", class: "linkish", "data-action": "open",
+          disabled: safe ? null : "", title: safe ? "Peek and message histories" : DOT_NAME,
+          onclick: () => openDetail(q.queue) }, q.queue), ...badges),
       numCell("ready", q.ready),
       numCell("acquired", q.acquired),
       numCell("consumers", q.consumers),
@@ -315,6 +328,179 @@ function renderLog(info) {
   }
 }
 
+// -- the queue's detail panel: peek, and a message's history --------------------------
+
+function utc(ms) {
+  if (typeof ms !== "number") return "–";
+  return new Date(ms).toISOString().replace("T", " ").replace("Z", "");
+}
+
+function bodyPreview(m) {
+  if (typeof m.body_utf8 === "string") {
+    return el("code", { title: short(m.body_utf8, 2000) }, short(m.body_utf8, BODY_PREVIEW));
+  }
+  const size = atob(m.body || "").length;
+  return el("span", {}, badge(`binary, ${fmt(size)} B`, "muted"), " ",
+    el("code", { title: "base64" }, short(m.body || "", BODY_PREVIEW)));
+}
+
+function headersPreview(headers) {
+  const entries = Object.entries(headers || {});
+  if (entries.length === 0) return "–";
+  const text = entries.map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`)
+    .join(", ");
+  return el("code", { title: short(text, 2000) }, short(text, HEADERS_PREVIEW));
+}
+
+function detailError(message) {
+  const box = document.getElementById("d-error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+function openDetail(queue) {
+  state.detail = queue;
+  state.historySeq++;  // an answer for the previous queue must not show
+  const section = document.getElementById("detail");
+  section.hidden = false;
+  setText("d-queue", queue);
+  detailError("");
+  document.getElementById("h-result").hidden = true;
+  document.getElementById("h-loading").hidden = true;
+  document.getElementById("h-position").value = "";
+  replaceRows("peek", []);
+  document.getElementById("peek-empty").hidden = true;
+  refreshPeek();
+  section.scrollIntoView({ block: "nearest" });
+}
+
+function closeDetail() {
+  state.detail = null;
+  state.historySeq++;
+  state.peekSeq++;
+  document.getElementById("detail").hidden = true;
+}
+
+async function refreshPeek() {
+  const queue = state.detail;
+  if (queue === null) return;
+  const seq = ++state.peekSeq;
+  const loading = document.getElementById("peek-loading");
+  loading.hidden = false;
+  try {
+    const res = await api("GET", `/api/queues/${enc(queue)}/peek?count=${PEEK_COUNT}`);
+    if (seq !== state.peekSeq) return;
+    const selected = document.getElementById("h-position").value;
+    const rows = res.messages.map((m) => el("tr", {
+      "data-position": m.position,
+      class: String(m.position) === selected ? "selected" : null },
+      el("td", { class: "num", "data-field": "position" },
+        el("button", { type: "button", class: "linkish", "data-action": "history",
+          title: "Show this message's history",
+          onclick: () => showHistory(m.position) }, String(m.position))),
+      numCell("delivery_count", m.delivery_count),
+      el("td", { "data-field": "published" }, utc(m.publish_time_ms)),
+      el("td", { class: "headers", "data-field": "headers" }, headersPreview(m.headers)),
+      el("td", { class: "body", "data-field": "body" }, bodyPreview(m))));
+    replaceRows("peek", rows, "peek-empty");
+    detailError("");
+  } catch (e) {
+    if (seq !== state.peekSeq) return;
+    replaceRows("peek", []);
+    detailError(`Peek failed: ${e.message}`);
+  } finally {
+    if (seq === state.peekSeq) loading.hidden = true;
+  }
+}
+
+function stepDetails(step) {
+  const parts = [];
+  const kv = (k, v) => parts.push(el("span", { class: "kvp" },
+    el("span", { class: "k" }, k + " "), el("code", {}, String(v))));
+  if (step.consumer !== undefined) kv("consumer", step.consumer);
+  if (step.acquisition !== undefined) kv("acquisition", step.acquisition);
+  if (step.delivery_count !== undefined) kv("delivery count", step.delivery_count);
+  if (step.failed !== undefined) kv("failed", step.failed ? "yes" : "no (not now)");
+  if (step.publish_key !== undefined) kv("publish key", step.publish_key);
+  if (step.reason !== undefined) kv("reason", step.reason);
+  if (step.to_queue !== undefined) kv("to", `${step.to_queue} @ ${step.to_position ?? "?"}`);
+  if (step.event !== undefined) kv("event", step.event);
+  if (step.note) parts.push(el("span", { class: "note" }, step.note));
+  return parts;
+}
+
+const STATE_BADGE = { ready: "ok", acquired: "warn", gone: "muted", absent: "bad" };
+const WHAT_BADGE = {
+  enqueued: "ok", acquired: "lead", released: "warn", accepted: "ok",
+  "dead-lettered": "bad", purged: "bad", "deleted with its queue": "bad", removed: "bad",
+};
+
+function renderHistory(h) {
+  setText("h-pos", fmt(h.position));
+  const st = document.getElementById("h-state");
+  st.textContent = h.state;
+  st.className = "badge " + (STATE_BADGE[h.state] || "muted");
+  setText("h-scanned", `${fmt(h.scanned)} log records read (offsets ${fmt(h.log_start)}` +
+    `–${fmt(h.log_end)})${h.complete ? "" : ", incomplete"}`);
+  const note = document.getElementById("h-note");
+  note.textContent = h.note || "";
+  note.hidden = !h.note;
+  const rows = (h.steps || []).map((s) => el("tr", { "data-what": s.what },
+    numCell("offset", s.offset),
+    el("td", { "data-field": "time", class: "num" }, utc(s.time_ms)),
+    el("td", { "data-field": "node", title: s.runtime || "" }, s.node || "–"),
+    el("td", { "data-field": "what" }, badge(s.what, WHAT_BADGE[s.what] || "muted")),
+    el("td", { class: "details", "data-field": "details" }, ...stepDetails(s))));
+  replaceRows("history", rows);
+  document.getElementById("history").hidden = rows.length === 0;
+  const empty = document.getElementById("history-empty");
+  empty.textContent = h.state === "absent"
+    ? `Not found: the log has no message at position ${h.position} of this queue ` +
+      "(never enqueued, or not in the part of the log read)."
+    : "The log names no event for this position.";
+  empty.hidden = rows.length > 0;
+  document.getElementById("h-result").hidden = false;
+}
+
+async function showHistory(position) {
+  const queue = state.detail;
+  if (queue === null) return;
+  const seq = ++state.historySeq;
+  document.getElementById("h-position").value = String(position);
+  for (const row of document.querySelectorAll("#peek tbody tr")) {
+    row.classList.toggle("selected", row.dataset.position === String(position));
+  }
+  const loading = document.getElementById("h-loading");
+  loading.hidden = false;
+  document.getElementById("h-result").hidden = true;
+  detailError("");
+  try {
+    const h = await api("GET", `/api/queues/${enc(queue)}/messages/${enc(position)}/history`,
+      undefined, HISTORY_TIMEOUT_MS);
+    if (seq !== state.historySeq) return;
+    renderHistory(h);
+  } catch (e) {
+    if (seq !== state.historySeq) return;
+    detailError(`History of position ${position} failed: ${e.message}`);
+  } finally {
+    if (seq === state.historySeq) loading.hidden = true;
+  }
+}
+
+function setUpDetail() {
+  document.getElementById("d-close").addEventListener("click", closeDetail);
+  document.getElementById("d-refresh").addEventListener("click", refreshPeek);
+  document.getElementById("h-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const raw = document.getElementById("h-position").value.trim();
+    if (!/^\d+$/.test(raw)) {
+      detailError("A position is a whole number, 0 or more.");
+      return;
+    }
+    showHistory(raw.replace(/^0+(?=\d)/, ""));
+  });
+}
+
 // -- the confirm step and actions -------------------------------------------------------
 
 function notice(text, kind) {
@@ -383,6 +569,7 @@ async function poll() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  setUpDetail();
   poll();
   state.timer = setInterval(poll, POLL_MS);
 });

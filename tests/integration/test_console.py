@@ -1,13 +1,15 @@
 """The admin listener's web console, driven in a real headless Chromium with Selenium
 (docs/admin.md "Console"): what a test puts in a broker shows on the page, a purge,
 a delete, a closed connection and a handover clicked and confirmed on the page take
-effect (checked through the client too), a killed broker leaves the view.
+effect (checked through the client too), a killed broker leaves the view, a queue's
+panel peeks at its messages and shows a message's history from the log.
 
 Debian's ``chromium`` and ``chromium-driver`` are used as installed (.ci/run installs
 them): Selenium is given both paths, so Selenium Manager downloads nothing. Without
 them these tests fail in CI and are skipped elsewhere.
 
-``BATON_CONSOLE_SCREENSHOT=docs/console.png`` saves the documentation's screenshot.
+``BATON_CONSOLE_SCREENSHOT=docs/console.png`` saves the documentation's screenshot,
+``BATON_CONSOLE_HISTORY_SCREENSHOT=docs/console-history.png`` the one of the history panel.
 """
 
 from __future__ import annotations
@@ -120,11 +122,16 @@ def page_errors(browser: WebDriver) -> list[str]:
     ]
 
 
-def screenshot(browser: WebDriver) -> None:
-    """Save the page for the docs when BATON_CONSOLE_SCREENSHOT names a file."""
-    target = os.environ.get("BATON_CONSOLE_SCREENSHOT")
+def screenshot(browser: WebDriver, variable: str = "BATON_CONSOLE_SCREENSHOT",
+               element: WebElement | None = None) -> None:
+    """Save the page (or ``element`` of it) for the docs when ``variable`` (an environment
+    variable) names a file."""
+    target = os.environ.get(variable)
     if target:
         path = Path(target) if Path(target).is_absolute() else REPO / target
+        if element is not None:
+            assert element.screenshot(str(path)), path
+            return
         height = browser.execute_script("return document.documentElement.scrollHeight")
         browser.set_window_size(1440, max(900, int(height) + 140))  # + the window's frame
         assert browser.save_screenshot(str(path)), path
@@ -154,8 +161,9 @@ def test_console_shows_a_filled_queue_with_its_depth(
     assert queue_cell(browser, "empty", "ready") == "0"
     dots = queue_row(browser, "..")
     assert dots is not None
-    assert [b.is_enabled() for b in dots.find_elements(By.TAG_NAME, "button")] == [False, False]
-    assert [b.is_enabled() for b in row.find_elements(By.TAG_NAME, "button")] == [True, True]
+    # Open (the name), Purge, Delete.
+    assert [b.is_enabled() for b in dots.find_elements(By.TAG_NAME, "button")] == [False] * 3
+    assert [b.is_enabled() for b in row.find_elements(By.TAG_NAME, "button")] == [True] * 3
     header = browser.find_element(By.ID, "h-view").text
     assert header.isdigit() and int(header) >= 1
     assert browser.find_element(By.ID, "h-ready").text == "ready"
@@ -369,3 +377,141 @@ def test_hand_over_a_service_from_the_page(browser: WebDriver, tmp_path: Path) -
     finally:
         for b in brokers:
             b.stop()
+
+
+def peek_rows(browser: WebDriver) -> dict[str, WebElement]:
+    return {
+        str(r.get_attribute("data-position")): r
+        for r in browser.find_elements(By.CSS_SELECTOR, "#peek tbody tr")
+    }
+
+
+def history_steps(browser: WebDriver) -> list[str]:
+    """The ``what`` of each step shown, once the history (not the loading line) shows."""
+    if not browser.find_element(By.ID, "h-result").is_displayed():
+        return []
+    return [str(r.get_attribute("data-what"))
+            for r in browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")]
+
+
+def ask_history(browser: WebDriver, position: str) -> None:
+    field = browser.find_element(By.ID, "h-position")
+    field.clear()
+    field.send_keys(position)
+    browser.find_element(By.ID, "h-show").click()
+
+
+def test_a_queue_panel_peeks_and_shows_a_message_history_from_the_log(
+    browser: WebDriver, admin_broker: BrokerProcess
+) -> None:
+    with clients.sync.connect(admin_broker.address) as conn:
+        conn.declare_queue("life")
+        positions = conn.publish_batch("life", [
+            (b"order %d <b id=\"injected\">x</b>" % i + b"." * 300, {"kind": "order", "n": i})
+            for i in range(4)
+        ])
+        assert positions == [0, 1, 2, 3]
+        conn.publish("life", b"\xff\x00binary")  # position 4, not UTF-8
+        with conn.consume("life", prefetch=2) as consumer:
+            acked, released = consumer.next(timeout=5), consumer.next(timeout=5)
+            acked.ack(confirm=True)
+            released.release(confirm=True)
+        assert (acked.position, released.position) == (0, 1)
+        eventually_sync(lambda: conn.queue_stats("life"), "the release settled",
+                        until=lambda st: (st["ready"], st["acquired"]) == (4, 0))
+
+        browser.get(admin_of(admin_broker) + "/")
+        row = wait_for(browser, lambda: queue_row(browser, "life"), "the queue's row")
+        assert not browser.find_element(By.ID, "detail").is_displayed()
+        row.find_element(By.CSS_SELECTOR, 'button[data-action="open"]').click()
+        wait_for(browser, browser.find_element(By.ID, "detail").is_displayed, "the panel")
+        assert browser.find_element(By.ID, "d-queue").text == "life"
+
+        # The peek list: the ready messages, the acked one not among them.
+        rows = wait_for(browser, lambda: peek_rows(browser) or None, "the peek list")
+        assert sorted(rows) == ["1", "2", "3", "4"]
+        assert cell(rows["1"], "delivery_count") == "0"  # a plain release is no failure
+        assert cell(rows["2"], "delivery_count") == "0"
+        body = cell(rows["2"], "body")
+        assert body.startswith('order 2 <b id="injected">x</b>')  # text, escaped
+        assert body.endswith("…") and len(body) < 200  # truncated
+        assert browser.find_elements(By.ID, "injected") == []
+        assert "kind=order" in cell(rows["2"], "headers")
+        assert "binary, 8 B" in cell(rows["4"], "body")
+        published = cell(rows["2"], "published")
+        assert published[:2] == "20" and published[10] == " ", published  # UTC date, time
+
+        # The acked message, typed in: enqueued -> acquired -> accepted, gone.
+        ask_history(browser, "0")
+        steps = wait_for(browser, lambda: history_steps(browser) or None, "position 0's steps")
+        assert steps == ["enqueued", "acquired", "accepted"]
+        assert browser.find_element(By.ID, "h-state").text == "gone"
+        assert browser.find_element(By.ID, "h-pos").text == "0"
+        assert not browser.find_element(By.ID, "h-note").is_displayed()  # complete
+        shown = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")
+        offsets = [int(cell(r, "offset").replace(",", "")) for r in shown]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 3
+        assert all(cell(r, "node") for r in shown)
+        assert "publish key" in cell(shown[0], "details")
+        assert "consumer" in cell(shown[1], "details")
+        assert "acquisition 1" in cell(shown[1], "details")
+        assert "delivery count 0" in cell(shown[1], "details")
+        screenshot(browser, "BATON_CONSOLE_HISTORY_SCREENSHOT",
+                   browser.find_element(By.ID, "detail"))
+
+        # The released one, clicked in the peek list: back to ready. The consumer may have
+        # had it again before it left (released with the rest on leaving).
+        rows["1"].find_element(By.CSS_SELECTOR, 'button[data-action="history"]').click()
+
+        def released_steps() -> list[str] | None:
+            steps = history_steps(browser)
+            ok = (steps[:3] == ["enqueued", "acquired", "released"]
+                  and steps[3:] in ([], ["acquired", "released"]))
+            return steps if ok else None
+
+        wait_for(browser, released_steps, "position 1's steps")
+        assert browser.find_element(By.ID, "h-state").text == "ready"
+        assert browser.find_element(By.ID, "h-position").get_attribute("value") == "1"
+        assert "selected" in str(peek_rows(browser)["1"].get_attribute("class"))
+
+        # A position that never existed: a clear "not found", no steps.
+        ask_history(browser, "999")
+        empty = browser.find_element(By.ID, "history-empty")
+        wait_for(browser, empty.is_displayed, "the not-found answer")
+        assert "Not found" in empty.text and "999" in empty.text
+        assert browser.find_element(By.ID, "h-state").text == "absent"
+        assert history_steps(browser) == []
+        assert not browser.find_element(By.ID, "d-error").is_displayed()
+        assert page_errors(browser) == []
+
+        # The queue gone: the panel says so (a 404 from the API), in the panel.
+        conn.delete_queue("life")
+        browser.find_element(By.ID, "d-refresh").click()
+        error = browser.find_element(By.ID, "d-error")
+        wait_for(browser, error.is_displayed, "the peek's error")
+        assert "Peek failed" in error.text and "QueueNotFound" in error.text, error.text
+        assert peek_rows(browser) == {}
+        # The browser logs the failed request itself: that is the only error.
+        logged = page_errors(browser)
+        assert logged and all("/api/queues/life/peek" in e and "404" in e for e in logged), logged
+        browser.find_element(By.ID, "d-close").click()
+        assert not browser.find_element(By.ID, "detail").is_displayed()
+
+        # Declared again: the panel follows the new incarnation. A history the broker is
+        # slow to answer (here: stopped) shows the loading line until it answers.
+        conn.declare_queue("life")
+        assert conn.publish("life", b"again") == 0
+        row = wait_for(browser, lambda: queue_row(browser, "life"), "the queue's row again")
+        row.find_element(By.CSS_SELECTOR, 'button[data-action="open"]').click()
+        wait_for(browser, lambda: sorted(peek_rows(browser)) == ["0"], "the new peek list")
+        loading = browser.find_element(By.ID, "h-loading")
+        admin_broker.pause()
+        try:
+            ask_history(browser, "0")
+            wait_for(browser, loading.is_displayed, "the loading line")
+            assert not browser.find_element(By.ID, "h-result").is_displayed()
+        finally:
+            admin_broker.resume()
+        wait_for(browser, lambda: history_steps(browser) == ["enqueued"], "the new history")
+        assert not loading.is_displayed()
+        assert browser.find_element(By.ID, "h-state").text == "ready"
