@@ -118,6 +118,8 @@ class BrokerConfig:
             (0: as fast as the joiner takes them).
         services: services this broker itself runs for leader of (docs/design.md §7).
         log_level, log_format: the process's logging (docs/operations.md).
+        log_key_file: TOML file of the keys that seal the log (docs/log-sealing.md);
+            not set: records are plain.
         admin_listen: ``HOST:PORT`` of the admin HTTP listener (docs/admin.md); not
             set: no admin listener (the default). Port 0 picks a free port.
     """
@@ -164,6 +166,10 @@ class BrokerConfig:
     log_level: str = _opt("INFO", choices=LOG_LEVELS, help="least level logged")
     log_format: str = _opt("text", choices=LOG_FORMATS,
                            help="text lines, or json: one object per line")
+    log_key_file: str | None = _opt(None,
+                                    help="seal the log: every record encrypted and"
+                                         " authenticated with keys from this TOML file"
+                                         " (docs/log-sealing.md; not set: plain records)")
     admin_listen: str | None = _opt(None,
                                     help="serve metrics, health and the admin JSON API over"
                                          " HTTP here (docs/admin.md; not set: off; port 0"
@@ -203,6 +209,14 @@ class BrokerConfig:
                 parse_address(self.admin_listen)
             except InvalidArgument as exc:
                 return "admin_listen", exc.message
+        if self.log_key_file is not None:
+            # Read now, so a missing or malformed key file is one line, not a failed start.
+            from batonmq.cluster.log.sealed import KeyFile
+
+            try:
+                KeyFile(self.log_key_file)
+            except InvalidArgument as exc:
+                return "log_key_file", exc.message
         for name in self.services:
             if not name or len(name) > 255 or not name.isprintable():
                 return "services", f"service name {name!r} must be 1..255 printable characters"

@@ -29,7 +29,7 @@ from batonmq.cluster.effects import (
 )
 from batonmq.cluster.errors import LogTruncated, StoreError
 from batonmq.cluster.health import Health
-from batonmq.cluster.log import Log
+from batonmq.cluster.log import UNOPENED, Log
 from batonmq.cluster.state import State
 from batonmq.store import Store
 
@@ -141,6 +141,13 @@ class Applier:
             out: list[Effect] = []
             async with self.lock:
                 for offset, record in records:
+                    if record == UNOPENED:
+                        # A sealed record this broker's keys do not open (a foreign
+                        # writer, a retired key): skipped at its offset like every
+                        # replica does (docs/log-sealing.md).
+                        log.warning("log offset %d: record does not open, ignored", offset)
+                        state.skip_malformed(offset, unopened=True)
+                        continue
                     try:
                         origin, event = decode(record)
                     except MalformedEvent as exc:
