@@ -7,18 +7,23 @@ Phase 2: ``--consumers`` consumers (one connection each) with ``--prefetch`` do
 Prints msgs/s and the confirm latency percentiles of phase 1.
 
     python -m batonmq.loadtest.bench_throughput --messages 100000 --size 1024
+    python -m batonmq.loadtest.bench_throughput --sealed --rounds 2   # plain vs sealed log
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
+import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from batonmq import clients
 from batonmq.broker.config import ready_address
@@ -78,19 +83,12 @@ async def _run(address: str, args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--messages", type=int, default=100_000)
-    p.add_argument("--size", type=int, default=1024)
-    p.add_argument("--tasks", type=int, default=200, help="concurrent publishing tasks")
-    p.add_argument("--consumers", type=int, default=2)
-    p.add_argument("--prefetch", type=int, default=1000)
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
+def _bench(args: argparse.Namespace, extra: list[str]) -> dict[str, float]:
+    """One broker on a fresh data dir (``extra`` flags added), benchmarked, stopped."""
     data_dir = tempfile.mkdtemp(prefix="baton-bench-")
     proc = subprocess.Popen(
         [sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
-         "--listen", "127.0.0.1:0", "--data-dir", data_dir],
+         "--listen", "127.0.0.1:0", "--data-dir", data_dir, *extra],
         stdout=subprocess.PIPE,
     )
     try:
@@ -104,15 +102,56 @@ def main() -> int:
             raise SystemExit("broker did not start")
         import uvloop
 
-        result = uvloop.run(_run(address, args))
+        return uvloop.run(_run(address, args))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+def _sealed_flags() -> list[str]:
+    """``--log-key-file`` with a fresh key (docs/log-sealing.md)."""
+    fd, path = tempfile.mkstemp(prefix="baton-bench-keys-", suffix=".toml")
+    secret = base64.b64encode(os.urandom(32)).decode()
+    with os.fdopen(fd, "w") as f:
+        f.write(f'[[key]]\nid = "bench"\nsecret = "{secret}"\n')
+    return ["--log-key-file", path]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=100_000)
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--tasks", type=int, default=200, help="concurrent publishing tasks")
+    p.add_argument("--consumers", type=int, default=2)
+    p.add_argument("--prefetch", type=int, default=1000)
+    p.add_argument("--sealed", action="store_true",
+                   help="measure a plain and a sealed log (--log-key-file) in turn, --rounds"
+                        " times each, in this one run")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of plain + sealed (--sealed)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    result: dict[str, Any]
+    if args.sealed:
+        runs: dict[str, list[dict[str, float]]] = {"plain": [], "sealed": []}
+        for _ in range(args.rounds):  # alternated, so a drift in the machine hits both
+            runs["plain"].append(_bench(args, []))
+            runs["sealed"].append(_bench(args, _sealed_flags()))
+        result = {"runs": runs}
+        for kind in ("plain", "sealed"):
+            for metric in ("publish_msgs_per_s", "consume_ack_msgs_per_s", "confirm_p50_ms"):
+                result[f"{kind}_{metric}_median"] = statistics.median(r[metric] for r in runs[kind])
+        result["sealed_vs_plain_publish"] = (
+            result["sealed_publish_msgs_per_s_median"] / result["plain_publish_msgs_per_s_median"]
+        )
+        ok = all(r["consumed"] == args.messages for rs in runs.values() for r in rs)
+    else:
+        result = _bench(args, [])
+        ok = result["consumed"] == args.messages
     print(json.dumps(result, indent=2))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
-    return 0 if result["consumed"] == args.messages else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ class KeyRing:
         self.keys = tuple(keys)
         self.context = context
         self._ciphers: dict[str, AESGCM] = {}
+        self._by_id = {key.id: key for key in self.keys}
         for key in self.keys:
             if key.id in self._ciphers:
                 raise InvalidArgument(f"log key id {key.id!r} appears twice")
@@ -115,10 +116,10 @@ class KeyRing:
 
     def opening(self, key_id: str, now: float) -> AESGCM | None:
         """The cipher of a key that may open now, or None (unknown or retired)."""
-        for key in self.keys:
-            if key.id == key_id:
-                return None if key.retired(now) else self._ciphers[key.id]
-        return None
+        key = self._by_id.get(key_id)
+        if key is None or key.retired(now):
+            return None
+        return self._ciphers[key_id]
 
     def knows(self, key_id: str) -> bool:
         return key_id in self._ciphers
@@ -278,6 +279,8 @@ class SealedLog(Log):
         self.max_record = inner.max_record - OVERHEAD
         self.max_append_bytes = inner.max_append_bytes
         self.unopened = 0  # records this process could not open (not replicated)
+        self._aad_ring: KeyRing | None = None
+        self._aads: dict[bytes, bytes] = {}
 
     @property
     def sync_observer(self) -> Callable[[float], None] | None:
@@ -288,10 +291,14 @@ class SealedLog(Log):
         self.inner.sync_observer = value
 
     def _aad(self, key_id: bytes) -> bytes:
-        context = self.keys.ring.context
-        if context is None:
-            context = log_context(self.url)
-        return _SALT + b"\x00" + context.encode() + b"\x00" + key_id
+        ring = self.keys.ring
+        if ring is not self._aad_ring:  # a reloaded file may name another context
+            self._aad_ring, self._aads = ring, {}
+        aad = self._aads.get(key_id)
+        if aad is None:
+            context = ring.context if ring.context is not None else log_context(self.url)
+            aad = self._aads[key_id] = _SALT + b"\x00" + context.encode() + b"\x00" + key_id
+        return aad
 
     def seal(self, records: Sequence[bytes]) -> list[bytes]:
         """Seal records with the current sealing key (no I/O but the key file poll).
@@ -318,8 +325,13 @@ class SealedLog(Log):
             out.append(head + nonce + cipher.encrypt(nonce, bytes(record), aad))
         return out
 
-    def open(self, record: bytes) -> bytes:
-        """Open one sealed record; :data:`UNOPENED` if it does not open."""
+    def open(self, record: bytes, now: float | None = None) -> bytes:
+        """Open one sealed record; :data:`UNOPENED` if it does not open.
+
+        Args:
+            now: the wall-clock time retirement is judged at (default: the key file's
+                clock now).
+        """
         ok = (
             len(record) >= 4 + _NONCE + _TAG
             and record[:2] == MAGIC
@@ -334,7 +346,7 @@ class SealedLog(Log):
                 key_id, ok = "", False
         if ok:
             self.keys.look_for(key_id)
-            cipher = self.keys.ring.opening(key_id, self.keys.clock())
+            cipher = self.keys.ring.opening(key_id, self.keys.clock() if now is None else now)
             if cipher is not None and len(record) >= start + _NONCE + _TAG:
                 nonce = record[start : start + _NONCE]
                 try:
@@ -354,7 +366,8 @@ class SealedLog(Log):
         try:
             async for batch in reader:
                 self.keys.poll()
-                yield [(offset, self.open(record)) for offset, record in batch]
+                now = self.keys.clock()
+                yield [(offset, self.open(record, now)) for offset, record in batch]
         finally:
             await reader.aclose()
 
