@@ -139,13 +139,14 @@ class Applier:
         state = self.state
         async for records in self.log.read(start):
             out: list[Effect] = []
+            unopened: list[int] = []
             async with self.lock:
                 for offset, record in records:
                     if record == UNOPENED:
                         # A sealed record this broker's keys do not open (a foreign
                         # writer, a retired key): skipped at its offset like every
                         # replica does (docs/log-sealing.md).
-                        log.warning("log offset %d: record does not open, ignored", offset)
+                        unopened.append(offset)
                         state.skip_malformed(offset, unopened=True)
                         continue
                     try:
@@ -156,6 +157,13 @@ class Applier:
                         continue
                     state.apply(offset, origin, event, out)
                 await self.persist(out, records[-1][0])
+            if unopened:
+                # One line a batch: a writer without the key must not flood the log.
+                log.warning(
+                    "%d log records between offsets %d and %d do not open with this"
+                    " broker's keys: ignored (a writer without the key, or a retired key)",
+                    len(unopened), unopened[0], unopened[-1],
+                )
             self.health.ok = True
             self._dispatch(out)
             self._after_batch()
