@@ -3,6 +3,7 @@
     python -m batonmq.loadtest.fuzz frames --runs 1000000
     python -m batonmq.loadtest.fuzz events --runs 1000000
     python -m batonmq.loadtest.fuzz handshake --runs 1000000
+    python -m batonmq.loadtest.fuzz sealed --runs 1000000
 
 Three targets, each fed by atheris (libFuzzer for Python: it mutates inputs towards
 new branches of the instrumented code) from a seed corpus of real encoded frames and
@@ -25,6 +26,10 @@ events:
     Allowed: a HelloOk to the Hello's corr, or an Error frame and the connection
     closed, or waiting for more bytes (never more than a frame's worth buffered);
     nothing else written, no exception out of ``data_received``.
+
+``sealed``
+    opening a sealed log's record (:meth:`batonmq.cluster.log.sealed.SealedLog.open`):
+    the record's bytes or ``UNOPENED``, never an exception.
 
 Anything else is a crash: atheris prints the input and the traceback and the exit
 status is not 0. ``--corpus DIR`` keeps the inputs found (and starts from them).
@@ -50,6 +55,9 @@ from batonmq.cluster import codec
 from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.effects import Effect
 from batonmq.cluster.errors import ProtocolError
+from batonmq.cluster.log import UNOPENED
+from batonmq.cluster.log.memory import MemoryLog
+from batonmq.cluster.log.sealed import KeyFile, SealedLog
 from batonmq.cluster.events import (
     Accept,
     Acquire,
@@ -265,6 +273,30 @@ def one_handshake(data: bytes) -> None:
     _LOOP.run_until_complete(_handshake(data))
 
 
+# -- sealed ---------------------------------------------------------------------------------
+
+_SEALED: SealedLog | None = None
+
+
+def _sealed_log() -> SealedLog:
+    """A sealed memory log with one key (its key file in a temporary directory)."""
+    global _SEALED
+    if _SEALED is None:
+        path = os.path.join(tempfile.mkdtemp(prefix="baton-fuzz-keys-"), "keys.toml")
+        with open(path, "w") as f:
+            f.write('[[key]]\nid = "k1"\nsecret = "' + "a2V5" * 8 + '"\n')
+        _SEALED = SealedLog(MemoryLog("fuzz"), KeyFile(path, clock=lambda: 0.0))
+    return _SEALED
+
+
+def one_sealed(data: bytes) -> None:
+    """Open ``data`` as a sealed record: the record's bytes or UNOPENED, nothing else."""
+    log = _sealed_log()
+    opened = log.open(data, 0.0)
+    if opened != UNOPENED and log.seal([opened])[0][:6] != data[:6]:
+        raise AssertionError("a record opened that its key did not seal")
+
+
 # -- seeds ----------------------------------------------------------------------------------
 
 
@@ -307,6 +339,9 @@ def seeds(target: str) -> list[bytes]:
             Release("q", "n1/r1/c1", (1,)),
         ]
         return [codec.encode(origin, e) for e in events]
+    if target == "sealed":
+        log = _sealed_log()
+        return log.seal([b"", b"x", b"record" * 20, b"\x00" * 100]) + [b"\xc1S\x01\x02k1" + b"\x00" * 40]
     frames = _seed_frames()
     if target == "frames":
         one = [b"\x00" + _frame_bytes([f]) for f in frames]
@@ -328,6 +363,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": one_frames,
     "events": one_events,
     "handshake": one_handshake,
+    "sealed": one_sealed,
 }
 
 
