@@ -209,14 +209,6 @@ class BrokerConfig:
                 parse_address(self.admin_listen)
             except InvalidArgument as exc:
                 return "admin_listen", exc.message
-        if self.log_key_file is not None:
-            # Read now, so a missing or malformed key file is one line, not a failed start.
-            from batonmq.cluster.log.sealed import KeyFile
-
-            try:
-                KeyFile(self.log_key_file)
-            except InvalidArgument as exc:
-                return "log_key_file", exc.message
         for name in self.services:
             if not name or len(name) > 255 or not name.isprintable():
                 return "services", f"service name {name!r} must be 1..255 printable characters"

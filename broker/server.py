@@ -74,15 +74,16 @@ class Broker:
 
     async def start(self) -> None:
         cfg = self.config
-        os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
-        self._store = RocksStore(os.path.join(cfg.data_dir, "store"))
-        node_id = self._node_id(self._store)
         keys = None
         if cfg.log_key_file is not None:
-            # Read before the log opens: a bad key file stops the start with its reason.
+            # Read first: a missing or malformed key file stops the start with its
+            # reason (InvalidArgument) before anything is created.
             from batonmq.cluster.log.sealed import KeyFile
 
             keys = KeyFile(cfg.log_key_file)
+        os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
+        self._store = RocksStore(os.path.join(cfg.data_dir, "store"))
+        node_id = self._node_id(self._store)
         self._log = await open_log(cfg.resolved_log_url())
         if keys is not None:
             from batonmq.cluster.log.sealed import SealedLog
