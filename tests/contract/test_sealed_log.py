@@ -6,11 +6,13 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import pytest
+
 from batonmq.cluster.log import Log, open_log
 from batonmq.cluster.log.file import FileLog
 from batonmq.cluster.log.memory import MemoryLog
 from batonmq.cluster.log.sealed import KeyFile, SealedLog
-from tests.contract.test_log import LogContract
+from tests.contract.test_log import LogContract, kafka_topic
 
 
 def key_file(where: Path, secret: bytes = b"k" * 32, key_id: str = "k1") -> str:
@@ -40,6 +42,21 @@ class TestSealedFileLogSmallSegments(LogContract):
 
     async def make(self, where: Path) -> Log:
         inner = await FileLog.open(str(where / "log"), segment_bytes=4096)
+        return SealedLog(inner, KeyFile(key_file(where)))
+
+
+class TestSealedKafkaLog(LogContract):
+    """Around a topic on a real Kafka broker (skipped where there is none)."""
+
+    persistent = True
+    bootstrap = ""
+
+    @pytest.fixture(autouse=True)
+    def _kafka(self, kafka_bootstrap: str) -> None:
+        self.bootstrap = kafka_bootstrap
+
+    async def make(self, where: Path) -> Log:
+        inner = await open_log(f"kafka://{self.bootstrap}/{kafka_topic(where)}")
         return SealedLog(inner, KeyFile(key_file(where)))
 
 
