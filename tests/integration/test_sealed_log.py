@@ -76,6 +76,8 @@ async def test_a_broker_without_the_key_neither_reads_nor_injects(tmp_path: Path
         raw = log_bytes(log_dir)
         assert raw and body not in raw and b"orders" not in raw
         assert all(p.stat().st_mode & 0o077 == 0 for p in log_dir.iterdir())
+        for where in (log_dir, brokers[0].data_dir, brokers[0].data_dir / "store"):
+            assert where.stat().st_mode & 0o077 == 0, f"{where} is open to others"
         # A broker with the wrong key on the same log: whatever it does with its own
         # records (it can read those), the keyed brokers apply none of them.
         out = tmp_path / "intruder.out"
