@@ -57,7 +57,10 @@ async def unopened(address: str) -> int:
     return int((await topology(address))["ignored"].get("unopened", 0))
 
 
-async def test_a_broker_without_the_key_neither_reads_nor_injects(tmp_path: Path) -> None:
+@pytest.mark.parametrize("intruder_key", ["wrong", "none"])
+async def test_a_broker_without_the_key_neither_reads_nor_injects(
+    tmp_path: Path, intruder_key: str
+) -> None:
     keys, wrong = tmp_path / "keys.toml", tmp_path / "wrong.toml"
     write(keys, key_entry("k1", b"a"))
     write(wrong, key_entry("k1", b"b"))
@@ -78,14 +81,15 @@ async def test_a_broker_without_the_key_neither_reads_nor_injects(tmp_path: Path
         assert all(p.stat().st_mode & 0o077 == 0 for p in log_dir.iterdir())
         for where in (log_dir, brokers[0].data_dir, brokers[0].data_dir / "store"):
             assert where.stat().st_mode & 0o077 == 0, f"{where} is open to others"
-        # A broker with the wrong key on the same log: whatever it does with its own
-        # records (it can read those), the keyed brokers apply none of them.
+        # A broker with the wrong key, or none, on the same log: whatever it does with
+        # its own records (it can read those), the keyed brokers apply none of them.
         out = tmp_path / "intruder.out"
         with open(out, "wb") as f:
             intruder = subprocess.Popen(
                 [sys.executable, "-m", "batonmq.broker", "serve", "--listen", "127.0.0.1:0",
                  "--data-dir", str(tmp_path / "intruder"), "--log", f"file:{log_dir}",
-                 "--node-id", "intruder", "--log-key-file", str(wrong)],
+                 "--node-id", "intruder",
+                 *(["--log-key-file", str(wrong)] if intruder_key == "wrong" else [])],
                 stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
             )
         before = await unopened(brokers[0].address)
