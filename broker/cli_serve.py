@@ -50,6 +50,8 @@ async def _serve_async(config: BrokerConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # SIGHUP reads the log key file again (it is polled too: docs/log-sealing.md).
+    loop.add_signal_handler(signal.SIGHUP, broker.reload_log_keys)
     # Start-up (replaying the log) can take a while: a signal must still stop it.
     starting = asyncio.create_task(broker.start())
     stopping = asyncio.create_task(stop.wait())

@@ -126,6 +126,8 @@ class BrokerConfig:
         hello_timeout, idle_timeout: how long a new connection has for Hello, and
             an idle one before it is closed.
         log_level, log_format: the process's logging (docs/operations.md).
+        log_key_file: TOML file of the keys that seal the log (docs/log-sealing.md);
+            not set: records are plain.
         admin_listen: ``HOST:PORT`` of the admin HTTP listener (docs/admin.md); not
             set: no admin listener (the default). Port 0 picks a free port.
     """
@@ -194,6 +196,10 @@ class BrokerConfig:
     log_level: str = _opt("INFO", choices=LOG_LEVELS, help="least level logged")
     log_format: str = _opt("text", choices=LOG_FORMATS,
                            help="text lines, or json: one object per line")
+    log_key_file: str | None = _opt(None,
+                                    help="seal the log: every record encrypted and"
+                                         " authenticated with keys from this TOML file"
+                                         " (docs/log-sealing.md; not set: plain records)")
     admin_listen: str | None = _opt(None,
                                     help="serve metrics, health and the admin JSON API over"
                                          " HTTP here (docs/admin.md; not set: off; port 0"

@@ -29,7 +29,7 @@ from batonmq.cluster.effects import (
 )
 from batonmq.cluster.errors import LogCorrupt, LogTruncated, StoreError
 from batonmq.cluster.health import Health
-from batonmq.cluster.log import Log
+from batonmq.cluster.log import UNOPENED, Log
 from batonmq.cluster.state import State
 from batonmq.store import Store
 
@@ -187,9 +187,17 @@ class Applier:
         state = self.state
         async for records in self.log.read(start):
             out: list[Effect] = []
+            unopened: list[int] = []
             async with self.lock:
                 try:
                     for offset, record in records:
+                        if record == UNOPENED:
+                            # A sealed record this broker's keys do not open (a foreign
+                            # writer, a retired key): skipped at its offset like every
+                            # replica does (docs/log-sealing.md).
+                            unopened.append(offset)
+                            state.skip_malformed(offset, unopened=True)
+                            continue
                         try:
                             origin, event = decode(record)
                         except MalformedEvent as exc:
@@ -202,6 +210,13 @@ class Applier:
                     raise
                 except Exception as exc:
                     raise _ApplyFailed(records[0][0]) from exc
+            if unopened:
+                # One line a batch: a writer without the key must not flood the log.
+                log.warning(
+                    "%d log records between offsets %d and %d do not open with this"
+                    " broker's keys: ignored (a writer without the key, or a retired key)",
+                    len(unopened), unopened[0], unopened[-1],
+                )
             self.health.ok = True
             self.health.problem = ""
             self._dispatch(out)

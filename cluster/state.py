@@ -166,11 +166,15 @@ class State:
             return
         out.append(Completed(origin.node, origin.runtime, origin.seq, result))
 
-    def skip_malformed(self, offset: int) -> None:
-        """Count a record that could not be decoded (the same on every replica)."""
+    def skip_malformed(self, offset: int, *, unopened: bool = False) -> None:
+        """Count a record that could not be decoded (``malformed``), or that a sealed
+        log could not open (``unopened``), the same on every replica."""
         self.applied = offset
         self._meta_dirty = True
-        self.ignore("malformed")
+        if unopened:
+            self.ignore("unopened")
+        else:
+            self.ignore("malformed")
 
     def ignore(self, reason: str, n: int = 1) -> None:
         """Count ``n`` events (or parts of one) ignored, deterministically, for ``reason``."""

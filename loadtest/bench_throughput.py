@@ -10,15 +10,19 @@ Prints msgs/s and the confirm latency percentiles of phase 1.
 a TLS one (a throw-away CA, loadtest/certs.py), and both results side by side.
 
     python -m batonmq.loadtest.bench_throughput --messages 100000 --size 1024 [--tls]
+    python -m batonmq.loadtest.bench_throughput --sealed --rounds 2   # plain vs sealed log
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
+import os
 import signal
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -113,6 +117,15 @@ def _bench(
         proc.wait(60)
 
 
+def _sealed_flags() -> list[str]:
+    """``--log-key-file`` with a fresh key (docs/log-sealing.md)."""
+    fd, path = tempfile.mkstemp(prefix="baton-bench-keys-", suffix=".toml")
+    secret = base64.b64encode(os.urandom(32)).decode()
+    with os.fdopen(fd, "w") as f:
+        f.write(f'[[key]]\nid = "bench"\nsecret = "{secret}"\n')
+    return ["--log-key-file", path]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--messages", type=int, default=100_000)
@@ -123,12 +136,26 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--tls", action="store_true",
                    help="run against a plaintext broker and a TLS one, and compare")
+    p.add_argument("--sealed", action="store_true",
+                   help="measure a plain and a sealed log (--log-key-file) in turn, --rounds"
+                        " times each, in this one run")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of plain + sealed (--sealed)")
     args = p.parse_args()
     result: dict[str, Any]
-    if not args.tls:
-        result = _bench(args, [])
-        ok = result["consumed"] == args.messages
-    else:
+    if args.sealed:
+        runs: dict[str, list[dict[str, float]]] = {"plain": [], "sealed": []}
+        for _ in range(args.rounds):  # alternated, so a drift in the machine hits both
+            runs["plain"].append(_bench(args, []))
+            runs["sealed"].append(_bench(args, _sealed_flags()))
+        result = {"runs": runs}
+        for kind in ("plain", "sealed"):
+            for metric in ("publish_msgs_per_s", "consume_ack_msgs_per_s", "confirm_p50_ms"):
+                result[f"{kind}_{metric}_median"] = statistics.median(r[metric] for r in runs[kind])
+        result["sealed_vs_plain_publish"] = (
+            result["sealed_publish_msgs_per_s_median"] / result["plain_publish_msgs_per_s_median"]
+        )
+        ok = all(r["consumed"] == args.messages for rs in runs.values() for r in rs)
+    elif args.tls:
         from batonmq.loadtest.certs import make_certs
 
         certs = make_certs(Path(tempfile.mkdtemp(prefix="baton-bench-certs-")))
@@ -139,6 +166,9 @@ def main() -> int:
             result["tls"]["publish_msgs_per_s"] / result["plaintext"]["publish_msgs_per_s"]
         )
         ok = all(result[k]["consumed"] == args.messages for k in ("plaintext", "tls"))
+    else:
+        result = _bench(args, [])
+        ok = result["consumed"] == args.messages
     print(json.dumps(result, indent=2))
     if args.json:
         with open(args.json, "w") as f:

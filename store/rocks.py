@@ -178,7 +178,7 @@ class RocksStore(Store):
     """
 
     def __init__(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)  # owner only: it holds message bodies
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         try:

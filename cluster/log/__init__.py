@@ -30,9 +30,9 @@ are applied (``batonmq.cluster.state``), because only there is it deterministic.
 from __future__ import annotations
 
 from batonmq.cluster.errors import InvalidArgument
-from batonmq.cluster.log.base import Log, Record
+from batonmq.cluster.log.base import UNOPENED, Log, Record
 
-__all__ = ["Log", "Record", "open_log"]
+__all__ = ["Log", "Record", "UNOPENED", "open_log"]
 
 
 async def open_log(url: str) -> Log:

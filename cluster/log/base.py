@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Final
 
-__all__ = ["Log", "Record"]
+__all__ = ["Log", "Record", "UNOPENED"]
 
 #: One log entry as a reader sees it: (offset, record bytes).
 Record = tuple[int, bytes]
+
+#: What a sealed log (batonmq.cluster.log.sealed) yields for a record it cannot open:
+#: not msgpack (``\xc1`` is the byte msgpack never uses), so it never decodes as an
+#: event; the applier counts it ignored as ``unopened`` and moves past its offset.
+UNOPENED: Final = b"\xc1baton:unopened"
 
 
 class Log(abc.ABC):

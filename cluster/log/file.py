@@ -364,14 +364,15 @@ class FileLog(Log):
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _open_files(self) -> None:
-        os.makedirs(self._dir, exist_ok=True)
-        self._hold_fd = os.open(os.path.join(self._dir, HOLD_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        # Owner only (0700 dir, 0600 files): the segments hold message bodies.
+        os.makedirs(self._dir, mode=0o700, exist_ok=True)
+        self._hold_fd = os.open(os.path.join(self._dir, HOLD_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self._hold_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             _log.warning("%s: a log repair is running; waiting for it to finish", self._dir)
             fcntl.flock(self._hold_fd, fcntl.LOCK_SH)
-        self._lock_fd = os.open(os.path.join(self._dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(os.path.join(self._dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         with self._locked():
             self._sync_tail(repair=True)
 
@@ -394,7 +395,7 @@ class FileLog(Log):
             if not repair:
                 return
             first = max(tail.next, 0)  # a fresh log, or (oddly) every segment deleted
-            os.close(os.open(self._path(first), os.O_WRONLY | os.O_CREAT, 0o644))
+            os.close(os.open(self._path(first), os.O_WRONLY | os.O_CREAT, 0o600))
             _sync_dir(self._dir)
             bases = _list_bases(self._dir)
         if bases[-1] != tail.base:  # first call, or another process rolled a segment
@@ -431,7 +432,7 @@ class FileLog(Log):
             self._sync_tail(repair=True)
             tail = self._tail
             if tail.pos >= self._segment_bytes:
-                fd = os.open(self._path(tail.next), os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self._path(tail.next), os.O_RDWR | os.O_CREAT, 0o600)
                 _sync_dir(self._dir)
                 tail.switch(fd, tail.next)
             pack, crc32 = _HEADER.pack, zlib.crc32

@@ -1,0 +1,434 @@
+"""Coverage-guided fuzzing of what reads bytes from outside (docs/fuzzing.md).
+
+    python -m batonmq.loadtest.fuzz frames --runs 1000000
+    python -m batonmq.loadtest.fuzz events --runs 1000000
+    python -m batonmq.loadtest.fuzz handshake --runs 1000000
+    python -m batonmq.loadtest.fuzz sealed --runs 1000000
+
+Three targets, each fed by atheris (libFuzzer for Python: it mutates inputs towards
+new branches of the instrumented code) from a seed corpus of real encoded frames and
+events:
+
+``frames``
+    the sans-IO wire codec (:class:`batonmq.clients.wire.FrameCodec`): bytes in any
+    chunking, every frame out of them. Allowed: frames, ``NEED_DATA`` and
+    :class:`~batonmq.cluster.errors.ProtocolError` (with its subclasses); a decoded
+    frame must encode again to bytes that decode to the same encoding.
+``events``
+    the log record decoder (:func:`batonmq.cluster.codec.decode`), then the event
+    applied to a replica's state with two members and a queue. Allowed:
+    :class:`~batonmq.cluster.codec.MalformedEvent`; a decoded event must encode again
+    stably, and applying it must not raise (a raise there would stop a broker's
+    applier on every replica).
+``handshake``
+    the broker's side of the Hello exchange: a :class:`batonmq.broker.session.Session`
+    on a recording transport, fed the bytes in chunks until it greets or closes.
+    Allowed: a HelloOk to the Hello's corr, or an Error frame and the connection
+    closed, or waiting for more bytes (never more than a frame's worth buffered);
+    nothing else written, no exception out of ``data_received``.
+
+``sealed``
+    opening a sealed log's record (:meth:`batonmq.cluster.log.sealed.SealedLog.open`):
+    the record's bytes or ``UNOPENED``, never an exception.
+
+Anything else is a crash: atheris prints the input and the traceback and the exit
+status is not 0. ``--corpus DIR`` keeps the inputs found (and starts from them).
+Needs the ``fuzz`` extra (``pip install 'batonmq[fuzz]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import gc
+import os
+import sys
+import tempfile
+import types
+from collections.abc import Callable, Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any, Final, cast
+
+from batonmq.broker.config import BrokerConfig
+from batonmq.broker.session import Session, SessionBroker
+from batonmq.clients import wire
+from batonmq.cluster import codec
+from batonmq.cluster.codec import MalformedEvent
+from batonmq.cluster.effects import Effect
+from batonmq.cluster.errors import ProtocolError
+from batonmq.cluster.log import UNOPENED
+from batonmq.cluster.log.memory import MemoryLog
+from batonmq.cluster.log.sealed import KeyFile, SealedLog
+from batonmq.cluster.events import (
+    Accept,
+    Acquire,
+    DeclareQueue,
+    Enqueue,
+    Heartbeat,
+    Origin,
+    Propose,
+    Release,
+    Vote,
+)
+from batonmq.cluster.state import State
+
+__all__ = ["TARGETS", "COVERED", "seeds", "main"]
+
+#: The frame limit of the codecs fuzzed: small, so oversized lengths are reached.
+MAX_FRAME = 1 << 16
+
+
+def _chunks(data: bytes) -> Iterator[bytes]:
+    """The input after its first byte, cut in pieces of that byte's size (0: whole):
+    the fuzzer explores how reads split frames too."""
+    if not data:
+        return
+    size, rest = data[0], data[1:]
+    if size == 0:
+        yield rest
+        return
+    for i in range(0, len(rest), size):
+        yield rest[i : i + size]
+
+
+# -- frames ---------------------------------------------------------------------------------
+
+
+def one_frames(data: bytes) -> None:
+    """Decode every frame of ``data``; check each encodes again stably."""
+    codec_in = wire.FrameCodec(MAX_FRAME)
+    for chunk in _chunks(data):
+        codec_in.receive_data(chunk)
+        while True:
+            try:
+                frame = codec_in.next_frame()
+            except ProtocolError:
+                return  # the connection is closed with this error
+            if not isinstance(frame, wire.Frame):
+                break
+            _check_frame_round_trip(frame)
+        if codec_in.buffered > MAX_FRAME + 4:
+            raise AssertionError(f"{codec_in.buffered} bytes buffered for one frame")
+
+
+def _check_frame_round_trip(frame: wire.Frame) -> None:
+    out = wire.FrameCodec(MAX_FRAME * 4)
+    encoded = out.send(frame)
+    again = wire.decode_payload(encoded[4:])
+    if type(again) is not type(frame) or out.send(again) != encoded:
+        raise AssertionError(f"{frame!r} does not encode stably: {again!r}")
+
+
+# -- events ---------------------------------------------------------------------------------
+
+_MEMBERS = ("n1/r1", "n2/r2")
+
+
+def _template_state() -> State:
+    """A replica's state with two members in the view and queues ``q`` and ``dlq``,
+    some messages in ``q`` and one acquired: fuzzed events reach the queue code."""
+    state = State()
+    seqs: dict[str, int] = {}
+    offset = 0
+
+    def apply(event: Any, who: str = "n1/r1") -> None:
+        nonlocal offset
+        seqs[who] = seqs.get(who, 0) + 1
+        node, runtime = who.split("/")
+        record = codec.encode(Origin(node, runtime, seqs[who], 1000 + offset), event)
+        origin, decoded = codec.decode(record)
+        out: list[Effect] = []
+        state.apply(offset, origin, decoded, out)
+        offset += 1
+
+    for m in _MEMBERS:
+        apply(Heartbeat("voter", "", {}), m)
+    apply(Propose(1, _MEMBERS, "cluster"))
+    for m in _MEMBERS:
+        apply(Vote(1, True), m)
+    apply(DeclareQueue("dlq"))
+    apply(DeclareQueue("q", delivery_limit=2, dead_letter="dlq", max_length=5))
+    apply(Enqueue("q", tuple((b"m%d" % i, {"i": i}) for i in range(4))))
+    apply(Acquire("q", "n1/r1/c1", 2))
+    return state
+
+
+_TEMPLATE: State | None = None
+
+
+def one_events(data: bytes) -> None:
+    """Decode ``data`` as a log record; apply what decodes to a copy of the template
+    state, as its own runtime's next event and as a member's."""
+    global _TEMPLATE
+    try:
+        origin, event = codec.decode(data)
+    except MalformedEvent:
+        return
+    encoded = codec.encode(origin, event)
+    again = codec.decode(encoded)
+    if codec.encode(*again) != encoded:
+        raise AssertionError(f"{event!r} does not encode stably")
+    if _TEMPLATE is None:
+        _TEMPLATE = _template_state()
+    for who in (origin, Origin("n1", "r1", 1 << 40, origin.ts)):
+        state = copy.deepcopy(_TEMPLATE)
+        out: list[Effect] = []
+        state.apply(state.applied + 1, who, event, out)
+        state.digest()  # what a checkpoint computes: must not raise either
+
+
+# -- handshake ------------------------------------------------------------------------------
+
+
+class _Transport:
+    """Records what the session writes; stands in for the socket."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written has gone out
+
+    def abort(self) -> None:
+        self.closing = True
+
+
+class _HandshakeSession(Session):
+    """A real session up to its greeting; the commands after it are not the handshake's
+    (and would need a running node), so they are only counted."""
+
+    after_greeting = 0
+
+    def handle_frame(self, f: wire.Frame) -> None:
+        if self.greeted:
+            self.after_greeting += 1
+            return
+        super().handle_frame(f)
+
+
+def _fake_broker() -> SessionBroker:
+    config = BrokerConfig(data_dir="unused", max_frame=MAX_FRAME, max_message=MAX_FRAME // 4)
+    broker = SimpleNamespace(
+        config=config,
+        version="fuzz",
+        sessions=set(),
+        node=SimpleNamespace(node_id="fuzz-node"),
+        delivery=SimpleNamespace(remove=lambda consumer: None),
+        leadership=SimpleNamespace(session_closed=lambda session: None),
+    )
+    return cast(SessionBroker, broker)
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+async def _handshake(data: bytes) -> None:
+    session = _HandshakeSession(_fake_broker())
+    transport = _Transport()
+    session.connection_made(cast(asyncio.BaseTransport, transport))
+    for chunk in _chunks(data):
+        if session.closed or session.greeted:
+            break
+        session.data_received(chunk)
+        if session.codec.buffered > MAX_FRAME + 4:
+            raise AssertionError(f"{session.codec.buffered} bytes buffered before the greeting")
+    await asyncio.sleep(0)  # the session's writes go out at the end of the tick
+    replies = wire.FrameCodec(MAX_FRAME)
+    replies.receive_data(bytes(transport.written))
+    frames: list[wire.Frame] = []
+    while isinstance(frame := replies.next_frame(), wire.Frame):
+        frames.append(frame)
+    if replies.buffered:
+        raise AssertionError(f"{replies.buffered} bytes written that are no frame")
+    if session.greeted:
+        if not frames or not isinstance(frames[0], wire.HelloOk):
+            raise AssertionError(f"greeted without a HelloOk: {frames!r}")
+        if not all(isinstance(f, wire.Error) for f in frames[1:]):
+            raise AssertionError(f"more than HelloOk and errors written: {frames!r}")
+    elif session.closed:
+        if not frames or not isinstance(frames[-1], wire.Error) or not transport.closing:
+            raise AssertionError(f"closed without an Error frame: {frames!r}")
+    elif frames:
+        raise AssertionError(f"wrote {frames!r} to a client that has not said Hello")
+    session.connection_lost(None)
+
+
+def one_handshake(data: bytes) -> None:
+    """Feed ``data`` to a fresh broker session until it greets or closes."""
+    global _LOOP
+    if _LOOP is None:
+        _LOOP = asyncio.new_event_loop()
+    _LOOP.run_until_complete(_handshake(data))
+
+
+# -- sealed ---------------------------------------------------------------------------------
+
+_SEALED: SealedLog | None = None
+
+
+def _sealed_log() -> SealedLog:
+    """A sealed memory log with one key (its key file in a temporary directory)."""
+    global _SEALED
+    if _SEALED is None:
+        path = os.path.join(tempfile.mkdtemp(prefix="baton-fuzz-keys-"), "keys.toml")
+        with open(path, "w") as f:
+            f.write('[[key]]\nid = "k1"\nsecret = "' + "a2V5" * 8 + '"\n')
+        _SEALED = SealedLog(MemoryLog("fuzz"), KeyFile(path, clock=lambda: 0.0))
+    return _SEALED
+
+
+def one_sealed(data: bytes) -> None:
+    """Open ``data`` as a sealed record: the record's bytes or UNOPENED, nothing else."""
+    log = _sealed_log()
+    opened = log.open(data, 0.0)
+    if opened != UNOPENED and log.seal([opened])[0][:6] != data[:6]:
+        raise AssertionError("a record opened that its key did not seal")
+
+
+# -- seeds ----------------------------------------------------------------------------------
+
+
+def _frame_bytes(frames: Sequence[wire.Frame]) -> bytes:
+    out = wire.FrameCodec(MAX_FRAME)
+    return b"".join(out.send(f) for f in frames)
+
+
+def _seed_frames() -> list[wire.Frame]:
+    return [
+        wire.Hello(1, wire.PROTOCOL_VERSION, "fuzz-client"),
+        wire.HelloOk(1, wire.PROTOCOL_VERSION, "baton/1", "n1", MAX_FRAME, 1024),
+        wire.Ping(2),
+        wire.DeclareQueue(3, "q", {"durable": True, "max_length": 10}),
+        wire.Publish(4, "q", b"body", {"h": 1}, ""),
+        wire.PublishBatch(5, "q", [[b"a", {}], [b"b", {"k": "v"}]]),
+        wire.Subscribe(6, "q", 10),
+        wire.Ack(7, 1, [0, 1, 2]),
+        wire.Error(8, 3, "queue 'x' does not exist"),
+        wire.Topology(9),
+    ]
+
+
+def seeds(target: str) -> list[bytes]:
+    """The seed corpus of a target: real encoded frames or events, whole and chunked.
+
+    Raises:
+        KeyError: unknown target.
+    """
+    if target == "events":
+        origin = Origin("n1", "r1", 7, 1700000000000)
+        events: list[Any] = [
+            Heartbeat("voter", "127.0.0.1:5671", {"zone": "a"}),
+            Propose(2, _MEMBERS, "cluster"),
+            Vote(2, True),
+            DeclareQueue("q2", max_length=3, overflow="drop-head"),
+            Enqueue("q", ((b"x", {}), (b"y", {"h": [1, 2]})), (("key", 2),)),
+            Acquire("q", "n1/r1/c1", 3),
+            Accept("q", "n1/r1/c1", (0, 1)),
+            Release("q", "n1/r1/c1", (1,)),
+        ]
+        return [codec.encode(origin, e) for e in events]
+    if target == "sealed":
+        log = _sealed_log()
+        return log.seal([b"", b"x", b"record" * 20, b"\x00" * 100]) + [b"\xc1S\x01\x02k1" + b"\x00" * 40]
+    frames = _seed_frames()
+    if target == "frames":
+        one = [b"\x00" + _frame_bytes([f]) for f in frames]
+        return one + [b"\x00" + _frame_bytes(frames), b"\x03" + _frame_bytes(frames)]
+    if target == "handshake":
+        hello = _frame_bytes([frames[0]])
+        return [
+            b"\x00" + hello,
+            b"\x01" + hello,
+            b"\x00" + _frame_bytes([wire.Hello(1, 99, "old")]),
+            b"\x00" + _frame_bytes([frames[2]]),
+            b"\x00" + hello + _frame_bytes(frames[2:5]),
+            b"\x05" + hello[:-2],
+        ]
+    raise KeyError(target)
+
+
+_STATE_MODULES: Final = frozenset(
+    f"batonmq.cluster.{m}"
+    for m in ("codec", "events", "state", "queues", "membership", "services", "keys", "snapshot")
+)
+#: The modules whose branches guide each target (instrumented for coverage).
+COVERED: Final[dict[str, frozenset[str]]] = {
+    "frames": frozenset({"batonmq.clients.wire"}),
+    "events": _STATE_MODULES,
+    "handshake": frozenset(
+        {"batonmq.clients.wire", "batonmq.broker.session", "batonmq.broker.connection"}
+    ),
+    "sealed": frozenset({"batonmq.cluster.log.sealed"}),
+}
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "frames": one_frames,
+    "events": one_events,
+    "handshake": one_handshake,
+    "sealed": one_sealed,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Fuzz one target with atheris; returns only when the runs end without a crash
+    (libFuzzer exits the process itself on a crash, with status 1)."""
+    parser = argparse.ArgumentParser(prog="python -m batonmq.loadtest.fuzz")
+    parser.add_argument("target", choices=sorted(TARGETS))
+    parser.add_argument("--runs", type=int, default=100_000, help="inputs to try")
+    parser.add_argument("--corpus", help="directory of inputs to start from and keep (default: a temporary one)")
+    parser.add_argument("--seed", type=int, default=1, help="libFuzzer's random seed")
+    parser.add_argument("--max-len", type=int, default=4096, help="longest input tried, bytes")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    try:
+        import atheris
+    except ImportError:
+        print("baton: fuzzing needs atheris: pip install 'batonmq[fuzz]'", file=sys.stderr)
+        return 2
+    corpus = args.corpus or tempfile.mkdtemp(prefix=f"baton-fuzz-{args.target}-")
+    os.makedirs(corpus, exist_ok=True)
+    for i, seed in enumerate(seeds(args.target)):
+        with open(os.path.join(corpus, f"seed-{i}"), "wb") as f:
+            f.write(seed)
+    target = TARGETS[args.target]
+    for data in seeds(args.target):
+        target(data)  # the seeds themselves must pass (and warm up the template state)
+    # Coverage of the modules the target exercises, not of every library loaded:
+    # atheris.instrument_all() takes a minute here, these a second or two.
+    count = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, types.FunctionType) and str(obj.__module__) in COVERED[args.target]:
+            atheris.instrument_func(obj)
+            count += 1
+    print(f"fuzz: instrumented {count} functions of {len(COVERED[args.target])} modules", file=sys.stderr)
+    atheris.Setup(
+        [sys.argv[0], f"-runs={args.runs}", f"-seed={args.seed}", f"-max_len={args.max_len}", corpus],
+        target,
+    )
+    atheris.Fuzz()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
