@@ -26,7 +26,16 @@ Kinds:
 - ``kafka-restart``: stop the Kafka broker the harness started (``--log kafka``), wait,
   start it again;
 - ``diskfull``: fill the size-limited filesystem of the data dirs and the file log
-  (``--disk-limit``) to ENOSPC, keep it full, free it.
+  (``--disk-limit``) to ENOSPC, keep it full, free it;
+- ``netsplit``: cut one broker from its clients and, with Kafka, from the log, then heal
+  (through Toxiproxy, :mod:`batonmq.loadtest.netfaults`; peer links cannot be routed:
+  docs/loadtest.md "Network faults");
+- ``client-partition``: cut one broker's clients from it (the broker stays in the
+  cluster), then heal;
+- ``slow-net``: latency and jitter on every proxied link, then heal.
+
+The network kinds make the harness start Toxiproxy and connect the workers (and the
+brokers' Kafka clients) through it (:data:`NET_KINDS`).
 
 Every fault writes two ``fault`` records to ``faults.hist`` (count 0 when it starts,
 1 when it is over; ``info`` names the broker); the checker ends the holds of consumers
@@ -54,6 +63,7 @@ __all__ = [
     "parse_faults",
     "FaultInjector",
     "check_supported",
+    "NET_KINDS",
 ]
 
 #: Fault kinds and how long each lasts by default (seconds).
@@ -63,7 +73,13 @@ KINDS: dict[str, float] = {
     "join": 0.0,
     "kafka-restart": 3.0,  # Kafka down
     "diskfull": 8.0,  # kept full
+    "netsplit": 8.0,  # cut: longer than the suspicion time
+    "client-partition": 8.0,  # clients cut
+    "slow-net": 10.0,  # slowed
 }
+
+#: Kinds that need the brokers behind Toxiproxy's proxies.
+NET_KINDS = frozenset({"netsplit", "client-partition", "slow-net"})
 
 FAULTS_ACTOR = "faults"
 
@@ -223,9 +239,23 @@ class FaultInjector(threading.Thread):
 
     def _apply(self, ev: FaultEvent, w: HistoryWriter) -> None:
         s = self.system
-        if ev.kind in ("kill9", "sigstop"):
+        if ev.kind in ("netsplit", "client-partition"):
             b = self._pick_broker(ev)
-            detail = f"node={b.node_id} address={b.address}"
+            # The workers' records name the proxy's address: the checker matches on it.
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
+            self._note(w, ev.kind, 0, detail)
+            if ev.kind == "netsplit":
+                s.netsplit(b, ev.duration)
+            else:
+                s.client_partition(b, ev.duration)
+            self._note(w, ev.kind, 1, detail)
+        elif ev.kind == "slow-net":
+            self._note(w, ev.kind, 0, "")
+            s.slow_net(ev.duration)
+            self._note(w, ev.kind, 1, "")
+        elif ev.kind in ("kill9", "sigstop"):
+            b = self._pick_broker(ev)
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
             # The record goes first: the checker ends the holds of the broker's
             # consumers at this time, before the cluster can give them back.
             self._note(w, ev.kind, 0, detail)
@@ -300,4 +330,6 @@ def check_supported(events: list[FaultEvent], system: object) -> None:
         raise RuntimeError("the kafka-restart fault needs --log kafka (a Kafka the harness starts)")
     if "diskfull" in kinds and not system.disk_limit_mb:
         raise RuntimeError("the diskfull fault needs --disk-limit MB (a size-limited data dir)")
+    if kinds & NET_KINDS and system.net is None:
+        raise RuntimeError("network faults need the cluster behind Toxiproxy (BatonCluster(net=True))")
 

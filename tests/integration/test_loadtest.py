@@ -185,3 +185,44 @@ def test_kafka_restart_and_a_full_disk_lose_nothing_confirmed(tmp_path: Path) ->
     # Kafka and the tmpfs are gone again.
     assert _processes_mentioning(str(report)) == []
     assert not os.path.ismount(report / "baton" / "servers" / "data")
+
+
+def _toxiproxy_or_skip() -> None:
+    from batonmq.loadtest.netfaults import ToxiproxyError, toxiproxy_binary
+
+    try:
+        toxiproxy_binary()
+    except ToxiproxyError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{exc}: CI installs it, so this may not skip", pytrace=False)
+        pytest.skip(str(exc))
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("kind", ["netsplit", "client-partition", "slow-net"])
+def test_network_fault_through_toxiproxy_keeps_the_guarantees(tmp_path: Path, kind: str) -> None:
+    _toxiproxy_or_skip()
+    report = tmp_path / "report"
+    out = tmp_path / "result.json"
+    done = loadtest(
+        "--preset", "latency", "--rate", "800", "--duration", "20", "--brokers", "3",
+        "--faults", f"{kind}:5s@at:5", "--report", str(report), "--json", str(out), "--quiet",
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    counts = result["checker"]["counts"]
+    assert all(v == 0 for k, v in counts.items() if k != "pending"), counts
+    assert counts["pending"] == 0, counts
+    assert not result["metrics"].get("fault_errors")
+    phases = [(f["kind"], f["phase"]) for f in result["metrics"]["faults"]]
+    assert phases == [(kind, "start"), (kind, "end")], phases
+    metrics = result["metrics"]
+    # Accepts cut with their connection have an unknown outcome (not counted as accepted).
+    assert metrics["confirmed"] > 0 and metrics["accepted"] > 0.95 * metrics["confirmed"], metrics
+    if kind == "slow-net":
+        # Every round trip crossed the proxies' 80 ms (+-40) each way while it lasted.
+        assert metrics["confirm_latency_ms"]["max"] >= 80, metrics["confirm_latency_ms"]
+    else:
+        # The cut broker's workers lost their connections and went on elsewhere.
+        assert "failing over" in done.stderr
