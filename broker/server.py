@@ -75,7 +75,15 @@ class Broker:
     async def start(self) -> None:
         cfg = self.config
         os.makedirs(cfg.data_dir, exist_ok=True)
-        self._store = RocksStore(os.path.join(cfg.data_dir, "store"))
+        opened = RocksStore.open_checked(os.path.join(cfg.data_dir, "store"))
+        self._store = opened.store
+        if opened.damaged is not None:
+            # docs/operations.md "A damaged store": never serve from it; the fresh store
+            # makes this broker join by an update like a new one.
+            log.critical("store damaged (%s): moved to %s; starting empty and joining the "
+                         "cluster afresh", opened.reason, opened.damaged)
+            if opened.node_id is not None and cfg.node_id in (None, opened.node_id):
+                self._store.put_ident("node_id", opened.node_id)
         node_id = self._node_id(self._store)
         self._log = await open_log(cfg.resolved_log_url())
         self._node = Node(
