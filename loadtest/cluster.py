@@ -335,6 +335,40 @@ class BatonCluster:
         time.sleep(down)
         _kafka("start", str(self.kafka_dir), timeout=180)
 
+    def damage_store(self, b: Broker, how: str, timeout: float = 90.0) -> str:
+        """Stop the broker cleanly (its store flushes into SST files), damage its store,
+        start it again and wait until it is a member: it must find the damage, set the
+        store aside and join afresh (docs/operations.md "A damaged store").
+
+        Args:
+            how: ``bitflip`` (XOR 16 bytes in the middle of the newest SST file) or
+                ``truncate`` (cut the newest SST file, or the WAL if there is none, to a
+                third).
+
+        Returns:
+            The file damaged (its name).
+        """
+        self.terminate(b)
+        store = b.data_dir / "store"
+        files = sorted(store.glob("*.sst"), key=lambda p: p.stat().st_mtime)
+        if not files:
+            files = sorted(store.glob("*.log"), key=lambda p: p.stat().st_mtime)
+        if not files:
+            raise RuntimeError(f"{b.node_id}: no store file to damage in {store}")
+        victim = files[-1]
+        size = victim.stat().st_size
+        with open(victim, "r+b") as f:
+            if how == "bitflip":
+                f.seek(size // 2)
+                chunk = f.read(16)
+                f.seek(size // 2)
+                f.write(bytes(x ^ 0xFF for x in chunk))
+            else:
+                f.truncate(size // 3)
+        self.restart(b, timeout)
+        self.wait_member(b, timeout)
+        return victim.name
+
     # --- network faults (Toxiproxy) -------------------------------------------------
 
     def _proxies_of(self, b: Broker) -> list[str]:

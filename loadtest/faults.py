@@ -32,7 +32,10 @@ Kinds:
   docs/loadtest.md "Network faults");
 - ``client-partition``: cut one broker's clients from it (the broker stays in the
   cluster), then heal;
-- ``slow-net``: latency and jitter on every proxied link, then heal.
+- ``slow-net``: latency and jitter on every proxied link, then heal;
+- ``bitflip`` / ``truncate``: stop a broker cleanly, flip bytes in / cut its newest store
+  file (an SST), start it again: it must set the damaged store aside and join afresh
+  (the fault ends when it is a member again).
 
 The network kinds make the harness start Toxiproxy and connect the workers (and the
 brokers' Kafka clients) through it (:data:`NET_KINDS`).
@@ -76,6 +79,8 @@ KINDS: dict[str, float] = {
     "netsplit": 8.0,  # cut: longer than the suspicion time
     "client-partition": 8.0,  # clients cut
     "slow-net": 10.0,  # slowed
+    "bitflip": 0.0,
+    "truncate": 0.0,
 }
 
 #: Kinds that need the brokers behind Toxiproxy's proxies.
@@ -249,6 +254,12 @@ class FaultInjector(threading.Thread):
             else:
                 s.client_partition(b, ev.duration)
             self._note(w, ev.kind, 1, detail)
+        elif ev.kind in ("bitflip", "truncate"):
+            b = self._pick_broker(ev)
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
+            self._note(w, ev.kind, 0, detail)
+            damaged = s.damage_store(b, ev.kind)
+            self._note(w, ev.kind, 1, f"{detail} file={damaged}")
         elif ev.kind == "slow-net":
             self._note(w, ev.kind, 0, "")
             s.slow_net(ev.duration)

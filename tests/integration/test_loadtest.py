@@ -226,3 +226,28 @@ def test_network_fault_through_toxiproxy_keeps_the_guarantees(tmp_path: Path, ki
     else:
         # The cut broker's workers lost their connections and went on elsewhere.
         assert "failing over" in done.stderr
+
+
+@pytest.mark.timeout(200)
+def test_disk_faults_bitflip_and_truncate_make_the_broker_rejoin_afresh(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    out = tmp_path / "result.json"
+    done = loadtest(
+        "--preset", "latency", "--rate", "800", "--duration", "20", "--brokers", "3",
+        "--faults", "bitflip,truncate@5s", "--report", str(report), "--json", str(out),
+        "--quiet",
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    counts = result["checker"]["counts"]
+    assert all(v == 0 for v in counts.values()), counts
+    assert not result["metrics"].get("fault_errors")
+    ended = [f for f in result["metrics"]["faults"] if f["phase"] == "end"]
+    assert [f["kind"] for f in ended][:2] == ["bitflip", "truncate"], ended
+    # Each damaged broker said so once per fault, kept the damaged store, and rejoined.
+    servers = report / "baton" / "servers"
+    said = sum(p.read_text().count("CRITICAL baton.broker: store damaged")
+               for p in servers.glob("node-*.out"))
+    assert said == len(ended), (said, ended)
+    assert len(list((servers / "data").glob("node-*/store.damaged-*"))) == len(ended)
