@@ -291,7 +291,7 @@ class Broker:
             # How far this replica's applied log is behind the wall clock: every member
             # heartbeats, so a replica that applies the log is behind by about a beat;
             # ``baton health`` compares it with the suspicion time.
-            "behind_ms": max(0, int(time.time() * 1000) - node.state.clock),
+            "behind_ms": max(0, node.clock() - node.state.clock),
             "suspect_ms": self.config.heartbeat_ms * self.config.suspect_beats,
             "digest": node.state.digest(),
             # docs/design.md §8: this broker's join (progress while it runs, then its figures),
