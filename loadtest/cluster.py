@@ -26,7 +26,10 @@ from batonmq.broker.config import ready_address
 from batonmq.clients import sync as client_sync
 from batonmq.loadtest.netfaults import Toxiproxy
 
-__all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIPT"]
+__all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIPT", "LIBFAKETIME"]
+
+#: Debian's libfaketime (package ``faketime``), preloaded into brokers for clock faults.
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 #: The script that runs a real Kafka for tests and CI (also used by ``--log kafka``).
 KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "kafka"
@@ -85,6 +88,8 @@ class BatonCluster:
         extra_args: more ``baton serve`` options for every broker.
         net: run Toxiproxy and put the brokers' client links (and, with Kafka, their
             links to Kafka) behind its proxies, for the network faults.
+        fake_clock: run every broker under libfaketime (wall clock only), so that
+            :meth:`set_clock` can step or speed up its wall clock while it runs.
     """
 
     name = "baton"
@@ -98,6 +103,7 @@ class BatonCluster:
         disk_limit_mb: int | None = None,
         extra_args: list[str] | None = None,
         net: bool = False,
+        fake_clock: bool = False,
     ) -> None:
         self.nodes = nodes
         self.base_dir = base_dir
@@ -110,6 +116,11 @@ class BatonCluster:
         self.kafka_dir: Path | None = None
         self.mounted = False
         self.net: Toxiproxy | None = Toxiproxy(free_port(), base_dir / "toxiproxy.out") if net else None
+        self.fake_clock = fake_clock
+        if fake_clock and not LIBFAKETIME.exists():
+            raise RuntimeError(
+                f"clock faults need libfaketime ({LIBFAKETIME}): apt-get install faketime"
+            )
 
     # --- start / stop --------------------------------------------------------------
 
@@ -164,10 +175,20 @@ class BatonCluster:
             "--node-id", b.node_id,
             *self.extra_args,
         ]
+        env = None
+        if self.fake_clock:
+            stamp = self._stamp(b)
+            if not stamp.exists():
+                stamp.write_text("+0\n")
+            # The wall clock only: an NTP step or slew does not move CLOCK_MONOTONIC,
+            # and asyncio's timers run on it. The stamp file is re-read every second.
+            env = {**os.environ, "LD_PRELOAD": str(LIBFAKETIME),
+                   "FAKETIME_TIMESTAMP_FILE": str(stamp), "FAKETIME_CACHE_DURATION": "1",
+                   "DONT_FAKE_MONOTONIC": "1"}
         with open(b.out, "ab") as out:
             out.write(f"\n== harness: start {b.starts + 1} of {b.node_id}\n".encode())
             out.flush()
-            b.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            b.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         b.starts += 1
         b.state = "running"
 
@@ -368,6 +389,32 @@ class BatonCluster:
         self.restart(b, timeout)
         self.wait_member(b, timeout)
         return victim.name
+
+    def view_of(self, b: Broker) -> str:
+        """The established view a broker reports (``?`` if it does not answer in 5 s)."""
+        try:
+            with client_sync.connect(b.address, timeout=5.0) as conn:
+                return str(conn.topology().get("view"))
+        except Exception:  # noqa: BLE001 - a fault record, not a reason to stop
+            return "?"
+
+    def _stamp(self, b: Broker) -> Path:
+        return self.base_dir / f"{b.node_id}.faketime"
+
+    def set_clock(self, b: Broker, spec: str) -> None:
+        """Set a broker's wall clock (libfaketime's syntax: ``+300`` five minutes ahead,
+        ``-300`` behind, ``+0 x2`` at twice the speed, ``+0`` real); it takes effect
+        within a second.
+
+        Raises:
+            RuntimeError: the cluster does not run its brokers under libfaketime.
+        """
+        if not self.fake_clock:
+            raise RuntimeError("clock faults need the brokers started under libfaketime")
+        stamp = self._stamp(b)
+        tmp = stamp.with_suffix(".tmp")
+        tmp.write_text(spec + "\n")
+        tmp.replace(stamp)  # never a half-written stamp
 
     # --- network faults (Toxiproxy) -------------------------------------------------
 

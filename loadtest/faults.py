@@ -33,6 +33,9 @@ Kinds:
 - ``client-partition``: cut one broker's clients from it (the broker stays in the
   cluster), then heal;
 - ``slow-net``: latency and jitter on every proxied link, then heal;
+- ``clockjump``: step one broker's wall clock 5 minutes forwards, then 5 minutes
+  backwards, then run it at 3x speed, each for a third of the duration, then set it
+  right (libfaketime; the monotonic clock is left alone, as by NTP);
 - ``bitflip`` / ``truncate``: stop a broker cleanly, flip bytes in / cut its newest store
   file (an SST), start it again: it must set the damaged store aside and join afresh
   (the fault ends when it is a member again).
@@ -81,7 +84,11 @@ KINDS: dict[str, float] = {
     "slow-net": 10.0,  # slowed
     "bitflip": 0.0,
     "truncate": 0.0,
+    "clockjump": 9.0,  # +5 min, -5 min, 3x speed: a third each
 }
+
+#: The wall-clock settings of a ``clockjump``, in turn (libfaketime's syntax).
+CLOCK_STEPS = ("+300", "-300", "+0 x3")
 
 #: Kinds that need the brokers behind Toxiproxy's proxies.
 NET_KINDS = frozenset({"netsplit", "client-partition", "slow-net"})
@@ -260,6 +267,19 @@ class FaultInjector(threading.Thread):
             self._note(w, ev.kind, 0, detail)
             damaged = s.damage_store(b, ev.kind)
             self._note(w, ev.kind, 1, f"{detail} file={damaged}")
+        elif ev.kind == "clockjump":
+            b = self._pick_broker(ev)
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
+            view = s.view_of(b)
+            self._note(w, ev.kind, 0, f"{detail} view={view}")
+            try:
+                for spec in CLOCK_STEPS:
+                    s.set_clock(b, spec)
+                    time.sleep(ev.duration / len(CLOCK_STEPS))
+            finally:
+                s.set_clock(b, "+0")
+            # The same view after it: nobody was suspected or dropped meanwhile.
+            self._note(w, ev.kind, 1, f"{detail} view={s.view_of(b)}")
         elif ev.kind == "slow-net":
             self._note(w, ev.kind, 0, "")
             s.slow_net(ev.duration)

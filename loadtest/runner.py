@@ -146,7 +146,8 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
         if config.brokers_at:
             return ExternalSystem(list(config.brokers_at))
         return BatonCluster(config.brokers, base_dir, config.log_url, config.disk_limit_mb,
-                            net=any(e.kind in NET_KINDS for e in config.faults))
+                            net=any(e.kind in NET_KINDS for e in config.faults),
+                            fake_clock=any(e.kind == "clockjump" for e in config.faults))
     if config.brokers_at:
         raise RuntimeError("--brokers-at is for Baton only: the harness runs the peers itself")
     if config.system == "rabbitmq":

@@ -251,3 +251,31 @@ def test_disk_faults_bitflip_and_truncate_make_the_broker_rejoin_afresh(tmp_path
                for p in servers.glob("node-*.out"))
     assert said == len(ended), (said, ended)
     assert len(list((servers / "data").glob("node-*/store.damaged-*"))) == len(ended)
+
+
+@pytest.mark.timeout(200)
+def test_clockjump_under_libfaketime_drops_no_member_and_loses_nothing(tmp_path: Path) -> None:
+    from batonmq.loadtest.cluster import LIBFAKETIME
+
+    if not LIBFAKETIME.exists():
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("libfaketime is missing: CI installs it", pytrace=False)
+        pytest.skip("libfaketime is not installed (apt-get install faketime)")
+    report = tmp_path / "report"
+    out = tmp_path / "result.json"
+    done = loadtest(
+        "--preset", "latency", "--rate", "800", "--duration", "20", "--brokers", "3",
+        "--faults", "clockjump:6s@at:4", "--report", str(report), "--json", str(out), "--quiet",
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    counts = result["checker"]["counts"]
+    assert all(v == 0 for v in counts.values()), counts
+    assert not result["metrics"].get("fault_errors")
+    faults = result["metrics"]["faults"]
+    assert [(f["kind"], f["phase"]) for f in faults] == [("clockjump", "start"),
+                                                        ("clockjump", "end")], faults
+    # No member was suspected or dropped: the broker's view is the same after the jumps.
+    views = [f["detail"].rsplit("view=", 1)[1] for f in faults]
+    assert views[0] != "?" and views[0] == views[1], faults
