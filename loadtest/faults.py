@@ -40,6 +40,14 @@ Kinds:
   file (an SST), start it again: it must set the damaged store aside and join afresh
   (the fault ends when it is a member again).
 
+Composite kinds (their parts are recorded as the parts' own faults, so the checker
+treats them as it treats those):
+
+- ``kill9-while-paused``: SIGSTOP one broker, ``kill -9`` another while it is paused,
+  restart the killed one after the duration, then resume the paused one;
+- ``netsplit-during-join``: start a ``join`` and, while the new broker gets its update,
+  ``netsplit`` a member for the duration.
+
 The network kinds make the harness start Toxiproxy and connect the workers (and the
 brokers' Kafka clients) through it (:data:`NET_KINDS`).
 
@@ -85,13 +93,15 @@ KINDS: dict[str, float] = {
     "bitflip": 0.0,
     "truncate": 0.0,
     "clockjump": 9.0,  # +5 min, -5 min, 3x speed: a third each
+    "kill9-while-paused": 4.0,  # the killed one down, the paused one paused longer
+    "netsplit-during-join": 6.0,  # the member cut
 }
 
 #: The wall-clock settings of a ``clockjump``, in turn (libfaketime's syntax).
 CLOCK_STEPS = ("+300", "-300", "+0 x3")
 
 #: Kinds that need the brokers behind Toxiproxy's proxies.
-NET_KINDS = frozenset({"netsplit", "client-partition", "slow-net"})
+NET_KINDS = frozenset({"netsplit", "client-partition", "slow-net", "netsplit-during-join"})
 
 FAULTS_ACTOR = "faults"
 
@@ -267,6 +277,50 @@ class FaultInjector(threading.Thread):
             self._note(w, ev.kind, 0, detail)
             damaged = s.damage_store(b, ev.kind)
             self._note(w, ev.kind, 1, f"{detail} file={damaged}")
+        elif ev.kind == "kill9-while-paused":
+            paused = self._pick_broker(ev)
+            others = [b for b in s.running() if b is not paused]
+            if not others:
+                raise RuntimeError("kill9-while-paused needs two running brokers")
+            killed = others[0]
+            self._note(w, ev.kind, 0, f"paused={paused.node_id} killed={killed.node_id}")
+            p_detail = f"node={paused.node_id} address={paused.client_address or paused.address}"
+            k_detail = f"node={killed.node_id} address={killed.client_address or killed.address}"
+            self._note(w, "sigstop", 0, p_detail)
+            s.pause(paused)
+            try:
+                time.sleep(0.5)  # pacing: the pause is under way before the kill
+                self._note(w, "kill9", 0, k_detail)
+                s.kill9(killed)
+                time.sleep(ev.duration)
+                s.restart(killed)
+                self._note(w, "kill9", 1, k_detail)
+            finally:
+                s.resume(paused)
+            self._note(w, "sigstop", 1, p_detail)
+            self._note(w, ev.kind, 1, f"paused={paused.node_id} killed={killed.node_id}")
+        elif ev.kind == "netsplit-during-join":
+            if self._joined is not None and self._joined.state == "running":
+                old = self._joined
+                self._note(w, "stop", 0, f"node={old.node_id} address={old.address}")
+                s.terminate(old)
+                self._note(w, "stop", 1, f"node={old.node_id} address={old.address}")
+            member = self._pick_broker(ev)  # after the stop: never the broker just stopped
+            self._note(w, ev.kind, 0, f"cut={member.node_id}")
+            joined: list[Broker] = []
+            joiner = threading.Thread(target=lambda: joined.append(s.join()), daemon=True)
+            self._note(w, "join", 0, "")
+            joiner.start()
+            detail = f"node={member.node_id} address={member.client_address or member.address}"
+            self._note(w, "netsplit", 0, detail)
+            s.netsplit(member, ev.duration)
+            self._note(w, "netsplit", 1, detail)
+            joiner.join(120)
+            if not joined:
+                raise RuntimeError("the join under a netsplit did not finish")
+            self._joined = joined[0]
+            self._note(w, "join", 1, f"node={joined[0].node_id} address={joined[0].address}")
+            self._note(w, ev.kind, 1, f"cut={member.node_id} joined={joined[0].node_id}")
         elif ev.kind == "clockjump":
             b = self._pick_broker(ev)
             detail = f"node={b.node_id} address={b.client_address or b.address}"
