@@ -256,7 +256,10 @@ class RocksStore(Store):
             reason = exc.message
         else:
             try:
-                node_id = store.get_ident("node_id")
+                try:
+                    node_id = store.get_ident("node_id")
+                except StoreCorrupt:
+                    node_id = None  # its own block is damaged: not recoverable
                 store.verify()
                 return CheckedOpen(store)
             except StoreCorrupt as exc:
@@ -433,7 +436,10 @@ class RocksStore(Store):
             raise StoreError(f"store write failed: {exc}") from exc
 
     def get_ident(self, key: str) -> str | None:
-        raw = self._db.get(b"i" + key.encode())
+        try:
+            raw = self._db.get(b"i" + key.encode())
+        except Exception as exc:  # rocksdict: a plain Exception with RocksDB's status
+            raise _failure("store read", exc) from exc
         return None if raw is None else bytes(raw).decode()
 
     def put_ident(self, key: str, value: str) -> None:

@@ -88,3 +88,26 @@ def test_a_truncated_sst_fails_the_open_and_the_store_is_set_aside(tmp_path: Pat
     finally:
         opened.store.close()
     assert len(list(tmp_path.glob("store.damaged-*"))) == 1
+
+
+def test_damage_in_the_block_of_the_node_id_is_set_aside_without_it(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    _filled(path)
+    sst = _sst(path)
+    with open(sst, "r+b") as f:  # the first data block: "a" (applied) and "i" (identity)
+        f.seek(40)
+        chunk = f.read(16)
+        f.seek(40)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    plain = RocksStore(str(path))
+    try:
+        with pytest.raises(StoreCorrupt):
+            plain.get_ident("node_id")
+    finally:
+        plain.close(flush=False)
+    opened = RocksStore.open_checked(str(path))
+    try:
+        assert opened.damaged is not None and opened.node_id is None
+        assert opened.store.load().applied == -1
+    finally:
+        opened.store.close()
