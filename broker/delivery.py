@@ -466,7 +466,7 @@ class Delivery:
         """
         while True:
             await asyncio.sleep(interval)
-            now = int(time.time() * 1000)
+            now = self.node.clock()  # not time.time(): a clock step must not expire early
             me = self.node.key
             leader = self.node.state.membership.leader()
             for q in list(self.node.state.queues.values()):

@@ -110,7 +110,15 @@ class Broker:
         server_tls, client_tls = self._tls()
         self._tls_on = server_tls is not None
         os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
-        self._store = RocksStore(os.path.join(cfg.data_dir, "store"))
+        opened = RocksStore.open_checked(os.path.join(cfg.data_dir, "store"))
+        self._store = opened.store
+        if opened.damaged is not None:
+            # docs/operations.md "A damaged store": never serve from it; the fresh store
+            # makes this broker join by an update like a new one.
+            log.critical("store damaged (%s): moved to %s; starting empty and joining the "
+                         "cluster afresh", opened.reason, opened.damaged)
+            if opened.node_id is not None and cfg.node_id in (None, opened.node_id):
+                self._store.put_ident("node_id", opened.node_id)
         node_id = self._node_id(self._store)
         self._log = await open_log(cfg.resolved_log_url())
         if keys is not None:
@@ -353,7 +361,7 @@ class Broker:
             # How far this replica's applied log is behind the wall clock: every member
             # heartbeats, so a replica that applies the log is behind by about a beat;
             # ``baton health`` compares it with the suspicion time.
-            "behind_ms": max(0, int(time.time() * 1000) - node.state.clock),
+            "behind_ms": max(0, node.clock() - node.state.clock),
             "suspect_ms": self.config.heartbeat_ms * self.config.suspect_beats,
             "digest": node.state.digest(),
             # docs/design.md §8: this broker's join (progress while it runs, then its figures),

@@ -31,6 +31,7 @@ __all__ = [
     "LogCorrupt",
     "LogTruncated",
     "StoreError",
+    "StoreCorrupt",
     "Fenced",
     "NotOwner",
     "ShuttingDown",
@@ -189,6 +190,13 @@ class StoreError(BatonError):
     code = 22
 
 
+class StoreCorrupt(StoreError):
+    """The broker's local store failed a checksum or a size check (damaged files): the
+    broker sets it aside and joins as a fresh broker (docs/operations.md)."""
+
+    code = 29
+
+
 class ShuttingDown(BatonError):
     """The broker is shutting down; retry on another broker or later."""
 
@@ -247,6 +255,7 @@ _BY_CODE: dict[int, type[BatonError]] = {
         Fenced,
         NotOwner,
         StoreError,
+        StoreCorrupt,
         ShuttingDown,
         Timeout,
         ConnectionClosed,

@@ -53,9 +53,24 @@ from batonmq.cluster.state import State
 from batonmq.cluster.update import Catchup, Progress, find_donors
 from batonmq.store import Batch, Loaded, Store
 
-__all__ = ["Node"]
+__all__ = ["Node", "steady_clock"]
 
 log = logging.getLogger("baton.node")
+
+
+def steady_clock() -> Callable[[], int]:
+    """Wall-clock milliseconds that a step of the wall clock does not move: the wall
+    time read now plus the monotonic time elapsed since.
+
+    Envelope times feed the replicated clock (the largest one applied, docs/design.md
+    §4) and TTL; an NTP step or an operator's ``date -s`` on one broker would otherwise
+    push the whole cluster's clock minutes ahead (expiring messages early) or stamp
+    events in the past. A wrong wall clock at start still counts (docs/operations.md
+    "Clocks").
+    """
+    wall0 = time.time()
+    mono0 = time.monotonic()
+    return lambda: int((wall0 + (time.monotonic() - mono0)) * 1000)
 
 
 class Node:
@@ -65,7 +80,8 @@ class Node:
         node_id: this broker's persistent id.
         log: the ordered log (shared by every replica).
         store: this broker's local store.
-        clock: wall-clock milliseconds (injectable for tests).
+        clock: wall-clock milliseconds (injectable for tests; default
+            :func:`steady_clock`).
         max_append: most events per log append.
         max_outbox: most events waiting for the log (while it is unavailable);
             beyond it commands fail with LogUnavailable at once.
@@ -125,9 +141,11 @@ class Node:
         self.store = store
         self.state = State(suspect_beats)
         self.health = Health()
+        #: The envelope times' source, also the TTL check's "now" (broker/delivery.py).
+        self.clock: Callable[[], int] = clock or steady_clock()
         self.appender = Appender(
             node_id, self.runtime_id, log, store, self.health,
-            clock=clock or (lambda: int(time.time() * 1000)),
+            clock=self.clock,
             max_append=max_append,
             max_outbox=max_outbox,
         )

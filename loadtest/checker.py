@@ -45,7 +45,10 @@ What it counts (each a guarantee of docs/design.md §5):
 - ``pending``: messages still ready or acquired after the drain (not a violation; it
   bounds what ``lost`` can prove).
 
-Faults: a ``fault`` record of a broker going down (``kill9``, ``sigstop``, ``stop``) ends
+Faults: a ``fault`` record of a broker going down (``kill9``, ``sigstop``, ``stop``,
+``bitflip``, ``truncate``), or of
+its clients cut from it (``netsplit``, ``client-partition``: the broker gives their
+messages back when it finds their connections closed), ends
 the holds of every consumer whose worker was connected to that broker (``connected``
 records) at that moment: the cluster gives those messages back after its view change,
 which is later than the fault, so ending the holds at the fault never hides a double
@@ -93,7 +96,9 @@ UNKNOWN_BROKER = "?"
 DELAY_SLACK_NS = 5_000_000
 
 #: Fault kinds after which a broker no longer holds its consumers' messages.
-BROKER_DOWN_FAULTS = frozenset({"kill9", "sigstop", "stop"})
+BROKER_DOWN_FAULTS = frozenset(
+    {"kill9", "sigstop", "stop", "netsplit", "client-partition", "bitflip", "truncate"}
+)
 
 #: A message's identity in its queue: its position, or its id where there is no position.
 Key = tuple[str, int | str]

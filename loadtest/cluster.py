@@ -3,8 +3,9 @@
 Besides start and stop, :class:`BatonCluster` offers what the fault injector
 (:mod:`batonmq.loadtest.faults`) needs: kill -9 and restart a broker on its data dir,
 SIGSTOP / SIGCONT, join a new broker on a fresh data dir, restart the Kafka broker the
-harness started (``--log kafka``), and fill the size-limited filesystem under the
-brokers' data dirs and the file log (``--disk-limit``).
+harness started (``--log kafka``), fill the size-limited filesystem under the
+brokers' data dirs and the file log (``--disk-limit``), and, with ``net=True``, cut or
+slow network links through Toxiproxy (:mod:`batonmq.loadtest.netfaults`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ from pathlib import Path
 
 from batonmq.broker.config import ready_address
 from batonmq.clients import sync as client_sync
+from batonmq.loadtest.netfaults import Toxiproxy
 
-__all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIPT"]
+__all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIPT", "LIBFAKETIME"]
+
+#: Debian's libfaketime (package ``faketime``), preloaded into brokers for clock faults.
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 #: The script that runs a real Kafka for tests and CI (also used by ``--log kafka``).
 KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "kafka"
@@ -50,6 +55,10 @@ class Broker:
         proc: the running process (None before the first start).
         state: ``running``, ``paused``, ``killed`` or ``stopped``.
         starts: how many times it was started.
+        client_address: where clients reach it: its proxy's address when the cluster
+            runs behind Toxiproxy, else ``address``.
+        log_url: its own log URL when it reaches Kafka through a proxy (else None: the
+            cluster's).
     """
 
     node_id: str
@@ -60,6 +69,8 @@ class Broker:
     starts: int = 0
     extra: list[str] = field(default_factory=list)
     address: str = ""
+    client_address: str = ""
+    log_url: str | None = None
 
 
 class BatonCluster:
@@ -75,6 +86,10 @@ class BatonCluster:
         disk_limit_mb: put the data dirs and the file log on a tmpfs of this many MiB
             (needs root: ``mount -t tmpfs``), so that the ``diskfull`` fault can fill it.
         extra_args: more ``baton serve`` options for every broker.
+        net: run Toxiproxy and put the brokers' client links (and, with Kafka, their
+            links to Kafka) behind its proxies, for the network faults.
+        fake_clock: run every broker under libfaketime (wall clock only), so that
+            :meth:`set_clock` can step or speed up its wall clock while it runs.
     """
 
     name = "baton"
@@ -87,6 +102,8 @@ class BatonCluster:
         log_url: str | None = None,
         disk_limit_mb: int | None = None,
         extra_args: list[str] | None = None,
+        net: bool = False,
+        fake_clock: bool = False,
     ) -> None:
         self.nodes = nodes
         self.base_dir = base_dir
@@ -98,13 +115,19 @@ class BatonCluster:
         self.brokers: list[Broker] = []
         self.kafka_dir: Path | None = None
         self.mounted = False
+        self.net: Toxiproxy | None = Toxiproxy(free_port(), base_dir / "toxiproxy.out") if net else None
+        self.fake_clock = fake_clock
+        if fake_clock and not LIBFAKETIME.exists():
+            raise RuntimeError(
+                f"clock faults need libfaketime ({LIBFAKETIME}): apt-get install faketime"
+            )
 
     # --- start / stop --------------------------------------------------------------
 
     @property
     def addresses(self) -> list[str]:
         """Client addresses of the brokers started at first (joined ones are not here)."""
-        return [b.address for b in self.brokers[: self.nodes]]
+        return [b.client_address or b.address for b in self.brokers[: self.nodes]]
 
     def start(self, timeout: float = 90.0) -> list[str]:
         """Start the log's service if the harness owns it, then every broker.
@@ -119,14 +142,18 @@ class BatonCluster:
         self.data_root.mkdir(parents=True, exist_ok=True)
         if self.disk_limit_mb:
             self._mount()
-        if self.requested_log == "kafka":
-            self._start_kafka()
+        if self.net is not None:
+            self.net.start()
         for _ in range(self.nodes):
             self._new_broker()
+        if self.requested_log == "kafka":
+            self._start_kafka()
         for b in self.brokers:
             self._launch(b)
         for b in self.brokers:
             self._wait_ready(b, timeout)
+            if self.net is not None:
+                b.client_address = self.net.add(f"client-{b.node_id}", b.address)
         return self.addresses
 
     def _new_broker(self) -> Broker:
@@ -144,14 +171,24 @@ class BatonCluster:
             sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
             "--listen", b.address or "127.0.0.1:0",
             "--data-dir", str(b.data_dir),
-            "--log", self.log_url,
+            "--log", b.log_url or self.log_url,
             "--node-id", b.node_id,
             *self.extra_args,
         ]
+        env = None
+        if self.fake_clock:
+            stamp = self._stamp(b)
+            if not stamp.exists():
+                stamp.write_text("+0\n")
+            # The wall clock only: an NTP step or slew does not move CLOCK_MONOTONIC,
+            # and asyncio's timers run on it. The stamp file is re-read every second.
+            env = {**os.environ, "LD_PRELOAD": str(LIBFAKETIME),
+                   "FAKETIME_TIMESTAMP_FILE": str(stamp), "FAKETIME_CACHE_DURATION": "1",
+                   "DONT_FAKE_MONOTONIC": "1"}
         with open(b.out, "ab") as out:
             out.write(f"\n== harness: start {b.starts + 1} of {b.node_id}\n".encode())
             out.flush()
-            b.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            b.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         b.starts += 1
         b.state = "running"
 
@@ -195,6 +232,8 @@ class BatonCluster:
         if self.kafka_dir is not None:
             _kafka("stop", str(self.kafka_dir), timeout=60)
             self.kafka_dir = None
+        if self.net is not None:
+            self.net.stop()
         if self.mounted:
             subprocess.run(["umount", str(self.data_root)], check=False, capture_output=True)
             self.mounted = False
@@ -287,8 +326,23 @@ class BatonCluster:
         self.kafka_dir = self.base_dir / "kafka"
         self.kafka_dir.mkdir(parents=True, exist_ok=True)
         _kafka("fetch", timeout=600)
-        bootstrap = _kafka("start", str(self.kafka_dir), timeout=180).strip().splitlines()[-1]
-        self.log_url = f"kafka://{bootstrap}/baton-loadtest-{uuid.uuid4().hex[:10]}"
+        listeners = []
+        if self.net is not None:
+            # One Kafka listener per broker, advertised as the address of that broker's
+            # proxy: the metadata Kafka returns through the proxy points back at it.
+            for b in self.brokers:
+                name = f"B{b.node_id.rsplit('-', 1)[-1]}"
+                port = free_port()
+                proxy = self.net.add(f"kafka-{b.node_id}", f"127.0.0.1:{port}")
+                listeners.append(f"{name}:{port}:{proxy.rpartition(':')[2]}")
+                b.log_url = proxy
+        bootstrap = _kafka("start", str(self.kafka_dir), timeout=180,
+                           env={"BATON_KAFKA_LISTENERS": " ".join(listeners)})
+        topic = f"baton-loadtest-{uuid.uuid4().hex[:10]}"
+        self.log_url = f"kafka://{bootstrap.strip().splitlines()[-1]}/{topic}"
+        for b in self.brokers:
+            if b.log_url is not None:
+                b.log_url = f"kafka://{b.log_url}/{topic}"
 
     def kafka_restart(self, down: float) -> None:
         """Stop the harness's Kafka broker, wait ``down`` seconds, start it again.
@@ -301,6 +355,111 @@ class BatonCluster:
         _kafka("stop", str(self.kafka_dir), timeout=60)
         time.sleep(down)
         _kafka("start", str(self.kafka_dir), timeout=180)
+
+    def damage_store(self, b: Broker, how: str, timeout: float = 90.0) -> str:
+        """Stop the broker cleanly (its store flushes into SST files), damage its store,
+        start it again and wait until it is a member: it must find the damage, set the
+        store aside and join afresh (docs/operations.md "A damaged store").
+
+        Args:
+            how: ``bitflip`` (XOR 16 bytes in the middle of the newest SST file) or
+                ``truncate`` (cut the newest SST file, or the WAL if there is none, to a
+                third).
+
+        Returns:
+            The file damaged (its name).
+        """
+        self.terminate(b)
+        store = b.data_dir / "store"
+        files = sorted(store.glob("*.sst"), key=lambda p: p.stat().st_mtime)
+        if not files:
+            files = sorted(store.glob("*.log"), key=lambda p: p.stat().st_mtime)
+        if not files:
+            raise RuntimeError(f"{b.node_id}: no store file to damage in {store}")
+        victim = files[-1]
+        size = victim.stat().st_size
+        with open(victim, "r+b") as f:
+            if how == "bitflip":
+                f.seek(size // 2)
+                chunk = f.read(16)
+                f.seek(size // 2)
+                f.write(bytes(x ^ 0xFF for x in chunk))
+            else:
+                f.truncate(size // 3)
+        self.restart(b, timeout)
+        self.wait_member(b, timeout)
+        return victim.name
+
+    def view_of(self, b: Broker) -> str:
+        """The established view a broker reports (``?`` if it does not answer in 5 s)."""
+        try:
+            with client_sync.connect(b.address, timeout=5.0) as conn:
+                return str(conn.topology().get("view"))
+        except Exception:  # noqa: BLE001 - a fault record, not a reason to stop
+            return "?"
+
+    def _stamp(self, b: Broker) -> Path:
+        return self.base_dir / f"{b.node_id}.faketime"
+
+    def set_clock(self, b: Broker, spec: str) -> None:
+        """Set a broker's wall clock (libfaketime's syntax: ``+300`` five minutes ahead,
+        ``-300`` behind, ``+0 x2`` at twice the speed, ``+0`` real); it takes effect
+        within a second.
+
+        Raises:
+            RuntimeError: the cluster does not run its brokers under libfaketime.
+        """
+        if not self.fake_clock:
+            raise RuntimeError("clock faults need the brokers started under libfaketime")
+        stamp = self._stamp(b)
+        tmp = stamp.with_suffix(".tmp")
+        tmp.write_text(spec + "\n")
+        tmp.replace(stamp)  # never a half-written stamp
+
+    # --- network faults (Toxiproxy) -------------------------------------------------
+
+    def _proxies_of(self, b: Broker) -> list[str]:
+        assert self.net is not None
+        return [n for n in (f"client-{b.node_id}", f"kafka-{b.node_id}") if n in self.net.proxies]
+
+    def _need_net(self) -> Toxiproxy:
+        if self.net is None:
+            raise RuntimeError("network faults need the cluster started with net=True (Toxiproxy)")
+        return self.net
+
+    def netsplit(self, b: Broker, hold: float) -> None:
+        """Cut the broker from its clients and (Kafka) from the log for ``hold`` s, then heal."""
+        net = self._need_net()
+        names = self._proxies_of(b)
+        try:
+            for name in names:
+                net.cut(name)
+            time.sleep(hold)
+        finally:
+            for name in names:
+                net.heal(name)
+
+    def client_partition(self, b: Broker, hold: float) -> None:
+        """Cut the broker's clients from it for ``hold`` s, then heal."""
+        net = self._need_net()
+        name = f"client-{b.node_id}"
+        try:
+            net.cut(name)
+            time.sleep(hold)
+        finally:
+            net.heal(name)
+
+    def slow_net(self, hold: float, latency_ms: int = 80, jitter_ms: int = 40) -> None:
+        """Latency and jitter on every proxied link for ``hold`` s, then heal."""
+        net = self._need_net()
+        names = list(net.proxies)
+        try:
+            for name in names:
+                net.slow(name, latency_ms, jitter_ms)
+            time.sleep(hold)
+        finally:
+            for name in names:
+                net.heal(name)
 
     def _mount(self) -> None:
         if os.path.ismount(self.data_root):
@@ -376,12 +535,12 @@ class ExternalSystem:
         return {}
 
 
-def _kafka(*args: str, timeout: float) -> str:
+def _kafka(*args: str, timeout: float, env: dict[str, str] | None = None) -> str:
     """Run ``.ci/kafka ARGS`` and return its stdout (RuntimeError with stderr on failure)."""
     try:
         done = subprocess.run(
             [str(KAFKA_SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
         )
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f".ci/kafka {' '.join(args)} took over {timeout:g}s") from exc

@@ -26,7 +26,30 @@ Kinds:
 - ``kafka-restart``: stop the Kafka broker the harness started (``--log kafka``), wait,
   start it again;
 - ``diskfull``: fill the size-limited filesystem of the data dirs and the file log
-  (``--disk-limit``) to ENOSPC, keep it full, free it.
+  (``--disk-limit``) to ENOSPC, keep it full, free it;
+- ``netsplit``: cut one broker from its clients and, with Kafka, from the log, then heal
+  (through Toxiproxy, :mod:`batonmq.loadtest.netfaults`; peer links cannot be routed:
+  docs/loadtest.md "Network faults");
+- ``client-partition``: cut one broker's clients from it (the broker stays in the
+  cluster), then heal;
+- ``slow-net``: latency and jitter on every proxied link, then heal;
+- ``clockjump``: step one broker's wall clock 5 minutes forwards, then 5 minutes
+  backwards, then run it at 3x speed, each for a third of the duration, then set it
+  right (libfaketime; the monotonic clock is left alone, as by NTP);
+- ``bitflip`` / ``truncate``: stop a broker cleanly, flip bytes in / cut its newest store
+  file (an SST), start it again: it must set the damaged store aside and join afresh
+  (the fault ends when it is a member again).
+
+Composite kinds (their parts are recorded as the parts' own faults, so the checker
+treats them as it treats those):
+
+- ``kill9-while-paused``: SIGSTOP one broker, ``kill -9`` another while it is paused,
+  restart the killed one after the duration, then resume the paused one;
+- ``netsplit-during-join``: start a ``join`` and, while the new broker gets its update,
+  ``netsplit`` a member for the duration.
+
+The network kinds make the harness start Toxiproxy and connect the workers (and the
+brokers' Kafka clients) through it (:data:`NET_KINDS`).
 
 Every fault writes two ``fault`` records to ``faults.hist`` (count 0 when it starts,
 1 when it is over; ``info`` names the broker); the checker ends the holds of consumers
@@ -54,6 +77,7 @@ __all__ = [
     "parse_faults",
     "FaultInjector",
     "check_supported",
+    "NET_KINDS",
 ]
 
 #: Fault kinds and how long each lasts by default (seconds).
@@ -63,7 +87,21 @@ KINDS: dict[str, float] = {
     "join": 0.0,
     "kafka-restart": 3.0,  # Kafka down
     "diskfull": 8.0,  # kept full
+    "netsplit": 8.0,  # cut: longer than the suspicion time
+    "client-partition": 8.0,  # clients cut
+    "slow-net": 10.0,  # slowed
+    "bitflip": 0.0,
+    "truncate": 0.0,
+    "clockjump": 9.0,  # +5 min, -5 min, 3x speed: a third each
+    "kill9-while-paused": 4.0,  # the killed one down, the paused one paused longer
+    "netsplit-during-join": 6.0,  # the member cut
 }
+
+#: The wall-clock settings of a ``clockjump``, in turn (libfaketime's syntax).
+CLOCK_STEPS = ("+300", "-300", "+0 x3")
+
+#: Kinds that need the brokers behind Toxiproxy's proxies.
+NET_KINDS = frozenset({"netsplit", "client-partition", "slow-net", "netsplit-during-join"})
 
 FAULTS_ACTOR = "faults"
 
@@ -223,9 +261,86 @@ class FaultInjector(threading.Thread):
 
     def _apply(self, ev: FaultEvent, w: HistoryWriter) -> None:
         s = self.system
-        if ev.kind in ("kill9", "sigstop"):
+        if ev.kind in ("netsplit", "client-partition"):
             b = self._pick_broker(ev)
-            detail = f"node={b.node_id} address={b.address}"
+            # The workers' records name the proxy's address: the checker matches on it.
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
+            self._note(w, ev.kind, 0, detail)
+            if ev.kind == "netsplit":
+                s.netsplit(b, ev.duration)
+            else:
+                s.client_partition(b, ev.duration)
+            self._note(w, ev.kind, 1, detail)
+        elif ev.kind in ("bitflip", "truncate"):
+            b = self._pick_broker(ev)
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
+            self._note(w, ev.kind, 0, detail)
+            damaged = s.damage_store(b, ev.kind)
+            self._note(w, ev.kind, 1, f"{detail} file={damaged}")
+        elif ev.kind == "kill9-while-paused":
+            paused = self._pick_broker(ev)
+            others = [b for b in s.running() if b is not paused]
+            if not others:
+                raise RuntimeError("kill9-while-paused needs two running brokers")
+            killed = others[0]
+            self._note(w, ev.kind, 0, f"paused={paused.node_id} killed={killed.node_id}")
+            p_detail = f"node={paused.node_id} address={paused.client_address or paused.address}"
+            k_detail = f"node={killed.node_id} address={killed.client_address or killed.address}"
+            self._note(w, "sigstop", 0, p_detail)
+            s.pause(paused)
+            try:
+                time.sleep(0.5)  # pacing: the pause is under way before the kill
+                self._note(w, "kill9", 0, k_detail)
+                s.kill9(killed)
+                time.sleep(ev.duration)
+                s.restart(killed)
+                self._note(w, "kill9", 1, k_detail)
+            finally:
+                s.resume(paused)
+            self._note(w, "sigstop", 1, p_detail)
+            self._note(w, ev.kind, 1, f"paused={paused.node_id} killed={killed.node_id}")
+        elif ev.kind == "netsplit-during-join":
+            if self._joined is not None and self._joined.state == "running":
+                old = self._joined
+                self._note(w, "stop", 0, f"node={old.node_id} address={old.address}")
+                s.terminate(old)
+                self._note(w, "stop", 1, f"node={old.node_id} address={old.address}")
+            member = self._pick_broker(ev)  # after the stop: never the broker just stopped
+            self._note(w, ev.kind, 0, f"cut={member.node_id}")
+            joined: list[Broker] = []
+            joiner = threading.Thread(target=lambda: joined.append(s.join()), daemon=True)
+            self._note(w, "join", 0, "")
+            joiner.start()
+            detail = f"node={member.node_id} address={member.client_address or member.address}"
+            self._note(w, "netsplit", 0, detail)
+            s.netsplit(member, ev.duration)
+            self._note(w, "netsplit", 1, detail)
+            joiner.join(120)
+            if not joined:
+                raise RuntimeError("the join under a netsplit did not finish")
+            self._joined = joined[0]
+            self._note(w, "join", 1, f"node={joined[0].node_id} address={joined[0].address}")
+            self._note(w, ev.kind, 1, f"cut={member.node_id} joined={joined[0].node_id}")
+        elif ev.kind == "clockjump":
+            b = self._pick_broker(ev)
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
+            view = s.view_of(b)
+            self._note(w, ev.kind, 0, f"{detail} view={view}")
+            try:
+                for spec in CLOCK_STEPS:
+                    s.set_clock(b, spec)
+                    time.sleep(ev.duration / len(CLOCK_STEPS))
+            finally:
+                s.set_clock(b, "+0")
+            # The same view after it: nobody was suspected or dropped meanwhile.
+            self._note(w, ev.kind, 1, f"{detail} view={s.view_of(b)}")
+        elif ev.kind == "slow-net":
+            self._note(w, ev.kind, 0, "")
+            s.slow_net(ev.duration)
+            self._note(w, ev.kind, 1, "")
+        elif ev.kind in ("kill9", "sigstop"):
+            b = self._pick_broker(ev)
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
             # The record goes first: the checker ends the holds of the broker's
             # consumers at this time, before the cluster can give them back.
             self._note(w, ev.kind, 0, detail)
@@ -300,4 +415,6 @@ def check_supported(events: list[FaultEvent], system: object) -> None:
         raise RuntimeError("the kafka-restart fault needs --log kafka (a Kafka the harness starts)")
     if "diskfull" in kinds and not system.disk_limit_mb:
         raise RuntimeError("the diskfull fault needs --disk-limit MB (a size-limited data dir)")
+    if kinds & NET_KINDS and system.net is None:
+        raise RuntimeError("network faults need the cluster behind Toxiproxy (BatonCluster(net=True))")
 

@@ -30,7 +30,7 @@ from batonmq.loadtest.adapters import BatonAdapter
 from batonmq.loadtest.connect import open_adapter
 from batonmq.loadtest.checker import CheckResult, check
 from batonmq.loadtest.cluster import BatonCluster, ExternalSystem
-from batonmq.loadtest.faults import FaultEvent, FaultInjector, check_supported
+from batonmq.loadtest.faults import NET_KINDS, FaultEvent, FaultInjector, check_supported
 from batonmq.loadtest.hist import LogHistogram
 from batonmq.loadtest.history import HistoryWriter, Op, OpKind, load_run
 from batonmq.loadtest.procstat import Sampler
@@ -146,7 +146,9 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
     if config.system == "baton":
         if config.brokers_at:
             return ExternalSystem(list(config.brokers_at))
-        return BatonCluster(config.brokers, base_dir, config.log_url, config.disk_limit_mb)
+        return BatonCluster(config.brokers, base_dir, config.log_url, config.disk_limit_mb,
+                            net=any(e.kind in NET_KINDS for e in config.faults),
+                            fake_clock=any(e.kind == "clockjump" for e in config.faults))
     if config.brokers_at:
         raise RuntimeError("--brokers-at is for Baton only: the harness runs the peers itself")
     if config.system == "rabbitmq":

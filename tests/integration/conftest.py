@@ -35,8 +35,10 @@ class BrokerProcess:
         log_url: str | None = None,
         node_id: str | None = None,
         extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.env = dict(env or {})  # more environment variables (e.g. libfaketime's)
         self.log_url = log_url
         self.node_id = node_id
         self.extra = list(extra or [])
@@ -67,7 +69,7 @@ class BrokerProcess:
         if self.node_id:
             cmd += ["--node-id", self.node_id]
         cmd += self.extra
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         self.starts += 1
         marker = f"== test: start {self.starts}\n".encode()
         with open(self.log_path, "ab") as out:

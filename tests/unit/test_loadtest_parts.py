@@ -127,3 +127,32 @@ def test_tree_usage_counts_a_process_and_its_children() -> None:
     assert set(usage) == {os.getpid()}
     cpu, rss = usage[os.getpid()]
     assert cpu > 0 and rss > 10 << 20
+
+
+def test_the_new_fault_kinds_parse_and_network_kinds_need_toxiproxy(tmp_path: Path) -> None:
+    from batonmq.loadtest.cluster import BatonCluster
+    from batonmq.loadtest.faults import NET_KINDS, check_supported
+
+    spec = "netsplit:3s,client-partition,slow-net,bitflip,truncate,clockjump@5s"
+    kinds = [e.kind for e in parse_faults(spec, 31)]
+    assert kinds == ["netsplit", "client-partition", "slow-net", "bitflip", "truncate",
+                     "clockjump"]
+    assert parse_faults(spec, 31)[0].duration == 3.0
+    events = parse_faults("client-partition@5s", 10)
+    with pytest.raises(RuntimeError, match="Toxiproxy"):
+        check_supported(events, BatonCluster(3, tmp_path))
+    check_supported(events, BatonCluster(3, tmp_path, net=True))  # no server started yet
+    assert "netsplit-during-join" in NET_KINDS and "bitflip" not in NET_KINDS
+
+
+def test_the_steady_clock_ignores_a_step_of_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as real_time
+
+    from batonmq.cluster.node import steady_clock
+
+    clock = steady_clock()
+    before = clock()
+    wall = real_time.time() + 600.0
+    monkeypatch.setattr("batonmq.cluster.node.time.time", lambda: wall)
+    assert abs(clock() - before) < 1000  # ten minutes ahead on the wall: not here
+    assert abs(steady_clock()() - (before + 600_000)) < 1000  # a new start reads it
