@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import time
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 from batonmq.cluster.codec import decode
@@ -39,6 +40,7 @@ from batonmq.cluster.events import (
     Release,
     ReleaseAll,
 )
+from batonmq.cluster.log import Log
 from batonmq.cluster.node import Node
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.results import MessageHistory
@@ -179,6 +181,34 @@ async def message_history(
         return await _history(node, queue, position, limit)
 
 
+async def _records(
+    log: Log, start: int, stop: int
+) -> AsyncIterator[tuple[int, tuple[Origin, AnyEvent] | None]]:
+    """The decodable records of ``log`` from ``start`` up to ``stop`` (exclusive), giving
+    the loop back every :data:`SLICE_SECONDS` so the broker goes on serving meanwhile.
+    A record that does not decode is passed over here (the caller counts what it reads
+    by the offsets): it comes as None."""
+    if stop <= start:
+        return
+    pause_at = time.perf_counter() + SLICE_SECONDS
+    async with contextlib.aclosing(log.read(start)) as reader:
+        async for batch in reader:
+            for offset, record in batch:
+                if offset >= stop:
+                    return
+                if time.perf_counter() > pause_at:
+                    await asyncio.sleep(0)
+                    pause_at = time.perf_counter() + SLICE_SECONDS
+                try:
+                    decoded = decode(record)
+                except BatonError:
+                    yield offset, None
+                    continue
+                yield offset, decoded
+            if batch[-1][0] >= stop - 1:
+                return
+
+
 async def _history(node: Node, queue: str, position: int, limit: int) -> MessageHistory:
     log = node.log
     start = await log.start_offset()
@@ -188,61 +218,49 @@ async def _history(node: Node, queue: str, position: int, limit: int) -> Message
     if start > 0:
         return await _settlements_only(node, queue, position, start, end, limit, target)
     scratch = State(node.state.membership.suspect_beats)
-    pause_at = time.perf_counter() + SLICE_SECONDS
     steps: list[dict[str, Any]] = []
     status = _ABSENT
     qid: int | None = None  # the incarnation of the queue followed
     names: dict[int, str] = {}
     scanned = 0
     stop = min(end, limit)
-    if stop > 0:
-        async with contextlib.aclosing(log.read(0)) as reader:
-            async for batch in reader:
-                for offset, record in batch:
-                    if offset >= stop:
-                        break
-                    scanned += 1
-                    if time.perf_counter() > pause_at:  # let the broker serve meanwhile
-                        await asyncio.sleep(0)
-                        pause_at = time.perf_counter() + SLICE_SECONDS
-                    try:
-                        origin, event = decode(record)
-                    except BatonError:
-                        scratch.skip_malformed(offset)
-                        continue
-                    q = scratch.queues.get(queue)
-                    before_next = q.next_pos if q is not None else 0
-                    out: list[Effect] = []
-                    scratch.apply(offset, origin, event, out)
-                    q = scratch.queues.get(queue)
-                    if q is not None:
-                        if target is not None and q.qid != target:
-                            q = None  # another incarnation than the one that exists now
-                        elif q.qid != qid:
-                            qid, status, steps = q.qid, _ABSENT, []
-                    if qid is None:
-                        continue
-                    if q is not None:
-                        after = _status(q, position)
-                    elif status[0] in ("ready", "acquired"):
-                        after = ("gone", None, status[2], status[3])  # the queue went with it
-                    else:
-                        after = status
-                    if after != status:
-                        moved = next(
-                            (e for e in out if isinstance(e, Moved) and e.src_qid == qid
-                             and e.src_pos == position),
-                            None,
-                        )
-                        if moved is not None:
-                            names = {x.qid: x.name for x in scratch.queues.values()}
-                        steps.append(
-                            _step(offset, origin, event, status, after, before_next, position,
-                                  moved, names)
-                        )
-                        status = after
-                if batch[-1][0] >= stop - 1:
-                    break
+    async for offset, decoded in _records(log, 0, stop):
+        scanned += 1
+        if decoded is None:
+            scratch.skip_malformed(offset)
+            continue
+        origin, event = decoded
+        q = scratch.queues.get(queue)
+        before_next = q.next_pos if q is not None else 0
+        out: list[Effect] = []
+        scratch.apply(offset, origin, event, out)
+        q = scratch.queues.get(queue)
+        if q is not None:
+            if target is not None and q.qid != target:
+                q = None  # another incarnation than the one that exists now
+            elif q.qid != qid:
+                qid, status, steps = q.qid, _ABSENT, []
+        if qid is None:
+            continue
+        if q is not None:
+            after = _status(q, position)
+        elif status[0] in ("ready", "acquired"):
+            after = ("gone", None, status[2], status[3])  # the queue went with it
+        else:
+            after = status
+        if after != status:
+            moved = next(
+                (e for e in out if isinstance(e, Moved) and e.src_qid == qid
+                 and e.src_pos == position),
+                None,
+            )
+            if moved is not None:
+                names = {x.qid: x.name for x in scratch.queues.values()}
+            steps.append(
+                _step(offset, origin, event, status, after, before_next, position,
+                      moved, names)
+            )
+            status = after
     seen_queue = qid is not None
     if not seen_queue and live is None:
         raise QueueNotFound(f"queue {queue!r} does not exist and the log never declared it")
@@ -261,41 +279,29 @@ async def _settlements_only(
     """The log no longer starts at 0: list the settlements that name the position."""
     steps: list[dict[str, Any]] = []
     scanned = 0
-    pause_at = time.perf_counter() + SLICE_SECONDS
     stop = min(end, start + limit)
-    if stop > start:
-        async with contextlib.aclosing(node.log.read(start)) as reader:
-            async for batch in reader:
-                for offset, record in batch:
-                    if offset >= stop:
-                        break
-                    scanned += 1
-                    if time.perf_counter() > pause_at:  # let the broker serve meanwhile
-                        await asyncio.sleep(0)
-                        pause_at = time.perf_counter() + SLICE_SECONDS
-                    try:
-                        origin, event = decode(record)
-                    except BatonError:
-                        continue
-                    if (
-                        isinstance(event, (Accept, Release, Reject))
-                        and event.queue == queue
-                        and position in event.positions
-                    ):
-                        steps.append(
-                            {
-                                "offset": offset,
-                                "time_ms": origin.ts,
-                                "node": origin.node,
-                                "runtime": origin.runtime,
-                                "event": type(event).__name__,
-                                "what": _ASKED[type(event)],
-                                "consumer": event.consumer,
-                                "note": "unchecked: the consumer may not have held it then",
-                            }
-                        )
-                if batch[-1][0] >= stop - 1:
-                    break
+    async for offset, decoded in _records(node.log, start, stop):
+        scanned += 1
+        if decoded is None:
+            continue
+        origin, event = decoded
+        if (
+            isinstance(event, (Accept, Release, Reject))
+            and event.queue == queue
+            and position in event.positions
+        ):
+            steps.append(
+                {
+                    "offset": offset,
+                    "time_ms": origin.ts,
+                    "node": origin.node,
+                    "runtime": origin.runtime,
+                    "event": type(event).__name__,
+                    "what": _ASKED[type(event)],
+                    "consumer": event.consumer,
+                    "note": "unchecked: the consumer may not have held it then",
+                }
+            )
     live = node.state.queues.get(queue)
     if live is None and target is None:
         raise QueueNotFound(f"queue {queue!r} does not exist")
