@@ -15,6 +15,7 @@ for the lookup; the node driver stores them key by key as they come
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from typing import Any, Final
 
@@ -30,6 +31,14 @@ KEY_MEMORY: Final = 1_000_000
 DEDUPE_WINDOW_MS: Final = DEFAULT_DEDUPE_WINDOW_MS
 #: ``expires`` of a key kept until it is pushed out (keys stored before the window).
 _NEVER: Final = -1
+_MASK: Final = (1 << 64) - 1
+
+
+def _entry_hash(seq: int, qid: int, key: str, first: int, expires: int) -> int:
+    """A 64-bit hash of one remembered key, the same on every replica and process (C
+    checksums: cheap enough to keep up with every keyed publish)."""
+    data = f"{seq}:{qid}:{first}:{expires}:{len(key)}:{key}".encode()
+    return (zlib.crc32(data) << 32) | zlib.adler32(data)
 
 #: One remembered key: (sequence number, queue id, key, first position, expires: the
 #: replicated time in ms from which it is forgotten, or -1 for never).
@@ -56,6 +65,11 @@ class PublishKeys:
         self._expires: deque[int] = deque()
         self.total = 0  # keys ever remembered: the next key's sequence number
         self._new: list[KeyEntry] = []  # (seq, qid, key, first) to store
+        # The sum (mod 2**64) of every remembered entry's hash, kept as keys come and
+        # go: the replica digest reads it instead of packing up to a million keys at
+        # each checkpoint (the sequence numbers in the entries make it order-aware).
+        # None: not known (after a restore), summed from :meth:`entries` when asked.
+        self._sum: int | None = 0
 
     def split(
         self, qid: int, next_pos: int, ev: Enqueue, clock: int = 0
@@ -107,6 +121,8 @@ class PublishKeys:
         """Remember a keyed publish until ``expires`` (replicated ms; -1: never);
         forget the oldest past ``memory`` (log order)."""
         self.known[(qid, key)] = (first, expires)
+        if self._sum is not None:
+            self._sum = (self._sum + _entry_hash(self.total, qid, key, first, expires)) & _MASK
         self._qids.append(qid)
         self._names.append(key)
         self._firsts.append(first)
@@ -118,8 +134,11 @@ class PublishKeys:
 
     def _pop(self) -> None:
         """Forget the oldest key (unless the same key was remembered again since)."""
+        seq = self.total - len(self._firsts)
         qid, name = self._qids.popleft(), self._names.popleft()
         entry = (self._firsts.popleft(), self._expires.popleft())
+        if self._sum is not None:
+            self._sum = (self._sum - _entry_hash(seq, qid, name, *entry)) & _MASK
         if self.known.get((qid, name)) == entry:
             del self.known[(qid, name)]
 
@@ -150,6 +169,7 @@ class PublishKeys:
         self._firsts = deque(e[3] for e in entries)
         self._expires = deque(e[4] for e in entries)
         self.known = {(e[1], e[2]): (e[3], e[4]) for e in entries}
+        self._sum = None  # ``total`` comes with the meta snapshot: summed when asked
         self._new = []
 
     def install(self, entries: list[KeyEntry]) -> None:
@@ -168,6 +188,10 @@ class PublishKeys:
         new, self._new = self._new, []
         return new, self.floor()
 
-    def digest_part(self) -> list[list[Any]]:
-        """The keys in log order (the order decides what is forgotten first), canonical."""
-        return [list(self._qids), list(self._names), list(self._firsts), list(self._expires)]
+    def digest_part(self) -> list[int]:
+        """What the replica digest takes of the keys, O(1): how many were ever
+        remembered, how many are remembered now, and the sum of their entries' hashes
+        (each with its sequence number, so the log order counts too)."""
+        if self._sum is None:
+            self._sum = sum(_entry_hash(*e) for e in self.entries()) & _MASK
+        return [self.total, len(self._firsts), self._sum]

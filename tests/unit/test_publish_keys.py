@@ -15,6 +15,7 @@ from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.events import DeclareQueue, Enqueue, Event, Heartbeat, Origin, Propose, Vote
 from batonmq.cluster.results import Enqueued
 from batonmq.cluster.effects import Completed, Effect, Stored
+from batonmq.cluster.keys import PublishKeys
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.state import State
 
@@ -200,3 +201,36 @@ def test_codec_rejects_malformed_key_spans(keys: Any) -> None:
     )
     with pytest.raises(MalformedEvent):
         codec.decode(record)
+
+
+def test_the_digest_part_keeps_up_with_the_keys_and_survives_a_restore() -> None:
+    """The key memory's share of the replica digest is kept as keys come and go (not
+    packed from every key at each checkpoint): it must equal the sum made from scratch,
+    through remembering, forgetting by the memory bound and by the window, and a restore."""
+    import random
+
+    from batonmq.cluster.keys import _MASK, _entry_hash
+
+    def from_scratch(k: PublishKeys) -> list[int]:
+        entries = k.entries()
+        return [k.total, len(entries), sum(_entry_hash(*e) for e in entries) & _MASK]
+
+    rng = random.Random(7)
+    keys = PublishKeys(memory=50)
+    seen = set()
+    for i in range(3000):
+        keys.remember(rng.randrange(3), f"k{rng.randrange(80)}", i,
+                      rng.choice([-1, i + rng.randrange(100)]))
+        if rng.random() < 0.1:
+            keys.forget_expired(i)
+        part = keys.digest_part()
+        assert part == from_scratch(keys), i
+        seen.add(part[2])
+    assert len(seen) > 2900  # the sum moves with every change
+    again = PublishKeys(memory=50)
+    again.total = keys.total
+    again.restore(keys.entries())
+    assert again.digest_part() == keys.digest_part()
+    again.remember(0, "new", 1, -1)
+    keys.remember(0, "new", 1, -1)
+    assert again.digest_part() == keys.digest_part() == from_scratch(keys)
