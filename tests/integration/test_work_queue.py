@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from batonmq import clients
-from batonmq.cluster.errors import BatonError
+from batonmq.cluster.errors import BatonError, QueueNotFound
 from tests.helpers import drain, equal_digests, eventually, now, wait_stats
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_join import brokers, log_url
@@ -416,9 +416,11 @@ async def test_single_active_consumer_fails_over_in_order_across_kill9_and_a_joi
             await c1_conn.publish_batch("sac", [b"%d" % i for i in range(40)])
             c1 = c1_conn.consume("sac", prefetch=5)
             await c1.__aenter__()  # first: node-2 owns the queue, c1 is active
+            # node-1 may not have applied the declaration yet (it came through node-2).
             await eventually(lambda: c2_conn.queue_stats("sac"), "node-2 owns it",
                              until=lambda s: s["owner"] is not None
-                             and s["owner"].startswith("node-2/"))
+                             and s["owner"].startswith("node-2/"),
+                             ignore=(QueueNotFound,))
             async with c2_conn.consume("sac", prefetch=5) as c2:
                 for i in range(10):
                     msg = await next_msg(c1)
