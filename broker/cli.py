@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, cast
 
 from batonmq.broker import cli_client, cli_ops, cli_serve, logs
-from batonmq.broker.config import LOG_FORMATS, LOG_LEVELS
+from batonmq.broker.config import LOG_FORMATS, LOG_LEVELS, package_version
 from batonmq.cluster.errors import BatonError
 
 __all__ = ["main"]
@@ -36,18 +35,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("batonmq")
-    except importlib.metadata.PackageNotFoundError:  # run from a tree that is not installed
-        return "unknown (not installed)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations at the top: "serve --log URL" must not look like an
     # ambiguous "--log-level" / "--log-format" to this parser.
     p = _Parser(prog="baton", description="Baton message broker", allow_abbrev=False)
-    p.add_argument("--version", action="version", version=f"baton {_version()}")
+    p.add_argument("--version", action="version", version=f"baton {package_version()}")
     p.add_argument("--log-level", default=None, type=str.upper, choices=LOG_LEVELS,
                    help="least level logged (default INFO)")
     p.add_argument("--log-format", default=None, choices=LOG_FORMATS,

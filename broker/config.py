@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
@@ -17,9 +18,19 @@ __all__ = [
     "MAX_IN_FLIGHT",
     "READY_PREFIX",
     "admin_ready_address",
+    "package_version",
     "parse_address",
     "ready_address",
 ]
+
+
+def package_version() -> str:
+    """The installed distribution's version, one number for ``--version`` and ``HelloOk``."""
+    try:
+        return importlib.metadata.version("batonmq")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that is not installed
+        return "0+unknown"
+
 
 DEFAULT_PORT = 5671
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -11,7 +11,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from batonmq.broker import logs
-from batonmq.broker.config import BrokerConfig, parse_address
+from batonmq.broker.config import BrokerConfig, package_version, parse_address
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.session import Session
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Broker", "VERSION"]
 
-VERSION = "0.1.0"
+
+VERSION = package_version()
 
 log = logging.getLogger("baton.broker")
 

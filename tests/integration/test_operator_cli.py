@@ -34,6 +34,11 @@ def test_version() -> None:
     assert r.stdout.strip() == f"baton {version('batonmq')}"
 
 
+def test_the_broker_tells_clients_the_installed_version(broker: BrokerProcess) -> None:
+    with clients.sync.connect(broker.address) as conn:
+        assert conn.server == f"baton/{version('batonmq')}"
+
+
 def test_queue_declare_takes_the_work_queue_settings(broker: BrokerProcess) -> None:
     r = baton("queue", "declare", "work", "--broker", broker.address, "--retry", "exponential",
               "--retry-delay", "0.5", "--retry-max", "30", "--ack-timeout", "20",
