@@ -76,6 +76,7 @@ class Appender:
         self.store = store
         self.health = health
         self.closing = False  # set by close(): new submissions fail with ShuttingDown
+        self.halted: str | None = None  # set by halt(): why this broker takes no commands
         self._clock = clock
         self._max_append = max_append
         self._encoder = EventEncoder()
@@ -122,6 +123,9 @@ class Appender:
         fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         if self.closing:
             fut.set_exception(ShuttingDown("the broker is shutting down"))
+            return fut
+        if self.halted is not None:
+            fut.set_exception(ShuttingDown(self.halted))
             return fut
         if len(self._outbox) >= self._max_outbox:
             fut.set_exception(
@@ -326,6 +330,26 @@ class Appender:
         deadline = time.monotonic() + timeout
         while self._outbox and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+
+    def halt(self, batch: int) -> None:
+        """Applying stopped for good at the batch from offset ``batch``: refuse new events at once and
+        fail the waiting ones, instead of letting their callers wait for an apply that
+        will not come before a restart. A waiting event may already be on the log (the
+        other brokers apply it), so its caller is told the outcome is unknown."""
+        self.halted = (
+            f"this broker stopped applying the log at offset {batch} (an internal error,"
+            " see its log) and takes no commands until it is restarted; use another broker"
+        )
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(
+                    ShuttingDown(
+                        f"{self.halted}. This command's outcome is unknown: it may be on the log,"
+                        " where the other brokers apply it (with an idempotency key, sending it"
+                        " again through another broker applies it once)"
+                    )
+                )
+        self._waiting.clear()
 
     def fail_waiting(self) -> None:
         """Fail every future still waiting with ShuttingDown (the tasks have stopped)."""

@@ -95,6 +95,7 @@ class Applier:
         after_batch: Callable[[], None],
         truncated: Callable[[], None],
         joining: Callable[[], Tracker | None],
+        halted: Callable[[int], None],
     ) -> None:
         self.node_id = node_id
         self.runtime_id = runtime_id
@@ -112,6 +113,7 @@ class Applier:
         self._checkpointed = checkpointed
         self._after_batch = after_batch
         self._truncated = truncated
+        self._halted = halted
         self._joining = joining
 
     async def run(self) -> None:
@@ -129,7 +131,8 @@ class Applier:
         a store backend) stops applying for good, with a CRITICAL log and ``health``
         false: the state in memory may hold part of the batch and the store does not,
         so retrying would skip or lose it. The store keeps the last whole batch; a
-        restart applies the log again from there.
+        restart applies the log again from there. Commands fail fast meanwhile
+        (``halted``: the appender refuses new ones and fails those waiting).
         """
         delay = 0.5
         corrupt_since: str | None = None
@@ -160,6 +163,7 @@ class Applier:
                     " applies nothing more until it is restarted (it resumes from the last"
                     " stored batch)", exc.args[0], exc.__cause__, exc_info=exc.__cause__,
                 )
+                self._halted(exc.args[0])
                 return
             except LogTruncated as exc:
                 # Paused or cut off while the others truncated the log past us: this

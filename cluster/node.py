@@ -159,6 +159,7 @@ class Node:
             after_batch=self._membership_duties,
             truncated=self._truncated,
             joining=self._joining,
+            halted=self.appender.halt,
         )
         self.applied_event = self.applier.applied_event  # set after every applied batch
         # Held while a log batch is applied and stored: state == store outside it.

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from batonmq.cluster.errors import ShuttingDown
 from batonmq.cluster.events import DeclareQueue, Enqueue
 from batonmq.cluster.log import open_log
 from batonmq.cluster.node import Node
@@ -54,18 +55,20 @@ async def test_a_failing_apply_stops_applying_and_loses_nothing(
         r.levelno == logging.CRITICAL and "injected apply bug" in r.getMessage()
         for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
-    # Applying stopped (it is not retried past or over the failed batch): later
-    # events are not applied either, and the node stays unhealthy.
-    later = node.submit(DeclareQueue("other"))
-    await asyncio.sleep(1.5)
-    assert not fut.done() and not later.done()
+    # Applying stopped (it is not retried past or over the failed batch): the
+    # waiting command fails at once (its outcome is unknown: it is on the log), a
+    # later one is refused before the log, and the node stays unhealthy.
+    with pytest.raises(ShuttingDown, match="outcome is unknown"):
+        await asyncio.wait_for(fut, 5)
+    end = await log_.end_offset()
+    with pytest.raises(ShuttingDown, match="stopped applying the log"):
+        await asyncio.wait_for(node.submit(DeclareQueue("other")), 5)
+    assert await log_.end_offset() == end, "a refused command was appended"
     assert "other" not in node.state.queues
     assert not node.healthy
     # The store still holds the last good batch: a restart applies the failed one.
     assert store.load().applied < await log_.end_offset() - 1
     monkeypatch.setattr(State, "apply", real_apply)
-    fut.cancel()
-    later.cancel()
     await node.stop()
     store.close()
     again = Node("a", log_, store.reopen())
@@ -73,7 +76,7 @@ async def test_a_failing_apply_stops_applying_and_loses_nothing(
     try:
         q = again.state.queues["q"]
         assert q.length == 1, "the batch that failed to apply was lost"
-        assert "other" in again.state.queues
+        assert "other" not in again.state.queues
         assert again.healthy
         assert await again.submit(Enqueue("q", ((b"y", {}),))) == Enqueued(1, 1)
     finally:
