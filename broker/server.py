@@ -62,6 +62,10 @@ class Broker:
         self._tls_on = False
         self._handshakes_failed = 0  # since the last log line about them
         self._handshake_logged = 0.0
+        # (node, applied offset, digest): Topology answers (the console polls them) reuse
+        # the replica digest until the state moves, instead of packing every queue's
+        # index on each request.
+        self._digest_at: tuple[object, int, str] | None = None
 
     @property
     def node(self) -> Node:
@@ -311,6 +315,16 @@ class Broker:
         stats["updating"] = self.node.locked(name)  # a join update still brings it here
         return stats
 
+    def _digest(self, node: Node) -> str:
+        """The replica digest of ``node``'s state at its applied offset, computed once
+        per offset (a rejoin makes a new node, so the node is part of the key)."""
+        applied = node.state.applied
+        cached = self._digest_at
+        if cached is None or cached[0] is not node or cached[1] != applied:
+            cached = (node, applied, node.state.digest())
+            self._digest_at = cached
+        return cached[2]
+
     def topology(self) -> dict[str, Any]:
         """The view as applied here (docs/design.md §7), plus this replica's offset and digest."""
         node = self.node
@@ -364,7 +378,7 @@ class Broker:
             # ``baton health`` compares it with the suspicion time.
             "behind_ms": max(0, node.clock() - node.state.clock),
             "suspect_ms": self.config.heartbeat_ms * self.config.suspect_beats,
-            "digest": node.state.digest(),
+            "digest": self._digest(node),
             # docs/design.md §8: this broker's join (progress while it runs, then its figures),
             # the last checkpoint and any digest mismatch seen (a bug if not 0).
             "join": (
