@@ -8,15 +8,15 @@ key still remembered is not enqueued again, and is answered with its original po
 Keys are forgotten in log order once their window has passed, and, as a bound on memory,
 when more than :data:`KEY_MEMORY` are remembered, so every replica forgets the same ones.
 
-The keys are kept as three parallel deques (cheap to snapshot and digest) plus a dict
-for the lookup; the node driver stores them key by key as they come
+The keys are kept in log order in parallel arrays of machine integers plus a list of the
+key strings, and a dict per queue for the lookup (about half the memory of tuples); the node driver stores them key by key as they come
 (:meth:`PublishKeys.take`), not with every batch.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections import deque
+from array import array
 from typing import Any, Final
 
 from batonmq.cluster.events import DEFAULT_DEDUPE_WINDOW_MS, Enqueue
@@ -32,6 +32,8 @@ DEDUPE_WINDOW_MS: Final = DEFAULT_DEDUPE_WINDOW_MS
 #: ``expires`` of a key kept until it is pushed out (keys stored before the window).
 _NEVER: Final = -1
 _MASK: Final = (1 << 64) - 1
+#: Forgotten entries kept at the front of the arrays before they are cut off.
+_CUT: Final = 4096
 
 
 def _entry_hash(seq: int, qid: int, key: str, first: int, expires: int) -> int:
@@ -56,13 +58,17 @@ class PublishKeys:
 
     def __init__(self, memory: int = KEY_MEMORY) -> None:
         self.memory = memory
-        self.known: dict[tuple[int, str], tuple[int, int]] = {}  # -> (first, expires)
-        # The same keys in log order (parallel deques) so that the oldest is
-        # forgotten first.
-        self._qids: deque[int] = deque()
-        self._names: deque[str] = deque()
-        self._firsts: deque[int] = deque()
-        self._expires: deque[int] = deque()
+        # Up to a million keys at a time, so each costs as little as it can: per
+        # queue id, key -> the sequence number of its newest entry; the entries
+        # themselves in log order, as machine integers in arrays (the oldest first,
+        # from ``_head``; the forgotten prefix is cut off now and then) and the key
+        # strings in a list.
+        self._by_q: dict[int, dict[str, int]] = {}
+        self._qids = array("q")
+        self._firsts = array("q")
+        self._expires = array("q")
+        self._names: list[str] = []
+        self._head = 0  # index of the oldest remembered entry in the arrays
         self.total = 0  # keys ever remembered: the next key's sequence number
         self._new: list[KeyEntry] = []  # (seq, qid, key, first) to store
         # The sum (mod 2**64) of every remembered entry's hash, kept as keys come and
@@ -70,6 +76,33 @@ class PublishKeys:
         # each checkpoint (the sequence numbers in the entries make it order-aware).
         # None: not known (after a restore), summed from :meth:`entries` when asked.
         self._sum: int | None = 0
+
+    def __len__(self) -> int:
+        """How many keys are remembered now."""
+        return len(self._firsts) - self._head
+
+    def _index(self, seq: int) -> int:
+        # The remembered entries are the last len(self) sequence numbers below total.
+        return seq - self.total + len(self._firsts)
+
+    def lookup(self, qid: int, key: str) -> tuple[int, int] | None:
+        """(first position, expires) of the newest ``key`` remembered for queue ``qid``."""
+        seqs = self._by_q.get(qid)
+        seq = seqs.get(key) if seqs is not None else None
+        if seq is None:
+            return None
+        i = self._index(seq)
+        return self._firsts[i], self._expires[i]
+
+    @property
+    def known(self) -> dict[tuple[int, str], tuple[int, int]]:
+        """(qid, key) -> (first, expires) of each remembered key, in log order (a copy,
+        for tests and tools: O(keys))."""
+        out: dict[tuple[int, str], tuple[int, int]] = {}
+        for seq, qid, key, first, expires in self.entries():
+            if self._by_q[qid].get(key) == seq:
+                out[(qid, key)] = (first, expires)
+        return out
 
     def split(
         self, qid: int, next_pos: int, ev: Enqueue, clock: int = 0
@@ -82,7 +115,8 @@ class PublishKeys:
             (the new spans' messages, each span's first position, the new keyed spans
             with their positions, how many spans were re-sent). Changes nothing.
         """
-        known = self.known
+        seqs = self._by_q.get(qid)
+        firsts, expiries, total_len = self._firsts, self._expires, len(self._firsts) - self.total
         starts: list[int] = []
         fresh: list[tuple[str, int]] = []
         here: dict[str, int] = {}  # a key twice in one event: the second is a re-send
@@ -92,10 +126,12 @@ class PublishKeys:
         for key, count in ev.keys:
             old: int | None = None
             if key:
-                hit = known.get((qid, key))
-                if hit is not None and (hit[1] < 0 or hit[1] > clock):
-                    old = hit[0]
-                else:
+                seq = seqs.get(key) if seqs is not None else None
+                if seq is not None:
+                    expires = expiries[seq + total_len]
+                    if expires < 0 or expires > clock:
+                        old = firsts[seq + total_len]
+                if old is None:
                     old = here.get(key)
             if old is not None:
                 starts.append(old)
@@ -120,43 +156,60 @@ class PublishKeys:
     def remember(self, qid: int, key: str, first: int, expires: int = _NEVER) -> None:
         """Remember a keyed publish until ``expires`` (replicated ms; -1: never);
         forget the oldest past ``memory`` (log order)."""
-        self.known[(qid, key)] = (first, expires)
+        seq = self.total
+        seqs = self._by_q.get(qid)
+        if seqs is None:
+            seqs = self._by_q[qid] = {}
+        seqs[key] = seq
         if self._sum is not None:
-            self._sum = (self._sum + _entry_hash(self.total, qid, key, first, expires)) & _MASK
+            self._sum = (self._sum + _entry_hash(seq, qid, key, first, expires)) & _MASK
         self._qids.append(qid)
         self._names.append(key)
         self._firsts.append(first)
         self._expires.append(expires)
-        self._new.append((self.total, qid, key, first, expires))
+        self._new.append((seq, qid, key, first, expires))
         self.total += 1
-        while len(self._firsts) > self.memory:
+        while len(self._firsts) - self._head > self.memory:
             self._pop()
 
     def _pop(self) -> None:
         """Forget the oldest key (unless the same key was remembered again since)."""
-        seq = self.total - len(self._firsts)
-        qid, name = self._qids.popleft(), self._names.popleft()
-        entry = (self._firsts.popleft(), self._expires.popleft())
+        i = self._head
+        seq = self.total - len(self._firsts) + i
+        qid, name = self._qids[i], self._names[i]
         if self._sum is not None:
-            self._sum = (self._sum - _entry_hash(seq, qid, name, *entry)) & _MASK
-        if self.known.get((qid, name)) == entry:
-            del self.known[(qid, name)]
+            self._sum = (
+                self._sum - _entry_hash(seq, qid, name, self._firsts[i], self._expires[i])
+            ) & _MASK
+        seqs = self._by_q[qid]
+        if seqs.get(name) == seq:
+            del seqs[name]
+            if not seqs:
+                del self._by_q[qid]
+        self._names[i] = ""  # the string goes now, its slot with the next cut
+        self._head = i + 1
+        if self._head >= _CUT and self._head * 2 >= len(self._firsts):
+            # Cut the forgotten prefix off (amortised O(1) per key).
+            n = self._head
+            del self._qids[:n], self._firsts[:n], self._expires[:n], self._names[:n]
+            self._head = 0
 
     def forget_expired(self, clock: int) -> None:
         """Forget the oldest keys, in log order, while their window has passed at
         ``clock`` (a key behind one with a longer window waits for it, but is no
         longer honoured: :meth:`split` checks each key's own time)."""
         expires = self._expires
-        while expires and 0 <= expires[0] <= clock:
+        while self._head < len(expires) and 0 <= expires[self._head] <= clock:
             self._pop()
 
     def entries(self) -> list[KeyEntry]:
         """The remembered keys as (seq, qid, key, first position), in log order."""
-        low = self.total - len(self._firsts)
+        h = self._head
+        low = self.total - len(self._firsts) + h
         return [
             (low + i, qid, key, first, expires)
             for i, (qid, key, first, expires) in enumerate(
-                zip(self._qids, self._names, self._firsts, self._expires)
+                zip(self._qids[h:], self._names[h:], self._firsts[h:], self._expires[h:])
             )
         ]
 
@@ -164,11 +217,14 @@ class PublishKeys:
         """Restore the memory from :meth:`entries` (``total`` is restored with the meta
         snapshot). Nothing is new to store afterwards."""
         entries = sorted(entries)[-self.memory :] if self.memory > 0 else []
-        self._qids = deque(e[1] for e in entries)
-        self._names = deque(e[2] for e in entries)
-        self._firsts = deque(e[3] for e in entries)
-        self._expires = deque(e[4] for e in entries)
-        self.known = {(e[1], e[2]): (e[3], e[4]) for e in entries}
+        self._qids = array("q", (e[1] for e in entries))
+        self._names = [e[2] for e in entries]
+        self._firsts = array("q", (e[3] for e in entries))
+        self._expires = array("q", (e[4] for e in entries))
+        self._head = 0
+        self._by_q = {}
+        for seq, qid, key, _, _ in entries:
+            self._by_q.setdefault(qid, {})[key] = seq
         self._sum = None  # ``total`` comes with the meta snapshot: summed when asked
         self._new = []
 
@@ -180,7 +236,7 @@ class PublishKeys:
 
     def floor(self) -> int:
         """The sequence number of the oldest key still remembered."""
-        return self.total - len(self._firsts)
+        return self.total - len(self)
 
     def take(self) -> tuple[list[KeyEntry], int]:
         """Keys remembered since the last call, and the sequence number below which keys
@@ -194,4 +250,4 @@ class PublishKeys:
         (each with its sequence number, so the log order counts too)."""
         if self._sum is None:
             self._sum = sum(_entry_hash(*e) for e in self.entries()) & _MASK
-        return [self.total, len(self._firsts), self._sum]
+        return [self.total, len(self), self._sum]

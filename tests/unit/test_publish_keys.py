@@ -234,3 +234,40 @@ def test_the_digest_part_keeps_up_with_the_keys_and_survives_a_restore() -> None
     again.remember(0, "new", 1, -1)
     keys.remember(0, "new", 1, -1)
     assert again.digest_part() == keys.digest_part() == from_scratch(keys)
+
+
+def test_the_compact_memory_answers_as_a_plain_model_through_cuts_and_a_restore() -> None:
+    """The key memory keeps its entries in arrays whose forgotten prefix is cut off now
+    and then: every lookup must still answer as a plain dict of the newest entry of
+    each key among the last ``memory`` ones (and the same after a restore)."""
+    import random
+
+    from batonmq.cluster.keys import _CUT
+
+    memory = _CUT + 500  # small enough to cut the prefix many times below
+    rng = random.Random(11)
+    keys = PublishKeys(memory=memory)
+    log: list[tuple[int, str, int, int]] = []  # every remember, in order
+
+    def model() -> dict[tuple[int, str], tuple[int, int]]:
+        out: dict[tuple[int, str], tuple[int, int]] = {}
+        for qid, key, first, expires in log[-memory:]:
+            out[(qid, key)] = (first, expires)
+        return out
+
+    for i in range(6 * memory):
+        entry = (rng.randrange(3), f"k{rng.randrange(2 * memory)}", i, rng.choice([-1, i + 50]))
+        keys.remember(*entry)
+        log.append(entry)
+        if i % 1999 == 0:
+            expected = model()
+            assert keys.known == expected, i
+            for qid in range(3):  # every key ever used: remembered or forgotten
+                for n in range(2 * memory):
+                    assert keys.lookup(qid, f"k{n}") == expected.get((qid, f"k{n}")), (i, n)
+            assert len(keys) == min(i + 1, memory)
+    again = PublishKeys(memory=memory)
+    again.total = keys.total
+    again.restore(keys.entries())
+    assert again.known == keys.known == model()
+    assert again.entries() == keys.entries()
