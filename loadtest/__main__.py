@@ -240,6 +240,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         disk_limit = 1024  # diskfull needs a size-limited data dir: a 1 GiB tmpfs
     report = Path(opts["report"]) if opts["report"] else None
     results: list[RunResult] = []
+    _exit_on_sigterm()  # so that the runner's finally blocks stop every server it started
     for system in systems:
         config = RunConfig(
             workload=workload,
@@ -281,6 +282,19 @@ def run_from_args(args: argparse.Namespace) -> int:
         print("loadtest: some faults could not be applied (see 'fault errors')", file=sys.stderr)
         return 2
     return 0
+
+
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM exit through the ``finally`` blocks (status 143), as ^C does: the
+    runner then stops the brokers, the peer nodes and their epmd it started."""
+    import signal
+    import threading
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, terminate)
 
 
 def _write_json(results: Sequence[Any], path: str, rows: Any) -> None:
