@@ -131,7 +131,7 @@ async def _produce(spec: WorkerSpec, counter: Counter) -> None:
         while True:
             if monotonic_ns() >= deadline_ns or (cap is not None and seq >= cap):
                 return
-            lag = -1
+            due = 0
             if rate is not None:
                 # Target rate: message k is due at start + k / rate. Its latency is also
                 # measured from that intended time (coordinated omission: a stalled
@@ -141,19 +141,20 @@ async def _produce(spec: WorkerSpec, counter: Counter) -> None:
                 due = start_ns + seq * interval_ns
                 if due >= deadline_ns:
                     return
-                seq += 1
-                k = seq  # taken before the sleep: the other publishers move seq on
-                now_ns = monotonic_ns()
-                if now_ns < due:
-                    await sleep((due - now_ns) / 1e9)
-                lag = monotonic_ns() - due
-            else:
-                seq += 1
-                k = seq
+            seq += 1
+            # Everything random is drawn here, before any await: in message order, so a
+            # seed gives every message id the same flags whatever the scheduling.
+            k = seq
             mid = f"{spec.actor}:{k}"
             queue = queues[k % n]
             body = make_body(mid.encode(), _flag(rng, workload), workload.size)
             later = delayed and rng.random() < workload.delay_share
+            lag = -1
+            if rate is not None:
+                now_ns = monotonic_ns()
+                if now_ns < due:
+                    await sleep((due - now_ns) / 1e9)
+                lag = monotonic_ns() - due
             # A delayed message says so in its invoke record: the checker's bound.
             record(OpKind.PUBLISH_INVOKE, queue, mid, count=lag, info=delay_info if later else "")
             try:
