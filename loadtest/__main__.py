@@ -2,6 +2,7 @@
 
     python -m batonmq.loadtest --preset throughput --duration 15 --brokers 3
     python -m batonmq.loadtest --system baton --system rabbitmq --system nats --report DIR
+    python -m batonmq.loadtest --system nats --system nats-sync --peer-nodes 1
     python -m batonmq.loadtest --preset latency --faults "kill9,sigstop,join@30s" --duration 300
     python -m batonmq.loadtest --config run.toml
     python -m batonmq.loadtest --check DIR     # re-check a kept run (or report) directory
@@ -28,6 +29,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "duration": 15.0,
     "system": ["baton"],
     "brokers": 3,
+    "peer_nodes": 3,
     "brokers_at": None,
     "log": None,
     "faults": None,
@@ -55,10 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="workload preset (default throughput)")
     p.add_argument("--duration", type=float, default=None, help="seconds of publishing (15)")
     p.add_argument("--system", action="append", default=None,
-                   choices=("baton", "rabbitmq", "nats"),
+                   choices=("baton", "rabbitmq", "nats", "nats-sync"),
                    help="system to run the workload on; repeat for a side-by-side run "
                    "(default baton)")
     p.add_argument("--brokers", type=int, default=None, help="Baton brokers to start (3)")
+    p.add_argument("--peer-nodes", type=int, default=None, choices=(1, 3),
+                   help="nodes of each peer (RabbitMQ, NATS): 1, or a cluster of 3 "
+                   "replicating every queue three ways (3)")
     p.add_argument("--brokers-at", default=None,
                    help="HOST:PORT,... of running Baton brokers: start none")
     p.add_argument("--log", default=None, help="log URL for the started brokers (default: a "
@@ -146,13 +151,15 @@ def _preflight(system: str, workload: Any) -> None:
         require_binary("rabbitmq-server", "rabbitmq-server", ("/usr/lib/rabbitmq/bin/rabbitmq-server",))
         require_binary("epmd", "erlang-base")
         import aio_pika  # noqa: F401 - the client library (pip: aio-pika)
-    elif system == "nats":
+    elif system in ("nats", "nats-sync"):
         if workload.release_share or workload.reject_share or workload.dead_letter:
             raise RuntimeError(
                 "NATS JetStream has no delivery limit with dead-lettering: "
                 f"preset {workload.name!r} cannot run on it"
             )
-        require_binary("nats-server", "nats-server")
+        from batonmq.loadtest.peers.nats import nats_binary
+
+        nats_binary(sync=system == "nats-sync")  # builds the pinned server if it must
         import nats  # noqa: F401 - the client library (pip: nats-py)
 
 
@@ -209,6 +216,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     if duration <= 0 or int(opts["brokers"]) < 1:
         print("loadtest: --duration and --brokers must be positive", file=sys.stderr)
         return 2
+    if int(opts["peer_nodes"]) not in (1, 3):
+        print("loadtest: --peer-nodes must be 1 or 3", file=sys.stderr)
+        return 2
     try:
         workload = get_preset(str(opts["preset"]), **wl_over)
     except (KeyError, TypeError) as exc:
@@ -230,12 +240,14 @@ def run_from_args(args: argparse.Namespace) -> int:
         disk_limit = 1024  # diskfull needs a size-limited data dir: a 1 GiB tmpfs
     report = Path(opts["report"]) if opts["report"] else None
     results: list[RunResult] = []
+    _exit_on_sigterm()  # so that the runner's finally blocks stop every server it started
     for system in systems:
         config = RunConfig(
             workload=workload,
             duration=duration,
             system=system,
             brokers=int(opts["brokers"]),
+            peer_nodes=int(opts["peer_nodes"]),
             log_url=opts["log"],
             brokers_at=tuple(a for a in (opts["brokers_at"] or "").split(",") if a),
             report_dir=str(report / system) if report else None,
@@ -270,6 +282,19 @@ def run_from_args(args: argparse.Namespace) -> int:
         print("loadtest: some faults could not be applied (see 'fault errors')", file=sys.stderr)
         return 2
     return 0
+
+
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM exit through the ``finally`` blocks (status 143), as ^C does: the
+    runner then stops the brokers, the peer nodes and their epmd it started."""
+    import signal
+    import threading
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, terminate)
 
 
 def _write_json(results: Sequence[Any], path: str, rows: Any) -> None:

@@ -15,7 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Sampler", "tree_usage"]
+__all__ = ["Sampler", "tree_usage", "summarize", "GENERATOR_SATURATED"]
+
+#: A load-generator process using this share of one core or more over the load phase
+#: was (nearly) saturated: the figures of that run may measure the generator.
+GENERATOR_SATURATED = 0.9
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -137,3 +141,32 @@ class Sampler(threading.Thread):
         if self.is_alive():
             self.halt.set()
             self.join(5)
+
+
+def summarize(
+    rows: list[dict[str, Any]], load_end: float, skip_first: bool = False
+) -> dict[str, dict[str, float]]:
+    """Per process label: mean and max cores over the load phase, peak RSS over the run.
+
+    Args:
+        rows: samples (``t``, ``label``, ``cpu``, ``rss_mib``), ``t`` on one clock with
+            ``load_end``.
+        load_end: when the load phase ended (0: use every sample).
+        skip_first: leave each process's first sample out of the CPU figures when it has
+            three or more in the load phase (a worker's first second is its start-up:
+            imports, connecting).
+    """
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["label"], []).append(r)
+    out: dict[str, dict[str, float]] = {}
+    for label, rs in sorted(by.items()):
+        load = [r for r in rs if not load_end or r["t"] <= load_end] or rs
+        if skip_first and len(load) >= 3:
+            load = load[1:]
+        out[label] = {
+            "cpu_mean": round(sum(r["cpu"] for r in load) / len(load), 3),
+            "cpu_max": round(max(r["cpu"] for r in load), 3),
+            "rss_max_mib": round(max(r["rss_mib"] for r in rs), 1),
+        }
+    return out

@@ -213,20 +213,27 @@ def write_report(results: Sequence[RunResult], out_dir: str | Path, title: str =
             *(f"{e[k]:.2f}" for k in ("p50", "p90", "p99", "p99.9", "max")),
             "-" if row["cpu"] is None else f"{row['cpu']:.2f}",
             "-" if row["rss"] is None else f"{row['rss']:.0f}",
+            "-" if row["generator_cpu"] is None else f"{row['generator_cpu']:.2f}"
+            + (" SATURATED" if row["generator_saturated"] else ""),
             row["checker"],
         ])
     parts.append("<h2>Figures</h2>")
     parts.append(_table(
         ["system", "confirmed/s", "accepted/s",
          "confirm p50", "p90", "p99", "p99.9", "max",
-         "e2e p50", "p90", "p99", "p99.9", "max", "server cores", "peak RSS MiB", "checker"],
+         "e2e p50", "p90", "p99", "p99.9", "max", "server cores", "peak RSS MiB",
+         "generator cores", "checker"],
         rows,
     ))
     loads = ", ".join(
         f"{r.config.get('system')} {r.config['loadavg_1m'][0]:.1f} -> {r.config['loadavg_1m'][1]:.1f}"
         for r in results if r.config.get("loadavg_1m")
     )
-    parts.append("<p>Latencies in ms. Definitions: docs/loadtest.md."
+    parts.append("<p>Latencies in ms. Nodes: the servers each system ran (Baton brokers; "
+                 "RabbitMQ and NATS nodes, every queue replicated on each). Generator cores: "
+                 "the busiest load-generator process (mean over the load phase); SATURATED "
+                 "when one used 90 % of a core or more, so that run may measure the "
+                 "generator. Definitions: docs/loadtest.md."
                  + (html.escape(f" Machine load (1-min average, before -> after each run, "
                                 f"{cfg.get('cpus')} CPUs): {loads}.") if loads else "")
                  + "</p>")

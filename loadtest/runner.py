@@ -33,7 +33,7 @@ from batonmq.loadtest.cluster import BatonCluster, ExternalSystem
 from batonmq.loadtest.faults import NET_KINDS, FaultEvent, FaultInjector, check_supported
 from batonmq.loadtest.hist import LogHistogram
 from batonmq.loadtest.history import HistoryWriter, Op, OpKind, load_run
-from batonmq.loadtest.procstat import Sampler
+from batonmq.loadtest.procstat import GENERATOR_SATURATED, Sampler, summarize
 from batonmq.loadtest.worker import WorkerSpec, consume_queue, worker_main
 from batonmq.loadtest.workloads import Workload
 
@@ -89,6 +89,8 @@ class RunConfig:
     duration: float
     system: str = "baton"
     brokers: int = 3
+    #: Nodes of a peer (RabbitMQ, NATS): 1, or a cluster of 3.
+    peer_nodes: int = 3
     log_url: str | None = None
     brokers_at: tuple[str, ...] = ()
     report_dir: str | None = None
@@ -154,12 +156,12 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
     if config.system == "rabbitmq":
         from batonmq.loadtest.peers.rabbitmq import RabbitSystem
 
-        return RabbitSystem(base_dir)
-    if config.system == "nats":
+        return RabbitSystem(base_dir, config.peer_nodes)
+    if config.system in ("nats", "nats-sync"):
         from batonmq.loadtest.peers.nats import NatsSystem
 
-        return NatsSystem(base_dir)
-    raise RuntimeError(f"unknown system {config.system!r} (baton, rabbitmq, nats)")
+        return NatsSystem(base_dir, config.peer_nodes, sync=config.system == "nats-sync")
+    raise RuntimeError(f"unknown system {config.system!r} (baton, rabbitmq, nats, nats-sync)")
 
 
 async def _prepare(
@@ -289,6 +291,7 @@ def run(config: RunConfig) -> RunResult:
     procs: list[multiprocessing.process.BaseProcess] = []
     injector: FaultInjector | None = None
     sampler: Sampler | None = None
+    gen_sampler: Sampler | None = None
     failed_workers: list[str] = []
     fault_errors: list[str] = []
     faults_applied: list[dict[str, Any]] = []
@@ -352,6 +355,12 @@ def run(config: RunConfig) -> RunResult:
         t0 = time.monotonic()
         sampler = Sampler(system.processes, t0, config.sample_interval)
         sampler.start()
+        # The generator's own processes too: a saturated one measures itself.
+        gen_sampler = Sampler(
+            lambda: {p.name: p.pid for p in list(procs) if p.pid is not None and p.is_alive()},
+            t0, config.sample_interval,
+        )
+        gen_sampler.start()
         if config.faults:
             assert isinstance(system, BatonCluster)  # check_supported
             injector = FaultInjector(system, list(config.faults), run_dir / "faults.hist", t0)
@@ -419,6 +428,8 @@ def run(config: RunConfig) -> RunResult:
             faults_applied = injector.summary()
         if sampler is not None:
             sampler.stop()
+        if gen_sampler is not None:
+            gen_sampler.stop()
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -427,13 +438,15 @@ def run(config: RunConfig) -> RunResult:
         if sampler is not None:
             with open(run_dir / SAMPLES_FILE, "w") as f:
                 json.dump({"samples": sampler.samples, "load_end": load_end,
-                           "t0_mono_ns": int(sampler.t0 * 1e9)}, f)
+                           "t0_mono_ns": int(sampler.t0 * 1e9),
+                           "generator": gen_sampler.samples if gen_sampler else []}, f)
     result = analyse_dir(run_dir)
     result.config = {
         "system": config.system,
         "preset": workload.name,
         "duration": config.duration,
-        "brokers": (len(config.brokers_at) or config.brokers) if config.system == "baton" else 1,
+        "brokers": (len(config.brokers_at) or config.brokers) if config.system == "baton"
+        else config.peer_nodes,
         "log": (config.log_url or ("external" if config.brokers_at else "file:"))
         if config.system == "baton" else "",
         "seed": config.seed,
@@ -441,6 +454,7 @@ def run(config: RunConfig) -> RunResult:
         "workload": asdict(workload),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "cpus": os.cpu_count(),
+        "server_version": str(getattr(system, "version", "") or ""),
     }
     if failed_workers:
         result.metrics["failed_workers"] = failed_workers
@@ -601,20 +615,19 @@ def _samples(run_dir: Path, t0_ns: int) -> dict[str, Any]:
         {**r, "t": round(r["t"] + shift, 3)} for r in data.get("samples", [])
     ]
     load_end = float(data.get("load_end") or 0.0) + shift
-    by: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by.setdefault(r["label"], []).append(r)
-    summary: dict[str, Any] = {}
-    for label, rs in sorted(by.items()):
-        load = [r for r in rs if not load_end or r["t"] <= load_end] or rs
-        summary[label] = {
-            "cpu_mean": round(sum(r["cpu"] for r in load) / len(load), 3),
-            "cpu_max": round(max(r["cpu"] for r in load), 3),
-            "rss_max_mib": round(max(r["rss_mib"] for r in rs), 1),
-        }
+    summary = summarize(rows, load_end)
+    gen = summarize([{**r, "t": r["t"] + shift} for r in data.get("generator", [])], load_end,
+                    skip_first=True)
     total_cpu = round(sum(v["cpu_mean"] for v in summary.values()), 3)
-    return {"samples": rows, "per_process": summary, "cpu_mean_total": total_cpu,
-            "rss_max_mib_total": round(sum(v["rss_max_mib"] for v in summary.values()), 1)}
+    out: dict[str, Any] = {"samples": rows, "per_process": summary, "cpu_mean_total": total_cpu,
+           "rss_max_mib_total": round(sum(v["rss_max_mib"] for v in summary.values()), 1)}
+    if gen:
+        out["generator"] = {
+            "per_process": gen,
+            "cpu_max_process": max(v["cpu_mean"] for v in gen.values()),
+            "saturated": [k for k, v in gen.items() if v["cpu_mean"] >= GENERATOR_SATURATED],
+        }
+    return out
 
 
 def analyse_dir(run_dir: str | os.PathLike[str]) -> RunResult:
@@ -625,7 +638,10 @@ def analyse_dir(run_dir: str | os.PathLike[str]) -> RunResult:
     metrics["timeline"] = tl
     procs = _samples(Path(run_dir), tl["t0_mono_ns"])
     if procs:
+        gen = procs.pop("generator", None)
         metrics["servers"] = procs
+        if gen:
+            metrics["generator"] = gen
     old = Path(run_dir) / "result.json"
     result = RunResult(check(ops), metrics, str(run_dir))
     if old.exists():  # --check of a kept run: keep what the run knew about itself
@@ -651,7 +667,9 @@ def format_report(result: RunResult) -> str:
     cfg = result.config
     if cfg:
         where = (f"  brokers {cfg.get('brokers')}  log {cfg.get('log')}"
-                 if cfg.get("system", "baton") == "baton" else "")
+                 if cfg.get("system", "baton") == "baton"
+                 else f"  nodes {cfg.get('brokers')}"
+                 + (f"  server {cfg['server_version']}" if cfg.get("server_version") else ""))
         load = cfg.get("loadavg_1m")
         lines.append(
             f"{cfg.get('system', 'baton')}: preset {cfg.get('preset')}  {cfg.get('duration')}s"
@@ -683,6 +701,15 @@ def format_report(result: RunResult) -> str:
             f"peak RSS {servers['rss_max_mib_total']:.0f} MiB: "
             + ", ".join(f"{k} {v['cpu_mean']:.2f}/{v['rss_max_mib']:.0f}" for k, v in per.items())
         )
+    gen = m.get("generator")
+    if gen:
+        lines.append(
+            "generator CPU (cores per process, mean, load phase): "
+            + ", ".join(f"{k} {v['cpu_mean']:.2f}" for k, v in gen["per_process"].items())
+            + (f"  -- GENERATOR SATURATED ({', '.join(gen['saturated'])} >= "
+               f"{GENERATOR_SATURATED:.0%} of a core): these figures may measure the generator"
+               if gen["saturated"] else "")
+        )
     if m.get("faults"):
         starts = [f for f in m["faults"] if f["phase"] == "start"]
         lines.append("faults: " + ", ".join(
@@ -707,13 +734,16 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
         rows.append({
             "system": r.config.get("system", "baton")
             + (f" ({r.config.get('brokers')} brokers)" if r.config.get("system") == "baton"
-               else ""),
+               else f" ({r.config.get('brokers')} nodes)" if r.config.get("brokers") else ""),
             "confirmed_msgs_per_s": m["confirmed_msgs_per_s"],
             "consume_msgs_per_s": m["consume_msgs_per_s"],
             "confirm": m["confirm_latency_ms"],
             "e2e": m["e2e_latency_ms"],
             "cpu": servers.get("cpu_mean_total"),
             "rss": servers.get("rss_max_mib_total"),
+            # The busiest generator process's cores, and whether one was saturated.
+            "generator_cpu": m.get("generator", {}).get("cpu_max_process"),
+            "generator_saturated": bool(m.get("generator", {}).get("saturated")),
             "checker": "OK" if r.ok else "FAILED",
         })
     return rows
@@ -723,20 +753,23 @@ def format_comparison(results: Sequence[RunResult]) -> str:
     """The side-by-side table of several systems' runs of one workload."""
     head = (f"{'system':22}{'publish/s':>11}{'consume/s':>11}"
             f"{'conf p50':>10}{'p99':>8}{'p99.9':>8}{'e2e p50':>9}{'p99':>8}{'p99.9':>8}"
-            f"{'cpu':>6}{'rss MiB':>9}  checker")
+            f"{'cpu':>6}{'rss MiB':>9}{'gen':>6}  checker")
     lines = [head, "-" * len(head)]
     for row in comparison_rows(results):
         c, e = row["confirm"], row["e2e"]
         cpu = f"{row['cpu']:.2f}" if row["cpu"] is not None else "-"
         rss = f"{row['rss']:.0f}" if row["rss"] is not None else "-"
+        gen = ("-" if row["generator_cpu"] is None
+               else f"{row['generator_cpu']:.2f}" + ("!" if row["generator_saturated"] else ""))
         lines.append(
             f"{row['system']:22}{row['confirmed_msgs_per_s']:>11,.0f}"
             f"{row['consume_msgs_per_s']:>11,.0f}"
             f"{c['p50']:>10.2f}{c['p99']:>8.2f}{c['p99.9']:>8.2f}"
-            f"{e['p50']:>9.2f}{e['p99']:>8.2f}{e['p99.9']:>8.2f}{cpu:>6}{rss:>9}  {row['checker']}"
+            f"{e['p50']:>9.2f}{e['p99']:>8.2f}{e['p99.9']:>8.2f}{cpu:>6}{rss:>9}{gen:>6}  {row['checker']}"
         )
     lines.append("(latencies in ms; cpu: server cores used, mean over the load; "
-                 "rss: peak server memory)")
+                 "rss: peak server memory; gen: cores of the busiest generator process, "
+                 "! = generator saturated)")
     return "\n".join(lines)
 
 

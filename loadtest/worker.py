@@ -95,14 +95,19 @@ def _flag(rng: random.Random, workload: Workload) -> int:
 
 
 async def _produce(spec: WorkerSpec, counter: Counter) -> None:
+    """Publish for the duration (or up to the cap) with ``window`` publishers in flight.
+
+    The producer runs ``window`` publisher coroutines for its whole life, each with at
+    most one publish awaiting its confirm: the window bounds what is unconfirmed, and no
+    task, semaphore or callback is made per message (the generator must stay far from
+    saturating its core, or it measures itself: docs/loadtest.md "The generator").
+    """
     w = HistoryWriter(spec.history, spec.actor)
     rng = random.Random(spec.seed)
     workload = spec.workload
     conn = await open_adapter(spec.system, list(spec.addresses), workload)
     w.record(OpKind.CONNECTED, info=conn.address)
     errors = conn.errors
-    window = asyncio.Semaphore(workload.window)
-    tasks: set[asyncio.Task[None]] = set()
     record = w.record
     failovers = conn.failovers
 
@@ -110,62 +115,64 @@ async def _produce(spec: WorkerSpec, counter: Counter) -> None:
     delayed = baton is not None and workload.delay_share > 0 and workload.delay > 0
     delay_info = f"delay_ms={int(workload.delay * 1000)}"
 
-    async def one(queue: str, mid: str, body: bytes, later: bool = False) -> None:
-        nonlocal failovers
-        try:
-            if later and baton is not None:
-                position = await baton.publish_delayed(queue, body, workload.delay)
-            else:
-                position = await conn.publish(queue, body)
-        except errors as exc:
-            record(OpKind.PUBLISH_FAIL, queue, mid, info=f"{type(exc).__name__}: {exc}")
-        else:
-            record(OpKind.PUBLISH_OK, queue, mid, position)
-            counter.value += 1
-        finally:
-            window.release()
-        if conn.failovers != failovers:
-            failovers = conn.failovers
-            record(OpKind.CONNECTED, info=conn.address)
-
     queues = spec.queues
     n = len(queues)
     cap = spec.max_messages
     start_ns = time.monotonic_ns()
-    deadline = time.monotonic() + spec.duration
+    deadline_ns = start_ns + int(spec.duration * 1e9)
     rate = spec.rate
     interval_ns = int(1e9 / rate) if rate else 0
-    seq = 0
-    try:
+    seq = 0  # messages taken by the publishers so far
+    monotonic_ns = time.monotonic_ns
+    sleep = asyncio.sleep
+
+    async def publisher() -> None:
+        nonlocal seq, failovers
         while True:
-            now_ns = time.monotonic_ns()
-            if now_ns >= deadline * 1e9 or (cap is not None and seq >= cap):
-                break
-            lag = -1
+            if monotonic_ns() >= deadline_ns or (cap is not None and seq >= cap):
+                return
+            due = 0
             if rate is not None:
-                # Target rate: message seq is due at start + seq / rate. Its latency is
-                # also measured from that intended time (coordinated omission: a stalled
-                # system must not make the messages it delayed look fast).
+                # Target rate: message k is due at start + k / rate. Its latency is also
+                # measured from that intended time (coordinated omission: a stalled
+                # system must not make the messages it delayed look fast). A publisher
+                # takes the next message when its last one is confirmed and sleeps until
+                # it is due; when all are busy, later messages go out late.
                 due = start_ns + seq * interval_ns
-                if now_ns < due:
-                    await asyncio.sleep(min(0.001, (due - now_ns) / 1e9))
-                    continue
-                await window.acquire()
-                lag = time.monotonic_ns() - due
-            else:
-                await window.acquire()
+                if due >= deadline_ns:
+                    return
             seq += 1
-            mid = f"{spec.actor}:{seq}"
-            queue = queues[seq % n]
+            # Everything random is drawn here, before any await: in message order, so a
+            # seed gives every message id the same flags whatever the scheduling.
+            k = seq
+            mid = f"{spec.actor}:{k}"
+            queue = queues[k % n]
             body = make_body(mid.encode(), _flag(rng, workload), workload.size)
             later = delayed and rng.random() < workload.delay_share
+            lag = -1
+            if rate is not None:
+                now_ns = monotonic_ns()
+                if now_ns < due:
+                    await sleep((due - now_ns) / 1e9)
+                lag = monotonic_ns() - due
             # A delayed message says so in its invoke record: the checker's bound.
             record(OpKind.PUBLISH_INVOKE, queue, mid, count=lag, info=delay_info if later else "")
-            task = asyncio.create_task(one(queue, mid, body, later))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+            try:
+                if later and baton is not None:
+                    position = await baton.publish_delayed(queue, body, workload.delay)
+                else:
+                    position = await conn.publish(queue, body)
+            except errors as exc:
+                record(OpKind.PUBLISH_FAIL, queue, mid, info=f"{type(exc).__name__}: {exc}")
+            else:
+                record(OpKind.PUBLISH_OK, queue, mid, position)
+                counter.value += 1
+            if conn.failovers != failovers:
+                failovers = conn.failovers
+                record(OpKind.CONNECTED, info=conn.address)
+
+    try:
+        await asyncio.gather(*(publisher() for _ in range(max(1, workload.window))))
     finally:
         try:
             await asyncio.wait_for(conn.close(), 10)

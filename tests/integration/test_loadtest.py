@@ -113,43 +113,61 @@ def _need(binary: str, package: str, *paths: str) -> None:
         pytest.skip(reason)
 
 
-@pytest.mark.timeout(180)
-def test_the_same_workload_on_rabbitmq_and_nats_side_by_side(tmp_path: Path) -> None:
+@pytest.mark.timeout(240)
+def test_the_same_workload_on_rabbitmq_and_nats_clusters_side_by_side(tmp_path: Path) -> None:
+    """The harness starts a 3-node RabbitMQ cluster (quorum queue on 3 replicas) and a
+    3-node NATS cluster (R3 stream, fsync on every write), runs a few hundred messages
+    through each, and stops every node."""
     _need("rabbitmq-server", "rabbitmq-server", "/usr/lib/rabbitmq/bin/rabbitmq-server")
     _need("nats-server", "nats-server")
     report = tmp_path / "report"
     out = tmp_path / "result.json"
     done = loadtest(
-        "--system", "rabbitmq", "--system", "nats", "--duration", "5", "--size", "1024",
+        "--system", "rabbitmq", "--system", "nats-sync", "--peer-nodes", "3",
+        "--messages", "400", "--duration", "20", "--size", "1024",
         "--report", str(report), "--json", str(out), "--quiet",
-        timeout=170,
+        timeout=230,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["ok"] is True
-    assert [r["system"] for r in result["comparison"]] == ["rabbitmq", "nats"]
+    assert [r["system"] for r in result["comparison"]] == ["rabbitmq (3 nodes)",
+                                                           "nats-sync (3 nodes)"]
     for run in result["runs"]:
         m = run["metrics"]
-        assert m["confirmed"] > 500 and m["accepted"] == m["confirmed"], (run["config"], m)
+        assert run["config"]["brokers"] == 3
+        assert m["confirmed"] == 400 and m["accepted"] == 400, (run["config"], m)
         assert m["e2e_latency_ms"]["p50"] > 0
-        assert m["servers"]["cpu_mean_total"] > 0  # the server process tree was sampled
+        # Every node's process tree was sampled, and so were the generator's processes.
+        nodes = m["servers"]["per_process"]
+        assert len(nodes) == 3 and all(v["rss_max_mib"] > 0 for v in nodes.values()), nodes
+        assert set(m["generator"]["per_process"]) == {"p1", "p2", "c1", "c2"}
         assert run["checker"]["counts"]["pending"] == 0
-    # NATS gives stream sequences as positions; RabbitMQ has none (-1).
-    assert "publish/s" in done.stdout and "rabbitmq" in done.stdout and "nats" in done.stdout
+    # The replicas: the quorum queue (its Raft member dir: vhost "/" as 2F, then the
+    # queue name) and the stream each had one on every node.
+    for node in ("node1", "node2", "node3"):
+        assert list((report / "rabbitmq" / "servers" / node / "mnesia").rglob("2F_LT-*")), node
+        assert list((report / "nats-sync" / "servers" / node / "store").rglob("LT_lt-0")), node
+    assert "sync_interval: always" in (
+        report / "nats-sync" / "servers" / "node1" / "nats.conf").read_text()
+    assert "publish/s" in done.stdout and "nodes 3" in done.stdout
     assert (report / "comparison.png").read_bytes()[:4] == b"\x89PNG"
     # The servers are gone: no process still runs with the report dir on its command line
-    # (nats-server's store and beam.smp's Mnesia dir are there).
+    # or in its environment (nats-server's config, beam.smp's Mnesia dir, epmd's HOME).
     assert _processes_mentioning(str(report)) == []
 
 
 def _processes_mentioning(text: str) -> list[str]:
+    """Live processes with ``text`` on their command line or in their environment (the
+    harness gives RabbitMQ's epmd and nodes a HOME in the run dir)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if text in cmd:
+        if text in cmd or text in env:
             found.append(f"{pid}: {cmd[:200]}")
     return found
 

@@ -122,6 +122,40 @@ def test_report_and_comparison_from_run_dirs(tmp_path: Path) -> None:
     assert "Per broker" in text  # what each broker delivered, side by side
 
 
+def test_a_saturated_generator_process_is_named_in_the_figures(tmp_path: Path) -> None:
+    import json
+
+    from batonmq.loadtest.procstat import summarize
+    from batonmq.loadtest.runner import format_report
+
+    # p1's first second (its start-up) is left out; it then runs at 0.95 of a core.
+    p1 = [{"t": t, "label": "p1", "cpu": c, "rss_mib": 30.0}
+          for t, c in ((1, 0.2), (2, 0.95), (3, 0.95), (4, 0.95), (9, 0.1))]
+    c1 = [{"t": t, "label": "c1", "cpu": 0.4, "rss_mib": 20.0} for t in (1, 2, 3, 4)]
+    summary = summarize(p1 + c1, load_end=5.0, skip_first=True)
+    assert summary["p1"]["cpu_mean"] == pytest.approx(0.95)  # t=1 skipped, t=9 after the load
+    assert summary["c1"]["cpu_mean"] == pytest.approx(0.4)
+    runs = []
+    for name, gen in (("busy", p1 + c1), ("calm", c1)):
+        d = tmp_path / name
+        d.mkdir()
+        write_ops(d / "all.hist", _ops(None))
+        t0 = min(op.t for op in _ops(None))
+        (d / "samples.json").write_text(json.dumps(
+            {"samples": [], "load_end": 5.0, "t0_mono_ns": t0, "generator": gen}))
+        r = analyse_dir(d)
+        r.config = {"system": name, "preset": "throughput", "duration": 1.0, "workload": {}}
+        runs.append(r)
+    busy, calm = runs
+    assert busy.metrics["generator"]["saturated"] == ["p1"]
+    assert calm.metrics["generator"]["saturated"] == []
+    assert "GENERATOR SATURATED (p1" in format_report(busy)
+    assert "SATURATED" not in format_report(calm)
+    rows = format_comparison(runs).splitlines()
+    assert rows[2].startswith("busy ") and "0.95!" in rows[2]
+    assert rows[3].startswith("calm ") and "0.40 " in rows[3] and "!" not in rows[3]
+
+
 def test_tree_usage_counts_a_process_and_its_children() -> None:
     usage = tree_usage([os.getpid(), 999_999_999])
     assert set(usage) == {os.getpid()}
