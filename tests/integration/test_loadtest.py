@@ -141,7 +141,10 @@ def test_the_same_workload_on_rabbitmq_and_nats_clusters_side_by_side(tmp_path: 
         # Every node's process tree was sampled, and so were the generator's processes.
         nodes = m["servers"]["per_process"]
         assert len(nodes) == 3 and all(v["rss_max_mib"] > 0 for v in nodes.values()), nodes
-        assert set(m["generator"]["per_process"]) == {"p1", "p2", "c1", "c2"}
+        # A worker is sampled once a second and its first sample (start-up) is left
+        # out, so one that finished 400 messages within about a second may be missing.
+        sampled = set(m["generator"]["per_process"])
+        assert sampled and sampled <= {"p1", "p2", "c1", "c2"}, sampled
         assert run["checker"]["counts"]["pending"] == 0
     # The replicas: the quorum queue (its Raft member dir: vhost "/" as 2F, then the
     # queue name) and the stream each had one on every node.
