@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import ipaddress
 import os
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
@@ -20,6 +21,8 @@ __all__ = [
     "admin_ready_address",
     "package_version",
     "parse_address",
+    "split_advertise",
+    "unspecified",
     "ready_address",
 ]
 
@@ -56,6 +59,31 @@ def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]
     if not 0 <= number <= 65535:
         raise InvalidArgument(f"bad address {text!r}: port out of range")
     return (host or default_host).strip("[]"), number
+
+
+def unspecified(host: str) -> bool:
+    """True for the all-interfaces address (``0.0.0.0``, ``::``), which no peer can use."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False  # a name
+
+
+def split_advertise(text: str, bound_port: int) -> tuple[str, int]:
+    """Parse ``--advertise``: ``HOST:PORT``, or ``HOST`` alone (``bound_port`` then).
+
+    Raises:
+        InvalidArgument: not a valid address.
+    """
+    if text.startswith("["):  # [IPv6] or [IPv6]:PORT
+        host, port = parse_address(text) if "]:" in text else (text.strip("[]"), bound_port)
+    elif text.count(":") == 1:
+        host, port = parse_address(text, default_host="")
+    else:  # a name, an IPv4 address, or a bare IPv6 address
+        host, port = text, bound_port
+    if not host:
+        raise InvalidArgument(f"bad address {text!r}: no host")
+    return host, port
 
 
 #: How ``baton serve``'s one machine-readable line starts once it serves:
@@ -146,6 +174,11 @@ class BrokerConfig:
     data_dir: str = _opt(help="the broker's own directory: store, identity, default log")
     host: str = _opt("127.0.0.1", help="interface clients connect to")
     port: int = _opt(DEFAULT_PORT, least=0, help="client port (0: a free one, named in the ready line)")
+    advertise: str | None = _opt(None,
+                                 help="HOST or HOST:PORT that other brokers and clients are"
+                                      " told to reach this broker at (not set: the listen"
+                                      " address; needed when listening on all interfaces;"
+                                      " no port: the bound one)")
     log_url: str | None = _opt(None, aliases=("--log",),
                                help="the ordered log's URL (not set: file:<data_dir>/log)")
     node_id: str | None = _opt(None, help="persistent node id (not set: made at first start)")
@@ -255,6 +288,19 @@ class BrokerConfig:
                 parse_address(self.admin_listen)
             except InvalidArgument as exc:
                 return "admin_listen", exc.message
+        if self.advertise is not None:
+            try:
+                host, _ = split_advertise(self.advertise, 0)
+            except InvalidArgument as exc:
+                return "advertise", exc.message
+            if unspecified(host):
+                return "advertise", "must be an address others can reach, not all interfaces"
+        elif unspecified(self.host):
+            return "advertise", (
+                f"must be set when listening on all interfaces (host {self.host}): the"
+                " address other brokers and clients reach this broker at (e.g. --advertise"
+                " HOST)"
+            )
         for name in self.services:
             if not name or len(name) > 255 or not name.isprintable():
                 return "services", f"service name {name!r} must be 1..255 printable characters"

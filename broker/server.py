@@ -11,7 +11,12 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from batonmq.broker import logs
-from batonmq.broker.config import BrokerConfig, package_version, parse_address
+from batonmq.broker.config import (
+    BrokerConfig,
+    package_version,
+    parse_address,
+    split_advertise,
+)
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.session import Session
@@ -172,7 +177,12 @@ class Broker:
             ) from exc
         sock = self._server.sockets[0].getsockname()
         self._bound_port = int(sock[1])
-        self.address = f"{sock[0]}:{sock[1]}"
+        # What the cluster and clients are told (heartbeats, topology, the ready line):
+        # the bound address, or --advertise (required when bound to all interfaces).
+        host, port = (
+            split_advertise(cfg.advertise, int(sock[1])) if cfg.advertise else (sock[0], sock[1])
+        )
+        self.address = f"{host}:{port}"
         await self._start_admin()
         await self._node.start(self.address)
         await self._server.start_serving()

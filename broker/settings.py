@@ -337,17 +337,22 @@ def load(
         where = sources.get(key, "default")
         # A rule between two options names the other one's value and origin too.
         others = "".join(
-            f"; {name} = {_toml_value(getattr(config, name))} ({sources.get(name, 'default')})"
+            f"; {name} = {_shown(getattr(config, name))} ({sources.get(name, 'default')})"
             for name in by_name
             if name != key and re.search(rf"\b{name}\b", what)
         )
         raise InvalidArgument(
-            f"{key} = {_toml_value(getattr(config, key))} ({where}): {what}{others}"
+            f"{key} = {_shown(getattr(config, key))} ({where}): {what}{others}"
         )
     return config, sources
 
 
 # --- printing -------------------------------------------------------------------------
+
+
+def _shown(value: Any) -> str:
+    """A value in an error message: its TOML form, or "(not set)"."""
+    return "(not set)" if value is None else _toml_value(value)
 
 
 def _toml_value(value: Any) -> str:

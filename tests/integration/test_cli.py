@@ -199,6 +199,30 @@ async def test_serve_on_port_0_reports_and_advertises_the_port_it_got(tmp_path: 
         b.stop()
 
 
+async def test_serve_advertises_the_address_it_is_told(tmp_path: Path) -> None:
+    """``--advertise localhost``: the ready line and the topology carry that host with
+    the bound port (what peers use for a join update and clients for failover), and a
+    client reaches the broker there."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batonmq.broker", "serve", "--listen", "127.0.0.1:0",
+         "--advertise", "localhost", "--data-dir", str(tmp_path / "d"), "--node-id", "adv"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)).decode()
+        assert line.startswith("baton ready: listening on localhost:"), line
+        addr = line.split()[4]
+        assert int(addr.rpartition(":")[2]) != 0, line
+        top = await topology(addr)
+        assert [(i["node_id"], i["address"]) for i in top["instances"]] == [("adv", addr)]
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
 def test_publish_with_a_delay(broker: BrokerProcess) -> None:
     addr = broker.address
     r = baton("publish", "--broker", addr, "--declare", "--delay", "60", "later", "x")

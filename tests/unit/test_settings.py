@@ -138,8 +138,10 @@ def test_a_list_or_map_route_replaces_it_whole(tmp_path: Path) -> None:
 
 
 def test_listen_is_host_and_port_and_host_wins_over_it() -> None:
-    config, _ = settings.load(_flags("--data-dir", "d", "--listen", "0.0.0.0:7000"), {})
-    assert (config.host, config.port) == ("0.0.0.0", 7000)
+    config, _ = settings.load(
+        _flags("--data-dir", "d", "--listen", "0.0.0.0:7000", "--advertise", "db1"), {}
+    )
+    assert (config.host, config.port, config.advertise) == ("0.0.0.0", 7000, "db1")
     config, _ = settings.load(_flags("--data-dir", "d", "--listen", ":7000", "--host", "::1"), {})
     assert (config.host, config.port) == ("::1", 7000)
     with pytest.raises(InvalidArgument, match="--listen: bad address 'x:y'"):
@@ -378,3 +380,30 @@ def test_health_and_topology_exit_codes(
     assert (got, err) == (code, ""), out
     assert ("not a member of the established view" in out) == (topo["member"] is False)
     assert ("UNHEALTHY" in out) == (topo["healthy"] is False)
+
+
+@pytest.mark.parametrize(
+    ("advertise", "got"),
+    [("db1", ("db1", 9)), ("db1:7", ("db1", 7)), ("10.0.0.1", ("10.0.0.1", 9)),
+     ("[fe80::1]:8", ("fe80::1", 8)), ("fe80::1", ("fe80::1", 9))],
+)
+def test_advertise_is_a_host_with_or_without_a_port(advertise: str, got: tuple[str, int]) -> None:
+    from batonmq.broker.config import split_advertise
+
+    assert split_advertise(advertise, 9) == got
+    assert BrokerConfig(data_dir="d", host="0.0.0.0", advertise=advertise).problem() is None
+
+
+@pytest.mark.parametrize(
+    ("host", "advertise", "says"),
+    [("0.0.0.0", None, "must be set when listening on all interfaces"),
+     ("::", None, "must be set when listening on all interfaces"),
+     ("0.0.0.0", "0.0.0.0:5", "not all interfaces"),
+     ("127.0.0.1", ":5", "no host"),
+     ("127.0.0.1", "db1:x", "port must be a number")],
+)
+def test_a_broker_on_all_interfaces_must_say_where_it_is_reached(
+    host: str, advertise: str | None, says: str
+) -> None:
+    found = BrokerConfig(data_dir="d", host=host, advertise=advertise).problem()
+    assert found is not None and found[0] == "advertise" and says in found[1], found
