@@ -10,7 +10,8 @@ Kafka hands out keeps the broker behind its proxy).
 What cannot be routed, and why (docs/loadtest.md "Network faults"): with the file log
 there is no network link to the log; brokers reach each other only for the join
 update, at the addresses their peers advertise in the log, which are their own client
-ports, so peer links bypass the proxies.
+ports, so peer links bypass the proxies (``--advertise`` names one address for peers and
+clients alike, so pointing it at a client proxy would let a client-partition cut joins).
 
 The proxies are driven through Toxiproxy's HTTP API (:class:`Toxiproxy`):
 
