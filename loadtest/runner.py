@@ -752,7 +752,7 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
 def format_comparison(results: Sequence[RunResult]) -> str:
     """The side-by-side table of several systems' runs of one workload."""
     head = (f"{'system':22}{'publish/s':>11}{'consume/s':>11}"
-            f"{'conf p50':>10}{'p99':>8}{'p99.9':>8}{'e2e p50':>9}{'p99':>8}{'p99.9':>8}"
+            f"{'conf p50':>10}{'p99':>10}{'p99.9':>10}{'e2e p50':>10}{'p99':>10}{'p99.9':>10}"
             f"{'cpu':>6}{'rss MiB':>9}{'gen':>6}  checker")
     lines = [head, "-" * len(head)]
     for row in comparison_rows(results):
@@ -764,8 +764,10 @@ def format_comparison(results: Sequence[RunResult]) -> str:
         lines.append(
             f"{row['system']:22}{row['confirmed_msgs_per_s']:>11,.0f}"
             f"{row['consume_msgs_per_s']:>11,.0f}"
-            f"{c['p50']:>10.2f}{c['p99']:>8.2f}{c['p99.9']:>8.2f}"
-            f"{e['p50']:>9.2f}{e['p99']:>8.2f}{e['p99.9']:>8.2f}{cpu:>6}{rss:>9}{gen:>6}  {row['checker']}"
+            # Columns wide enough for a saturated peer's latencies (10,334.77 ms).
+            f"{c['p50']:>10.2f}{c['p99']:>10.2f}{c['p99.9']:>10.2f}"
+            f"{e['p50']:>10.2f}{e['p99']:>10.2f}{e['p99.9']:>10.2f}"
+            f"{cpu:>6}{rss:>9}{gen:>6}  {row['checker']}"
         )
     lines.append("(latencies in ms; cpu: server cores used, mean over the load; "
                  "rss: peak server memory; gen: cores of the busiest generator process, "

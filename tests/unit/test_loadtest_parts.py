@@ -112,6 +112,11 @@ def test_report_and_comparison_from_run_dirs(tmp_path: Path) -> None:
         results.append(r)
     table = format_comparison(results)
     assert table.splitlines()[2].startswith("a ") and "OK" in table
+    # A saturated peer's five-digit latencies stay apart from their neighbours.
+    slow = results[1].metrics
+    for key in ("confirm_latency_ms", "e2e_latency_ms"):
+        slow[key] = {k: 10334.77 for k in slow[key]}
+    assert format_comparison(results).splitlines()[3].split()[3:9] == ["10334.77"] * 6
     html = write_report(results, tmp_path / "report")
     for png in ("throughput.png", "latency.png", "comparison.png"):
         data = (tmp_path / "report" / png).read_bytes()
