@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Broker", "VERSION"]
 
-
 VERSION = package_version()
 
 log = logging.getLogger("baton.broker")

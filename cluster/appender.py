@@ -332,10 +332,11 @@ class Appender:
             await asyncio.sleep(0.01)
 
     def halt(self, batch: int) -> None:
-        """Applying stopped for good at the batch from offset ``batch``: refuse new events at once and
-        fail the waiting ones, instead of letting their callers wait for an apply that
-        will not come before a restart. A waiting event may already be on the log (the
-        other brokers apply it), so its caller is told the outcome is unknown."""
+        """Applying stopped for good at the batch from offset ``batch``: refuse new
+        events at once and fail the waiting ones, instead of letting their callers wait
+        for an apply that will not come before a restart. A waiting event may already be
+        on the log (the other brokers apply it), so its caller is told the outcome is
+        unknown."""
         self.halted = (
             f"this broker stopped applying the log at offset {batch} (an internal error,"
             " see its log) and takes no commands until it is restarted; use another broker"

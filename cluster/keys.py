@@ -9,8 +9,9 @@ Keys are forgotten in log order once their window has passed, and, as a bound on
 when more than :data:`KEY_MEMORY` are remembered, so every replica forgets the same ones.
 
 The keys are kept in log order in parallel arrays of machine integers plus a list of the
-key strings, and a dict per queue for the lookup (about half the memory of tuples); the node driver stores them key by key as they come
-(:meth:`PublishKeys.take`), not with every batch.
+key strings, and a dict per queue for the lookup (about half the memory of tuples); the
+node driver stores them key by key as they come (:meth:`PublishKeys.take`), not with
+every batch.
 """
 
 from __future__ import annotations
