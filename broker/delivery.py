@@ -22,7 +22,7 @@ from batonmq.cluster.errors import BatonError, QueueNotFound
 from batonmq.clients.wire import Expired
 from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, Release, ReleaseAll
 from batonmq.cluster.node import Node
-from batonmq.cluster.results import Counted, Settled
+from batonmq.cluster.results import Counted, Owner, Settled
 from batonmq.cluster.effects import (
     Acquired,
     Effect,
@@ -438,8 +438,31 @@ class Delivery:
                 if starving or now - since >= self._time_slice:
                     # Stop acquiring now (when we append); the next owner starts
                     # when it applies the handoff.
-                    self._handing_off.add(name)
-                    self.node.submit(Handoff(name)).add_done_callback(_quiet)
+                    self.hand_off(name)
+
+    def hand_off(self, name: str) -> None:
+        """Stop acquiring for ``name`` and append its Handoff; the next owner starts
+        when it applies it."""
+        self._handing_off.add(name)
+        self.node.submit(Handoff(name)).add_done_callback(
+            lambda fut: self.handoff_done(name, fut)
+        )
+
+    def handoff_done(self, name: str, fut: asyncio.Future[Owner]) -> None:
+        """A Handoff of ours was applied (or failed). When the owner did not change (the
+        other interested brokers left between our append and its apply, or it failed),
+        no OwnerChanged comes: deliver again instead of waiting for one forever."""
+        _quiet(fut)
+        if name not in self._handing_off:
+            return  # OwnerChanged (or a fence) already settled it
+        failed = fut.cancelled() or fut.exception() is not None
+        if not failed and fut.result().owner != self.node.key:
+            return  # a new owner: its OwnerChanged clears the mark
+        self._handing_off.discard(name)
+        q = self.node.state.queues.get(name)
+        if q is not None and q.owner == self.node.key:
+            self._owned_since[name] = time.monotonic()  # a new slice
+            self.pump(name)
 
     def _time_out(self, c: Consumer, now: float) -> None:
         """Release ``c``'s messages past their ack timeout as a failed delivery, and tell

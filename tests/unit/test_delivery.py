@@ -1,0 +1,82 @@
+"""The broker's delivery on real nodes (file log, reference store): ownership hand-offs.
+
+Two nodes share one file log in this process; the client sessions are recorders (the
+Replier protocol's delivery side), since what is checked is what the owner delivers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from batonmq.broker.delivery import Delivery
+from batonmq.cluster.events import DeclareQueue, Enqueue, Interest
+from batonmq.cluster.log import open_log
+from batonmq.cluster.node import Node
+from batonmq.store.memory import MemoryStore
+from tests.unit.test_node import eventually
+
+
+class Recorder:
+    """A client session that reads everything: the delivered bodies, in order."""
+
+    candidate = ""
+    closed = False
+    paused = False
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def send(self, frame: Any) -> None:
+        pass
+
+    def deliver(self, tag: int, messages: list[list[Any]]) -> None:
+        self.bodies.extend(m[2] for m in messages)
+
+    def consumer_cancelled(self, tag: int, exc: Exception) -> None:
+        raise AssertionError(f"consumer cancelled: {exc}")
+
+
+async def _node(name: str, url: str) -> Node:
+    node = Node(name, await open_log(url), MemoryStore())
+    await node.start()
+    return node
+
+
+async def _caught_up(*nodes: Node) -> None:
+    end = await nodes[0].log.end_offset()
+    await eventually(lambda: all(n.state.applied >= end - 1 for n in nodes), "caught up")
+
+
+async def test_a_handoff_that_finds_no_one_else_interested_leaves_the_owner_delivering(
+    tmp_path: Path,
+) -> None:
+    # The owner's slice ends while another broker is interested, so it appends a
+    # Handoff; that broker's consumers leave before the Handoff applies. The Handoff
+    # then changes nothing (no OwnerChanged): the owner must deliver again, not wait
+    # forever for an ownership change that never comes.
+    url = f"file:{tmp_path / 'log'}"
+    a, b = await _node("a", url), await _node("b", url)
+    delivery = Delivery(a, chunk_bytes=1 << 16, time_slice_ms=60_000)
+    a.listener = delivery.on_effects
+    try:
+        await a.submit(DeclareQueue("q"))
+        session = Recorder()
+        delivery.add("q", prefetch=100, session=session, tag=1)  # type: ignore[arg-type]
+        await b.submit(Interest("q", True))
+        await b.submit(Interest("q", False))  # gone again before the Handoff is applied
+        await _caught_up(a, b)
+        assert a.state.queues["q"].owner == a.key
+        delivery.hand_off("q")  # what the slice loop does when the slice is over
+        await _caught_up(a, b)
+        await eventually(lambda: "q" not in delivery._handing_off, "the handoff settled")
+        assert a.state.queues["q"].owner == a.key
+        await a.submit(Enqueue("q", ((b"after", {}),)))
+        await eventually(lambda: session.bodies == [b"after"], "delivered after the handoff")
+    finally:
+        for n in (a, b):
+            await n.leave()
+            await n.stop()
+            await n.log.close()
+            n.store.close()
