@@ -25,6 +25,8 @@ damaged block, which would otherwise look like fewer keys.
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import struct
 import time
@@ -37,6 +39,8 @@ from rocksdict import Options, Rdict, RdictIter, ReadOptions, WriteBatch, WriteO
 
 from batonmq.cluster.errors import StoreCorrupt, StoreError
 from batonmq.store import Batch, Loaded, Store, StoredMessage, StoreReader
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RocksStore", "CheckedOpen"]
 
@@ -250,6 +254,7 @@ class RocksStore(Store):
             StoreError: the store cannot be opened for another reason (e.g. locked).
         """
         node_id: str | None = None
+        close_failed = False
         try:
             store = cls(path)
         except StoreCorrupt as exc:
@@ -264,7 +269,16 @@ class RocksStore(Store):
                 return CheckedOpen(store)
             except StoreCorrupt as exc:
                 reason = exc.message
-                store.close(flush=False)
+                try:
+                    store.close(flush=False)
+                except Exception as close_exc:  # damage can fail the close too: set it aside
+                    log.warning("closing the damaged store at %s failed: %s", path, str(close_exc))
+                    close_failed = True
+        if close_failed:
+            # The database may still be open, holding RocksDB's lock on this path:
+            # drop the references so it is released before a fresh store opens here.
+            del store
+            gc.collect()
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         damaged = f"{path}.damaged-{stamp}"
         n = 1

@@ -111,3 +111,30 @@ def test_damage_in_the_block_of_the_node_id_is_set_aside_without_it(tmp_path: Pa
         assert opened.store.load().applied == -1
     finally:
         opened.store.close()
+
+
+def test_a_damaged_store_whose_close_fails_is_still_set_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RocksDB can fail the close of a damaged database too (e.g. flushing over a broken
+    # file): the broker must still set it aside and start afresh, not stop on the error.
+    path = tmp_path / "store"
+    _filled(path)
+    sst = _sst(path)
+    with open(sst, "r+b") as f:
+        f.seek(sst.stat().st_size // 2)
+        f.write(b"\xff" * 16)
+    real_close = RocksStore.close
+
+    def failing_close(self: RocksStore, flush: bool = True) -> None:
+        real_close(self, flush)
+        if Path(self.path) == path and not flush:
+            raise RuntimeError("Corruption: block checksum mismatch")
+
+    monkeypatch.setattr(RocksStore, "close", failing_close)
+    opened = RocksStore.open_checked(str(path))
+    try:
+        assert opened.damaged is not None and (Path(opened.damaged) / sst.name).exists()
+        assert opened.store.load().applied == -1
+    finally:
+        opened.store.close()
