@@ -119,7 +119,9 @@ async def connect(
             verifies the broker against a CA file), or ``True`` for the system's
             defaults; every reconnect of a failover uses it too. None: plaintext.
         keepalive: send a Ping after this many seconds in which nothing was sent
-            (None: never); set it below a broker's ``idle_timeout``.
+            (None: never); set it below a broker's ``idle_timeout``. A Ping not
+            answered within as many seconds more means the broker is lost (stopped,
+            partitioned away): the connection fails over, or closes without failover.
 
     Returns:
         An open :class:`Connection`. Use it as ``async with await connect(...) as conn``.

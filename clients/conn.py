@@ -163,7 +163,8 @@ class Channel:
         tls: the TLS context every transport is opened with (True: the system's
             defaults; None: plaintext).
         keepalive: send a Ping after this many seconds without sending anything
-            (None: never), so that a broker's ``idle_timeout`` spares an idle client.
+            (None: never), so that a broker's ``idle_timeout`` spares an idle client;
+            a Ping not answered within as many seconds more counts as a lost broker.
     """
 
     def __init__(
@@ -261,6 +262,15 @@ class Channel:
                     return  # closed meanwhile
                 fut.add_done_callback(consume_result)
                 self._last_write = self.loop.time()  # also when the write is held
+                await asyncio.wait({fut}, timeout=every)
+                if not fut.done() and self._closed is None and not self.reconnecting:
+                    # A broker that stopped (paused, partitioned away, hung) never
+                    # closes the TCP connection: treat its silence as a lost broker.
+                    self.abort(
+                        None,
+                        f"broker {self.address} did not answer a keepalive Ping"
+                        f" within {every:g}s",
+                    )
 
     @property
     def closed(self) -> bool:

@@ -145,3 +145,24 @@ async def test_topology_listener_sees_a_broker_leave(cluster: list[BrokerProcess
     await watch.aclose()
     assert not watch.running
     await conn.close()
+
+
+async def test_keepalive_fails_over_from_a_broker_that_stopped_answering(
+    cluster: list[BrokerProcess],
+) -> None:
+    # A paused broker keeps the TCP connection open and answers nothing: only the
+    # client's keepalive can tell. An unanswered Ping makes it fail over.
+    conn = await clients.connect([b.address for b in cluster], timeout=5, keepalive=0.5)
+    victim = connected_to(conn, cluster)
+    await conn.declare_queue("ka")
+    victim.pause()
+    try:
+        await eventually(lambda: now(conn.failovers), "failed over from the paused broker",
+                         timeout=30, until=lambda n: n >= 1)
+        assert conn.address != victim.address and not conn.closed
+        async with asyncio.timeout(30):
+            await conn.publish("ka", b"after")
+        assert (await conn.queue_stats("ka"))["ready"] == 1
+    finally:
+        victim.resume()
+    await conn.close()
