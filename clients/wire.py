@@ -38,6 +38,8 @@ __all__ = [
     "Ok",
     "Error",
     "Ping",
+    "AuthChallenge",
+    "AuthResponse",
     "DeclareQueue",
     "DeleteQueue",
     "PurgeQueue",
@@ -115,12 +117,15 @@ class Frame:
 
 @dataclass(frozen=True, slots=True)
 class Hello(Frame):
-    """C->S, first frame of a connection. Answered by HelloOk or Error."""
+    """C->S, first frame of a connection. Answered by HelloOk or Error, or first by
+    AuthChallenge (``auth`` starts a SASL-like exchange: docs/protocol.md,
+    "Authentication")."""
 
     OP: ClassVar[int] = 1
     corr: int
     version: int
     client_name: str
+    auth: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +139,27 @@ class HelloOk(Frame):
     node_id: str
     max_frame: int
     max_message: int
+    auth: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthChallenge(Frame):
+    """S->C: the next step of the authentication ``Hello`` started (``data``: the
+    mechanism's message). Answered by AuthResponse."""
+
+    OP: ClassVar[int] = 6
+    corr: int
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AuthResponse(Frame):
+    """C->S: the client's answer to AuthChallenge. Answered by HelloOk, or Error
+    AccessRefused (then the broker closes the connection)."""
+
+    OP: ClassVar[int] = 7
+    corr: int
+    data: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -603,6 +629,8 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     for cls in (
         Hello,
         HelloOk,
+        AuthChallenge,
+        AuthResponse,
         Ok,
         Error,
         Ping,

@@ -26,6 +26,7 @@ __all__ = [
     "NotAcquired",
     "QueueReserved",
     "LimitExceeded",
+    "AccessRefused",
     "StaleToken",
     "LogUnavailable",
     "LogCorrupt",
@@ -130,6 +131,14 @@ class QueueReserved(BatonError):
     docs/protocol.md. Not retriable: the holder must release it first."""
 
     code = 16
+
+
+class AccessRefused(BatonError):
+    """The connection did not authenticate (unknown user, wrong password, a user
+    that may not connect from there), or its user lacks the right for this command
+    (docs/security.md). Not retriable: the same command is refused again."""
+
+    code = 18
 
 
 class StaleToken(BatonError):
@@ -260,6 +269,7 @@ _BY_CODE: dict[int, type[BatonError]] = {
         Timeout,
         ConnectionClosed,
         LimitExceeded,
+        AccessRefused,
         InternalError,
     )
 }

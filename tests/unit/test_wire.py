@@ -27,6 +27,8 @@ __all__: list[str] = []
 SAMPLES: dict[type[Frame], Frame] = {
     wire.Hello: wire.Hello(1, wire.PROTOCOL_VERSION, "baton-python"),
     wire.HelloOk: wire.HelloOk(1, wire.PROTOCOL_VERSION, "baton/0.1.0", "node-a", 1 << 24, 1 << 20),
+    wire.AuthChallenge: wire.AuthChallenge(1, {"message": b"r=abc,s=c2FsdA==,i=16384"}),
+    wire.AuthResponse: wire.AuthResponse(1, {"message": b"c=biws,r=abc,p=cHJvb2Y="}),
     wire.Ok: wire.Ok(7, {"position": 42, "nested": {"a": [1, 2.5, None, True]}}),
     wire.Error: wire.Error(0, errors.ShuttingDown.code, "bye"),
     wire.Ping: wire.Ping(3),
