@@ -23,6 +23,7 @@ from batonmq.cluster.events import (
     Reject,
     Release,
     ReleaseAll,
+    SetRights,
 )
 
 __all__ = ["MalformedEvent", "encode", "decode", "EventEncoder"]
@@ -111,6 +112,14 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
                     values[3] = _positions(values[3])
             elif op == Release.OP and type(values[3]) is not bool:
                 raise MalformedEvent("Release.failed must be a bool")
+    elif op == SetRights.OP and len(values) > 1:
+        raw = values[1]
+        if not isinstance(raw, list) or not all(
+            isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
+            for r in raw
+        ):
+            raise MalformedEvent("SetRights.rights must be [[right, pattern], ...]")
+        values[1] = tuple((r[0], r[1]) for r in raw)
     elif op == Propose.OP:
         if not isinstance(values[1], list) or not all(isinstance(m, str) for m in values[1]):
             raise MalformedEvent("Propose.members must be a list of strings")
@@ -206,6 +215,13 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "service": (str,),
     "token": (int,),
     "candidate": (str,),
+    "name": (str,),
+    "salt": (bytes,),
+    "cost": (int,),
+    "stored_key": (bytes,),
+    "server_key": (bytes,),
+    "admin": (bool,),
+    "initial": (bool,),
 }
 
 

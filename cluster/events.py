@@ -32,6 +32,7 @@ from batonmq.cluster.results import (
     Reserved,
     Result,
     Settled,
+    UserChanged,
 )
 
 __all__ = [
@@ -61,6 +62,9 @@ __all__ = [
     "Candidate",
     "Resign",
     "Handover",
+    "PutUser",
+    "DeleteUser",
+    "SetRights",
     "MEMBERSHIP_EVENTS",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
@@ -468,6 +472,44 @@ class Handover(Event[HandoverAsked]):
     to: str = ""
 
 
+# --- users and rights (cluster/users.py, docs/security.md) -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutUser(Event[UserChanged]):
+    """Add a user, or give one new credentials (SCRAM with scrypt: clients/scram.py;
+    never a password) and admin flag, keeping its rights. ``initial``: the admin that
+    ``baton serve --admin-password-file`` makes at a cluster's first start; it replaces
+    the default ``guest`` and is ignored once any user event was applied."""
+
+    OP: ClassVar[int] = 90
+    name: str
+    salt: bytes
+    cost: int
+    stored_key: bytes
+    server_key: bytes
+    admin: bool
+    initial: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteUser(Event[UserChanged]):
+    """Remove a user (not the last admin). Its open connections are refused from then on."""
+
+    OP: ClassVar[int] = 91
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetRights(Event[UserChanged]):
+    """Set a user's rights: ``[[right, pattern], ...]`` (cluster/users.py RIGHTS; the
+    rights not listed keep their patterns)."""
+
+    OP: ClassVar[int] = 92
+    name: str
+    rights: tuple[tuple[str, str], ...]
+
+
 EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
     cls.OP: cls
     for cls in (
@@ -494,6 +536,9 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         Candidate,
         Resign,
         Handover,
+        PutUser,
+        DeleteUser,
+        SetRights,
     )
 }
 

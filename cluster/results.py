@@ -31,6 +31,7 @@ __all__ = [
     "Declared",
     "Deleted",
     "Purged",
+    "UserChanged",
     "Enqueued",
     "Counted",
     "Settled",
@@ -78,6 +79,14 @@ class Deleted(Result):
     """DeleteQueue: how many messages (ready and acquired) went with the queue."""
 
     deleted: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserChanged(Result):
+    """PutUser, DeleteUser, SetRights: whether the user was added (PutUser) or existed
+    (DeleteUser); True for SetRights."""
+
+    changed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +313,7 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     Declared,
     Deleted,
     Purged,
+    UserChanged,
     Enqueued,
     Counted,
     Settled,

@@ -2,7 +2,7 @@
 
 Pure: no I/O, no clock. Equal states give equal snapshots and equal digests, on every
 replica. The *meta snapshot* is the non-queue part (offset, clock, sequence numbers,
-ignore counts, membership, services, checkpoints); each queue's index has its own
+ignore counts, membership, services, checkpoints, users); each queue's index has its own
 (:meth:`batonmq.cluster.queues.QueueState.snapshot`), so the node driver stores only
 what a batch changed. The *full snapshot* is everything a joining broker installs;
 the *digest* is a SHA-256 over all of it that checkpoints compare across replicas.
@@ -22,6 +22,7 @@ from batonmq.cluster.keys import PublishKeys
 from batonmq.cluster.membership import Membership
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.services import Services
+from batonmq.cluster.users import Users
 
 __all__ = ["Replicated", "meta_snapshot", "restore_meta", "full_snapshot", "digest"]
 
@@ -46,6 +47,9 @@ class Replicated(Protocol):
     def publish_keys(self) -> PublishKeys: ...
 
     @property
+    def users(self) -> Users: ...
+
+    @property
     def queues(self) -> dict[str, QueueState]: ...
 
 
@@ -62,6 +66,7 @@ def meta_snapshot(r: Replicated) -> list[Any]:
         r.publish_keys.total,
         r.services.snapshot(),
         [list(c) for c in r.checkpoints],
+        r.users.snapshot(),
     ]
 
 
@@ -75,6 +80,9 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
     # Snapshots written before service leadership have no services entry.
     r.services.restore(snap[6] if len(snap) > 6 else [])
     r.checkpoints = [(o, d) for o, d in snap[7]] if len(snap) > 7 else []
+    # Snapshots written before users, or of a cluster that never had a user event,
+    # restore the default table (guest).
+    r.users.restore(snap[8] if len(snap) > 8 else None)
 
 
 def full_snapshot(r: Replicated) -> list[Any]:

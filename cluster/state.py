@@ -25,6 +25,7 @@ uses is importable from this module too.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from batonmq.cluster import snapshot
@@ -54,6 +55,7 @@ from batonmq.cluster.events import (
     Candidate,
     DeclareQueue,
     DeleteQueue,
+    DeleteUser,
     Enqueue,
     Expire,
     Handoff,
@@ -65,18 +67,28 @@ from batonmq.cluster.events import (
     Origin,
     Propose,
     PurgeQueue,
+    PutUser,
     Reject,
     Release,
     ReleaseAll,
     Reserve,
     Resign,
+    SetRights,
     Vote,
 )
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import VOTER, Membership
 from batonmq.cluster.queues import QueueIndex, QueueState
-from batonmq.cluster.results import Candidacy, Checkpointed, HandoverAsked, Owner, Result
+from batonmq.cluster.results import (
+    Candidacy,
+    Checkpointed,
+    HandoverAsked,
+    Owner,
+    Result,
+    UserChanged,
+)
 from batonmq.cluster.services import Grant, Services, check_candidate
+from batonmq.cluster.users import User, Users, check_user_name
 
 __all__ = ["State"]
 
@@ -95,6 +107,7 @@ class State:
         self.index = QueueIndex(self, self.publish_keys)  # the queues (cluster/queues.py)
         self.membership = Membership(suspect_beats)
         self.services = Services()  # service leadership (cluster/services.py)
+        self.users = Users()  # users and their rights (cluster/users.py)
         self.clock = 0  # largest envelope time applied, ms
         self.applied = -1  # offset of the last applied record
         self.last_seq: dict[str, int] = {}  # "node/runtime" -> last applied origin seq
@@ -225,6 +238,8 @@ class State:
                 return self._candidacy(key, ev, out)
             case Handover():
                 return self._handover(ev, out)
+            case PutUser() | DeleteUser() | SetRights():
+                return self._user_event(ev)
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
 
     def _own_consumer(self, key: str, consumer: str) -> None:
@@ -284,6 +299,27 @@ class State:
         if to is not None:
             self._set_owner(q, to, out)
         return Owner(q.owner)
+
+    # -- users (cluster/users.py, docs/security.md) -------------------------------------------
+
+    def _user_event(self, ev: PutUser | DeleteUser | SetRights) -> UserChanged:
+        users = self.users
+        match ev:
+            case PutUser():
+                try:
+                    check_user_name(ev.name)
+                    user = User(ev.name, ev.salt, ev.cost, ev.stored_key, ev.server_key, ev.admin)
+                except InvalidArgument:
+                    self.ignore("bad-user")
+                    raise
+                if ev.initial:
+                    user = replace(user, admin=True)
+                return UserChanged(users.put(user, initial=ev.initial))
+            case DeleteUser():
+                return UserChanged(users.delete(ev.name))
+            case SetRights():
+                users.set_rights(ev.name, dict(ev.rights))
+                return UserChanged(True)
 
     # -- service leadership (docs/design.md §7, cluster/services.py) ----------------------------
 

@@ -43,6 +43,9 @@ from batonmq.cluster.events import (
     Reserve,
     Resign,
     Vote,
+    PutUser,
+    DeleteUser,
+    SetRights,
 )
 from batonmq.cluster.results import (
     RESULT_TYPES,
@@ -72,7 +75,9 @@ from batonmq.cluster.results import (
     Peeked,
     ConnectionList,
     MessageHistory,
+    UserChanged,
 )
+from batonmq.cluster.users import GUEST_COST, GUEST_SALT, GUEST_SERVER_KEY, GUEST_STORED_KEY
 from tests.unit.test_membership import Cluster
 
 __all__: list[str] = []
@@ -82,6 +87,7 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
     (Declared(created=True), {"created": True}),
     (Deleted(deleted=3), {"deleted": 3}),
     (Purged(purged=0), {"purged": 0}),
+    (UserChanged(changed=True), {"changed": True}),
     (Enqueued(7, 2), {"first_position": 7, "count": 2}),
     (Enqueued(7, 2, [7, 3]), {"first_position": 7, "count": 2, "positions": [7, 3]}),
     (Counted(count=4), {"count": 4}),
@@ -268,6 +274,10 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, Resign("svc", f"{a}/s1"))
     apply(a, Checkpoint())
     apply(a, Heartbeat("voter", "addr", {}))
+    creds = (GUEST_SALT, GUEST_COST, GUEST_STORED_KEY, GUEST_SERVER_KEY)
+    apply(a, PutUser("alice", *creds, False))
+    apply(a, SetRights("alice", (("read", "q.*"),)))
+    apply(a, DeleteUser("alice"))
     apply(b, Join("addr"))
     apply(b, Leave())
     # Propose and Vote are applied by Cluster.beat (the view changes above).
