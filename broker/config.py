@@ -167,6 +167,9 @@ class BrokerConfig:
         log_level, log_format: the process's logging (docs/operations.md).
         log_key_file: TOML file of the keys that seal the log (docs/log-sealing.md);
             not set: records are plain.
+        admin_password_file: file holding the password of the ``admin`` user made at
+            a cluster's first start (instead of ``guest``); the variable
+            ``BATON_ADMIN_PASSWORD`` gives it too. Ignored once the cluster has users.
         admin_listen: ``HOST:PORT`` of the admin HTTP listener (docs/admin.md); not
             set: no admin listener (the default). Port 0 picks a free port.
     """
@@ -244,6 +247,11 @@ class BrokerConfig:
                                     help="seal the log: every record encrypted and"
                                          " authenticated with keys from this TOML file"
                                          " (docs/log-sealing.md; not set: plain records)")
+    admin_password_file: str | None = _opt(None,
+                                           help="at a cluster's first start, create the admin"
+                                                " user with the password in this file instead"
+                                                " of guest (or BATON_ADMIN_PASSWORD;"
+                                                " docs/security.md)")
     admin_listen: str | None = _opt(None,
                                     help="serve metrics, health and the admin JSON API over"
                                          " HTTP here (docs/admin.md; not set: off; port 0"

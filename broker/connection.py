@@ -15,6 +15,7 @@ frame closes this connection only (with an Error frame, corr 0, first).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from typing import Final, TypeVar, cast
 
@@ -59,6 +60,7 @@ class ClientConnection(asyncio.Protocol):
         self.output_grace = output_grace
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.loopback = False  # the peer's address is a loopback one
         self.closed = False
         self.paused = False  # the client is not reading: stop delivering
         self.greeted = False  # Hello done (set by the subclass that handles it)
@@ -99,6 +101,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.loopback = bool(peer) and _is_loopback(str(peer[0]))
 
     def data_received(self, data: bytes) -> None:
         if data:
@@ -324,3 +327,15 @@ class ClientConnection(asyncio.Protocol):
         self.in_flight -= n
         if self.in_flight < self.max_in_flight // 2:
             self._unblock_reading("in flight")
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a peer's IP address) is a loopback address (an IPv4-mapped
+    IPv6 one too)."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback

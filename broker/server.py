@@ -20,8 +20,10 @@ from batonmq.broker.config import (
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.session import Session
+from batonmq.clients import scram
 from batonmq.clients.tls import client_context, server_context
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound
+from batonmq.cluster.events import PutUser
 from batonmq.cluster.log import Log, open_log
 from batonmq.cluster.node import Node
 from batonmq.cluster.effects import Effect
@@ -70,6 +72,10 @@ class Broker:
         # the replica digest until the state moves, instead of packing every queue's
         # index on each request.
         self._digest_at: tuple[object, int, str] | None = None
+        # docs/security.md: an unknown user's SCRAM salt is made from this, so a login
+        # attempt does not tell which users exist; refusals counted by what was missing.
+        self.auth_secret = os.urandom(32)
+        self.refusals: dict[str, int] = {}
 
     @property
     def node(self) -> Node:
@@ -118,6 +124,7 @@ class Broker:
             keys = KeyFile(cfg.log_key_file)
         server_tls, client_tls = self._tls()
         self._tls_on = server_tls is not None
+        password = admin_password(cfg)  # read now: a bad file stops the start at once
         os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
         opened = RocksStore.open_checked(os.path.join(cfg.data_dir, "store"))
         self._store = opened.store
@@ -184,6 +191,7 @@ class Broker:
         self.address = f"{host}:{port}"
         await self._start_admin()
         await self._node.start(self.address)
+        await self._initial_admin(password)
         await self._server.start_serving()
         self._node.serving = True  # its heartbeats now offer it as a join donor
         self._delivery.start(cfg.expiry_interval)
@@ -413,6 +421,24 @@ class Broker:
             return self._log.keys.reload()
         return False
 
+    def refused(self, what: str) -> None:
+        """Count one refusal (``what``: "login", "member", "admin" or a right)."""
+        self.refusals[what] = self.refusals.get(what, 0) + 1
+
+    async def _initial_admin(self, password: str | None) -> None:
+        """At a cluster's first start with an admin password: the ``admin`` user,
+        instead of ``guest`` (docs/security.md). Only the first such event applies."""
+        if password is None or self.node.state.users.explicit:
+            return
+        loop = asyncio.get_running_loop()
+        creds = await loop.run_in_executor(None, scram.make_credentials, password)
+        done = await self.node.submit(
+            PutUser("admin", creds.salt, creds.cost, creds.stored_key, creds.server_key,
+                    True, initial=True)
+        )
+        if done.changed:
+            log.info("created the admin user (no guest user in this cluster)")
+
     def list_queues(self) -> list[dict[str, Any]]:
         return [self.queue_stats(name) for name in sorted(self.node.state.queues)]
 
@@ -431,3 +457,24 @@ class Broker:
                 s.close()
                 return True
         return False
+
+
+def admin_password(cfg: BrokerConfig) -> str | None:
+    """The first admin's password: the file ``admin_password_file`` names (its first
+    line), else ``BATON_ADMIN_PASSWORD``, else None.
+
+    Raises:
+        InvalidArgument: the file cannot be read, or holds no password.
+    """
+    if cfg.admin_password_file:
+        try:
+            with open(cfg.admin_password_file, encoding="utf-8") as f:
+                password = f.readline().rstrip("\r\n")
+        except OSError as exc:
+            raise InvalidArgument(
+                f"cannot read admin_password_file {cfg.admin_password_file}: {exc.strerror or exc}"
+            ) from exc
+        if not password:
+            raise InvalidArgument(f"admin_password_file {cfg.admin_password_file} is empty")
+        return password
+    return os.environ.get("BATON_ADMIN_PASSWORD") or None

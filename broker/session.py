@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
+from batonmq.broker.access import Login, Rights
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.connection import MAX_IN_FLIGHT, ClientConnection
 from batonmq.broker.delivery import Consumer, Delivery
@@ -41,6 +42,7 @@ from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
 from batonmq.clients import wire
 from batonmq.cluster.errors import (
+    AccessRefused,
     BatonError,
     InternalError,
     InvalidArgument,
@@ -65,6 +67,7 @@ from batonmq.cluster.events import (
     Reserve,
 )
 from batonmq.cluster.node import Node
+from batonmq.cluster.users import Users
 from batonmq.cluster.results import (
     Cancelled,
     Enqueued,
@@ -153,6 +156,15 @@ class SessionBroker(Protocol):
         """The open client sessions (the Connections answer)."""
         ...
 
+    @property
+    def auth_secret(self) -> bytes:
+        """This broker's random secret (an unknown user's SCRAM salt is made from it)."""
+        ...
+
+    def refused(self, what: str) -> None:
+        """Count one refusal: ``what`` is "login" or the right that was missing."""
+        ...
+
 
 class Session(ClientConnection):
     """Serves one client connection."""
@@ -163,6 +175,12 @@ class Session(ClientConnection):
         self.broker = broker
         self.client_name = ""
         self.greeted = False
+        self.user = ""  # who logged in (docs/security.md)
+        self.member = False  # a joining broker's link (only the join update)
+        self._login: Login | None = None  # a login under way
+        self._hello_frame: wire.Hello | None = None
+        # What the user may do; none until it logs in (a member link has no user).
+        self.rights = Rights(lambda: Users(), "", broker.refused)
         self.consumers: dict[int, Consumer] = {}
         self._next_tag = 0
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -234,11 +252,20 @@ class Session(ClientConnection):
     def handle_frame(self, f: wire.Frame) -> None:
         """Route one frame to its handler (the first must be Hello)."""
         if not self.greeted:
-            if isinstance(f, wire.Hello):
+            if isinstance(f, wire.Hello) and self._hello_frame is None:
                 self._hello(f)
+            elif isinstance(f, wire.AuthResponse) and self._login is not None:
+                self._logged_in(f)
             else:
-                self.fail(ProtocolError("the first frame must be Hello"))
+                self.fail(ProtocolError("the first frame must be Hello (then AuthResponse)"))
             return
+        if self.member:
+            if not isinstance(f, (wire.UpdateRequest, wire.Ping)):
+                self.broker.refused("member")
+                raise AccessRefused(f"{type(f).__name__} is not a member link's frame")
+        elif isinstance(f, wire.UpdateRequest):
+            self.broker.refused("member")
+            raise AccessRefused("only a joining broker may ask for the join update")
         if isinstance(f, wire.Publish):
             self._publish(f)
             return
@@ -247,6 +274,7 @@ class Session(ClientConnection):
         self._flush_publishes()
         match f:
             case wire.PublishBatch():
+                self.rights.check("write", f.queue)
                 messages = self._batch(f.messages)
                 delay_ms, not_before, priority = _publish_options(f.options)
                 self._submit(
@@ -272,6 +300,7 @@ class Session(ClientConnection):
             case wire.Reject():
                 self._settle(f.corr, f.consumer, f.positions, Reject)
             case wire.Subscribe():
+                self.rights.check("read", f.queue)
                 self._subscribe(f)
             case wire.Cancel():
                 self._cancel(f)
@@ -282,33 +311,43 @@ class Session(ClientConnection):
                 count, missing = c.touch(f.positions)
                 self.send(wire.ok(f.corr, Settled(count, missing)))
             case wire.DeclareQueue():
+                self.rights.check("configure", f.queue)
                 self._submit(f.corr, declare_event(f.queue, f.options), as_is)
             case wire.DeleteQueue():
+                self.rights.check("configure", f.queue)
                 self._submit(f.corr, DeleteQueue(f.queue), as_is)
             case wire.PurgeQueue():
+                self.rights.check("configure", f.queue)
                 self._submit(f.corr, PurgeQueue(f.queue), as_is)
             case wire.QueueStats():
+                self.rights.check_any(f.queue)
                 self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
             case wire.ListQueues():
-                self.send(wire.ok(f.corr, QueueList(self.broker.list_queues())))
+                queues = [q for q in self.broker.list_queues() if self.rights.sees(q["queue"])]
+                self.send(wire.ok(f.corr, QueueList(queues)))
             case wire.Topology():
-                self.send(wire.Ok(f.corr, self.broker.topology()))
+                self.send(wire.Ok(f.corr, self.rights.topology(self.broker.topology())))
             case wire.Peek():
+                self.rights.check("read", f.queue)
                 self.send(wire.ok(f.corr, peek(self.broker.node, f.queue, f.count)))
             case wire.Connections():
+                self.rights.check_admin("list connections")
                 self.send(wire.ok(f.corr, list_connections(self.broker.connections())))
             case wire.MessageHistory():
+                self.rights.check("read", f.queue)
                 history = message_history(
                     self.broker.node, f.queue, f.position, max_records=f.max_records or None
                 )
                 self.reply(f.corr, asyncio.ensure_future(history), as_is)
             case wire.Lead():
+                self.rights.check("lead", f.service)
                 self.broker.leadership.lead(self, f)
             case wire.Resign():
-                self.broker.leadership.resign(self, f)
+                self.broker.leadership.resign(self, f)  # only this session's own run
             case wire.Services():
                 self.send(wire.ok(f.corr, self.broker.leadership.describe()))
             case wire.Handover():
+                self.rights.check("lead", f.service)
                 self.broker.leadership.handover(self, f)
             case wire.Ping():
                 self.send(wire.Ok(f.corr, {}))
@@ -318,15 +357,18 @@ class Session(ClientConnection):
                 donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate)
                 self._update = asyncio.create_task(donor.serve(f), name="baton-update")
             case wire.ReadRange():
+                self.rights.check("read", f.queue)
                 self.reply(
                     f.corr, read_range(self.broker.node, f, self.broker.config.max_frame), as_is
                 )
             case wire.Reserve():
+                self.rights.check("read", f.queue)
                 _check_fence(f.service, f.token)
                 self._submit(
                     f.corr, Reserve(f.queue, f.holder or None, f.service, f.token), as_is
                 )
             case wire.AcceptThrough():
+                self.rights.check("read", f.queue)
                 if f.through < 0:
                     raise InvalidArgument("through must be a non-negative position")
                 _check_fence(f.service, f.token)
@@ -341,6 +383,7 @@ class Session(ClientConnection):
     def _publish(self, f: wire.Publish) -> None:
         """One publish: merged with the others read in one go when its queue has no
         max_length (see :meth:`_flush_publishes`), else submitted alone."""
+        self.rights.check("write", f.queue)
         self._check_body(f.body, f.headers)
         check_name("queue name", f.queue)  # before merging: a bad one fails alone
         check_key(f.key)
@@ -413,19 +456,57 @@ class Session(ClientConnection):
                 )
             )
             return
-        self.greeted = True
+        self._hello_frame = f
         self.client_name = f.client_name
+        if f.auth.get("mechanism") == "MEMBER":
+            self._member_hello(f)
+            return
+        login = Login(self.broker.node.state.users, self.broker.auth_secret)
+        try:
+            challenge = login.first(f.auth)
+        except AccessRefused as exc:
+            self._refuse(exc.message)
+            return
+        self._login = login
+        self.send(wire.AuthChallenge(f.corr, {"message": challenge}))
+
+    def _member_hello(self, f: wire.Hello) -> None:
+        """A joining broker's link: it may only ask for the join update."""
+        self.member = True
+        self._greet(f.corr, {})
+
+    def _logged_in(self, f: wire.AuthResponse) -> None:
+        """The client's proof: greet it, or refuse and close."""
+        login, self._login = self._login, None
+        assert login is not None
+        try:
+            user, outcome = login.final(f.data, self.loopback, self.peer)
+        except AccessRefused as exc:
+            self._refuse(exc.message)
+            return
+        self.user = user.name
+        self.rights = Rights(lambda: self.broker.node.state.users, user.name, self.broker.refused)
+        self._greet(f.corr, {"message": outcome, "user": user.name, "admin": user.admin})
+
+    def _greet(self, corr: int, auth: dict[str, Any]) -> None:
+        self.greeted = True
         cfg = self.broker.config
         self.send(
             wire.HelloOk(
-                f.corr,
+                corr,
                 wire.PROTOCOL_VERSION,
                 f"baton/{self.broker.version}",
                 self.broker.node.node_id,
                 cfg.max_frame,
                 cfg.max_message,
+                auth,
             )
         )
+
+    def _refuse(self, why: str) -> None:
+        log.warning("login refused from %s: %s", self.peer, why)
+        self.broker.refused("login")
+        self.fail(AccessRefused(why))
 
     def _check_body(self, body: bytes, headers: dict[str, Any]) -> None:
         limit = self.broker.config.max_message

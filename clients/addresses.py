@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Final
+from urllib.parse import unquote
 
 from batonmq.cluster.errors import InvalidArgument
 
-__all__ = ["DEFAULT_PORT", "parse_addresses", "format_address"]
+__all__ = ["DEFAULT_PORT", "parse_addresses", "format_address", "split_url"]
 
 #: Port used when an address has no ``:PORT``.
 DEFAULT_PORT: Final = 5671
@@ -57,6 +58,27 @@ def parse_addresses(addresses: str | Sequence[str]) -> list[tuple[str, int]]:
     if not out:
         raise InvalidArgument("no broker address given")
     return out
+
+
+def split_url(addresses: str | Sequence[str]) -> tuple[str | Sequence[str], str | None, str | None]:
+    """Split ``baton://USER:PASSWORD@HOST:PORT,HOST:PORT`` into the addresses and the
+    user and password (percent-decoded); other forms come back as they are, with
+    (None, None). ``baton://HOST:PORT`` names no user.
+
+    Raises:
+        InvalidArgument: another scheme than ``baton://``.
+    """
+    if not isinstance(addresses, str) or "://" not in addresses:
+        return addresses, None, None
+    scheme, _, rest = addresses.partition("://")
+    if scheme != "baton":
+        raise InvalidArgument(f"unknown address scheme {scheme!r}:// (write baton://...)")
+    rest = rest.rstrip("/")
+    if "@" not in rest:
+        return rest, None, None
+    userinfo, _, hosts = rest.rpartition("@")
+    user, sep, password = userinfo.partition(":")
+    return hosts, unquote(user), unquote(password) if sep else None
 
 
 def _parse_port(address: str, text: str) -> int:

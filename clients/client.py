@@ -35,12 +35,13 @@ from types import TracebackType
 from typing import Any
 
 from batonmq.clients import errors
-from batonmq.clients.addresses import DEFAULT_PORT, format_address, parse_addresses
+from batonmq.clients.addresses import DEFAULT_PORT, format_address, parse_addresses, split_url
 from batonmq.clients.conn import Channel
 from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.clients.producer import Producer, publish_options
 from batonmq.clients.queue_options import Retry, declare_options
+from batonmq.clients.scram import DEFAULT_USER
 from batonmq.clients.topology import TopologyEvent, TopologyTracker
 from batonmq.clients.watch import TopologyWatch
 from batonmq.clients.wire import (
@@ -62,7 +63,7 @@ from batonmq.clients.wire import (
     Topology,
     read_result,
 )
-from batonmq.cluster.errors import BatonError, ConnectionClosed, InvalidArgument
+from batonmq.cluster.errors import AccessRefused, BatonError, ConnectionClosed, InvalidArgument
 from batonmq.cluster.results import (
     AcceptedThrough,
     ConnectionList,
@@ -99,12 +100,16 @@ async def connect(
     failover_timeout: float = 30.0,
     ssl: SSLContext | bool | None = None,
     keepalive: float | None = None,
+    username: str | None = None,
+    password: str | None = None,
 ) -> Connection:
     """Open a connection to the first broker that accepts TCP and answers Hello.
 
     Args:
         addresses: ``"HOST:PORT"``, a comma-separated list of them, or a sequence.
             They are tried in order. The connection keeps the whole list for failover.
+            The URL form ``baton://USER:PASSWORD@HOST:PORT,HOST:PORT`` names the user
+            too (percent-encode ``@``, ``:`` and ``%`` in them).
         client_name: sent in Hello; shows up in the broker's session list.
         timeout: seconds allowed per address for TCP connect plus the Hello exchange
             (also per attempt during failover).
@@ -122,16 +127,31 @@ async def connect(
             (None: never); set it below a broker's ``idle_timeout``. A Ping not
             answered within as many seconds more means the broker is lost (stopped,
             partitioned away): the connection fails over, or closes without failover.
+        username, password: who logs in (SCRAM: the password never crosses the
+            wire; docs/security.md). Not given (here or in the URL): ``guest`` /
+            ``guest``, which brokers accept from loopback only, and only while the
+            cluster has that user.
 
     Returns:
         An open :class:`Connection`. Use it as ``async with await connect(...) as conn``.
 
     Raises:
-        InvalidArgument: an address cannot be parsed.
+        InvalidArgument: an address cannot be parsed, or a user without a password.
+        AccessRefused: a broker refused the login (wrong user name or password, or
+            ``guest`` from beyond loopback): the other addresses are not tried.
         ConnectionClosed: no address worked; the message names every address tried
             and why, and the exception is chained from the last failure.
     """
+    addresses, url_user, url_password = split_url(addresses)
     parsed = parse_addresses(addresses)
+    username = username if username is not None else url_user
+    password = password if password is not None else url_password
+    if username is None:
+        username = DEFAULT_USER
+    if password is None:
+        if username != DEFAULT_USER:
+            raise InvalidArgument(f"user {username!r} needs a password")
+        password = DEFAULT_USER
     if failover is None:
         failover = len(parsed) > 1
     failures: list[str] = []
@@ -145,11 +165,15 @@ async def connect(
             connect_timeout=timeout,
             tls=ssl,
             keepalive=keepalive,
+            credentials=(username, password),
         )
         channel.failover.index = index
         try:
             async with asyncio.timeout(timeout):
                 await channel.open(host, port)
+        except AccessRefused as exc:
+            channel.abort(exc)
+            raise AccessRefused(f"{format_address(host, port)}: {exc.message}") from None
         except (OSError, BatonError, TimeoutError) as exc:
             channel.abort(exc)
             last = exc

@@ -27,9 +27,10 @@ import ssl
 from collections.abc import Container, Coroutine, Sequence
 from typing import Any, Final, cast
 
-from batonmq.clients import errors
+from batonmq.clients import errors, scram
 from batonmq.clients.addresses import format_address
 from batonmq.clients.consumer import Consumer
+from batonmq.clients.scram import DEFAULT_USER
 from batonmq.clients.failover import Failover
 from batonmq.clients.leadership import Term
 from batonmq.clients.results import consume_result
@@ -45,6 +46,8 @@ from batonmq.clients.wire import (
     FrameCodec,
     Hello,
     HelloOk,
+    AuthChallenge,
+    AuthResponse,
     Lead,
     LeaderEvent,
     Ok,
@@ -177,8 +180,12 @@ class Channel:
         connect_timeout: float = 10.0,
         tls: ssl.SSLContext | bool | None = None,
         keepalive: float | None = None,
+        credentials: tuple[str, str] = (DEFAULT_USER, DEFAULT_USER),
     ) -> None:
         self.client_name = client_name
+        self._credentials = credentials
+        self.user = ""  # the user the broker greeted us as
+        self.admin = False  # whether that user is an admin
         self.keepalive = keepalive  # seconds of silence after which a Ping is sent
         self._keepalive: asyncio.Task[None] | None = None
         self._last_write = 0.0
@@ -212,7 +219,7 @@ class Channel:
         self._lost = asyncio.Event()
         self._closed: ConnectionClosed | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._hello: asyncio.Future[HelloOk] | None = None
+        self._hello: asyncio.Future[HelloOk | AuthChallenge] | None = None
         self._terms: dict[str, Term] = {}  # service -> this connection's run for it
 
     # --- life cycle -------------------------------------------------------------------
@@ -234,8 +241,27 @@ class Channel:
         self._lost = asyncio.Event()
         self._hello = self.loop.create_future()
         self._hello_corr = self.next_corr()
-        self.write(self.encode(Hello(self._hello_corr, PROTOCOL_VERSION, self.client_name)))
+        # SCRAM (clients/scram.py): the password never crosses the wire.
+        exchange = scram.ClientExchange(*self._credentials)
+        auth = {"mechanism": scram.MECHANISM, "message": exchange.first()}
+        self.write(self.encode(Hello(self._hello_corr, PROTOCOL_VERSION, self.client_name, auth)))
+        challenge = await self._hello
+        if not isinstance(challenge, AuthChallenge):
+            raise ProtocolError(f"the broker answered Hello with {type(challenge).__name__}")
+        message = challenge.data.get("message")
+        if not isinstance(message, bytes):
+            raise ProtocolError("malformed AuthChallenge")
+        # scrypt takes a tenth of a second: not on the loop, whose other connections go on.
+        final = await self.loop.run_in_executor(None, exchange.final, message)
+        self._hello = self.loop.create_future()
+        self.write(self.encode(AuthResponse(self._hello_corr, {"message": final})))
         hello = await self._hello
+        if not isinstance(hello, HelloOk):
+            raise ProtocolError(f"the broker answered the login with {type(hello).__name__}")
+        outcome = hello.auth.get("message")
+        exchange.verify(outcome if isinstance(outcome, bytes) else b"")
+        self.user = str(hello.auth.get("user", ""))
+        self.admin = hello.auth.get("admin") is True
         if hello.version != PROTOCOL_VERSION:
             raise UnsupportedVersion(
                 f"broker speaks protocol {hello.version}, this client {PROTOCOL_VERSION}"
@@ -499,9 +525,9 @@ class Channel:
                 consumer = self._consumers.pop(frame.consumer, None)
                 if consumer is not None:
                     consumer.end(errors.for_code(frame.code, frame.message))
-            case HelloOk():
+            case HelloOk() | AuthChallenge():
                 if self._hello is None or self._hello.done():
-                    raise ProtocolError("unexpected HelloOk")
+                    raise ProtocolError(f"unexpected {type(frame).__name__}")
                 self._hello.set_result(frame)
             case _:
                 raise ProtocolError(

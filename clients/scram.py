@@ -31,6 +31,7 @@ from batonmq.cluster.errors import AccessRefused, InvalidArgument
 
 __all__ = [
     "MECHANISM",
+    "DEFAULT_USER",
     "DEFAULT_COST",
     "Credentials",
     "make_credentials",
@@ -39,6 +40,8 @@ __all__ = [
     "ServerExchange",
 ]
 
+#: The user a client that names none logs in as (password ``guest`` too).
+DEFAULT_USER = "guest"
 #: The mechanism's name in ``Hello.auth``.
 MECHANISM = "SCRAM-SHA-256-SCRYPT"
 #: scrypt's N for new credentials (2^14, r = 8: 16 MiB and about a tenth of a second, once per

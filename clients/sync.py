@@ -106,6 +106,8 @@ def connect(
     failover_timeout: float = 30.0,
     ssl: SSLContext | bool | None = None,
     keepalive: float | None = None,
+    username: str | None = None,
+    password: str | None = None,
 ) -> SyncConnection:
     """Open a blocking connection (see :func:`batonmq.clients.client.connect`).
 
@@ -116,13 +118,15 @@ def connect(
             every later call on the connection (a call that waits for a failover
             may hit it first: raise it to ``failover_timeout`` or more if calls
             should rather wait).
-        failover, failover_timeout, ssl, keepalive: as for :func:`batonmq.clients.client.connect`.
+        failover, failover_timeout, ssl, keepalive, username, password: as for
+            :func:`batonmq.clients.client.connect` (the URL form names the user too).
 
     Returns:
         A :class:`SyncConnection`; use it as ``with clients.sync.connect(...) as conn``.
 
     Raises:
         InvalidArgument: an address cannot be parsed.
+        AccessRefused: a broker refused the login.
         ConnectionClosed: no address worked.
     """
     thread = _LoopThread()
@@ -136,6 +140,8 @@ def connect(
                 failover_timeout=failover_timeout,
                 ssl=ssl,
                 keepalive=keepalive,
+                username=username,
+                password=password,
             ),
             # connect applies the timeout per address; allow for all of them.
             None,

@@ -328,7 +328,7 @@ class _Link:
         except (OSError, TimeoutError, ValueError) as exc:
             raise JoinFailed(f"cannot connect to {address}: {exc}") from exc
         link = cls(address, reader, writer)
-        link.send(wire.Hello(1, wire.PROTOCOL_VERSION, name))
+        link.send(wire.Hello(1, wire.PROTOCOL_VERSION, name, {"mechanism": "MEMBER"}))
         frame = await link.next(timeout)
         if not isinstance(frame, wire.HelloOk):
             link.close()

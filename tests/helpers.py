@@ -295,3 +295,26 @@ def decode_frames(codec: FrameCodec) -> list[Frame]:
             return out
         assert isinstance(frame, Frame)
         out.append(frame)
+
+
+def login_frames(
+    user: str = "guest", password: str = "guest", corr: int = 1, name: str = "raw"
+) -> tuple[Frame, Callable[[Frame], Frame], Callable[[Frame], None]]:
+    """A raw client's login, frame by frame: the Hello to send, then a function that
+    turns the broker's AuthChallenge into the AuthResponse to send, then one that checks
+    the broker's HelloOk (clients/scram.py; for tests that build frames by hand)."""
+    from batonmq.clients import scram, wire
+
+    exchange = scram.ClientExchange(user, password)
+    hello = wire.Hello(corr, wire.PROTOCOL_VERSION, name,
+                       {"mechanism": scram.MECHANISM, "message": exchange.first()})
+
+    def respond(challenge: Frame) -> Frame:
+        assert isinstance(challenge, wire.AuthChallenge), challenge
+        return wire.AuthResponse(corr, {"message": exchange.final(challenge.data["message"])})
+
+    def check(ok: Frame) -> None:
+        assert isinstance(ok, wire.HelloOk), ok
+        exchange.verify(ok.auth["message"])
+
+    return hello, respond, check

@@ -17,7 +17,7 @@ import pytest
 from batonmq import clients
 from batonmq.clients import wire
 from batonmq.cluster.errors import InvalidArgument
-from tests.helpers import eventually_sync
+from tests.helpers import eventually_sync, login_frames
 from tests.integration.conftest import BrokerProcess
 
 
@@ -31,8 +31,10 @@ class RawClient:
         self.codec = wire.FrameCodec(64 * 1024 * 1024)
         self.corr = 0
         if hello:
-            self.send(wire.Hello(self.next_corr(), wire.PROTOCOL_VERSION, "raw"))
-            assert isinstance(self.read(), wire.HelloOk)
+            first, respond, check = login_frames(corr=self.next_corr())
+            self.send(first)
+            self.send(respond(self.read()))
+            check(self.read())
 
     def next_corr(self) -> int:
         self.corr += 1

@@ -15,7 +15,7 @@ import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import BatonError, ConnectionClosed
-from tests.helpers import drain, eventually, now
+from tests.helpers import drain, eventually, login_frames, now
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -332,7 +332,10 @@ async def test_settle_with_bad_positions_is_an_error_not_a_hang(broker: BrokerPr
         writer.write(codec.send(frame))
         return await receive((wire.Ok, wire.Error, wire.HelloOk))  # type: ignore[arg-type]
 
-    assert isinstance(await call(wire.Hello(1, wire.PROTOCOL_VERSION, "raw")), wire.HelloOk)
+    first, respond, check = login_frames()
+    writer.write(codec.send(first))
+    writer.write(codec.send(respond(await receive(wire.AuthChallenge))))
+    check(await receive(wire.HelloOk))
     sub = await call(wire.Subscribe(2, "raw", 10))
     assert isinstance(sub, wire.Ok)
     tag = sub.result["consumer"]

@@ -1,0 +1,158 @@
+"""Who a client session is, and what it may do (docs/security.md).
+
+:class:`Login` is the broker's side of a connection's login: a SCRAM exchange
+(clients/scram.py) against the users in the state applied here, and the rule that
+``guest`` connects from loopback only. :class:`Rights` answers, for the logged-in
+user, whether it may do a command: it reads the user from the state at each check
+(cached until the user table changes), so a change of rights or a deleted user
+applies at once to connections already open. Every refusal raises
+:class:`~batonmq.cluster.errors.AccessRefused` and is counted by the broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from batonmq.clients import scram
+from batonmq.cluster.errors import AccessRefused
+from batonmq.cluster.users import GUEST, User, Users
+
+__all__ = ["Login", "Rights"]
+
+# A session caches this many (right, name) answers at most, then starts again.
+_CACHE = 4096
+
+
+class Login:
+    """One login under way: :meth:`first` on the Hello's auth map, then :meth:`final`
+    on the AuthResponse's data.
+
+    Args:
+        users: the user table applied here.
+        secret: the broker's random secret (unknown users' salts).
+    """
+
+    def __init__(self, users: Users, secret: bytes) -> None:
+        self._users = users
+
+        def lookup(name: str) -> scram.Credentials | None:
+            u = users.get(name)
+            if u is None:
+                return None
+            return scram.Credentials(u.salt, u.cost, u.stored_key, u.server_key)
+
+        self._exchange = scram.ServerExchange(lookup, secret)
+
+    def first(self, auth: dict[str, Any]) -> bytes:
+        """The challenge for a Hello's ``auth`` map.
+
+        Raises:
+            AccessRefused: no login, another mechanism, or a malformed message.
+        """
+        mechanism = auth.get("mechanism", "")
+        if mechanism != scram.MECHANISM:
+            raise AccessRefused(
+                f"this broker needs a login ({scram.MECHANISM}); clients that name no user"
+                f" log in as guest/guest, which works from loopback only"
+                if not mechanism
+                else f"unknown authentication mechanism {mechanism!r} (this broker speaks"
+                f" {scram.MECHANISM})"
+            )
+        message = auth.get("message")
+        if not isinstance(message, bytes):
+            raise AccessRefused("the SCRAM first message must be bytes")
+        return self._exchange.first(message)
+
+    def final(self, data: dict[str, Any], loopback: bool, peer: str) -> tuple[User, bytes]:
+        """The user and the broker's last SCRAM message, once the proof checks.
+
+        Raises:
+            AccessRefused: wrong user or password, a malformed message, or ``guest``
+                from beyond loopback.
+        """
+        message = data.get("message")
+        if not isinstance(message, bytes):
+            raise AccessRefused("the SCRAM final message must be bytes")
+        outcome = self._exchange.final(message)
+        name = self._exchange.user
+        user = self._users.get(name)
+        if user is None:  # deleted during the exchange
+            raise AccessRefused(f"wrong user name or password for {name!r}")
+        if user.name == GUEST and not loopback:
+            raise AccessRefused(
+                f"user {GUEST!r} may connect from loopback only (this connection is from"
+                f" {peer}); create a user for remote clients: baton user add"
+            )
+        return user, outcome
+
+
+class Rights:
+    """The rights checks of one session's user.
+
+    Args:
+        users: the state's user table (read at each check).
+        name: the user the session logged in as.
+        refused: counts one refusal (what was missing).
+    """
+
+    def __init__(self, users: Callable[[], Users], name: str, refused: Callable[[str], None]) -> None:
+        self._users = users
+        self.name = name
+        self._refused = refused
+        self._cache: dict[tuple[str, str], bool] = {}
+        self._version = -1
+
+    def user(self) -> User:
+        """The user as the state has it now.
+
+        Raises:
+            AccessRefused: it was deleted.
+        """
+        users = self._users()
+        if users.version != self._version:
+            self._cache.clear()
+            self._version = users.version
+        user = users.get(self.name)
+        if user is None:
+            self._refused("login")
+            raise AccessRefused(f"user {self.name!r} no longer exists")
+        return user
+
+    def allowed(self, right: str, name: str) -> bool:
+        """Whether the user has ``right`` over ``name`` (no refusal counted)."""
+        user = self.user()
+        key = (right, name)
+        allowed = self._cache.get(key)
+        if allowed is None:
+            if len(self._cache) >= _CACHE:
+                self._cache.clear()
+            allowed = self._cache[key] = user.may(right, name)
+        return allowed
+
+    def check(self, right: str, name: str) -> None:
+        """Raise AccessRefused unless the user has ``right`` over ``name``."""
+        if not self.allowed(right, name):
+            self._refused(right)
+            what = "service" if right == "lead" else "queue"
+            raise AccessRefused(f"user {self.name!r} has no {right} right on {what} {name!r}")
+
+    def sees(self, queue: str) -> bool:
+        """Whether the user has any right over ``queue`` (its stats, its listing)."""
+        return any(self.allowed(r, queue) for r in ("configure", "write", "read"))
+
+    def check_any(self, queue: str) -> None:
+        if not self.sees(queue):
+            self._refused("read")
+            raise AccessRefused(f"user {self.name!r} has no right on queue {queue!r}")
+
+    def check_admin(self, what: str) -> None:
+        if not self.user().admin:
+            self._refused("admin")
+            raise AccessRefused(f"user {self.name!r} is not an admin: cannot {what}")
+
+    def topology(self, topology: dict[str, Any]) -> dict[str, Any]:
+        """A Topology answer as this user may see it: the addresses for an admin only."""
+        if not self.user().admin:
+            topology["instances"] = [{**i, "address": ""} for i in topology["instances"]]
+        return topology
