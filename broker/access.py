@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from batonmq.clients import scram
-from batonmq.cluster.errors import AccessRefused
-from batonmq.cluster.users import GUEST, User, Users
+from batonmq.clients import scram, wire
+from batonmq.cluster import events
+from batonmq.cluster.errors import AccessRefused, InvalidArgument
+from batonmq.cluster.results import UserList
+from batonmq.cluster.users import GUEST, RIGHTS, User, Users, check_pattern, check_user_name
 
-__all__ = ["Login", "Rights"]
+__all__ = ["Login", "Rights", "user_event", "list_users"]
 
 # A session caches this many (right, name) answers at most, then starts again.
 _CACHE = 4096
@@ -156,3 +158,44 @@ class Rights:
         if not self.user().admin:
             topology["instances"] = [{**i, "address": ""} for i in topology["instances"]]
         return topology
+
+
+def user_event(
+    f: wire.PutUser | wire.DeleteUser | wire.SetRights,
+) -> events.PutUser | events.DeleteUser | events.SetRights:
+    """The event for an admin's user command, checked before it goes to the log.
+
+    Raises:
+        InvalidArgument: a bad name, malformed credentials, an unknown right or a
+            pattern that is not a regular expression.
+    """
+    check_user_name(f.name)
+    match f:
+        case wire.PutUser():
+            c = f.credentials
+            try:
+                creds = scram.Credentials(c["salt"], c["cost"], c["stored_key"], c["server_key"])
+            except (KeyError, TypeError):
+                raise InvalidArgument(
+                    "credentials must be {salt, cost, stored_key, server_key}"
+                ) from None
+            if not all(isinstance(v, bytes) for v in (creds.salt, creds.stored_key, creds.server_key)):
+                raise InvalidArgument("credentials: salt and keys must be bytes")
+            return events.PutUser(f.name, creds.salt, creds.cost, creds.stored_key,
+                                  creds.server_key, f.admin)
+        case wire.DeleteUser():
+            return events.DeleteUser(f.name)
+        case wire.SetRights():
+            rights = []
+            for right, pattern in sorted(f.rights.items()):
+                if right not in RIGHTS:
+                    raise InvalidArgument(f"unknown right {right!r} (rights: {', '.join(RIGHTS)})")
+                rights.append((right, check_pattern(right, pattern)))
+            if not rights:
+                raise InvalidArgument("give at least one right to set")
+            return events.SetRights(f.name, tuple(rights))
+
+
+def list_users(users: Users) -> UserList:
+    """Every user with its rights (no credentials)."""
+    return UserList([users.get(n).describe() for n in users.names()])  # type: ignore[union-attr]

@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from batonmq.broker.access import Login, Rights
+from batonmq.broker.access import Login, Rights, list_users, user_event
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.connection import MAX_IN_FLIGHT, ClientConnection
 from batonmq.broker.delivery import Consumer, Delivery
@@ -375,6 +375,12 @@ class Session(ClientConnection):
                 self._submit(
                     f.corr, AcceptThrough(f.queue, f.through, f.holder, f.service, f.token), as_is
                 )
+            case wire.PutUser() | wire.DeleteUser() | wire.SetRights():
+                self.rights.check_admin("manage users")
+                self._submit(f.corr, user_event(f), as_is)
+            case wire.ListUsers():
+                self.rights.check_admin("list users")
+                self.send(wire.ok(f.corr, list_users(self.broker.node.state.users)))
             case wire.Hello():
                 raise ProtocolError("Hello was already sent on this connection")
             case _:

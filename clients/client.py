@@ -41,7 +41,7 @@ from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.clients.producer import Producer, publish_options
 from batonmq.clients.queue_options import Retry, declare_options
-from batonmq.clients.scram import DEFAULT_USER
+from batonmq.clients.scram import DEFAULT_USER, make_credentials
 from batonmq.clients.topology import TopologyEvent, TopologyTracker
 from batonmq.clients.watch import TopologyWatch
 from batonmq.clients.wire import (
@@ -51,15 +51,19 @@ from batonmq.clients.wire import (
     Frame,
     Handover,
     Connections,
+    DeleteUser,
     ListQueues,
+    ListUsers,
     MessageHistory,
     Peek,
     Ping,
     PurgeQueue,
+    PutUser,
     QueueStats,
     ReadRange,
     Reserve,
     Services,
+    SetRights,
     Topology,
     read_result,
 )
@@ -77,6 +81,8 @@ from batonmq.cluster.results import (
     RangeRead,
     Reserved,
     ServiceList,
+    UserChanged,
+    UserList,
 )
 
 __all__ = [
@@ -232,6 +238,11 @@ class Connection:
     def node_id(self) -> str:
         """The broker's node id from HelloOk."""
         return self._channel.node_id
+
+    @property
+    def user(self) -> str:
+        """The user this connection logged in as."""
+        return self._channel.user
 
     @property
     def max_frame(self) -> int:
@@ -602,6 +613,62 @@ class Connection:
         corr = self._next_corr()
         result = await self._request(Peek(corr, queue, count), corr, retry=True)
         return read_result(Peeked, result)
+
+    # -- users and rights (admin; docs/security.md) ----------------------------------
+
+    async def put_user(self, name: str, password: str, *, admin: bool = False) -> bool:
+        """Add user ``name``, or give it a new password and admin flag (its rights
+        stay). The credentials are made here (scrypt, clients/scram.py): the password
+        never reaches a broker.
+
+        Returns:
+            True if the user is new.
+
+        Raises:
+            AccessRefused: this connection's user is not an admin.
+            InvalidArgument: an empty password, a name above 255 bytes or with control
+                characters.
+        """
+        creds = await asyncio.get_running_loop().run_in_executor(None, make_credentials, password)
+        corr = self._next_corr()
+        frame = PutUser(corr, name, {"salt": creds.salt, "cost": creds.cost,
+                                     "stored_key": creds.stored_key,
+                                     "server_key": creds.server_key}, admin)
+        result = await self._request(frame, corr, retry=True)
+        return read_result(UserChanged, result).changed
+
+    async def delete_user(self, name: str) -> bool:
+        """Remove user ``name`` (not the last admin); its open connections can do
+        nothing more. Returns whether it existed."""
+        corr = self._next_corr()
+        result = await self._request(DeleteUser(corr, name), corr, retry=True)
+        return read_result(UserChanged, result).changed
+
+    async def list_users(self) -> list[dict[str, Any]]:
+        """Every user: ``name``, ``admin`` and its pattern per right."""
+        corr = self._next_corr()
+        result = await self._request(ListUsers(corr), corr, retry=True)
+        return read_result(UserList, result).users
+
+    async def set_permissions(
+        self,
+        name: str,
+        *,
+        configure: str | None = None,
+        write: str | None = None,
+        read: str | None = None,
+        lead: str | None = None,
+    ) -> None:
+        """Set rights of user ``name``: regular expressions that must match a whole
+        queue name (``lead``: service name); "" grants nothing; None keeps the pattern.
+
+        Raises:
+            InvalidArgument: no such user, no right given, or a bad pattern.
+        """
+        given = {"configure": configure, "write": write, "read": read, "lead": lead}
+        rights = {k: v for k, v in given.items() if v is not None}
+        corr = self._next_corr()
+        await self._request(SetRights(corr, name, rights), corr, retry=True)
 
     async def connections(self) -> list[dict[str, Any]]:
         """The connected broker's client connections and their consumers

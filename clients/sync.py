@@ -295,6 +295,32 @@ class SyncConnection:
         """Every queue's stats."""
         return self.run(self._conn.list_queues())
 
+    def put_user(self, name: str, password: str, *, admin: bool = False) -> bool:
+        """Add a user or change its password (see :meth:`Connection.put_user`)."""
+        return self.run(self._conn.put_user(name, password, admin=admin))
+
+    def delete_user(self, name: str) -> bool:
+        """Remove a user (see :meth:`Connection.delete_user`)."""
+        return self.run(self._conn.delete_user(name))
+
+    def list_users(self) -> list[dict[str, Any]]:
+        """Every user and its rights."""
+        return self.run(self._conn.list_users())
+
+    def set_permissions(
+        self,
+        name: str,
+        *,
+        configure: str | None = None,
+        write: str | None = None,
+        read: str | None = None,
+        lead: str | None = None,
+    ) -> None:
+        """Set a user's rights (see :meth:`Connection.set_permissions`)."""
+        self.run(self._conn.set_permissions(
+            name, configure=configure, write=write, read=read, lead=lead
+        ))
+
     def peek(self, queue: str, count: int = 10) -> Peeked:
         """Ready messages without acquiring them (see :meth:`Connection.peek`)."""
         return self.run(self._conn.peek(queue, count))

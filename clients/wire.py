@@ -40,6 +40,10 @@ __all__ = [
     "Ping",
     "AuthChallenge",
     "AuthResponse",
+    "PutUser",
+    "DeleteUser",
+    "ListUsers",
+    "SetRights",
     "DeclareQueue",
     "DeleteQueue",
     "PurgeQueue",
@@ -624,6 +628,53 @@ class Handover(Frame):
     timeout_ms: int
 
 
+# --- users and rights (admin; docs/security.md) ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutUser(Frame):
+    """C->S (admin): add user ``name`` or give it new credentials and admin flag
+    (keeping its rights). ``credentials``: ``{"salt", "cost", "stored_key",
+    "server_key"}`` (clients/scram.py), made by the client: the password never
+    reaches the broker. Answered by Ok({"changed": bool}), true when the user is new."""
+
+    OP: ClassVar[int] = 90
+    corr: int
+    name: str
+    credentials: dict[str, Any]
+    admin: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteUser(Frame):
+    """C->S (admin): remove user ``name``. Ok({"changed": bool}): it existed."""
+
+    OP: ClassVar[int] = 91
+    corr: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListUsers(Frame):
+    """C->S (admin): Ok({"users": [{"name", "admin", "configure", "write", "read",
+    "lead"}, ...]})."""
+
+    OP: ClassVar[int] = 92
+    corr: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetRights(Frame):
+    """C->S (admin): set rights of user ``name``: ``{right: pattern}`` for some of
+    ``configure``, ``write``, ``read``, ``lead`` (regular expressions that must match a
+    whole queue or service name; "" matches nothing). Ok({"changed": true})."""
+
+    OP: ClassVar[int] = 93
+    corr: int
+    name: str
+    rights: dict[str, Any]
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -667,6 +718,10 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         LeaderEvent,
         Services,
         Handover,
+        PutUser,
+        DeleteUser,
+        ListUsers,
+        SetRights,
     )
 }
 

@@ -32,6 +32,7 @@ __all__ = [
     "Deleted",
     "Purged",
     "UserChanged",
+    "UserList",
     "Enqueued",
     "Counted",
     "Settled",
@@ -87,6 +88,14 @@ class UserChanged(Result):
     (DeleteUser); True for SetRights."""
 
     changed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UserList(Result):
+    """ListUsers: every user, each a map with ``name``, ``admin`` and a pattern per
+    right (``configure``, ``write``, ``read``, ``lead``); never credentials."""
+
+    users: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +323,7 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     Deleted,
     Purged,
     UserChanged,
+    UserList,
     Enqueued,
     Counted,
     Settled,

@@ -76,6 +76,7 @@ from batonmq.cluster.results import (
     ConnectionList,
     MessageHistory,
     UserChanged,
+    UserList,
 )
 from batonmq.cluster.users import GUEST_COST, GUEST_SALT, GUEST_SERVER_KEY, GUEST_STORED_KEY
 from tests.unit.test_membership import Cluster
@@ -88,6 +89,7 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
     (Deleted(deleted=3), {"deleted": 3}),
     (Purged(purged=0), {"purged": 0}),
     (UserChanged(changed=True), {"changed": True}),
+    (UserList([{"name": "alice", "admin": False}]), {"users": [{"name": "alice", "admin": False}]}),
     (Enqueued(7, 2), {"first_position": 7, "count": 2}),
     (Enqueued(7, 2, [7, 3]), {"first_position": 7, "count": 2, "positions": [7, 3]}),
     (Counted(count=4), {"count": 4}),
