@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, cast
 
-from batonmq.broker import cli_client, cli_ops, cli_serve, logs
+from batonmq.broker import cli_client, cli_ops, cli_serve, cli_users, logs
 from batonmq.broker.config import LOG_FORMATS, LOG_LEVELS, package_version
 from batonmq.cluster.errors import BatonError
 
@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", default=None, metavar="FILE",
                    help="connect to the broker by TLS, trusting the CAs in FILE (PEM;"
                         " docs/security.md)")
+    p.add_argument("--user", default=None, metavar="NAME",
+                   help="log in to the broker as NAME (or BATON_USER; its password from"
+                        " BATON_PASSWORD or the terminal; default guest: docs/security.md)")
     # The subcommands' parsers are _Parsers too (add_subparsers uses the parent's class).
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]",
@@ -55,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_serve.add_commands(sub)
     cli_client.add_commands(sub)
     cli_ops.add_commands(sub)
+    cli_users.add_commands(sub)
 
     from batonmq.loadtest.__main__ import add_arguments
 

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from batonmq.broker.cli_ops import tls_of
+from batonmq.broker.cli_ops import open_broker
 from batonmq.broker.config import DEFAULT_PORT
 from batonmq.cluster.errors import InvalidArgument
 
@@ -16,8 +16,6 @@ __all__ = ["add_commands"]
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
     bodies: list[bytes]
     if args.message:
         bodies = [m.encode() for m in args.message]
@@ -29,7 +27,7 @@ def _publish(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise InvalidArgument(f"--header needs KEY=VALUE, got {item!r}")
         headers[key] = value
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         if args.declare:
             conn.declare_queue(args.queue)
         if args.count > 1 and len(bodies) == 1:
@@ -45,11 +43,10 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _consume(args: argparse.Namespace) -> int:
-    from batonmq import clients
     from batonmq.cluster.errors import Timeout
 
     got = 0
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         # Take no more than will be printed: the rest would only sit in a buffer.
         prefetch = min(args.prefetch, args.count) if args.count else args.prefetch
         with conn.consume(args.queue, prefetch=prefetch) as consumer:
@@ -81,9 +78,7 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def _queues(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         rows = conn.list_queues()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -98,9 +93,7 @@ def _queues(args: argparse.Namespace) -> int:
 
 
 def _topology(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         topo = conn.topology()
     # Exit 1 when the broker asked is not a member of the view or is unhealthy (the
     # report still shows what it knows; ``baton health`` asks for more).
@@ -141,9 +134,8 @@ def _topology(args: argparse.Namespace) -> int:
 def _services(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from batonmq import clients
 
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         rows = conn.services()
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
@@ -165,9 +157,7 @@ def _services(args: argparse.Namespace) -> int:
 
 
 def _handover(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         done = conn.handover(args.service, to=args.to, timeout=args.timeout)
     print(
         f"service {done.service}: {done.leader} leads now (token {done.token})"

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import getpass
 import json
+import os
 import ssl
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batonmq.broker.config import DEFAULT_PORT
+from batonmq.cluster.errors import InvalidArgument
 
-__all__ = ["add_commands", "not_ready", "tls_of"]
+if TYPE_CHECKING:
+    from batonmq.clients.sync import SyncConnection
+
+__all__ = ["BROKER_HELP", "add_commands", "login_of", "not_ready", "open_broker", "tls_of"]
 
 BROKER_HELP = "broker address(es), HOST:PORT[,HOST:PORT]"
 
@@ -31,6 +37,35 @@ def tls_of(args: argparse.Namespace) -> ssl.SSLContext | None:
     from batonmq.clients.tls import client_context
 
     return client_context(ca)
+
+
+def login_of(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The user and password a command logs in with: the global ``--user`` (or
+    ``BATON_USER``), its password from ``BATON_PASSWORD`` or asked on the terminal.
+    No user named: (None, None), the client's default: guest/guest (docs/security.md).
+
+    Raises:
+        InvalidArgument: a user without a password, and no terminal to ask on.
+    """
+    user = getattr(args, "user", None) or os.environ.get("BATON_USER") or None
+    password = os.environ.get("BATON_PASSWORD")
+    if user is None:
+        return (None, None) if password is None else ("guest", password)
+    if password is None:
+        if not sys.stdin.isatty():
+            raise InvalidArgument(
+                f"user {user!r} needs a password: set BATON_PASSWORD (no terminal to ask on)"
+            )
+        password = getpass.getpass(f"password of {user}: ")
+    return user, password
+
+
+def open_broker(args: argparse.Namespace) -> SyncConnection:
+    """A blocking connection to ``args.broker`` with the command's TLS and login."""
+    from batonmq import clients
+
+    user, password = login_of(args)
+    return clients.sync.connect(args.broker, ssl=tls_of(args), username=user, password=password)
 
 
 def not_ready(topo: dict[str, Any]) -> str | None:
@@ -56,9 +91,7 @@ def not_ready(topo: dict[str, Any]) -> str | None:
 
 
 def _health(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         topo = conn.topology()
     why = not_ready(topo)
     who = f"broker {topo.get('node_id')} at {args.broker}"
@@ -72,7 +105,7 @@ def _health(args: argparse.Namespace) -> int:
 def _queue_declare(args: argparse.Namespace) -> int:
     from batonmq import clients
 
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         result = conn.declare_queue(
             args.queue,
             durable=not args.transient,
@@ -98,27 +131,21 @@ def _queue_declare(args: argparse.Namespace) -> int:
 
 
 def _queue_delete(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         dropped = conn.delete_queue(args.queue)
     print(f"queue {args.queue} deleted with {dropped} message(s)")
     return 0
 
 
 def _queue_purge(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
-    with clients.sync.connect(args.broker, ssl=tls_of(args)) as conn:
+    with open_broker(args) as conn:
         dropped = conn.purge_queue(args.queue)
     print(f"queue {args.queue} purged: {dropped} ready message(s) dropped")
     return 0
 
 
 def _queue_peek(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
-    with clients.sync.connect(args.broker) as conn:
+    with open_broker(args) as conn:
         peeked = conn.peek(args.queue, args.count)
     if args.json:
         rows = [
@@ -138,7 +165,7 @@ def _queue_peek(args: argparse.Namespace) -> int:
 def _connections(args: argparse.Namespace) -> int:
     from batonmq import clients
 
-    with clients.sync.connect(args.broker) as conn:
+    with open_broker(args) as conn:
         rows = conn.connections()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -154,9 +181,7 @@ def _connections(args: argparse.Namespace) -> int:
 
 
 def _message_history(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
-    with clients.sync.connect(args.broker) as conn:
+    with open_broker(args) as conn:
         conn.timeout = max(conn.timeout or 0, args.timeout)
         h = conn.message_history(args.queue, args.position, args.max_records)
     if args.json:

@@ -49,6 +49,11 @@ class MetricsBroker(Protocol):
         """Open client connections."""
         ...
 
+    @property
+    def refusals(self) -> dict[str, int]:
+        """Commands and logins refused, by what was missing (docs/security.md)."""
+        ...
+
 
 class BrokerCollector(Collector):
     """Reads one broker's figures when scraped. ``log_end`` is set by the scraper just
@@ -180,6 +185,15 @@ class BrokerCollector(Collector):
         for reason, n in sorted(state.ignored.items()):
             ignored.add_metric([reason], n)
         yield ignored
+        refused = CounterMetricFamily(
+            "baton_access_refused",
+            "Logins and commands this broker refused (AccessRefused), by what was missing:"
+            " login, admin, member, or the right (configure, write, read, lead).",
+            labels=["missing"],
+        )
+        for what, n in sorted(self.broker.refusals.items()):
+            refused.add_metric([what], n)
+        yield refused
         yield _counter("baton_digest_mismatches",
                        "Checkpoints at which this replica's digest differed from the leader's.",
                        node.digest_mismatches)

@@ -405,6 +405,8 @@ class Broker:
             ),
             "checkpoint": node.last_checkpoint,
             "digest_mismatches": node.digest_mismatches,
+            # docs/security.md: logins and commands refused here, by what was missing.
+            "access_refused": dict(self.refusals),
             "log_truncated_before": node.truncated_before,
             # Records ignored by the state machine, by reason (replicated: the same on
             # every replica): ``unopened`` counts sealed records no key here opens.
