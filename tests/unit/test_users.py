@@ -122,3 +122,29 @@ def test_users_survive_a_snapshot_and_old_snapshots_restore_guest() -> None:
     old = State()
     old.restore_meta(State().meta_snapshot()[:8])  # written before users existed
     assert old.users.names() == ["guest"] and not old.users.explicit
+
+
+def test_guest_may_log_in_from_loopback_only() -> None:
+    from batonmq.broker.access import Login
+
+    for loopback in (True, False):
+        users = Users()
+        login = Login(users, b"s" * 32)
+        client = scram.ClientExchange("guest", "guest")
+        first = login.first({"mechanism": scram.MECHANISM, "message": client.first()})
+        final = {"message": client.final(first)}
+        if loopback:
+            user, outcome = login.final(final, True, "127.0.0.1:5000")
+            client.verify(outcome)
+            assert user.name == GUEST
+        else:
+            with pytest.raises(AccessRefused, match="loopback only"):
+                login.final(final, False, "10.1.2.3:5000")
+
+
+def test_the_loopback_test_knows_mapped_and_v6_loopback() -> None:
+    from batonmq.broker.connection import _is_loopback
+
+    assert _is_loopback("127.0.0.1") and _is_loopback("127.3.4.5") and _is_loopback("::1")
+    assert _is_loopback("::ffff:127.0.0.1") and not _is_loopback("::ffff:10.0.0.1")
+    assert not _is_loopback("10.0.0.1") and not _is_loopback("not-an-ip")

@@ -1,0 +1,249 @@
+"""Logins and rights against real brokers (docs/security.md): without credentials, and as
+a user lacking the right, a client can do nothing of each frame family; with it, it can."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batonmq import clients
+from batonmq.clients import wire
+from batonmq.cluster.errors import AccessRefused
+from tests.helpers import eventually, login_frames
+from tests.integration.conftest import BrokerProcess
+from tests.integration.test_cli import baton
+
+pytestmark = pytest.mark.integration
+
+ADMIN_PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker whose cluster started with an admin password: no guest."""
+    secret = tmp_path / "admin-password"
+    secret.write_text(ADMIN_PASSWORD + "\n")
+    b = BrokerProcess(tmp_path / "secured", extra=["--admin-password-file", str(secret)])
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _raw(address: str) -> tuple[socket.socket, wire.FrameCodec]:
+    host, _, port = address.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=10), wire.FrameCodec()
+
+
+def _read(sock: socket.socket, codec: wire.FrameCodec) -> wire.Frame:
+    while True:
+        frame = codec.next_frame()
+        if isinstance(frame, wire.Frame):
+            return frame
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed by the broker")
+        codec.receive_data(data)
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(65536) == b""
+    except OSError:
+        return True
+
+
+def test_a_hello_without_a_login_is_refused_and_closed(broker: BrokerProcess) -> None:
+    sock, codec = _raw(broker.address)
+    with sock:
+        sock.sendall(codec.send(wire.Hello(1, wire.PROTOCOL_VERSION, "anonymous")))
+        err = _read(sock, codec)
+        assert isinstance(err, wire.Error) and err.code == AccessRefused.code, err
+        assert "needs a login" in err.message
+        assert _closed(sock)
+
+
+def test_a_wrong_proof_is_refused_and_closed(broker: BrokerProcess) -> None:
+    sock, codec = _raw(broker.address)
+    with sock:
+        hello, respond, _ = login_frames("guest", "not-guest")
+        sock.sendall(codec.send(hello))
+        sock.sendall(codec.send(respond(_read(sock, codec))))
+        err = _read(sock, codec)
+        assert isinstance(err, wire.Error) and err.code == AccessRefused.code, err
+        assert "wrong user name or password" in err.message
+        assert _closed(sock)
+
+
+async def test_the_admin_password_replaces_guest_and_wrong_passwords_are_refused(
+    secured: BrokerProcess,
+) -> None:
+    with pytest.raises(AccessRefused, match="wrong user name or password"):
+        await clients.connect(secured.address)  # guest/guest: there is no guest
+    with pytest.raises(AccessRefused, match="wrong user name or password"):
+        await clients.connect(secured.address, username="admin", password="guess")
+    with pytest.raises(AccessRefused, match="wrong user name or password"):
+        await clients.connect(secured.address, username="nobody", password="guess")
+    url = f"baton://admin:{ADMIN_PASSWORD.replace(' ', '%20')}@{secured.address}"
+    async with await clients.connect(url) as admin:
+        assert admin.user == "admin"
+        users = await admin.list_users()
+        assert [u["name"] for u in users] == ["admin"] and users[0]["admin"]
+        topo = await admin.topology()
+        assert topo["instances"][0]["address"] == secured.address  # an admin sees addresses
+        assert topo["access_refused"]["login"] >= 3
+
+
+async def _refused(call: Callable[[], Awaitable[Any]], right: str) -> None:
+    with pytest.raises(AccessRefused, match=right):
+        await call()
+
+
+async def test_each_frame_family_needs_its_right(secured: BrokerProcess) -> None:
+    admin = await clients.connect(secured.address, username="admin", password=ADMIN_PASSWORD)
+    await admin.declare_queue("jobs")
+    await admin.publish_batch("jobs", [b"a", b"b", b"c"])
+    assert await admin.put_user("alice", "alice-pw") is True
+    alice = await clients.connect(secured.address, username="alice", password="alice-pw")
+    try:
+        # A new user has no rights.
+        await _refused(lambda: alice.declare_queue("jobs"), "no configure right")
+        await _refused(lambda: alice.purge_queue("jobs"), "no configure right")
+        await _refused(lambda: alice.delete_queue("jobs"), "no configure right")
+        await _refused(lambda: alice.publish("jobs", b"x"), "no write right")
+        await _refused(lambda: alice.publish_batch("jobs", [b"x"]), "no write right")
+        await _refused(lambda: alice.peek("jobs"), "no read right")
+        await _refused(lambda: alice.read_range("jobs", 0, 3), "no read right")
+        await _refused(lambda: alice.reserve("jobs", "spark"), "no read right")
+        await _refused(lambda: alice.accept_through("jobs", 1, "spark"), "no read right")
+        await _refused(lambda: alice.message_history("jobs", 0), "no read right")
+        with pytest.raises(AccessRefused, match="no read right"):
+            async with alice.consume("jobs", prefetch=1):
+                pass
+        await _refused(lambda: alice.queue_stats("jobs"), "no right on queue")
+        assert await alice.list_queues() == []  # it sees no queue
+        await _refused(lambda: alice.handover("svc", timeout=1), "no lead right")
+        with pytest.raises(AccessRefused, match="no lead right"):
+            async with alice.lead("svc"):
+                pass
+        await _refused(lambda: alice.list_users(), "not an admin")
+        await _refused(lambda: alice.put_user("mallory", "pw", admin=True), "not an admin")
+        await _refused(lambda: alice.set_permissions("alice", write=".*"), "not an admin")
+        await _refused(lambda: alice.connections(), "not an admin")
+        topo = await alice.topology()
+        assert all(i["address"] == "" for i in topo["instances"])  # addresses: admin only
+        assert (await admin.queue_stats("jobs"))["ready"] == 3  # nothing changed
+
+        # With the rights (patterns over whole names), the same calls go through, on
+        # the connection already open.
+        await admin.set_permissions("alice", configure="jobs|tmp-.*", write="jobs", read="jobs",
+                                    lead="svc")
+        await alice.publish("jobs", b"d")
+        await _refused(lambda: alice.publish("jobs2", b"x"), "no write right")  # whole name
+        assert (await alice.queue_stats("jobs"))["ready"] == 4
+        assert [q["queue"] for q in await alice.list_queues()] == ["jobs"]
+        assert len((await alice.peek("jobs")).messages) == 4
+        assert len((await alice.read_range("jobs", 0, 4))[0]) == 4
+        async with alice.consume("jobs", prefetch=10) as consumer:
+            got = await consumer.get_many(4, timeout=10)
+            assert sorted(m.body for m in got) == [b"a", b"b", b"c", b"d"]
+            await consumer.ack_many(got)
+        assert await alice.declare_queue("tmp-1")
+        assert await alice.delete_queue("tmp-1") == 0
+        async with alice.lead("svc") as term:
+            assert term.token > 0
+        assert (await alice.message_history("jobs", 0)).steps
+        refusals = (await admin.topology())["access_refused"]
+        assert {"configure", "write", "read", "lead", "admin"} <= set(refusals), refusals
+    finally:
+        await alice.close()
+        await admin.close()
+
+
+async def test_a_deleted_user_can_do_nothing_more_and_a_user_cannot_ask_for_a_join_update(
+    secured: BrokerProcess,
+) -> None:
+    async with await clients.connect(
+        secured.address, username="admin", password=ADMIN_PASSWORD
+    ) as admin:
+        await admin.put_user("bob", "bob-pw", admin=True)
+        bob = await clients.connect(secured.address, username="bob", password="bob-pw")
+        await bob.declare_queue("b")
+        # A user session asking for the join update (every message of every queue).
+        sock, codec = _raw(secured.address)
+        with sock:
+            hello, respond, check = login_frames("bob", "bob-pw")
+            sock.sendall(codec.send(hello))
+            sock.sendall(codec.send(respond(_read(sock, codec))))
+            check(_read(sock, codec))
+            sock.sendall(codec.send(wire.UpdateRequest(2, 0, None, True)))
+            err = _read(sock, codec)
+            assert isinstance(err, wire.Error) and err.code == AccessRefused.code, err
+            assert "joining broker" in err.message
+        assert await admin.delete_user("bob") is True
+        await _refused(lambda: bob.declare_queue("b2"), "no longer exists")
+        await bob.close()
+        with pytest.raises(AccessRefused):
+            await clients.connect(secured.address, username="bob", password="bob-pw")
+        with pytest.raises(Exception, match="last admin"):
+            await admin.delete_user("admin")
+
+
+async def test_users_and_rights_reach_every_broker_of_the_cluster(
+    cluster: list[BrokerProcess],
+) -> None:
+    a, b, c = cluster
+    async with await clients.connect(a.address) as guest:  # guest, from loopback
+        await guest.put_user("carol", "carol-pw")
+        await guest.set_permissions("carol", write="in")
+    for other in (b, c):
+        async def logged_in() -> bool:
+            try:
+                async with await clients.connect(
+                    other.address, username="carol", password="carol-pw"
+                ):
+                    return True
+            except AccessRefused:
+                return False
+
+        await eventually(logged_in, f"carol can log in at {other.address}", timeout=20)
+        async with await clients.connect(
+            other.address, username="carol", password="carol-pw"
+        ) as carol:
+            await _refused(lambda: carol.declare_queue("in"), "no configure right")
+
+
+def test_the_cli_manages_users_and_logs_in_as_one(secured: BrokerProcess) -> None:
+    admin_env = {"BATON_USER": "admin", "BATON_PASSWORD": ADMIN_PASSWORD}
+    r = baton("user", "add", "dave", "--password-stdin", "--broker", secured.address,
+              stdin=b"dave-pw\n", env=admin_env)
+    assert r.returncode == 0, r.stderr
+    assert "user dave added" in r.stdout
+    r = baton("permissions", "set", "dave", "--configure", "dq.*", "--write", "dq.*",
+              "--read", "dq.*", "--broker", secured.address, env=admin_env)
+    assert r.returncode == 0, r.stderr
+    r = baton("user", "list", "--json", "--broker", secured.address, env=admin_env)
+    assert r.returncode == 0, r.stderr
+    assert '"configure": "dq.*"' in r.stdout and "salt" not in r.stdout
+    dave = {"BATON_PASSWORD": "dave-pw"}
+    r = baton("--user", "dave", "queue", "declare", "dq1", "--broker", secured.address, env=dave)
+    assert r.returncode == 0, r.stderr
+    r = baton("--user", "dave", "queue", "declare", "other", "--broker", secured.address,
+              env=dave)
+    assert r.returncode != 0 and "no configure right on queue 'other'" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = baton("queues", "--broker", secured.address, env={"BATON_PASSWORD": "x"})
+    assert r.returncode != 0 and "wrong user name or password" in r.stderr
+    r = baton("user", "passwd", "dave", "--password-stdin", "--broker", secured.address,
+              stdin=b"new-pw\n", env=admin_env)
+    assert r.returncode == 0, r.stderr
+    r = baton("--user", "dave", "queues", "--broker", secured.address,
+              env={"BATON_PASSWORD": "new-pw"})
+    assert r.returncode == 0, r.stderr
+    r = baton("user", "delete", "dave", "--broker", secured.address, env=admin_env)
+    assert r.returncode == 0, r.stderr
