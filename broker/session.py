@@ -40,7 +40,9 @@ from batonmq.broker.limits import check_event, check_headers, check_key, check_n
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
 from batonmq.clients import wire
+from batonmq.cluster import member_proof
 from batonmq.cluster.errors import (
+    AccessRefused,
     BatonError,
     InternalError,
     InvalidArgument,
@@ -170,6 +172,8 @@ class Session(ClientConnection):
         # (corr, body, headers, idempotency key).
         self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any], str]]] = {}
         self._update: asyncio.Task[None] | None = None  # a join update served here
+        # A joining broker's session (Hello MEMBER): (its member key, its challenge).
+        self._member: tuple[str, bytes] | None = None
         # Service leadership (broker/leadership.py): "node/runtime/s<n>", made at the
         # first Lead.
         self.candidate = ""
@@ -239,6 +243,10 @@ class Session(ClientConnection):
             else:
                 self.fail(ProtocolError("the first frame must be Hello"))
             return
+        if self._member is not None and not isinstance(f, (wire.UpdateRequest, wire.Ping)):
+            raise AccessRefused(
+                f"a member session sends UpdateRequest and Ping only, not {type(f).__name__}"
+            )
         if isinstance(f, wire.Publish):
             self._publish(f)
             return
@@ -316,7 +324,9 @@ class Session(ClientConnection):
                 if self._update is not None and not self._update.done():
                     raise InvalidArgument("an update is already being served on this connection")
                 donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate)
-                self._update = asyncio.create_task(donor.serve(f), name="baton-update")
+                self._update = asyncio.create_task(
+                    donor.serve(f, self._member), name="baton-update"
+                )
             case wire.ReadRange():
                 self.reply(
                     f.corr, read_range(self.broker.node, f, self.broker.config.max_frame), as_is
@@ -413,6 +423,9 @@ class Session(ClientConnection):
                 )
             )
             return
+        if f.auth.get("mechanism") == member_proof.MECHANISM:
+            self._member_hello(f)
+            return
         self.greeted = True
         self.client_name = f.client_name
         cfg = self.broker.config
@@ -424,6 +437,31 @@ class Session(ClientConnection):
                 self.broker.node.node_id,
                 cfg.max_frame,
                 cfg.max_message,
+            )
+        )
+
+    def _member_hello(self, f: wire.Hello) -> None:
+        """A joining broker's Hello (cluster/member_proof.py): the session gets a fresh
+        challenge, which its UpdateRequest must sign, and may send only UpdateRequest
+        and Ping."""
+        member = f.auth.get("member")
+        if not isinstance(member, str) or not member:
+            log.warning("refused a member connection from %s: no member named", self.peer)
+            self.fail(AccessRefused("a MEMBER Hello names the joining runtime (auth 'member')"))
+            return
+        self._member = (member, member_proof.new_nonce())
+        self.greeted = True
+        self.client_name = f.client_name
+        cfg = self.broker.config
+        self.send(
+            wire.HelloOk(
+                f.corr,
+                wire.PROTOCOL_VERSION,
+                f"baton/{self.broker.version}",
+                self.broker.node.node_id,
+                cfg.max_frame,
+                cfg.max_message,
+                {"nonce": self._member[1]},
             )
         )
 
