@@ -414,6 +414,31 @@ class Session(ClientConnection):
 
         return done
 
+    def _member_hello(self, f: wire.Hello) -> None:
+        """A joining broker's Hello (cluster/member_proof.py): the session gets a fresh
+        challenge, which its UpdateRequest must sign, and may send only UpdateRequest
+        and Ping."""
+        member = f.auth.get("member")
+        if not isinstance(member, str) or not member:
+            log.warning("refused a member connection from %s: no member named", self.peer)
+            self.fail(AccessRefused("a MEMBER Hello names the joining runtime (auth 'member')"))
+            return
+        self._member = (member, member_proof.new_nonce())
+        self.greeted = True
+        self.client_name = f.client_name
+        cfg = self.broker.config
+        self.send(
+            wire.HelloOk(
+                f.corr,
+                wire.PROTOCOL_VERSION,
+                f"baton/{self.broker.version}",
+                self.broker.node.node_id,
+                cfg.max_frame,
+                cfg.max_message,
+                {"nonce": self._member[1]},
+            )
+        )
+
     def _hello(self, f: wire.Hello) -> None:
         if f.version != wire.PROTOCOL_VERSION:
             self.fail(
@@ -437,31 +462,6 @@ class Session(ClientConnection):
                 self.broker.node.node_id,
                 cfg.max_frame,
                 cfg.max_message,
-            )
-        )
-
-    def _member_hello(self, f: wire.Hello) -> None:
-        """A joining broker's Hello (cluster/member_proof.py): the session gets a fresh
-        challenge, which its UpdateRequest must sign, and may send only UpdateRequest
-        and Ping."""
-        member = f.auth.get("member")
-        if not isinstance(member, str) or not member:
-            log.warning("refused a member connection from %s: no member named", self.peer)
-            self.fail(AccessRefused("a MEMBER Hello names the joining runtime (auth 'member')"))
-            return
-        self._member = (member, member_proof.new_nonce())
-        self.greeted = True
-        self.client_name = f.client_name
-        cfg = self.broker.config
-        self.send(
-            wire.HelloOk(
-                f.corr,
-                wire.PROTOCOL_VERSION,
-                f"baton/{self.broker.version}",
-                self.broker.node.node_id,
-                cfg.max_frame,
-                cfg.max_message,
-                {"nonce": self._member[1]},
             )
         )
 
