@@ -1,7 +1,8 @@
 """The donor side of a join (docs/design.md §8): a broker streams its state to a joining one.
 
-A joining broker connects as a client and sends ``UpdateRequest``; the session
-(broker/session.py) starts :meth:`UpdateDonor.serve` as a task, which captures this
+A joining broker connects as a client, says Hello with the MEMBER mechanism and sends
+``UpdateRequest``; the session (broker/session.py) starts :meth:`UpdateDonor.serve` as a
+task, which checks the joiner's member proof (cluster/member_proof.py), captures this
 broker's state (cluster/update.py) and sends it chunk by chunk on that connection.
 """
 
@@ -10,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from batonmq.broker.connection import ClientConnection
 from batonmq.clients import wire
-from batonmq.cluster import update
-from batonmq.cluster.errors import BatonError
+from batonmq.cluster import member_proof, update
+from batonmq.cluster.errors import AccessRefused, BatonError
 from batonmq.cluster.node import Node
 from batonmq.cluster.results import UpdateSent
 
@@ -32,20 +34,43 @@ class UpdateDonor:
         max_rate: messages/s sent at most (0: as fast as the joiner takes them).
     """
 
-    def __init__(self, conn: ClientConnection, node: Node, max_rate: int) -> None:
+    def __init__(
+        self,
+        conn: ClientConnection,
+        node: Node,
+        max_rate: int,
+        refused: Callable[[str], None] = lambda what: None,
+    ) -> None:
         self._conn = conn
+        self._refused = refused  # counts a refusal (the broker's access_refused)
         self._node = node
         self._rate = max_rate
         self._big = wire.FrameCodec(update.MAX_UPDATE_FRAME)  # encodes update frames
 
-    async def serve(self, f: wire.UpdateRequest) -> None:
+    async def serve(self, f: wire.UpdateRequest, member: tuple[str, bytes] | None) -> None:
         """Stream this broker's state to a joining broker (docs/design.md §8, cluster/update.py),
         chunk by chunk, waiting whenever the joiner's socket is full, so the clients of
-        this broker keep being served in between."""
+        this broker keep being served in between.
+
+        Only to a proven member: ``member`` is the session's (member, challenge) from its
+        MEMBER Hello (None: it said no such Hello). Once this broker has applied the log
+        up to ``since`` (so the joiner's Join), the request's proof must verify against
+        the key that Join recorded; else it is answered with AccessRefused and nothing
+        is sent."""
         conn = self._conn
         node = self._node
         try:
+            if member is not None:
+                await update.wait_applied(node, f.since)
+            member_proof.check(
+                node.state.membership.join_keys, member, f.member, f.proof, node.node_id
+            )
             cap = await update.capture(node, f.since, f.queues, f.state)
+        except AccessRefused as exc:
+            log.warning("refused a join update to %s: %s", conn.peer, exc.message)
+            self._refused("member")
+            conn.error(f.corr, exc)
+            return
         except BatonError as exc:
             conn.error(f.corr, exc)
             return

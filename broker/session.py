@@ -41,6 +41,7 @@ from batonmq.broker.limits import check_event, check_headers, check_key, check_n
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
 from batonmq.clients import wire
+from batonmq.cluster import member_proof
 from batonmq.cluster.errors import (
     AccessRefused,
     BatonError,
@@ -176,7 +177,6 @@ class Session(ClientConnection):
         self.client_name = ""
         self.greeted = False
         self.user = ""  # who logged in (docs/security.md)
-        self.member = False  # a joining broker's link (only the join update)
         self._login: Login | None = None  # a login under way
         self._hello_frame: wire.Hello | None = None
         # What the user may do; none until it logs in (a member link has no user).
@@ -188,6 +188,8 @@ class Session(ClientConnection):
         # (corr, body, headers, idempotency key).
         self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any], str]]] = {}
         self._update: asyncio.Task[None] | None = None  # a join update served here
+        # A joining broker's session (Hello MEMBER): (its member key, its challenge).
+        self._member: tuple[str, bytes] | None = None
         # Service leadership (broker/leadership.py): "node/runtime/s<n>", made at the
         # first Lead.
         self.candidate = ""
@@ -259,13 +261,17 @@ class Session(ClientConnection):
             else:
                 self.fail(ProtocolError("the first frame must be Hello (then AuthResponse)"))
             return
-        if self.member:
+        if self._member is not None:
             if not isinstance(f, (wire.UpdateRequest, wire.Ping)):
                 self.broker.refused("member")
-                raise AccessRefused(f"{type(f).__name__} is not a member link's frame")
+                raise AccessRefused(
+                    f"a member session sends UpdateRequest and Ping only, not {type(f).__name__}"
+                )
         elif isinstance(f, wire.UpdateRequest):
             self.broker.refused("member")
-            raise AccessRefused("only a joining broker may ask for the join update")
+            why = "only a joining broker (Hello MEMBER) may ask for the join update"
+            log.warning("refused a join update to %s: %s", self.peer, why)
+            raise AccessRefused(why)
         if isinstance(f, wire.Publish):
             self._publish(f)
             return
@@ -354,8 +360,11 @@ class Session(ClientConnection):
             case wire.UpdateRequest():
                 if self._update is not None and not self._update.done():
                     raise InvalidArgument("an update is already being served on this connection")
-                donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate)
-                self._update = asyncio.create_task(donor.serve(f), name="baton-update")
+                donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate,
+                                    self.broker.refused)
+                self._update = asyncio.create_task(
+                    donor.serve(f, self._member), name="baton-update"
+                )
             case wire.ReadRange():
                 self.rights.check("read", f.queue)
                 self.reply(
@@ -453,6 +462,18 @@ class Session(ClientConnection):
 
         return done
 
+    def _member_hello(self, f: wire.Hello) -> None:
+        """A joining broker's Hello (cluster/member_proof.py): the session gets a fresh
+        challenge, which its UpdateRequest must sign, and may send only UpdateRequest
+        and Ping."""
+        member = f.auth.get("member")
+        if not isinstance(member, str) or not member:
+            log.warning("refused a member connection from %s: no member named", self.peer)
+            self.fail(AccessRefused("a MEMBER Hello names the joining runtime (auth 'member')"))
+            return
+        self._member = (member, member_proof.new_nonce())
+        self._greet(f.corr, {"nonce": self._member[1]})
+
     def _hello(self, f: wire.Hello) -> None:
         if f.version != wire.PROTOCOL_VERSION:
             self.fail(
@@ -464,7 +485,7 @@ class Session(ClientConnection):
             return
         self._hello_frame = f
         self.client_name = f.client_name
-        if f.auth.get("mechanism") == "MEMBER":
+        if f.auth.get("mechanism") == member_proof.MECHANISM:
             self._member_hello(f)
             return
         login = Login(self.broker.node.state.users, self.broker.auth_secret)
@@ -475,11 +496,6 @@ class Session(ClientConnection):
             return
         self._login = login
         self.send(wire.AuthChallenge(f.corr, {"message": challenge}))
-
-    def _member_hello(self, f: wire.Hello) -> None:
-        """A joining broker's link: it may only ask for the join update."""
-        self.member = True
-        self._greet(f.corr, {})
 
     def _logged_in(self, f: wire.AuthResponse) -> None:
         """The client's proof: greet it, or refuse and close."""

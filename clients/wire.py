@@ -451,13 +451,18 @@ class UpdateRequest(Frame):
     with UpdateState, then per queue UpdateQueue, UpdateFront..., UpdateDone, and
     finally Ok (or Error). ``queues``: the names to stream (None: every queue);
     ``state``: whether UpdateState carries the replicated index (a first request)
-    or only the capture offset (a retry after the first member died)."""
+    or only the capture offset (a retry after the first member died). ``member``
+    and ``proof``: the joining runtime and its signature of the member's challenge
+    (sent in HelloOk after a Hello with the MEMBER mechanism); a request without a
+    valid proof is answered with Error AccessRefused (cluster/member_proof.py)."""
 
     OP: ClassVar[int] = 80
     corr: int
     since: int
     queues: Any
     state: bool
+    member: str = ""
+    proof: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,6 +204,7 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "holder": (str, type(None)),
     "role": (str,),
     "address": (str,),
+    "member_key": (bytes,),
     "properties": (dict,),
     "view_seq": (int,),
     "yes": (bool,),

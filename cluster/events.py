@@ -411,10 +411,16 @@ class Join(Event[None]):
     update captures its state at a batch boundary at or after this event, so the
     joiner only ever reads the log from about here on. ``address`` is where the
     joiner will serve clients (for operators; the update is pulled by the joiner).
+    ``member_key`` is the raw Ed25519 public key of the key pair this runtime made
+    at its start (cluster/member_proof.py): a member serves the update only to a peer
+    that signs its challenge with the matching private key. Records from before the
+    field have none (such a joiner is served by no member of this version). A joiner
+    that the view dropped meanwhile appends its Join again, with the same key.
     """
 
     OP: ClassVar[int] = 70
     address: str
+    member_key: bytes = b""
 
 
 # --- retention and cross-replica checks (docs/design.md §8) -----------------------------------

@@ -19,6 +19,13 @@ voter listed answers ``Vote``; when all have voted yes the view is established. 
 leader is the first voter of the established view: stable while it lives.
 :func:`duties` is that policy for one runtime: what it should propose and vote on,
 given the membership as applied (the node driver appends what it returns).
+
+Join keys: a runtime that joins live puts the public key of its member proof on the log
+with its ``Join`` (cluster/member_proof.py); :attr:`Membership.join_keys` remembers it,
+so that a member asked for the update can check the joiner's proof. A key is forgotten
+when its runtime leaves or is dropped from the view; of the runtimes outside the view
+(joiners not admitted yet, or that died before they were) only the latest
+:data:`MAX_PENDING_JOINS` are kept, so the map stays bounded.
 """
 
 from __future__ import annotations
@@ -26,10 +33,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Member", "Membership", "VOTER", "OBSERVER", "Ballot", "Duties", "duties"]
+__all__ = [
+    "Member", "Membership", "VOTER", "OBSERVER", "Ballot", "Duties", "duties",
+    "JOIN_KEY_BYTES", "MAX_PENDING_JOINS",
+]
 
 VOTER = "voter"
 OBSERVER = "observer"
+#: The size of a join key: a raw Ed25519 public key.
+JOIN_KEY_BYTES = 32
+#: Join keys kept for runtimes outside the established view (the oldest go first).
+MAX_PENDING_JOINS = 64
 
 #: A view as proposed or voted on: (view_seq, members in order).
 Ballot = tuple[int, tuple[str, ...]]
@@ -81,6 +95,8 @@ class Membership:
         self.left: set[str] = set()
         self.refused: dict[str, str] = {}  # key -> why (duplicate node id)
         self.proposal: Proposal | None = None
+        # Runtime -> the public key its Join carried, in log order (module docstring).
+        self.join_keys: dict[str, bytes] = {}
 
     # -- queries (all deterministic) -------------------------------------------------
 
@@ -200,6 +216,17 @@ class Membership:
 
     def leave(self, key: str) -> None:
         self.left.add(key)
+        self.join_keys.pop(key, None)  # it stops: it asks for no update any more
+
+    def join(self, key: str, public: bytes) -> None:
+        """Record the join key runtime ``key``'s Join carried (the last one counts).
+        Keeps at most :data:`MAX_PENDING_JOINS` of runtimes outside the view, dropping
+        the oldest."""
+        self.join_keys.pop(key, None)
+        self.join_keys[key] = public
+        pending = [k for k in self.join_keys if k not in self.member_set]
+        for old in pending[: max(0, len(pending) - MAX_PENDING_JOINS)]:
+            del self.join_keys[old]
 
     def propose(self, key: str, seq: int, members: list[str], cluster_id: str) -> str | None:
         """Apply a proposal; returns why it is ignored, or None if it is open now."""
@@ -245,6 +272,7 @@ class Membership:
         self.silence.pop(key, None)
         self.left.discard(key)
         self.refused.pop(key, None)
+        self.join_keys.pop(key, None)
         if key in self.beat_order:
             self.beat_order.remove(key)
         for quiet in self.silence.values():
@@ -264,6 +292,7 @@ class Membership:
             sorted(self.left),
             sorted(self.refused.items()),
             None if p is None else [p.seq, list(p.members), p.proposer, sorted(p.votes)],
+            [[k, v] for k, v in self.join_keys.items()],  # in log order: it decides pruning
         ]
 
     def restore(self, s: list[Any]) -> None:
@@ -277,6 +306,8 @@ class Membership:
         self.refused = {k: v for k, v in s[7]}
         p = s[8]
         self.proposal = None if p is None else Proposal(p[0], list(p[1]), p[2], set(p[3]))
+        # Snapshots written before join keys existed have no such entry.
+        self.join_keys = {k: v for k, v in s[9]} if len(s) > 9 else {}
 
 
 @dataclass(frozen=True, slots=True)

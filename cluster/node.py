@@ -47,6 +47,7 @@ from batonmq.cluster.effects import Effect
 from batonmq.cluster.events import Event, Heartbeat, Join, Leave, Propose, Vote
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import Log
+from batonmq.cluster.member_proof import MemberKey
 from batonmq.cluster.membership import OBSERVER, Ballot, duties
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.state import State
@@ -121,6 +122,9 @@ class Node:
         self.node_id = node_id
         self.runtime_id = uuid.uuid4().hex[:12]
         self.key = f"{node_id}/{self.runtime_id}"  # this runtime's member key
+        # The key pair this runtime proves itself with when it joins live: the public
+        # key goes on the log in its Join (cluster/member_proof.py).
+        self.join_key = MemberKey()
         # How this broker connects to another for a join update (None: plaintext).
         self.tls = tls
         self.role = role
@@ -351,7 +355,7 @@ class Node:
             Timeout: no member gave an update within ``timeout`` seconds.
             LogUnavailable: the Join cannot be appended.
         """
-        record = self.appender.stamp(Join(self.address))
+        record = self.appender.stamp(Join(self.address, self.join_key.public))
         at = await self.log.append([record])
         log.info("node %s: joining at log offset %d; looking for a live member", self.key, at)
         deadline = time.monotonic() + timeout
@@ -379,6 +383,11 @@ class Node:
                     f"no live member gave this broker the cluster's state within {timeout:.0f}s"
                 )
             await asyncio.sleep(0.5)
+
+    async def rejoin(self) -> None:
+        """Append this runtime's Join again, with the same key: the view dropped it
+        before its update was done, which forgot the key (cluster/update.py)."""
+        await self.submit(Join(self.address, self.join_key.public))
 
     async def install(self, applied: int, snapshot: list[Any]) -> None:
         """Make a member's captured state (at log offset ``applied``) this broker's."""

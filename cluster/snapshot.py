@@ -7,8 +7,9 @@ ignore counts, membership, services, checkpoints, users); each queue's index has
 what a batch changed. The *full snapshot* is everything a joining broker installs;
 the *digest* is a SHA-256 over all of it that checkpoints compare across replicas.
 
-Snapshots written by older versions (without services, checkpoints or a queue's
-reservation) are still read: the missing parts restore empty.
+Snapshots written by older versions (without services, checkpoints, a queue's
+reservation or the membership's join keys) are still read: the missing parts restore
+empty.
 """
 
 from __future__ import annotations

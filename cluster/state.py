@@ -77,7 +77,7 @@ from batonmq.cluster.events import (
     Vote,
 )
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
-from batonmq.cluster.membership import VOTER, Membership
+from batonmq.cluster.membership import JOIN_KEY_BYTES, VOTER, Membership
 from batonmq.cluster.queues import QueueIndex, QueueState
 from batonmq.cluster.results import (
     Candidacy,
@@ -390,7 +390,15 @@ class State:
             case Leave():
                 ms.leave(key)
             case Join():
-                pass  # a marker: the update is captured at or after it (docs/design.md §8)
+                # A marker: the update is captured at or after it (docs/design.md §8). Its
+                # key is what the joiner proves itself with (cluster/member_proof.py).
+                if ev.member_key:
+                    if len(ev.member_key) != JOIN_KEY_BYTES:
+                        raise InvalidArgument(
+                            f"Join.member_key must be {JOIN_KEY_BYTES} bytes (an Ed25519"
+                            f" public key), not {len(ev.member_key)}"
+                        )
+                    ms.join(key, ev.member_key)
             case Propose():
                 why = ms.propose(key, ev.view_seq, list(ev.members), ev.cluster_id)
                 if why is not None:

@@ -29,6 +29,12 @@ far itself, so "does my index still hold it" stays the right test.
 
 The joiner's store carries an "update incomplete" mark until the end: a joiner that
 dies half-way starts again as a new broker.
+
+Every request proves that the joiner is the runtime that appended the Join
+(cluster/member_proof.py): its connection says Hello with the MEMBER mechanism, and its
+``UpdateRequest`` signs the member's challenge with the key pair whose public key is in
+the Join. A joiner that the view dropped before its update was done (which forgets its
+key) appends its Join again before it asks another member.
 """
 
 from __future__ import annotations
@@ -46,13 +52,14 @@ from batonmq.cluster.errors import BatonError, InvalidArgument, Timeout, JoinFai
 from batonmq.cluster.codec import MalformedEvent, decode
 from batonmq.cluster.events import Heartbeat
 from batonmq.cluster.log import Log
+from batonmq.cluster.member_proof import MECHANISM, NONCE_BYTES, MemberKey
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.state import State
 from batonmq.store import Batch, Store, StoreReader, merge_headers
 
 __all__ = [
-    "Capture", "capture", "update_frames", "find_donors", "Catchup", "MAX_UPDATE_FRAME",
-    "Donor", "Joiner",
+    "Capture", "capture", "wait_applied", "update_frames", "find_donors", "Catchup",
+    "MAX_UPDATE_FRAME", "Donor", "Joiner",
 ]
 
 log = logging.getLogger("baton.update")
@@ -107,6 +114,17 @@ class Joiner(Protocol):
     @property
     def key(self) -> str:
         """This runtime's member key."""
+        ...
+
+    @property
+    def join_key(self) -> MemberKey:
+        """This runtime's key pair: the public key is in its Join, the private one
+        signs members' challenges (cluster/member_proof.py)."""
+        ...
+
+    async def rejoin(self) -> None:
+        """Append this runtime's Join again (the same key); returns once it is applied
+        here."""
         ...
 
     @property
@@ -178,6 +196,26 @@ class Capture:
         self.node.holds.discard(self.applied)
 
 
+async def wait_applied(node: Donor, since: int, timeout: float = 30.0) -> None:
+    """Wait until ``node`` has applied log offset ``since`` and is healthy.
+
+    Raises:
+        Timeout: not within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while node.state.applied < since or not node.healthy:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout(
+                f"this broker has applied the log to {node.state.applied}, not yet {since};"
+                " ask another member"
+            )
+        try:
+            await asyncio.wait_for(node.applied_event.wait(), min(left, 0.5))
+        except TimeoutError:
+            pass
+
+
 async def capture(
     node: Donor, since: int, queues: list[str] | None, with_state: bool, timeout: float = 30.0
 ) -> Capture:
@@ -195,18 +233,7 @@ async def capture(
     if node.catchup is not None:
         # Its own store is not complete yet: it must not hand out what it lacks.
         raise JoinFailed("this broker is still joining itself; ask another member")
-    deadline = time.monotonic() + timeout
-    while node.state.applied < since or not node.healthy:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise Timeout(
-                f"this broker has applied the log to {node.state.applied}, not yet {since};"
-                " ask another member"
-            )
-        try:
-            await asyncio.wait_for(node.applied_event.wait(), min(left, 0.5))
-        except TimeoutError:
-            pass
+    await wait_applied(node, since, timeout)
     async with node.apply_lock:  # between two applied batches: state == store
         state = node.state
         names = sorted(state.queues) if queues is None else sorted(set(queues))
@@ -307,33 +334,60 @@ async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[
 
 
 class _Link:
-    """A connection to a member for one update request."""
+    """A connection to a member for one update request, as a proven member."""
 
-    def __init__(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        member: str,
+    ) -> None:
         self.address = address
         self.reader = reader
         self.writer = writer
         self.codec = wire.FrameCodec(MAX_UPDATE_FRAME)
+        self.member = member
+        self.proof = b""  # the signed challenge of this connection's member
 
     @classmethod
-    async def open(
-        cls, address: str, name: str, tls: ssl.SSLContext | None, timeout: float = 5.0
-    ) -> "_Link":
+    async def open(cls, address: str, node: Joiner, timeout: float = 5.0) -> "_Link":
+        """Connect to the member at ``address`` and take its challenge (Hello MEMBER).
+
+        Raises:
+            JoinFailed: no connection, or the member refused it or sent no challenge.
+        """
         host, _, port = address.rpartition(":")
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host.strip("[]"), int(port), limit=1 << 20, ssl=tls),
+                asyncio.open_connection(
+                    host.strip("[]"), int(port), limit=1 << 20, ssl=node.tls
+                ),
                 timeout,
             )
         except (OSError, TimeoutError, ValueError) as exc:
             raise JoinFailed(f"cannot connect to {address}: {exc}") from exc
-        link = cls(address, reader, writer)
-        link.send(wire.Hello(1, wire.PROTOCOL_VERSION, name, {"mechanism": "MEMBER"}))
-        frame = await link.next(timeout)
-        if not isinstance(frame, wire.HelloOk):
+        link = cls(address, reader, writer, node.key)
+        try:
+            link.send(wire.Hello(
+                1, wire.PROTOCOL_VERSION, f"baton-join/{node.key}",
+                {"mechanism": MECHANISM, "member": node.key},
+            ))
+            frame = await link.next(timeout)
+            if not isinstance(frame, wire.HelloOk):
+                raise JoinFailed(f"{address} refused the update connection: {frame}")
+            nonce = frame.auth.get("nonce")
+            if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
+                raise JoinFailed(
+                    f"{address} sent no member challenge in HelloOk (a broker of an older"
+                    " version?)"
+                )
+        except BaseException:
             link.close()
-            raise JoinFailed(f"{address} refused the update connection: {frame}")
+            raise
+        link.proof = node.join_key.prove(nonce, frame.node_id)
         return link
+
+    def request(self, corr: int, since: int, queues: list[str] | None, state: bool) -> None:
+        """Send the UpdateRequest, with this connection's member proof."""
+        self.send(wire.UpdateRequest(corr, since, queues, state, self.member, self.proof))
 
     def send(self, frame: wire.Frame) -> None:
         self.writer.write(self.codec.send(frame))
@@ -417,9 +471,9 @@ class Catchup:
         errors = []
         for address in donors:
             try:
-                link = await _Link.open(address, f"baton-join/{self.node.key}", self.node.tls)
+                link = await _Link.open(address, self.node)
                 self._corr += 1
-                link.send(wire.UpdateRequest(self._corr, since, None, True))
+                link.request(self._corr, since, None, True)
                 # The member may first have to apply up to our Join: seconds at most.
                 frame = await link.next(35)
                 if not isinstance(frame, wire.UpdateState) or frame.snapshot is None:
@@ -467,6 +521,17 @@ class Catchup:
         delay = 0.2
         while True:
             ms = self.node.state.membership
+            if ms.join_keys.get(self.node.key) != self.node.join_key.public:
+                # The view dropped this runtime meanwhile, and forgot its key: no member
+                # would serve it. Its Join goes on the log again first.
+                try:
+                    await self.node.rejoin()
+                    log.info("join: this runtime's Join is on the log again, with its key")
+                except BatonError as exc:
+                    log.warning("join: cannot append this runtime's Join again: %s", exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
             addresses = [
                 ms.known[k].address
                 for k in ms.members
@@ -481,15 +546,13 @@ class Catchup:
                     want.add(name)
             for address in addresses:
                 try:
-                    link = await _Link.open(address, f"baton-join/{self.node.key}", self.node.tls)
+                    link = await _Link.open(address, self.node)
                 except BatonError as exc:
                     log.warning("join: %s", exc)
                     self.failed.append(address)
                     continue
                 self._corr += 1
-                link.send(
-                    wire.UpdateRequest(self._corr, self.node.state.applied, sorted(want), False)
-                )
+                link.request(self._corr, self.node.state.applied, sorted(want), False)
                 log.info("join: asking %s for %d queues not done", address, len(want))
                 return link
             await asyncio.sleep(delay)

@@ -3,6 +3,8 @@ the log dead-letters before their body arrives, and what is locked meanwhile."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgpack
 
 from batonmq.cluster.events import Accept, Acquire, DeclareQueue, Enqueue, Event, Interest, Origin, Reject
@@ -12,6 +14,7 @@ from batonmq.cluster.effects import Effect
 from batonmq.cluster.state import State
 from batonmq.cluster.update import Catchup
 from batonmq.store.memory import MemoryStore
+from tests.helpers import eventually, now
 from tests.unit.test_join_events import _cluster
 
 
@@ -74,3 +77,25 @@ async def test_waiting_moves_resolve_when_the_body_arrives() -> None:
     assert moved is not None and moved.body == b"b"
     assert moved.headers["x-death-reason"] == "rejected" and moved.headers["k"] == 1
     assert not catchup.dst_pending and not node.locked("dlq")
+
+
+async def test_a_joiner_whose_join_key_was_forgotten_appends_its_join_again() -> None:
+    """The view dropped the joiner before its update was done, which forgot its join key:
+    before it asks another member for the rest it puts its Join on the log again, with
+    the same key, or no member would serve it (cluster/member_proof.py)."""
+    node = Node("n1", MemoryLog(), MemoryStore(), heartbeat_ms=50)
+    await node.start()
+    catchup = Catchup(node)
+    catchup.pending = {"q": 0}  # a queue whose messages are still to come
+    task = asyncio.create_task(catchup.run())
+    try:
+        # It formed the cluster alone (no Join, no key): what a dropped joiner finds.
+        await eventually(
+            lambda: now(node.state.membership.join_keys.get(node.key)),
+            "the joiner's key recorded again",
+            until=lambda k: k == node.join_key.public,
+        )
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await node.stop()

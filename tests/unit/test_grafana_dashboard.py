@@ -30,6 +30,7 @@ class _Broker:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.delivery = Delivery(node, chunk_bytes=1 << 16)
+        self.refusals = {"login": 1}
 
     def connection_count(self) -> int:
         return 0

@@ -373,7 +373,7 @@ def test_health_and_topology_exit_codes(
 
     topo = _topo(**over, cluster_id="c", changing=False, instances=[], node_id="n1",
                  digest="0" * 16, checkpoint=None)
-    monkeypatch.setattr(clients.sync, "connect", lambda address, ssl=None: _FakeConnection(topo))
+    monkeypatch.setattr(clients.sync, "connect", lambda address, **kwargs: _FakeConnection(topo))
     got, out, err = _run(["health", "--broker", "127.0.0.1:1"])
     assert (got, err) == (code, "") and out.startswith(f"broker n1 at 127.0.0.1:1 {says}"), out
     got, out, err = _run(["topology", "--broker", "127.0.0.1:1"])

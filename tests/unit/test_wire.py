@@ -69,7 +69,7 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.Peek: wire.Peek(25, "q", 10),
     wire.Connections: wire.Connections(26),
     wire.MessageHistory: wire.MessageHistory(27, "q", 4, 1000),
-    wire.UpdateRequest: wire.UpdateRequest(17, 42, ["q1", "q2"], True),
+    wire.UpdateRequest: wire.UpdateRequest(17, 42, ["q1", "q2"], True, "n3/r3", b"\x01" * 64),
     wire.UpdateState: wire.UpdateState(18, 41, [[0, 1], [], []]),
     wire.UpdateQueue: wire.UpdateQueue(19, "q1", 7, 1000),
     wire.UpdateFront: wire.UpdateFront(20, 7, [[999, b"\x94\x01\x02\x80\xc4\x01x"]]),
