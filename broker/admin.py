@@ -7,8 +7,9 @@ from the state this broker has applied, when asked (broker/metrics.py for ``/met
 Writes (declare, delete, purge, handover, deregister) are submitted to the log like the
 native protocol's commands and answered once applied here.
 
-Access is decided in one place, :func:`access_refusal`: for now only loopback peers are
-served (anyone else gets 403). User checks (HTTP Basic) belong there too.
+Access is decided in one place, :func:`access_refusal`: only peers in ``admin_allow_from``
+are served (loopback by default; anyone else gets 403). It has no login: user checks
+(HTTP Basic) would belong there too.
 
 Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
 
@@ -27,7 +28,6 @@ import asyncio
 import base64
 import dataclasses
 import importlib.resources
-import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -40,6 +40,7 @@ from batonmq.broker.delivery import Delivery
 from batonmq.broker.history import message_history
 from batonmq.broker.inspect import MAX_PEEK, ConnectionView, list_connections, peek
 from batonmq.broker.metrics import CONTENT_TYPE, BrokerMetrics
+from batonmq.broker.networks import LOOPBACK, Networks, allows, describe, parse_networks
 from batonmq.broker.session import declare_event
 from batonmq.cluster.errors import (
     BatonError,
@@ -151,21 +152,20 @@ class AdminBroker(Protocol):
         ...
 
 
-def access_refusal(peer: str | None) -> str | None:
+#: The networks the admin listener serves (``admin_allow_from``), kept in the application.
+ALLOWED: web.AppKey[Networks] = web.AppKey("allowed", tuple)
+
+
+def access_refusal(peer: str | None, networks: Networks = LOOPBACK) -> str | None:
     """Why a request from ``peer`` (its IP address) is refused, or None to serve it.
 
-    The one access check of the admin listener: only loopback peers for now.
+    The one access check of the admin listener: only peers in ``networks`` (the
+    broker's ``admin_allow_from``, loopback by default).
     """
     if not peer:
         return "the admin API cannot tell the peer's address"
-    try:
-        address = ipaddress.ip_address(peer.split("%", 1)[0])
-    except ValueError:
-        return f"the admin API serves loopback peers only, not {peer}"
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if not address.is_loopback:
-        return f"the admin API serves loopback peers only, not {peer}"
+    if not allows(networks, peer):
+        return f"the admin API serves {describe(networks)} only, not {peer} (admin_allow_from)"
     return None
 
 
@@ -250,7 +250,11 @@ def _error(status: int, name: str, message: str, code: int = 0) -> web.Response:
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Access, then JSON errors for everything the handlers raise."""
-    refusal = access_refusal(request.remote)
+    try:
+        networks = request.app[ALLOWED]
+    except (KeyError, TypeError):  # an application made without it (tests): loopback
+        networks = LOOPBACK
+    refusal = access_refusal(request.remote, networks)
     if refusal is not None:
         return _error(403, "Forbidden", refusal)
     try:
@@ -283,6 +287,7 @@ class AdminServer:
     def app(self) -> web.Application:
         """The aiohttp application with every route (also used by tests)."""
         app = web.Application(middlewares=[_guard], client_max_size=1 << 20)
+        app[ALLOWED] = parse_networks(self.broker.config.admin_allow_from)
         r = app.router
         r.add_get("/", self.console_index)
         r.add_get("/console/{file}", self.console_asset)

@@ -8,6 +8,7 @@ import os
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from batonmq.broker.networks import parse_networks
 from batonmq.cluster.errors import InvalidArgument
 
 __all__ = [
@@ -167,6 +168,9 @@ class BrokerConfig:
         log_level, log_format: the process's logging (docs/operations.md).
         log_key_file: TOML file of the keys that seal the log (docs/log-sealing.md);
             not set: records are plain.
+        allow_from: the networks client connections (and joining brokers) may come
+            from (``CIDR,...``, ``loopback``); None: anywhere.
+        admin_allow_from: the networks the admin listener serves (default loopback).
         admin_password_file: file holding the password of the ``admin`` user made at
             a cluster's first start (instead of ``guest``); the variable
             ``BATON_ADMIN_PASSWORD`` gives it too. Ignored once the cluster has users.
@@ -247,6 +251,13 @@ class BrokerConfig:
                                     help="seal the log: every record encrypted and"
                                          " authenticated with keys from this TOML file"
                                          " (docs/log-sealing.md; not set: plain records)")
+    allow_from: str | None = _opt(None,
+                                  help="accept client connections (and joining brokers)"
+                                       " only from these networks: CIDR,... or loopback"
+                                       " (not set: from anywhere; docs/security.md)")
+    admin_allow_from: str = _opt("loopback",
+                                 help="serve the admin HTTP listener only to these networks"
+                                      " (CIDR,... or loopback); it has no login")
     admin_password_file: str | None = _opt(None,
                                            help="at a cluster's first start, create the admin"
                                                 " user with the password in this file instead"
@@ -291,6 +302,13 @@ class BrokerConfig:
             not self.node_id or "/" in self.node_id or not self.node_id.isprintable()
         ):
             return "node_id", "must be printable, not empty, and contain no '/'"
+        for name in ("allow_from", "admin_allow_from"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    parse_networks(value)
+                except InvalidArgument as exc:
+                    return name, exc.message
         if self.admin_listen is not None:
             try:
                 parse_address(self.admin_listen)

@@ -61,6 +61,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.loopback = False  # the peer's address is a loopback one
+        self.peer_host = ""  # the peer's IP address
         self.closed = False
         self.paused = False  # the client is not reading: stop delivering
         self.greeted = False  # Hello done (set by the subclass that handles it)
@@ -101,6 +102,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = str(peer[0]) if peer else ""
         self.loopback = bool(peer) and _is_loopback(str(peer[0]))
 
     def data_received(self, data: bytes) -> None:

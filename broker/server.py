@@ -19,6 +19,7 @@ from batonmq.broker.config import (
 )
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.leadership import Leadership
+from batonmq.broker.networks import parse_networks
 from batonmq.broker.session import Session
 from batonmq.clients import scram
 from batonmq.clients.tls import client_context, server_context
@@ -75,6 +76,7 @@ class Broker:
         # docs/security.md: an unknown user's SCRAM salt is made from this, so a login
         # attempt does not tell which users exist; refusals counted by what was missing.
         self.auth_secret = os.urandom(32)
+        self.allow_from = parse_networks(config.allow_from) if config.allow_from else None
         self.refusals: dict[str, int] = {}
 
     @property

@@ -37,6 +37,7 @@ from batonmq.broker.donor import UpdateDonor
 from batonmq.broker.history import message_history
 from batonmq.broker.inspect import ConnectionView, list_connections, peek
 from batonmq.broker.leadership import Leadership
+from batonmq.broker.networks import Networks, allows
 from batonmq.broker.limits import check_event, check_headers, check_key, check_name
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
@@ -158,6 +159,11 @@ class SessionBroker(Protocol):
         ...
 
     @property
+    def allow_from(self) -> Networks | None:
+        """The networks clients may connect from (None: anywhere)."""
+        ...
+
+    @property
     def auth_secret(self) -> bytes:
         """This broker's random secret (an unknown user's SCRAM salt is made from it)."""
         ...
@@ -199,6 +205,13 @@ class Session(ClientConnection):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         cfg = self.broker.config
+        if not allows(self.broker.allow_from, self.peer_host):
+            log.warning("refused a connection from %s: not in allow_from", self.peer)
+            self.broker.refused("network")
+            self.fail(AccessRefused(
+                f"connections from {self.peer_host or 'this peer'} are not allowed here (allow_from)"
+            ))
+            return
         if len(self.broker.sessions) >= cfg.max_connections:
             self.fail(LimitExceeded(
                 f"this broker has {cfg.max_connections} connections open (max_connections)"

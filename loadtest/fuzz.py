@@ -240,6 +240,7 @@ def _fake_broker() -> SessionBroker:
         delivery=SimpleNamespace(remove=lambda consumer: None),
         leadership=SimpleNamespace(session_closed=lambda session: None),
         auth_secret=b"fuzz" * 8,
+        allow_from=None,
         refused=lambda what: None,
     )
     return cast(SessionBroker, broker)

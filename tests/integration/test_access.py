@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from batonmq import clients
+from batonmq.broker.config import ADMIN_READY_PREFIX
 from batonmq.clients import wire
 from batonmq.cluster.errors import AccessRefused
 from tests.helpers import eventually, login_frames
@@ -247,3 +248,33 @@ def test_the_cli_manages_users_and_logs_in_as_one(secured: BrokerProcess) -> Non
     assert r.returncode == 0, r.stderr
     r = baton("user", "delete", "dave", "--broker", secured.address, env=admin_env)
     assert r.returncode == 0, r.stderr
+
+
+async def test_allow_from_refuses_connections_from_other_networks(tmp_path: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    # Everything here comes from 127.0.0.1: a list without loopback refuses it.
+    b = BrokerProcess(tmp_path / "walled", extra=[
+        "--allow-from", "10.0.0.0/8", "--admin-listen", "127.0.0.1:0",
+        "--admin-allow-from", "192.168.0.0/16",
+    ])
+    b.start()
+    try:
+        with pytest.raises(AccessRefused, match="not allowed here"):
+            await clients.connect(b.address)
+        admin = next(line.split()[-1] for line in b.output().splitlines()
+                     if line.startswith(ADMIN_READY_PREFIX))
+        with pytest.raises(urllib.error.HTTPError) as http:
+            urllib.request.urlopen(f"http://{admin}/api/overview", timeout=10)
+        assert http.value.code == 403 and b"192.168.0.0/16" in http.value.read()
+    finally:
+        b.stop()
+    b.extra[1] = "10.0.0.0/8,loopback"
+    b.extra[5] = "loopback"
+    b.start()
+    try:
+        async with await clients.connect(b.address) as conn:
+            await conn.declare_queue("inside")
+    finally:
+        b.stop()

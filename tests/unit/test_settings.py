@@ -34,6 +34,8 @@ def _other_value(opt: settings.Option) -> Any:
         return next(c for c in opt.choices if c != opt.default)
     if opt.name.endswith("_listen"):  # an address: HOST:PORT
         return "127.0.0.1:9090"
+    if opt.name.endswith("allow_from"):  # networks
+        return "10.0.0.0/8,loopback"
     match opt.kind:
         case "bool":
             return not opt.default
