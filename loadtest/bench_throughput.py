@@ -11,6 +11,11 @@ a TLS one (a throw-away CA, loadtest/certs.py), and both results side by side.
 
     python -m batonmq.loadtest.bench_throughput --messages 100000 --size 1024 [--tls]
     python -m batonmq.loadtest.bench_throughput --sealed --rounds 2   # plain vs sealed log
+    python -m batonmq.loadtest.bench_throughput --secure --rounds 2   # all off vs all on
+
+``--secure``: alternated rounds against a broker with every protection off (plaintext,
+the guest user, a plain log) and one with all on (TLS, a user that is not an admin and
+has rights over the bench queue only, a sealed log), in this one run.
 """
 
 from __future__ import annotations
@@ -41,11 +46,22 @@ def _pct(sorted_values: list[float], q: float) -> float:
 
 
 async def _run(
-    address: str, args: argparse.Namespace, tls: ssl.SSLContext | None = None
+    address: str,
+    args: argparse.Namespace,
+    tls: ssl.SSLContext | None = None,
+    login: dict[str, str] | None = None,
 ) -> dict[str, float]:
     body = b"x" * args.size
     latencies: list[float] = []
-    async with await clients.connect(address, ssl=tls) as conn:
+    login = login or {}
+    if "admin_password" in login:  # all on: the admin makes the bench user first
+        async with await clients.connect(address, ssl=tls, username="admin",
+                                         password=login["admin_password"]) as admin:
+            await admin.put_user("bench", "bench-password")
+            await admin.set_permissions("bench", configure="bench", write="bench", read="bench")
+        login = {"username": "bench", "password": "bench-password"}
+    user, password = login.get("username"), login.get("password")
+    async with await clients.connect(address, ssl=tls, username=user, password=password) as conn:
         await conn.declare_queue("bench")
         await conn.purge_queue("bench")
         left = args.messages
@@ -66,7 +82,8 @@ async def _run(
 
     async def consumer() -> None:
         nonlocal got
-        async with await clients.connect(address, ssl=tls) as c:
+        async with await clients.connect(address, ssl=tls, username=user,
+                                         password=password) as c:
             async with c.consume("bench", prefetch=args.prefetch) as cons:
                 while got < args.messages:
                     msg = await cons.get(timeout=2)
@@ -91,7 +108,10 @@ async def _run(
 
 
 def _bench(
-    args: argparse.Namespace, flags: list[str], tls: ssl.SSLContext | None = None
+    args: argparse.Namespace,
+    flags: list[str],
+    tls: ssl.SSLContext | None = None,
+    login: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Start a broker (with ``flags``), run both phases against it, stop it."""
     data_dir = tempfile.mkdtemp(prefix="baton-bench-")
@@ -111,7 +131,7 @@ def _bench(
             raise SystemExit("broker did not start")
         import uvloop
 
-        return uvloop.run(_run(address, args, tls))
+        return uvloop.run(_run(address, args, tls, login))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -139,7 +159,11 @@ def main() -> int:
     p.add_argument("--sealed", action="store_true",
                    help="measure a plain and a sealed log (--log-key-file) in turn, --rounds"
                         " times each, in this one run")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of plain + sealed (--sealed)")
+    p.add_argument("--secure", action="store_true",
+                   help="measure all protections off and all on (TLS, a user with rights, a"
+                        " sealed log) in turn, --rounds times each, in this one run")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of each kind (--sealed, --secure)")
     args = p.parse_args()
     result: dict[str, Any]
     if args.sealed:
@@ -155,6 +179,32 @@ def main() -> int:
             result["sealed_publish_msgs_per_s_median"] / result["plain_publish_msgs_per_s_median"]
         )
         ok = all(r["consumed"] == args.messages for rs in runs.values() for r in rs)
+    elif args.secure:
+        from batonmq.loadtest.certs import make_certs
+
+        certs = make_certs(Path(tempfile.mkdtemp(prefix="baton-bench-certs-")))
+        tls = clients.tls.client_context(str(certs.ca))
+        secured: dict[str, list[dict[str, float]]] = {"all_off": [], "all_on": []}
+        for _ in range(args.rounds):  # alternated, so a drift in the machine hits both
+            secured["all_off"].append(_bench(args, []))
+            fd, password_file = tempfile.mkstemp(prefix="baton-bench-admin-")
+            with os.fdopen(fd, "w") as f:
+                f.write("bench-admin-password\n")
+            flags = ["--tls-cert", str(certs.cert), "--tls-key", str(certs.key),
+                     "--admin-password-file", password_file, *_sealed_flags()]
+            secured["all_on"].append(
+                _bench(args, flags, tls, {"admin_password": "bench-admin-password"})
+            )
+        result = {"runs": secured}
+        for kind in ("all_off", "all_on"):
+            for metric in ("publish_msgs_per_s", "consume_ack_msgs_per_s", "confirm_p50_ms"):
+                result[f"{kind}_{metric}_median"] = statistics.median(
+                    r[metric] for r in secured[kind]
+                )
+        result["all_on_vs_off_publish"] = (
+            result["all_on_publish_msgs_per_s_median"] / result["all_off_publish_msgs_per_s_median"]
+        )
+        ok = all(r["consumed"] == args.messages for rs in secured.values() for r in rs)
     elif args.tls:
         from batonmq.loadtest.certs import make_certs
 
