@@ -37,8 +37,8 @@ from batonmq.broker.donor import UpdateDonor
 from batonmq.broker.history import message_history
 from batonmq.broker.inspect import ConnectionView, list_connections, peek
 from batonmq.broker.leadership import Leadership
-from batonmq.broker.networks import Networks, allows
 from batonmq.broker.limits import check_event, check_headers, check_key, check_name
+from batonmq.broker.networks import Networks, allows
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
 from batonmq.clients import wire
@@ -331,6 +331,9 @@ class Session(ClientConnection):
                 self.send(wire.ok(f.corr, Settled(count, missing)))
             case wire.DeclareQueue():
                 self.rights.check("configure", f.queue)
+                dead_letter = f.options.get("dead_letter")
+                if isinstance(dead_letter, str) and dead_letter:
+                    self.rights.check("write", dead_letter)  # its messages go there
                 self._submit(f.corr, declare_event(f.queue, f.options), as_is)
             case wire.DeleteQueue():
                 self.rights.check("configure", f.queue)

@@ -154,6 +154,8 @@ async def test_each_frame_family_needs_its_right(secured: BrokerProcess) -> None
             got = await consumer.get_many(4, timeout=10)
             assert sorted(m.body for m in got) == [b"a", b"b", b"c", b"d"]
             await consumer.ack_many(got)
+        await _refused(lambda: alice.declare_queue("tmp-2", dead_letter="jobs-dlq"),
+                       "no write right on queue 'jobs-dlq'")
         assert await alice.declare_queue("tmp-1")
         assert await alice.delete_queue("tmp-1") == 0
         async with alice.lead("svc") as term:
