@@ -305,6 +305,16 @@ MISTAKES = [
     (["loadtest", "--preset", "nope"], "invalid choice: 'nope'"),
     (["loadtest", "--check", "{tmp}/no-run"], "No such file or directory"),
     (["import-entries", "generate", "--brokers", "{refused}", "--count", "5"], "could not connect"),
+    (["user", "delete", "nobody", "--broker", "{running}"], "no user 'nobody'"),
+    (["user", "passwd", "nobody", "--password-stdin", "--broker", "{running}"],
+     "the password is empty"),
+    (["user", "list", "--broker", "{refused}"], "could not connect"),
+    (["permissions", "set", "guest", "--broker", "{running}"],
+     "give at least one of --configure, --write, --read, --lead"),
+    (["permissions", "set", "guest", "--read", "(", "--broker", "{running}"],
+     "is not a regular expression"),
+    (["permissions", "set", "nobody", "--read", ".*", "--broker", "{running}"], "no user 'nobody'"),
+    (["--user", "nobody", "queues", "--broker", "{running}"], "user 'nobody' needs a password"),
 ]
 
 
@@ -315,7 +325,7 @@ def test_an_ordinary_mistake_is_one_line(
     (tmp_path / "afile").write_text("")
     (tmp_path / "bad.toml").write_text('data_dir = "d"\ncolour = "blue"\n')
     fill = {"refused": refused, "running": running, "tmp": str(tmp_path)}
-    r = baton(*[a.format(**fill) for a in argv], timeout=60)
+    r = baton(*[a.format(**fill) for a in argv], timeout=60, stdin=b"")
     assert r.returncode != 0, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr, r.stderr
     told = [line for line in r.stderr.splitlines() if not LOG_LINE.match(line)]
