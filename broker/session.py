@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
@@ -542,7 +543,7 @@ class Session(ClientConnection):
         )
 
     def _refuse(self, why: str) -> None:
-        log.warning("login refused from %s: %s", self.peer, why)
+        _log_refusal(self.peer, why)
         self.broker.refused("login")
         self.fail(AccessRefused(why))
 
@@ -741,6 +742,22 @@ def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         single_active_consumer=options.get("single_active_consumer", False),
         dedupe_window_ms=options.get("dedupe_window_ms", DEFAULT_DEDUPE_WINDOW_MS),
     )
+
+
+# Refused logins are logged at most once a second (a flood of bad logins must not
+# flood the log); the counter (access_refused, metrics) has them all.
+_REFUSALS = {"logged_at": -1.0, "quiet": 0}
+
+
+def _log_refusal(peer: str, why: str) -> None:
+    now = time.monotonic()
+    if now - _REFUSALS["logged_at"] < 1.0:
+        _REFUSALS["quiet"] += 1
+        return
+    quiet = int(_REFUSALS["quiet"])
+    more = f" ({quiet} more refused since the last such line)" if quiet else ""
+    log.warning("login refused from %s: %s%s", peer, why, more)
+    _REFUSALS["logged_at"], _REFUSALS["quiet"] = now, 0
 
 
 def _check_fence(service: str, token: int) -> None:
