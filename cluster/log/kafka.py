@@ -104,6 +104,15 @@ def _batch_bound(records: Sequence[bytes]) -> int:
 _Pending = tuple[list[bytes], int, "asyncio.Future[int]"]
 
 
+def _tls_alert(exc: BaseException) -> bool:
+    """Whether a connection aiokafka saw closed had been answered with a TLS alert record
+    (type 21, version 3.x), which aiokafka read as the length of a Kafka response."""
+    cause = exc.__cause__
+    if not isinstance(cause, asyncio.IncompleteReadError) or cause.expected is None:
+        return False
+    return cause.expected >> 16 == 0x1503
+
+
 def _fail(group: list[_Pending], exc: BaseException) -> None:
     for _, _, fut in group:
         if not fut.done():
@@ -659,11 +668,10 @@ class KafkaLog(Log):
                             )
                         continue
                     except KafkaConnectionError as exc:
-                        if "closed" in str(exc):  # it hung up on the first request
-                            expects = "another security protocol" if where.tls else "TLS or SASL"
+                        if not where.tls and _tls_alert(exc):
                             return (
-                                f"Kafka at {server} closed the connection at once: does that "
-                                f"listener expect {expects}? ({protocol})"
+                                f"Kafka at {server} answered in TLS: that listener expects TLS "
+                                f"(security_protocol=SSL or SASL_SSL), not {where.security_protocol}"
                             )
                         continue
                     except (OSError, KafkaError, TimeoutError):

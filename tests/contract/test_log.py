@@ -367,9 +367,9 @@ async def test_a_kafka_certificate_from_another_ca_is_refused(kafka_sasl: SaslKa
         await asyncio.wait_for(open_log(url, kafka_password_file=kafka_sasl.password_file), TIMEOUT)
 
 
-async def test_plaintext_to_a_tls_listener_says_what_it_may_expect(kafka_sasl: SaslKafka, tmp_path: Path) -> None:
+async def test_plaintext_to_a_tls_listener_says_it_expects_tls(kafka_sasl: SaslKafka, tmp_path: Path) -> None:
     url = f"kafka://{kafka_sasl.bootstrap}/{kafka_topic(tmp_path)}?request_timeout_ms=5000"
-    with pytest.raises(LogUnavailable, match="closed the connection at once: does that listener expect TLS or SASL"):
+    with pytest.raises(LogUnavailable, match="answered in TLS: that listener expects TLS .*not PLAINTEXT"):
         await asyncio.wait_for(open_log(url), TIMEOUT)
 
 
