@@ -133,6 +133,9 @@ class BrokerConfig:
         data_dir: the broker's own directory (store, identity, default log).
         host, port: where clients connect (port 0 picks a free port).
         log_url: the ordered log; default ``file:<data_dir>/log``.
+        kafka_password_file: file holding the password a Kafka log logs in with (its
+            URL says how: ``security_protocol=SASL_SSL&sasl_mechanism=...&sasl_username=...``);
+            the variable ``BATON_KAFKA_PASSWORD`` gives it too. Never in the URL.
         node_id: persistent id; default made at first start and kept in the store.
         max_message: largest message body accepted, bytes.
         max_headers: largest message headers accepted (msgpack-encoded), bytes.
@@ -188,6 +191,12 @@ class BrokerConfig:
                                       " no port: the bound one)")
     log_url: str | None = _opt(None, aliases=("--log",),
                                help="the ordered log's URL (not set: file:<data_dir>/log)")
+    kafka_password_file: str | None = _opt(None,
+                                           help="the password a kafka:// log logs in with"
+                                                " (SASL; the log URL names the user and the"
+                                                " mechanism) is the first line of this file"
+                                                " (or BATON_KAFKA_PASSWORD; never in the URL;"
+                                                " docs/operations.md)")
     node_id: str | None = _opt(None, help="persistent node id (not set: made at first start)")
     max_message: int = _opt(8 * 1024 * 1024, least=1, help="largest message body accepted, bytes")
     max_headers: int = _opt(64 * 1024, least=1,

@@ -138,7 +138,7 @@ class Broker:
             if opened.node_id is not None and cfg.node_id in (None, opened.node_id):
                 self._store.put_ident("node_id", opened.node_id)
         node_id = self._node_id(self._store)
-        self._log = await open_log(cfg.resolved_log_url())
+        self._log = await open_log(cfg.resolved_log_url(), kafka_password_file=cfg.kafka_password_file)
         if keys is not None:
             from batonmq.cluster.log.sealed import SealedLog
 

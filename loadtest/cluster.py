@@ -540,7 +540,9 @@ def _kafka(*args: str, timeout: float, env: dict[str, str] | None = None) -> str
     try:
         done = subprocess.run(
             [str(KAFKA_SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            # The python that makes the SASL_SSL listener's CA: ours has `cryptography`.
+            env={"BATON_KAFKA_PYTHON": sys.executable, **os.environ, **(env or {})},
         )
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f".ci/kafka {' '.join(args)} took over {timeout:g}s") from exc

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.kafka_fixture import kafka_bootstrap
+from tests.kafka_fixture import kafka_session_dir, kafka_bootstrap, kafka_sasl
 
-__all__ = ["kafka_bootstrap"]
+__all__ = ["kafka_session_dir", "kafka_bootstrap", "kafka_sasl"]

@@ -7,6 +7,13 @@ The ``kafka_bootstrap`` fixture gives ``HOST:PORT`` of a Kafka broker for the wh
   stops that Kafka when the session ends;
 * if it cannot, tests that need Kafka are skipped with the reason, or fail when ``CI=true``
   (CI must never pass by skipping them).
+
+The ``kafka_sasl`` fixture gives the same Kafka's SASL_SSL listener (:class:`SaslKafka`): from
+``BATON_KAFKA_SASL_BOOTSTRAP``, ``BATON_KAFKA_SASL_CA``, ``BATON_KAFKA_SASL_USER`` and
+``BATON_KAFKA_SASL_PASSWORD_FILE`` (``.ci/kafka start`` writes them to ``DIR/kafka.env``, which
+``.ci/run`` exports), or from the ``kafka.env`` of the Kafka the session started. A Kafka given
+by ``BATON_KAFKA_BOOTSTRAP`` alone has no known SASL listener: its tests are skipped, saying so
+(failed when ``CI=true``).
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -46,7 +55,8 @@ def run_script(*args: str, timeout: float, env: dict[str, str] | None = None) ->
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
+        # The python that makes the SASL_SSL listener's CA: ours has `cryptography`.
+        env={"BATON_KAFKA_PYTHON": sys.executable, **os.environ, **(env or {})},
         start_new_session=True,  # so a timeout can stop it and its children (mvn) together
     )
     try:
@@ -101,16 +111,82 @@ def stop_kafka(where: Path) -> None:
         print(f"stopping the test Kafka in {where} failed: {exc}")
 
 
+@dataclass(frozen=True)
+class SaslKafka:
+    """A Kafka listener that speaks SASL_SSL (``.ci/kafka``'s second listener).
+
+    Attributes:
+        bootstrap: its ``HOST:PORT``.
+        ca: the PEM file of the CA that signed its certificate.
+        user: a user that may log in with SCRAM-SHA-512 and with PLAIN.
+        password_file: the file whose first line is that user's password.
+    """
+
+    bootstrap: str
+    ca: str
+    user: str
+    password_file: str
+
+    def url(self, topic: str, mechanism: str = "SCRAM-SHA-512", *, bootstrap: str | None = None) -> str:
+        """A log URL of ``topic`` that logs in with ``mechanism`` (no password: never in a URL)."""
+        return (
+            f"kafka://{bootstrap or self.bootstrap}/{topic}?security_protocol=SASL_SSL"
+            f"&ssl_cafile={self.ca}&sasl_mechanism={mechanism}&sasl_username={self.user}"
+        )
+
+    @property
+    def password(self) -> str:
+        return Path(self.password_file).read_text().splitlines()[0]
+
+
+_SASL_VARS = ("BATON_KAFKA_SASL_BOOTSTRAP", "BATON_KAFKA_SASL_CA", "BATON_KAFKA_SASL_USER",
+              "BATON_KAFKA_SASL_PASSWORD_FILE")
+
+
+def sasl_from(env: dict[str, str], where: str) -> SaslKafka:
+    """The SASL_SSL listener named by ``env`` (its ``BATON_KAFKA_SASL_*`` variables).
+
+    Skips (fails under CI=true) if any is missing; ``where`` says where they were looked for.
+    """
+    missing = [name for name in _SASL_VARS if not env.get(name, "").strip()]
+    if missing:
+        unavailable(f"no SASL_SSL Kafka listener: {', '.join(missing)} not set {where}")
+    return SaslKafka(*(env[name].strip() for name in _SASL_VARS))
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """The ``NAME=VALUE`` lines of ``.ci/kafka``'s ``kafka.env``."""
+    if not path.exists():
+        return {}
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``HOST:PORT`` of a Kafka broker for this test session (see the module docstring)."""
-    given = os.environ.get("BATON_KAFKA_BOOTSTRAP", "").strip()
-    if given:
-        yield given
+def kafka_session_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | None]:
+    """The directory of the Kafka this session started, or None when ``BATON_KAFKA_BOOTSTRAP``
+    names one."""
+    if os.environ.get("BATON_KAFKA_BOOTSTRAP", "").strip():
+        yield None
         return
     where = tmp_path_factory.mktemp("kafka")
-    bootstrap = start_kafka(where)
+    start_kafka(where)
     try:
-        yield bootstrap
+        yield where
     finally:
         stop_kafka(where)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_session_dir: Path | None) -> str:
+    """``HOST:PORT`` of a Kafka broker for this test session (see the module docstring)."""
+    if kafka_session_dir is None:
+        return os.environ["BATON_KAFKA_BOOTSTRAP"].strip()
+    return read_env_file(kafka_session_dir / "kafka.env")["BATON_KAFKA_BOOTSTRAP"]
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl(kafka_session_dir: Path | None) -> SaslKafka:
+    """The SASL_SSL listener of the session's Kafka (see the module docstring)."""
+    if os.environ.get("BATON_KAFKA_SASL_BOOTSTRAP", "").strip() or kafka_session_dir is None:
+        return sasl_from(dict(os.environ), "in the environment (.ci/run exports them from .ci/kafka's kafka.env)")
+    return sasl_from(read_env_file(kafka_session_dir / "kafka.env"), f"in {kafka_session_dir / 'kafka.env'}")

@@ -19,7 +19,11 @@ Backends are chosen by URL with :func:`open_log`:
                    ``replication_factor=N`` and ``min_insync_replicas=N`` (both
                    default 1) apply when the topic is created;
                    ``request_timeout_ms=N`` (default 30000) bounds every Kafka
-                   request (details in ``batonmq.cluster.log.kafka``)
+                   request; ``security_protocol``, ``ssl_cafile``,
+                   ``sasl_mechanism``, ``sasl_username`` secure the connection
+                   (TLS, SASL), the password coming from a file or
+                   ``BATON_KAFKA_PASSWORD``, never the URL (details in
+                   ``batonmq.cluster.log.kafka``)
 =================  ==========================================================
 
 What a record means (an encoded event) is not the log's business; duplicate
@@ -35,12 +39,14 @@ from batonmq.cluster.log.base import UNOPENED, Log, Record
 __all__ = ["Log", "Record", "UNOPENED", "open_log"]
 
 
-async def open_log(url: str) -> Log:
+async def open_log(url: str, *, kafka_password_file: str | None = None) -> Log:
     """Open the log a URL names.
 
     Args:
         url: ``memory:``, ``memory:NAME``, ``file:PATH`` or
             ``kafka://HOST:PORT[,HOST:PORT]/TOPIC[?replication_factor=N&min_insync_replicas=N]``.
+        kafka_password_file: a Kafka log's SASL password is the first line of this file
+            (not given: the variable ``BATON_KAFKA_PASSWORD``). Only for a ``kafka://`` URL.
 
     Returns:
         An open log.
@@ -50,6 +56,8 @@ async def open_log(url: str) -> Log:
         LogUnavailable: the log exists but cannot be opened.
     """
     scheme, sep, rest = url.partition(":")
+    if kafka_password_file and scheme != "kafka":
+        raise InvalidArgument(f"kafka_password_file is set but the log {url!r} is not on Kafka")
     if not sep:
         raise InvalidArgument(f"log URL {url!r} has no scheme (memory:, file:PATH, kafka://HOST:PORT/TOPIC)")
     if scheme == "memory":
@@ -74,7 +82,7 @@ async def open_log(url: str) -> Log:
     if scheme == "kafka":
         from batonmq.cluster.log.kafka import KafkaLog
 
-        return await KafkaLog.open(url)
+        return await KafkaLog.open(url, password_file=kafka_password_file)
     raise InvalidArgument(
         f"unknown log scheme {scheme!r} in {url!r} (memory:, file:PATH, kafka://HOST:PORT/TOPIC)"
     )

@@ -14,6 +14,13 @@ exactly one partition). A created topic gets ``retention.ms=-1`` and ``retention
 the log is the brokers' state, so Kafka must never expire records by itself; Baton removes a
 prefix with :meth:`KafkaLog.truncate_before` (Kafka's DeleteRecords) when it no longer needs it.
 
+The URL may also say how to reach Kafka: TLS (``security_protocol=SSL``, ``ssl_cafile``) and
+SASL (``security_protocol=SASL_SSL``, ``sasl_mechanism``, ``sasl_username``), for every aiokafka
+client the log makes (the producer, the consumers, the admin client); the password comes from
+a file or ``BATON_KAFKA_PASSWORD``, never the URL (:mod:`batonmq.cluster.log.kafka_url`). A
+login that Kafka refuses, or a certificate that does not verify, fails the open (or the
+append) with LogUnavailable saying so, not merely "unreachable".
+
 How the contract maps onto Kafka:
 
 * Offsets are Kafka offsets: dense, because only idempotent, non-transactional producers write
@@ -39,28 +46,30 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import re
+import ssl
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerStoppedError, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.conn import create_conn
 from aiokafka.errors import (
     CorruptRecordException,
     KafkaConnectionError,
     KafkaError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
     for_code,
 )
 
 from batonmq.cluster.errors import BatonError, InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
 from batonmq.cluster.log.base import Log, Record
+from batonmq.cluster.log.kafka_url import KafkaURL, client_security, parse_kafka_url
 
 __all__ = ["KafkaLog", "KafkaURL", "parse_kafka_url"]
 
@@ -76,107 +85,14 @@ MAX_BATCH_BYTES = 16 << 20
 _BATCH_HEADER = 61
 _RECORD_OVERHEAD = 28
 
-_DEFAULT_TIMEOUT_MS = 30_000
 _IDLE_PROBE = 5.0  # a reader that got nothing for this long checks that Kafka still answers
 _CLOSE_GRACE = 5.0  # close() waits at most this long for an append in flight, and readers
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
-_PARAMS = ("replication_factor", "min_insync_replicas", "request_timeout_ms")
+_DIAGNOSE_SECONDS = 10.0  # at most this long to find out why Kafka could not be reached
 _TOPIC_ALREADY_EXISTS = 36
 # CreateTopics errors that mean the URL asks for something this Kafka cannot do.
 _BAD_REQUEST_CODES = {17, 37, 38, 39, 40, 42, 44}  # invalid topic/partitions/RF/assignment/config/request, policy
 
 _client_ids = itertools.count(1)
-
-
-@dataclass(frozen=True, slots=True)
-class KafkaURL:
-    """A parsed ``kafka://`` log URL."""
-
-    servers: tuple[str, ...]
-    topic: str
-    replication_factor: int = 1
-    min_insync_replicas: int = 1
-    request_timeout_ms: int = _DEFAULT_TIMEOUT_MS
-
-    @property
-    def bootstrap(self) -> str:
-        """The servers as aiokafka's ``bootstrap_servers`` (comma-separated)."""
-        return ",".join(self.servers)
-
-    def __str__(self) -> str:
-        params = [
-            f"{name}={getattr(self, name)}"
-            for name, default in zip(_PARAMS, (1, 1, _DEFAULT_TIMEOUT_MS))
-            if getattr(self, name) != default
-        ]
-        query = "?" + "&".join(params) if params else ""
-        return f"kafka://{self.bootstrap}/{self.topic}{query}"
-
-
-def parse_kafka_url(url: str) -> KafkaURL:
-    """Parse ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?replication_factor=N&...]``.
-
-    Args:
-        url: the log URL.
-
-    Returns:
-        Its parts, with defaults filled in.
-
-    Raises:
-        InvalidArgument: anything malformed, with what is wrong and the expected form.
-    """
-    form = "kafka://HOST:PORT[,HOST:PORT]/TOPIC[?replication_factor=N&min_insync_replicas=N]"
-    parts = urlsplit(url)
-    if parts.scheme != "kafka" or not url.startswith("kafka://"):
-        raise InvalidArgument(f"not a Kafka log URL: {url!r} (expected {form})")
-    if parts.fragment or "@" in parts.netloc:
-        raise InvalidArgument(f"Kafka log URL {url!r} may not have a user or a #fragment")
-    servers = tuple(_parse_server(s, url) for s in parts.netloc.split(","))
-    topic = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if not topic:
-        raise InvalidArgument(f"Kafka log URL {url!r} names no topic (expected {form})")
-    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
-        raise InvalidArgument(
-            f"{topic!r} in {url!r} is not a valid Kafka topic name "
-            "(1 to 249 of the characters A-Z a-z 0-9 . _ -)"
-        )
-    values: dict[str, int] = {}
-    try:
-        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError as exc:
-        raise InvalidArgument(f"malformed query in Kafka log URL {url!r}: {exc}") from exc
-    for name, text in pairs:
-        if name not in _PARAMS:
-            raise InvalidArgument(
-                f"unknown parameter {name!r} in Kafka log URL {url!r} (known: {', '.join(_PARAMS)})"
-            )
-        if name in values:
-            raise InvalidArgument(f"parameter {name!r} given twice in Kafka log URL {url!r}")
-        if not text.isdigit() or int(text) < 1:
-            raise InvalidArgument(f"{name} must be a positive integer, not {text!r}, in {url!r}")
-        values[name] = int(text)
-    if values.get("request_timeout_ms", _DEFAULT_TIMEOUT_MS) < 1000:
-        raise InvalidArgument(f"request_timeout_ms must be at least 1000 in {url!r}")
-    parsed = KafkaURL(servers, topic, **values)
-    if parsed.min_insync_replicas > parsed.replication_factor:
-        raise InvalidArgument(
-            f"min_insync_replicas={parsed.min_insync_replicas} is above "
-            f"replication_factor={parsed.replication_factor} in {url!r}: no append could succeed"
-        )
-    return parsed
-
-
-def _parse_server(server: str, url: str) -> str:
-    host, sep, port = server.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):  # [IPv6]:PORT
-        bare = host[1:-1]
-    else:
-        bare = host
-    if not sep or not bare or "[" in bare or "]" in bare or (":" in bare and bare == host):
-        raise InvalidArgument(f"{server!r} in Kafka log URL {url!r} is not HOST:PORT")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"{server!r} in Kafka log URL {url!r} has no valid port")
-    return f"{host}:{int(port)}"
 
 
 def _batch_bound(records: Sequence[bytes]) -> int:
@@ -188,6 +104,15 @@ def _batch_bound(records: Sequence[bytes]) -> int:
 _Pending = tuple[list[bytes], int, "asyncio.Future[int]"]
 
 
+def _tls_alert(exc: BaseException) -> bool:
+    """Whether a connection aiokafka saw closed had been answered with a TLS alert record
+    (type 21, version 3.x), which aiokafka read as the length of a Kafka response."""
+    cause = exc.__cause__
+    if not isinstance(cause, asyncio.IncompleteReadError) or cause.expected is None:
+        return False
+    return cause.expected >> 16 == 0x1503
+
+
 def _fail(group: list[_Pending], exc: BaseException) -> None:
     for _, _, fut in group:
         if not fut.done():
@@ -197,9 +122,12 @@ def _fail(group: list[_Pending], exc: BaseException) -> None:
 class KafkaLog(Log):
     """Partition 0 of a single-partition Kafka topic; see the module docstring. Use :meth:`open`."""
 
-    def __init__(self, url: str, where: KafkaURL) -> None:
+    def __init__(self, url: str, where: KafkaURL, security: dict[str, Any] | None = None) -> None:
         self.url = url
         self._where = where
+        # aiokafka's security options, the same for every client this log makes.
+        self._security: dict[str, Any] = dict(security or {"security_protocol": "PLAINTEXT"})
+        self._password_from = ""  # where the password came from, for the errors about a login
         self._tp = TopicPartition(where.topic, 0)
         self._timeout = where.request_timeout_ms / 1000
         self._max_batch = MAX_BATCH_BYTES
@@ -218,21 +146,32 @@ class KafkaLog(Log):
         self._closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @classmethod
-    async def open(cls, url: str) -> KafkaLog:
+    async def open(
+        cls, url: str, *, password_file: str | None = None, environ: Mapping[str, str] | None = None
+    ) -> KafkaLog:
         """Connect to Kafka, create the topic if it is missing, and start the producer.
 
         Args:
             url: ``kafka://HOST:PORT[,HOST:PORT]/TOPIC[?replication_factor=N&...]``.
+            password_file: the file whose first line is the SASL password (with
+                ``security_protocol=SASL_*``); not given: ``BATON_KAFKA_PASSWORD``.
+            environ: where ``BATON_KAFKA_PASSWORD`` is looked up (default: the process's).
 
         Returns:
             The open log.
 
         Raises:
             InvalidArgument: a malformed URL, or a topic or setting Kafka refuses
-                (e.g. a replication factor above the number of Kafka brokers).
-            LogUnavailable: Kafka is unreachable or does not answer in time.
+                (e.g. a replication factor above the number of Kafka brokers); a password
+                file that cannot be read, or SASL without a password; a CA file that
+                cannot be used.
+            LogUnavailable: Kafka is unreachable or does not answer in time, refuses the
+                login, or presents a certificate that does not verify.
         """
-        log = cls(url, parse_kafka_url(url))
+        where = parse_kafka_url(url)
+        security, password_from = client_security(where, password_file, environ)
+        log = cls(url, where, security)
+        log._password_from = password_from
         try:
             await log._connect()
         except BaseException:
@@ -354,6 +293,7 @@ class KafkaLog(Log):
                 max_request_size=self._max_batch,
                 linger_ms=0,
                 request_timeout_ms=self._where.request_timeout_ms,
+                **self._security,
             )
             try:
                 async with self._guard("starting the producer"):
@@ -495,6 +435,7 @@ class KafkaLog(Log):
             max_partition_fetch_bytes=self._max_batch,
             fetch_max_bytes=max(self._max_batch, 50 << 20),
             request_timeout_ms=self._where.request_timeout_ms,
+            **self._security,
         )
 
     async def _bounds(self, consumer: Any) -> tuple[int, int]:
@@ -575,6 +516,7 @@ class KafkaLog(Log):
             bootstrap_servers=where.bootstrap,
             client_id=f"baton-log-admin-{next(_client_ids)}",
             request_timeout_ms=where.request_timeout_ms,
+            **self._security,
         )
         async with self._guard("connecting"):
             await self._admin.start()
@@ -674,9 +616,79 @@ class KafkaLog(Log):
         except TimeoutError as exc:
             raise LogUnavailable(f"Kafka at {where}: {what} got no answer within {self._timeout:g}s") from exc
         except KafkaConnectionError as exc:
+            # aiokafka reports any failed bootstrap as "Unable to bootstrap", whether Kafka is
+            # down or refused the login, the certificate or the protocol: find out which.
+            why = await self._why_not_connected() if "bootstrap" in str(exc) else None
+            if why is not None:
+                raise LogUnavailable(f"{why} ({what})") from None
             raise LogUnavailable(f"Kafka at {where} unreachable ({what}): {exc}") from exc
+        except SaslAuthenticationFailed as exc:
+            raise LogUnavailable(f"{self._login_refused(where, exc)} ({what})") from None
         except (KafkaError, OSError) as exc:
             raise LogUnavailable(f"Kafka at {where}: {what} failed: {exc}") from exc
+
+    async def _why_not_connected(self) -> str | None:
+        """Why connecting to the bootstrap servers fails, if it is the login, TLS or the
+        security protocol (None when they are merely unreachable, or answer now): one
+        connection per server, as aiokafka makes them, within :data:`_DIAGNOSE_SECONDS` in all."""
+        where = self._where
+        protocol = f"security_protocol={where.security_protocol} in the log URL"
+        try:
+            async with asyncio.timeout(min(self._timeout, _DIAGNOSE_SECONDS)):
+                for server in where.servers:
+                    host, _, port = server.rpartition(":")
+                    try:
+                        conn = await create_conn(
+                            host.strip("[]"), int(port), client_id="baton-log-check",
+                            request_timeout_ms=where.request_timeout_ms, **self._security,
+                        )
+                    except SaslAuthenticationFailed as exc:
+                        return self._login_refused(server, exc)
+                    except UnsupportedSaslMechanismError:
+                        return (
+                            f"Kafka at {server} does not offer SASL mechanism {where.sasl_mechanism} "
+                            "on that listener (sasl_mechanism in the log URL)"
+                        )
+                    except ssl.SSLCertVerificationError as exc:
+                        trusted = f"ssl_cafile {where.ssl_cafile}" if where.ssl_cafile else "the system's CAs"
+                        return (
+                            f"the TLS certificate of Kafka at {server} does not verify against "
+                            f"{trusted}: {exc.verify_message or exc}"
+                        )
+                    except ssl.SSLError as exc:
+                        return (
+                            f"the TLS handshake with Kafka at {server} failed ({exc.reason or exc}): "
+                            f"does that listener speak TLS? ({protocol})"
+                        )
+                    except ConnectionResetError:
+                        if where.tls:
+                            return (
+                                f"Kafka at {server} reset the connection during the TLS handshake: "
+                                f"does that listener speak TLS? ({protocol})"
+                            )
+                        continue
+                    except KafkaConnectionError as exc:
+                        if not where.tls and _tls_alert(exc):
+                            return (
+                                f"Kafka at {server} answered in TLS: that listener expects TLS "
+                                f"(security_protocol=SSL or SASL_SSL), not {where.security_protocol}"
+                            )
+                        continue
+                    except (OSError, KafkaError, TimeoutError):
+                        continue
+                    conn.close()
+                    return None
+        except TimeoutError:
+            pass
+        return None
+
+    def _login_refused(self, server: str, exc: BaseException) -> str:
+        said = str(exc.args[0]) if exc.args else type(exc).__name__
+        return (
+            f"Kafka at {server} refused the login of {self._where.sasl_username!r} with "
+            f"{self._where.sasl_mechanism}: {said}; check the password ({self._password_from}) "
+            "and the user's credentials on Kafka"
+        )
 
     async def _quietly(self, closing: Any, what: str) -> bool:
         """Await a stop/close call, bounded; failing is only logged. True if it completed."""

@@ -22,9 +22,10 @@ from batonmq.cluster.log import Log, Record, open_log
 from batonmq.cluster.log.file import FileLog
 from batonmq.cluster.log.kafka import KafkaLog, KafkaURL, parse_kafka_url
 from batonmq.cluster.log.memory import MemoryLog
+from batonmq.loadtest.certs import make_certs
 from tests import helpers
 from tests.helpers import eventually, now
-from tests.kafka_fixture import start_kafka, stop_kafka
+from tests.kafka_fixture import SaslKafka, start_kafka, stop_kafka
 
 TIMEOUT = 20.0
 
@@ -302,6 +303,76 @@ class TestKafkaLog(LogContract):
             await open_log(f"kafka://{self.bootstrap}/{kafka_topic(tmp_path)}?replication_factor=7")
 
 
+class TestKafkaSaslLog(LogContract):
+    """The conformance suite over TLS and SASL (SCRAM-SHA-512): every aiokafka client the log
+    makes (producer, readers, offsets, the admin client's topic creation and DeleteRecords)
+    logs in on the test Kafka's SASL_SSL listener."""
+
+    persistent = True
+    sasl: SaslKafka
+
+    @pytest.fixture(autouse=True)
+    def _kafka(self, kafka_sasl: SaslKafka) -> None:
+        self.sasl = kafka_sasl
+
+    async def make(self, where: Path) -> Log:
+        return await open_log(self.sasl.url(kafka_topic(where)), kafka_password_file=self.sasl.password_file)
+
+
+async def test_kafka_log_over_sasl_plain_with_the_password_from_the_environment(
+    kafka_sasl: SaslKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PLAIN (over TLS), the password in BATON_KAFKA_PASSWORD; then SCRAM reads the same topic."""
+    monkeypatch.setenv("BATON_KAFKA_PASSWORD", kafka_sasl.password)
+    topic = kafka_topic(tmp_path)
+    log = await open_log(kafka_sasl.url(topic, "PLAIN"))
+    try:
+        assert await log.append([b"a", b"b"]) == 0
+        assert await log.append([b"c"]) == 2
+        assert dense(await collect(log, 0, 3), 0) == [b"a", b"b", b"c"]
+        await log.truncate_before(1)
+        await eventually(log.start_offset, "the truncation", until=lambda first: first == 1)
+    finally:
+        await log.close()
+    monkeypatch.delenv("BATON_KAFKA_PASSWORD")
+    again = await open_log(kafka_sasl.url(topic, "SCRAM-SHA-512"), kafka_password_file=kafka_sasl.password_file)
+    try:
+        assert dense(await collect(again, 1, 2), 1) == [b"b", b"c"]
+    finally:
+        await again.close()
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "PLAIN"])
+async def test_a_wrong_kafka_password_is_one_clear_error(
+    kafka_sasl: SaslKafka, tmp_path: Path, mechanism: str
+) -> None:
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-" + kafka_sasl.password + "\n")
+    url = kafka_sasl.url(kafka_topic(tmp_path), mechanism) + "&request_timeout_ms=5000"
+    started = time.monotonic()
+    with pytest.raises(LogUnavailable) as caught:
+        await asyncio.wait_for(open_log(url, kafka_password_file=str(wrong)), TIMEOUT)
+    message = caught.value.message
+    assert message.startswith(f"Kafka at {kafka_sasl.bootstrap} refused the login of "
+                              f"{kafka_sasl.user!r} with {mechanism}: "), message
+    assert f"kafka_password_file {wrong}" in message and "\n" not in message
+    assert kafka_sasl.password not in message
+    assert time.monotonic() - started < 10  # told, not retried until a timeout
+
+
+async def test_a_kafka_certificate_from_another_ca_is_refused(kafka_sasl: SaslKafka, tmp_path: Path) -> None:
+    other = make_certs(tmp_path, "other")
+    url = kafka_sasl.url(kafka_topic(tmp_path)).replace(kafka_sasl.ca, str(other.ca))
+    with pytest.raises(LogUnavailable, match=rf"TLS certificate of Kafka at .* does not verify against ssl_cafile {other.ca}"):
+        await asyncio.wait_for(open_log(url, kafka_password_file=kafka_sasl.password_file), TIMEOUT)
+
+
+async def test_plaintext_to_a_tls_listener_says_it_expects_tls(kafka_sasl: SaslKafka, tmp_path: Path) -> None:
+    url = f"kafka://{kafka_sasl.bootstrap}/{kafka_topic(tmp_path)}?request_timeout_ms=5000"
+    with pytest.raises(LogUnavailable, match="answered in TLS: that listener expects TLS .*not PLAINTEXT"):
+        await asyncio.wait_for(open_log(url), TIMEOUT)
+
+
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
@@ -311,6 +382,27 @@ class TestKafkaLog(LogContract):
             KafkaURL(("k1:9092", "k2:9093"), "baton.log_1", 3, 2),
         ),
         ("kafka://[::1]:9092/t?request_timeout_ms=5000", KafkaURL(("[::1]:9092",), "t", request_timeout_ms=5000)),
+        (
+            "kafka://k1:9093/t?security_protocol=SASL_SSL&sasl_mechanism=SCRAM-SHA-512"
+            "&sasl_username=baton&ssl_cafile=/etc/baton/kafka-ca.pem",
+            KafkaURL(("k1:9093",), "t", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                     sasl_username="baton", ssl_cafile="/etc/baton/kafka-ca.pem"),
+        ),
+        (
+            "kafka://k1:9093/t?security_protocol=ssl&ssl_cafile=/a%2Bb/c%20d%26e.pem",
+            KafkaURL(("k1:9093",), "t", security_protocol="SSL", ssl_cafile="/a+b/c d&e.pem"),
+        ),
+        (
+            "kafka://k1:9092/t?security_protocol=SASL_PLAINTEXT&sasl_mechanism=scram-sha-256&sasl_username=u",
+            KafkaURL(("k1:9092",), "t", security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                     sasl_username="u"),
+        ),
+        (
+            "kafka://k1:9092/t?security_protocol=SASL_PLAINTEXT&sasl_mechanism=PLAIN&sasl_username=u"
+            "&allow_plaintext_password=true",
+            KafkaURL(("k1:9092",), "t", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                     sasl_username="u", allow_plaintext_password=True),
+        ),
     ],
 )
 def test_kafka_url_parsing(url: str, expected: KafkaURL) -> None:
@@ -338,7 +430,27 @@ def test_kafka_url_parsing(url: str, expected: KafkaURL) -> None:
         ("kafka://a:1/t?request_timeout_ms=10", "at least 1000"),
         ("kafka://a:1/t?flag", "malformed query"),
         ("kafka://user@a:1/t", "user"),
+        ("kafka://user:secret@a:1/t", "may not have a USER"),
         ("kafka:a:1/t", "not a Kafka log URL"),
+        ("kafka://a:1/t?security_protocol=TLS", "unknown security_protocol 'TLS'"),
+        ("kafka://a:1/t?security_protocol=SASL_SSL&sasl_mechanism=SCRAM-SHA-1&sasl_username=u",
+         r"unknown sasl_mechanism 'SCRAM-SHA-1' .*\(known: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN\)"),
+        ("kafka://a:1/t?security_protocol=SASL_SSL&sasl_mechanism=GSSAPI&sasl_username=u", "unknown sasl_mechanism"),
+        ("kafka://a:1/t?security_protocol=SASL_SSL&sasl_username=u", "SASL_SSL needs sasl_mechanism"),
+        ("kafka://a:1/t?security_protocol=SASL_SSL&sasl_mechanism=PLAIN", "needs sasl_username"),
+        ("kafka://a:1/t?security_protocol=SASL_SSL&sasl_mechanism=PLAIN&sasl_username=", "sasl_username is empty"),
+        ("kafka://a:1/t?sasl_mechanism=PLAIN&sasl_username=u", "sasl_mechanism needs security_protocol=SASL_SSL"),
+        ("kafka://a:1/t?security_protocol=SSL&sasl_username=u", "sasl_username needs security_protocol=SASL_SSL"),
+        ("kafka://a:1/t?ssl_cafile=/ca.pem", "ssl_cafile needs security_protocol=SSL or SASL_SSL"),
+        ("kafka://a:1/t?security_protocol=SASL_PLAINTEXT&sasl_mechanism=PLAIN&sasl_username=u",
+         "would send the Kafka password in clear.*allow_plaintext_password=true"),
+        ("kafka://a:1/t?security_protocol=SASL_SSL&sasl_mechanism=PLAIN&sasl_username=u&allow_plaintext_password=true",
+         "allow_plaintext_password is only for"),
+        ("kafka://a:1/t?security_protocol=SASL_PLAINTEXT&sasl_mechanism=PLAIN&sasl_username=u"
+         "&allow_plaintext_password=yes", "must be true or false"),
+        ("kafka://a:1/t?security_protocol=SASL_SSL&sasl_mechanism=PLAIN&sasl_username=u&password=pw",
+         "may not carry a password.*--kafka-password-file FILE.*BATON_KAFKA_PASSWORD"),
+        ("kafka://a:1/t?sasl_password=pw", "may not carry a password"),
     ],
 )
 def test_bad_kafka_urls_are_invalid(url: str, complaint: str) -> None:
