@@ -485,8 +485,10 @@ class Session(ClientConnection):
         and Ping."""
         member = f.auth.get("member")
         if not isinstance(member, str) or not member:
-            log.warning("refused a member connection from %s: no member named", self.peer)
-            self.fail(AccessRefused("a MEMBER Hello names the joining runtime (auth 'member')"))
+            why = "a MEMBER Hello names the joining runtime (auth 'member')"
+            _log_refusal(self.peer, why)
+            self.broker.refused("member")
+            self.fail(AccessRefused(why))
             return
         self._member = (member, member_proof.new_nonce())
         self._greet(f.corr, {"nonce": self._member[1]})
