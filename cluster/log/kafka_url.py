@@ -179,18 +179,11 @@ def _param_value(name: str, text: str, url: str) -> Any:
         return text.lower() == "true"
     if not text:
         raise InvalidArgument(f"{name} is empty in Kafka log URL {url!r}")
-    if name == "security_protocol":
-        if text.upper() not in SECURITY_PROTOCOLS:
+    known = {"security_protocol": SECURITY_PROTOCOLS, "sasl_mechanism": SASL_MECHANISMS}.get(name)
+    if known is not None:
+        if text.upper() not in known:
             raise InvalidArgument(
-                f"unknown security_protocol {text!r} in Kafka log URL {url!r} "
-                f"(known: {', '.join(SECURITY_PROTOCOLS)})"
-            )
-        return text.upper()
-    if name == "sasl_mechanism":
-        if text.upper() not in SASL_MECHANISMS:
-            raise InvalidArgument(
-                f"unknown sasl_mechanism {text!r} in Kafka log URL {url!r} "
-                f"(known: {', '.join(SASL_MECHANISMS)})"
+                f"unknown {name} {text!r} in Kafka log URL {url!r} (known: {', '.join(known)})"
             )
         return text.upper()
     return text
