@@ -163,17 +163,16 @@ def _queue_peek(args: argparse.Namespace) -> int:
 
 
 def _connections(args: argparse.Namespace) -> int:
-    from batonmq import clients
-
     with open_broker(args) as conn:
         rows = conn.connections()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     # The asking connection is listed too: it is one of the broker's clients.
-    print(f"{'connection':22} {'client':24} {'in flight':>9}  consumers")
+    print(f"{'connection':22} {'client':24} {'user':16} {'in flight':>9}  consumers")
     for r in rows:
-        print(f"{r['id']:22} {r['client_name'][:24]:24} {r['in_flight']:>9}  {len(r['consumers'])}")
+        print(f"{r['id']:22} {r['client_name'][:24]:24} {r.get('user', '')[:16]:16}"
+              f" {r['in_flight']:>9}  {len(r['consumers'])}")
         for c in r["consumers"]:
             print(f"    {c['consumer_id']}  queue {c['queue']}  prefetch {c['prefetch']}"
                   f"  held {c['held']}")

@@ -38,6 +38,11 @@ class ConnectionView(Protocol):
         ...
 
     @property
+    def user(self) -> str:
+        """The user the client logged in as ("" for a joining broker's link)."""
+        ...
+
+    @property
     def consumers(self) -> Mapping[int, Consumer]:
         """The session's consumers by tag."""
         ...
@@ -97,6 +102,7 @@ def list_connections(sessions: Iterable[ConnectionView]) -> ConnectionList:
                 "id": s.peer,
                 "peer": s.peer,
                 "client_name": s.client_name,
+                "user": s.user,
                 "in_flight": s.in_flight,
                 "paused": s.paused,
                 "consumers": [

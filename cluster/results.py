@@ -292,7 +292,7 @@ class Peeked(Result):
 @dataclass(frozen=True, slots=True)
 class ConnectionList(Result):
     """Connections: this broker's client connections, each a map with ``id``, ``peer``,
-    ``client_name``, ``in_flight``, ``paused`` and ``consumers`` (maps with ``tag``,
+    ``client_name``, ``user``, ``in_flight``, ``paused`` and ``consumers`` (maps with ``tag``,
     ``consumer_id``, ``queue``, ``prefetch``, ``held``, ``credit``)."""
 
     connections: list[dict[str, Any]]
