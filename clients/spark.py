@@ -62,6 +62,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from batonmq.clients import client as _aio
+from batonmq.clients.addresses import parse_addresses, split_url
 from batonmq.clients import sync as _sync
 from batonmq.cluster.errors import BatonError, InvalidArgument
 
@@ -131,7 +132,7 @@ def _options(options: Any) -> _Options:
         return value
 
     brokers = get("brokers")
-    _aio.parse_addresses(brokers)  # fails early, with a clear error
+    parse_addresses(split_url(brokers)[0])  # fails early, with a clear error
     queue = get("queue")
     service = get("service", "")
     token_text = get("token", "-1" if not service else "")

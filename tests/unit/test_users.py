@@ -148,3 +148,18 @@ def test_the_loopback_test_knows_mapped_and_v6_loopback() -> None:
     assert _is_loopback("127.0.0.1") and _is_loopback("127.3.4.5") and _is_loopback("::1")
     assert _is_loopback("::ffff:127.0.0.1") and not _is_loopback("::ffff:10.0.0.1")
     assert not _is_loopback("10.0.0.1") and not _is_loopback("not-an-ip")
+
+
+def test_the_url_form_names_the_user_and_the_spark_source_takes_it() -> None:
+    from batonmq.clients.addresses import split_url
+    from batonmq.clients.spark import _options
+
+    assert split_url("baton://alice:p%40ss@h1:5671,h2:5672") == ("h1:5671,h2:5672", "alice", "p@ss")
+    assert split_url("baton://h1:5671") == ("h1:5671", None, None)
+    assert split_url("h1:5671") == ("h1:5671", None, None)
+    with pytest.raises(InvalidArgument, match="unknown address scheme"):
+        split_url("amqp://h1:5672")
+    url = "baton://alice:pw@127.0.0.1:5671,127.0.0.1:5672"
+    assert _options({"brokers": url, "queue": "q"}).brokers == url  # connect() reads it
+    with pytest.raises(InvalidArgument, match="bad address"):
+        _options({"brokers": "baton://alice:pw@nonsense:abc", "queue": "q"})
