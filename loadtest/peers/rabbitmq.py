@@ -21,7 +21,6 @@ import signal
 import subprocess
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -184,17 +183,22 @@ class RabbitSystem:
         return done.stdout
 
     def _form_cluster(self, deadline: float) -> None:
-        """Nodes 2.. join node 1, all at once (each a few seconds of rabbitmqctl)."""
+        """Nodes 2.. join node 1, one after the other (each a few seconds of rabbitmqctl):
+        two joins at once change Mnesia's schema at once, and one of them can abort
+        (``schema_prepare``). A join that fails anyway is tried again after a reset."""
         seed = self.node_names[0]
-
-        def join(node: str) -> None:
+        for node in self.node_names[1:]:
             self._ctl(node, "stop_app")
-            self._ctl(node, "join_cluster", seed)
+            for attempt in range(1, 4):
+                try:
+                    self._ctl(node, "join_cluster", seed)
+                    break
+                except RuntimeError:
+                    if attempt == 3 or time.monotonic() > deadline:
+                        raise
+                    self._ctl(node, "reset")
+                    time.sleep(attempt)
             self._ctl(node, "start_app")
-
-        with ThreadPoolExecutor(len(self.node_names) - 1) as pool:
-            for f in [pool.submit(join, n) for n in self.node_names[1:]]:
-                f.result()
         while True:
             status = json.loads(self._ctl(seed, "cluster_status", "--formatter", "json"))
             running = set(status.get("running_nodes", []))
