@@ -253,6 +253,11 @@ class Channel:
             raise ProtocolError("malformed AuthChallenge")
         # scrypt takes a tenth of a second: not on the loop, whose other connections go on.
         final = await self.loop.run_in_executor(None, exchange.final, message)
+        if self._closed is not None:  # the broker refused or closed meanwhile: say why
+            cause = self._closed.__cause__
+            raise cause if isinstance(cause, BatonError) else self._closed
+        if self._lost.is_set():
+            raise self.closed_error("closed by the broker during the login", None)
         self._hello = self.loop.create_future()
         self.write(self.encode(AuthResponse(self._hello_corr, {"message": final})))
         hello = await self._hello
