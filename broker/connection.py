@@ -15,11 +15,11 @@ frame closes this connection only (with an Error frame, corr 0, first).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from typing import Final, TypeVar, cast
 
 from batonmq.broker.config import MAX_IN_FLIGHT
+from batonmq.broker.networks import LOOPBACK, allows
 from batonmq.broker.reply import Shape
 from batonmq.clients import wire
 from batonmq.cluster.errors import BatonError, InternalError, ProtocolError
@@ -103,7 +103,7 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.peer_host = str(peer[0]) if peer else ""
-        self.loopback = bool(peer) and _is_loopback(str(peer[0]))
+        self.loopback = bool(peer) and allows(LOOPBACK, str(peer[0]))
 
     def data_received(self, data: bytes) -> None:
         if data:
@@ -329,15 +329,3 @@ class ClientConnection(asyncio.Protocol):
         self.in_flight -= n
         if self.in_flight < self.max_in_flight // 2:
             self._unblock_reading("in flight")
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether ``host`` (a peer's IP address) is a loopback address (an IPv4-mapped
-    IPv6 one too)."""
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback

@@ -183,7 +183,6 @@ class Session(ClientConnection):
         self.broker = broker
         self.client_name = ""
         self.greeted = False
-        self.user = ""  # who logged in (docs/security.md)
         self._login: Login | None = None  # a login under way
         self._hello_frame: wire.Hello | None = None
         # What the user may do; none until it logs in (a member link has no user).
@@ -200,6 +199,11 @@ class Session(ClientConnection):
         # Service leadership (broker/leadership.py): "node/runtime/s<n>", made at the
         # first Lead.
         self.candidate = ""
+
+    @property
+    def user(self) -> str:
+        """Who logged in ("" before the login, and for a joining broker's link)."""
+        return self.rights.name
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -525,7 +529,6 @@ class Session(ClientConnection):
         except AccessRefused as exc:
             self._refuse(exc.message)
             return
-        self.user = user.name
         self.rights = Rights(lambda: self.broker.node.state.users, user.name, self.broker.refused)
         self._greet(f.corr, {"message": outcome, "user": user.name, "admin": user.admin})
 

@@ -143,7 +143,10 @@ def test_guest_may_log_in_from_loopback_only() -> None:
 
 
 def test_the_loopback_test_knows_mapped_and_v6_loopback() -> None:
-    from batonmq.broker.connection import _is_loopback
+    from batonmq.broker.networks import LOOPBACK, allows
+
+    def _is_loopback(host: str) -> bool:
+        return allows(LOOPBACK, host)
 
     assert _is_loopback("127.0.0.1") and _is_loopback("127.3.4.5") and _is_loopback("::1")
     assert _is_loopback("::ffff:127.0.0.1") and not _is_loopback("::ffff:10.0.0.1")
