@@ -62,7 +62,7 @@ from batonmq.cluster.events import (
     ReleaseAll,
     Reserve,
 )
-from batonmq.cluster.keys import PublishKeys
+from batonmq.cluster.keys import Fresh, PublishKeys
 from batonmq.cluster.queue_state import MAX_PRIORITY, RETRY_POLICIES, WORK_SETTINGS, QueueState
 from batonmq.cluster.results import (
     AcceptedThrough,
@@ -255,7 +255,7 @@ class QueueIndex:
         q = self.queue(ev.queue)
         messages = ev.messages
         starts: list[int] | None = None  # each key span's first position
-        fresh: list[tuple[str, int]] = []  # keyed spans enqueued now: remember them
+        fresh: list[Fresh] = []  # keyed spans enqueued now: remember them
         keys = self.keys
         if ev.keys and keys.memory > 0 and q.dedupe_window_ms > 0:
             clock = self.ledger.clock
@@ -313,9 +313,9 @@ class QueueIndex:
         out.append(ReadyMore(q.name))
         if starts is None:
             return Enqueued(first, n)
-        for key, pos in fresh:
-            expires = self.ledger.clock + q.dedupe_window_ms
-            self.keys.remember(q.qid, key, pos, expires)
+        expires = self.ledger.clock + q.dedupe_window_ms
+        for key, pos, parsed in fresh:
+            self.keys.remember(q.qid, key, pos, expires, parsed)
         return Enqueued(first, n, starts)
 
     def acquire(self, key: str, ev: Acquire, out: list[Effect]) -> Counted:

@@ -271,3 +271,93 @@ def test_the_compact_memory_answers_as_a_plain_model_through_cuts_and_a_restore(
     again.restore(keys.entries())
     assert again.known == keys.known == model()
     assert again.entries() == keys.entries()
+
+
+def test_client_form_keys_are_kept_as_integers_and_answer_as_a_plain_model() -> None:
+    """Keys in the clients' form (``<16 hex digits>:<hex counter>``) are kept as two
+    integers in sorted runs per queue and connection, other keys as strings. Whatever
+    the mix — counters out of order (a re-send overtaking), a key remembered again, keys
+    that only look like the clients' form (upper case, a leading zero, too long) — every
+    lookup answers as a plain dict of the newest entry of each key among the last
+    ``memory``, through forgetting, cuts of the runs and a restore; ``entries`` gives
+    the very strings remembered."""
+    import random
+
+    from batonmq.cluster.keys import _CUT
+
+    memory = _CUT + 700
+    rng = random.Random(13)
+    conns = [f"{rng.getrandbits(64):016x}" for _ in range(3)]
+    counters = [0, 0, 0]
+
+    def a_key() -> str:
+        c = rng.randrange(3)
+        roll = rng.random()
+        if roll < 0.8:  # the next counter, as a client makes them
+            counters[c] += 1
+            return f"{conns[c]}:{counters[c]:x}"
+        if roll < 0.9 and counters[c] > 5:  # an older counter again
+            return f"{conns[c]}:{rng.randrange(1, counters[c]):x}"
+        return rng.choice([
+            f"{conns[c].upper()}:{counters[c] + 1:x}",  # not lower case
+            f"{conns[c]}:0{counters[c] + 1:x}",  # a leading zero
+            f"{conns[c]}:{'f' * 16}",  # a counter too long for the runs
+            f"{conns[c]}:",  # no counter
+            f"{conns[c][:15]}:{counters[c] + 1:x}",  # a short id
+            f"k{rng.randrange(50)}",
+        ])
+
+    keys = PublishKeys(memory=memory)
+    log: list[tuple[int, str, int, int]] = []
+
+    def model() -> dict[tuple[int, str], tuple[int, int]]:
+        out: dict[tuple[int, str], tuple[int, int]] = {}
+        for qid, key, first, expires in log[-memory:]:
+            out[(qid, key)] = (first, expires)
+        return out
+
+    used: set[tuple[int, str]] = set()
+    for i in range(5 * memory):
+        entry = (rng.randrange(2), a_key(), i, -1)
+        keys.remember(*entry)
+        log.append(entry)
+        used.add((entry[0], entry[1]))
+        if i % 2477 == 0 or i == 5 * memory - 1:
+            expected = model()
+            assert keys.known == expected, i
+            for qid, key in used:
+                assert keys.lookup(qid, key) == expected.get((qid, key)), (i, qid, key)
+    assert [e[2] for e in keys.entries()] == [e[1] for e in log[-memory:]]
+    strings = sum(1 for e in log[-memory:] if not e[1].startswith(tuple(conns)) or
+                  e[1] != e[1].lower() or ":0" in e[1] or e[1].endswith(":") or
+                  e[1].endswith("f" * 16))
+    assert len(keys._strs) == strings < memory // 5  # the clients' keys hold no string
+    again = PublishKeys(memory=memory)
+    again.total = keys.total
+    again.restore(keys.entries())
+    assert again.known == keys.known == model()
+    assert again.entries() == keys.entries()
+    assert again.digest_part() == keys.digest_part()
+
+
+def test_a_re_sent_client_key_is_found_wherever_it_sits_in_its_run() -> None:
+    """A re-send finds its original position whether its counter is the newest of its
+    connection, an old one, or one that arrived after newer ones (a re-send that
+    overtook), and a forgotten one is not found."""
+    keys = PublishKeys(memory=100)
+    conn = "0123456789abcdef"
+    for n in (1, 2, 3, 5, 4):  # 4 came after 5
+        keys.remember(0, f"{conn}:{n:x}", 10 * n, -1)
+    for n in (1, 2, 3, 4, 5):
+        assert keys.lookup(0, f"{conn}:{n:x}") == (10 * n, -1)
+    assert keys.lookup(0, f"{conn}:6") is None
+    assert keys.lookup(1, f"{conn}:1") is None  # another queue
+    ev = Enqueue("q", msgs(b"a", b"b", b"c"), keys=((f"{conn}:4", 1), (f"{conn}:6", 1),
+                                                    (f"{conn}:1", 1)))
+    messages, starts, fresh, dups = keys.split(0, 70, ev)
+    assert (messages, starts, dups) == (msgs(b"b"), [40, 70, 10], 2)
+    assert [f[:2] for f in fresh] == [(f"{conn}:6", 70)]
+    small = PublishKeys(memory=2)
+    for n in (1, 2, 3):
+        small.remember(0, f"{conn}:{n:x}", n, -1)
+    assert small.lookup(0, f"{conn}:1") is None and small.lookup(0, f"{conn}:3") == (3, -1)
