@@ -128,7 +128,9 @@ class Batch(abc.ABC):
     @abc.abstractmethod
     def put_keys(self, entries: list[tuple[int, int, str, int, int]], forget: range) -> None:
         """Save publish idempotency keys ``(seq, qid, key, first position, expires)``, then forget
-        the keys whose seq is in ``forget`` (a seq in both is forgotten)."""
+        the keys whose seq is in ``forget`` (a seq in both is forgotten). Keys are forgotten
+        in seq order: ``forget`` starts where the previous call's ended, so a store may
+        forget every key below ``forget.stop``."""
 
 
 class StoreReader(abc.ABC):

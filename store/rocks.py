@@ -6,7 +6,11 @@ Keys:
   ``s``                                              -> msgpack meta snapshot
   ``a``                                              -> applied offset (8 bytes BE, signed)
   ``i`` + key                                        -> identity value (utf-8)
-  ``k`` + seq (8 bytes BE)                           -> msgpack [qid, key, first position, expires]: a publish key
+  ``j`` + seq (8 bytes BE)                           -> msgpack [[seq, qid, key, first position, expires], ...]:
+                                                        a block of publish keys, keyed by its last seq
+  ``f``                                              -> seq (8 bytes BE): publish keys below it are forgotten
+  ``k`` + seq (8 bytes BE)                           -> msgpack [qid, key, first position, expires]: one
+                                                        publish key, as older brokers stored them (read only)
   ``o`` + runtime (utf-8) + ``/`` + seq (8 bytes BE)   -> an outbox event's log record
 
 Fixed-width big-endian qid/position keys sort in position order, so a queue's
@@ -15,6 +19,12 @@ messages are one contiguous key range (range deletes, ordered scans).
 Writes are not fsynced: the ordered log is the durable record, and a crash that
 loses the tail of rocksdb's WAL loses the offset with it (same write batch), so
 the broker replays those records from the log.
+
+Publish keys come at the rate of publishes and are forgotten in order: each commit
+stores its new keys as one block record and moves the floor record, instead of a put and
+a delete per key (at 20,000 publishes a second those cost more than the messages). Blocks
+wholly below the floor are deleted by a range delete every :data:`_KEY_BLOCK` keys;
+:meth:`RocksStore.load` skips the keys below the floor in a block that is partly past.
 
 Damage: the database opens with RocksDB's paranoid checks, and :meth:`RocksStore.open_checked`
 reads every block once (verifying its checksum) before the broker uses the store; a
@@ -82,6 +92,10 @@ _OFF = struct.Struct(">q")
 _SEQ = struct.Struct(">Q")
 _APPLIED = b"a"
 _META = b"s"
+_KEY_FLOOR = b"f"
+#: The most publish keys in one block record; blocks below the floor are range-deleted
+#: once the floor has moved this many keys past the last such delete.
+_KEY_BLOCK = 4096
 
 
 def _mkey(qid: int, pos: int) -> bytes:
@@ -180,11 +194,19 @@ class _RocksBatch(Batch):
             self.wb.put(key, self._packer.pack(snapshot))
 
     def put_keys(self, entries: list[tuple[int, int, str, int, int]], forget: range) -> None:
+        # One record per block of keys, keyed by its last seq (see the module's doc).
         pack = self._packer.pack
-        for seq, qid, key, first, expires in entries:
-            self.wb.put(b"k" + _SEQ.pack(seq), pack([qid, key, first, expires]))
-        for seq in forget:
-            self.wb.delete(b"k" + _SEQ.pack(seq))
+        for i in range(0, len(entries), _KEY_BLOCK):
+            block = entries[i : i + _KEY_BLOCK]
+            self.wb.put(b"j" + _SEQ.pack(max(e[0] for e in block)), pack(block))
+        if forget:
+            floor = forget.stop
+            self.wb.put(_KEY_FLOOR, _SEQ.pack(floor))
+            if forget.start // _KEY_BLOCK != floor // _KEY_BLOCK or len(forget) >= _KEY_BLOCK:
+                # Blocks whose last key is below the floor, and keys older brokers
+                # stored one by one.
+                self.wb.delete_range(b"j", b"j" + _SEQ.pack(floor))
+                self.wb.delete_range(b"k", b"k" + _SEQ.pack(floor))
 
     def put_meta(self, snapshot: list[Any]) -> None:
         self.wb.put(_META, self._packer.pack(snapshot))
@@ -326,11 +348,24 @@ class RocksStore(Store):
             out.meta = msgpack.unpackb(meta, raw=False, strict_map_key=False)
         for key, value in self._prefixed(b"q"):
             out.queues[key[1:].decode()] = msgpack.unpackb(value, raw=False, strict_map_key=False)
-        for key, value in self._prefixed(b"k"):
-            item = msgpack.unpackb(value, raw=False)
-            # Keys stored before the time window have no expiry (-1): kept until pushed out.
-            expires = item[3] if len(item) > 3 else -1
-            out.keys.append((_SEQ.unpack(key[1:])[0], item[0], item[1], item[2], expires))
+        raw = self._db.get(_KEY_FLOOR)
+        floor = _SEQ.unpack(raw)[0] if raw is not None else 0
+        keys = out.keys
+        for key, value in self._prefixed(b"k"):  # as older brokers stored them
+            seq = _SEQ.unpack(key[1:])[0]
+            if seq >= floor:
+                item = msgpack.unpackb(value, raw=False)
+                # Keys stored before the time window have no expiry (-1): kept until pushed out.
+                expires = item[3] if len(item) > 3 else -1
+                keys.append((seq, item[0], item[1], item[2], expires))
+        for _, value in self._prefixed(b"j"):
+            for seq, qid, name, first, expires in msgpack.unpackb(value, raw=False):
+                if seq >= floor:
+                    keys.append((seq, qid, name, first, expires))
+        if any(keys[i][0] >= keys[i + 1][0] for i in range(len(keys) - 1)):
+            # Blocks are in seq order, and older brokers' keys come before them; only
+            # an odd history (a key stored twice) needs this: the last one stored wins.
+            out.keys = sorted({e[0]: e for e in keys}.values())
         return out
 
     def batch(self) -> Batch:
@@ -349,8 +384,9 @@ class RocksStore(Store):
 
     def reset(self) -> None:
         wb = WriteBatch(raw_mode=True)
-        for prefix in (b"m", b"q", b"k"):
+        for prefix in (b"m", b"q", b"k", b"j"):
             wb.delete_range(prefix, bytes([prefix[0] + 1]))
+        wb.delete(_KEY_FLOOR)
         wb.delete(_META)
         wb.delete(_APPLIED)
         self._write(wb)

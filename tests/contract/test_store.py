@@ -267,6 +267,41 @@ class StoreContract:
         assert loaded.queues == {"b": ["b2"], "é/ü": ["unicode"]}
         assert loaded.meta == ["m2"]
 
+    def test_many_batches_of_keys_and_a_moving_floor_load_as_the_memory_holds_them(
+        self, tmp_path: Path
+    ) -> None:
+        """As the applier uses it: each commit stores the keys remembered since the last
+        one and forgets those below the memory's floor (in seq order, through many
+        blocks); a restart loads exactly the keys at and above the floor."""
+        import random
+
+        rng = random.Random(5)
+        store = self.make(tmp_path)
+        seq = floor = 0
+        kept: dict[int, tuple[int, int, str, int, int]] = {}
+        for offset in range(300):
+            new = []
+            for _ in range(rng.randrange(0, 120)):
+                new.append((seq, seq % 3, f"{seq:016x}:{seq + 1:x}", seq, 1000 + seq))
+                seq += 1
+            new_floor = max(floor, seq - rng.randrange(500, 9000))
+            batch = store.batch()
+            batch.put_keys(new, range(floor, new_floor))
+            store.commit(batch, offset)
+            kept.update((e[0], e) for e in new)
+            for s in range(floor, new_floor):
+                kept.pop(s, None)
+            floor = new_floor
+        assert floor > 2 * 4096  # the floor passed many blocks
+        expected = [kept[s] for s in sorted(kept)]
+        assert store.load().keys == expected
+        store.close()
+        again = self.restart(store, tmp_path)
+        try:
+            assert again.load().keys == expected
+        finally:
+            again.close()
+
     def test_publish_keys_are_kept_in_seq_order_until_forgotten(self, store: Store) -> None:
         batch = store.batch()
         batch.put_keys(
@@ -512,9 +547,7 @@ class TestRocksStore(StoreContract):
         self, tmp_path: Path
     ) -> None:
         store = RocksStore(str(tmp_path / "old"))
-        batch = store.batch()
-        batch.put_keys([(1, Q, "k", 0, 5)], range(0))
-        store.commit(batch, 0)
+        store.commit(store.batch(), 0)
         store.close()
         from rocksdict import Rdict
 
@@ -526,3 +559,36 @@ class TestRocksStore(StoreContract):
             assert again.load().keys == [(1, Q, "k", 0, -1)]
         finally:
             again.close()
+
+    def test_keys_stored_one_by_one_by_an_older_broker_are_read_and_forgotten(
+        self, tmp_path: Path
+    ) -> None:
+        """Older brokers stored each publish key as its own record: a store they wrote
+        loads those keys before the blocks written since, and forgets them by the
+        floor like the others."""
+        from rocksdict import Options, Rdict
+
+        db = Rdict(str(tmp_path / "old"), Options(raw_mode=True))
+        for seq in range(10):
+            db[b"k" + seq.to_bytes(8, "big")] = msgpack.packb([Q, f"old{seq}", seq, 99])
+        db.close()
+        store = RocksStore(str(tmp_path / "old"))
+        try:
+            batch = store.batch()
+            batch.put_keys([(10, Q, "new10", 10, 99), (11, Q, "new11", 11, 99)], range(0, 8))
+            store.commit(batch, 1)
+            assert store.load().keys == [
+                (8, Q, "old8", 8, 99), (9, Q, "old9", 9, 99),
+                (10, Q, "new10", 10, 99), (11, Q, "new11", 11, 99),
+            ]
+            batch = store.batch()
+            batch.put_keys([], range(8, 5000))  # far enough to delete the old records
+            store.commit(batch, 2)
+            assert store.load().keys == []
+        finally:
+            store.close()
+        db = Rdict(str(tmp_path / "old"), Options(raw_mode=True))
+        try:
+            assert [k for k in db.keys() if k[:1] in (b"k", b"j")] == []
+        finally:
+            db.close()
