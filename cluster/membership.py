@@ -327,20 +327,25 @@ def duties(
         ms: the membership state.
         me: the runtime's member key.
         role: its role (VOTER or OBSERVER): only a voter proposes.
-        proposed: the view it proposed last, if any (it does not propose it again).
-        voted: the proposal it voted on last, if any (it does not vote twice).
+        proposed: the view it proposed whose Propose is not applied yet, if any (it
+            does not propose it again meanwhile). The caller forgets it once that
+            Propose is applied or its append failed: a proposal that was ignored, lost
+            or replaced since must be made again when it can open.
+        voted: the proposal it voted on whose Vote is not applied yet, if any (it does
+            not vote twice meanwhile; forgotten the same way: a proposal replaced by an
+            equal one after the vote counted waits for the vote again).
 
     Returns:
-        The view to propose, if ``me`` is the proposer, the view should change and
-        no open proposal for the desired view can still pass; and the open proposal
-        to vote yes on, if ``me`` is one of the voters it waits for.
+        The view to propose, if ``me`` is the proposer, the view should change and a
+        proposal can open now (none is open, or the open one waits for a suspected
+        voter: the state ignores any other); and the open proposal to vote yes on, if
+        ``me`` is one of the voters it waits for.
     """
     propose: Ballot | None = None
     if role == VOTER and ms.proposer() == me and ms.needs_view():
         wanted = (ms.view_seq + 1, tuple(ms.desired()))
         if wanted != proposed and (
             ms.proposal is None or any(ms.suspected(v) for v in ms.voters_pending())
-            or tuple(ms.proposal.members) != wanted[1]
         ):
             propose = wanted
     vote: Ballot | None = None

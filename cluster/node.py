@@ -503,14 +503,32 @@ class Node:
                 log.warning("a voter is alive again: the view can change")
         d = duties(ms, me, self.role, self._proposed, self._voted)
         if d.propose is not None:
-            self._proposed = d.propose
+            ballot = self._proposed = d.propose
             cluster_id = ms.cluster_id or uuid.uuid4().hex[:16]
-            self.submit(Propose(d.propose[0], d.propose[1], cluster_id)).add_done_callback(
-                ignore_outcome
+            self.submit(Propose(ballot[0], ballot[1], cluster_id)).add_done_callback(
+                lambda f: self._proposal_done(f, ballot)
             )
         if d.vote is not None:
-            self._voted = d.vote
-            self.submit(Vote(d.vote[0], True)).add_done_callback(ignore_outcome)
+            voted = self._voted = d.vote
+            self.submit(Vote(voted[0], True)).add_done_callback(
+                lambda f: self._vote_done(f, voted)
+            )
+
+    # A Propose or Vote was applied, or its append failed: it is no longer in flight,
+    # so the duties make it again if it was ignored, lost or undone since. (Remembered
+    # for good, a Propose whose append failed during a partition kept its view from
+    # ever being proposed again, and a vote that counted for a proposal later replaced
+    # by an equal one was never given again: the view never formed.)
+
+    def _proposal_done(self, fut: asyncio.Future[Any], ballot: Ballot) -> None:
+        ignore_outcome(fut)
+        if self._proposed == ballot:
+            self._proposed = None
+
+    def _vote_done(self, fut: asyncio.Future[Any], ballot: Ballot) -> None:
+        ignore_outcome(fut)
+        if self._voted == ballot:
+            self._voted = None
 
     async def stop(self) -> None:
         """Finish pending appends, stop the tasks. Pending commands fail with ShuttingDown."""

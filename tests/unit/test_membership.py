@@ -32,9 +32,12 @@ class Cluster:
         self.seqs: dict[str, int] = {}
         self.offset = -1
         self.effects: list[Effect] = []
-        # What each runtime proposed and voted on last (the node driver remembers it).
+        # What each runtime proposed and voted on whose event is not applied yet (the
+        # node driver remembers it while the append is in flight; here every append is
+        # applied at once, so it is forgotten right after, as the driver does then).
         self.proposed: dict[str, Ballot] = {}
         self.voted: dict[str, Ballot] = {}
+        self.silent: set[str] = set()  # runtimes that do not act now (paused, slow)
 
     def apply(self, who: str, ev: Event) -> Completed:
         self.seqs[who] = seq = self.seqs.get(who, 0) + 1
@@ -57,16 +60,18 @@ class Cluster:
         for _ in range(10):
             acted = False
             for who in list(ms.beat_order):
-                if who not in ms.known:
+                if who not in ms.known or who in self.silent:
                     continue
                 d = duties(ms, who, ms.known[who].role, self.proposed.get(who), self.voted.get(who))
                 if d.propose is not None:
                     self.proposed[who] = d.propose
                     self.apply(who, Propose(d.propose[0], d.propose[1], "cid"))
+                    del self.proposed[who]
                     acted = True
                 if d.vote is not None:
                     self.voted[who] = d.vote
                     self.apply(who, Vote(d.vote[0], True))
+                    del self.voted[who]
                     acted = True
             if not acted:
                 return
@@ -91,6 +96,50 @@ def test_bootstrap_new_members_at_the_end_and_stable_leader() -> None:
     assert ms.members == ["b/1"] and ms.leader() == "b/1"
     changes = [e for e in c.effects if isinstance(e, MembersChanged) and not e.properties]
     assert [e.view_seq for e in changes] == [1, 2, 3, 4, 5]
+
+
+def test_a_runtime_that_comes_while_a_proposal_waits_gets_the_next_view() -> None:
+    """While a proposal waits for a slow voter the proposer proposes nothing (the state
+    would ignore it); the next view, with the newcomer, follows once it is in."""
+    c = Cluster()
+    for who in ("a/1", "b/1", "c/1"):
+        c.beat(who)
+    ms = c.state.membership
+    c.silent = {"d/1"}  # d beats but is slow to vote
+    c.beat("d/1")
+    assert ms.proposal is not None and ms.voters_pending() == ["d/1"]
+    c.beat("e/1")  # wants in while the proposal waits for d
+    c.beat("a/1", "b/1", "c/1", "e/1")
+    assert ms.members == ["a/1", "b/1", "c/1"]
+    c.silent = set()
+    c.duties()
+    assert ms.members == ["a/1", "b/1", "c/1", "d/1", "e/1"]
+    assert c.state.ignored.get("bad-proposal", 0) == 0
+
+
+def test_a_proposal_lost_or_left_waiting_on_a_suspected_voter_is_made_again() -> None:
+    """The proposer forgets a proposal once its event is applied or its append failed:
+    a Propose lost with a failed append is made again, and so is a view it proposed
+    before, once the proposal that stood in its way waits for a suspected voter."""
+    c = Cluster()
+    for who in ("a/1", "b/1", "c/1"):
+        c.beat(who)
+    ms = c.state.membership
+    c.silent = {"a/1"}
+    c.beat("d/1")  # a would propose: pretend its append fails
+    d = duties(ms, "a/1", "voter", None, None)
+    assert d.propose == (ms.view_seq + 1, ("a/1", "b/1", "c/1", "d/1"))
+    again = duties(ms, "a/1", "voter", None, None)  # the failed append is forgotten
+    assert again.propose == d.propose
+    c.silent = {"d/1"}
+    c.duties()  # opened; a, b, c vote; d is slow
+    assert ms.voters_pending() == ["d/1"]
+    c.beat("e/1")  # e wants in: nothing to do while d may still vote
+    assert ms.voters_pending() == ["d/1"]
+    for _ in range(6):  # d goes quiet for good: suspected, the proposal must not wait
+        c.beat("a/1", "b/1", "c/1", "e/1")
+    assert ms.members == ["a/1", "b/1", "c/1", "e/1"] and ms.proposal is None
+    assert c.state.ignored.get("bad-proposal", 0) == 0
 
 
 def test_suspicion_is_counted_in_log_order_not_by_clocks() -> None:
