@@ -4,13 +4,19 @@ The leader appends a :class:`~batonmq.cluster.events.Checkpoint` every
 ``checkpoint_ms``, carrying its state digest at the previous checkpoint; every
 replica compares its own digest there when it applies it (:meth:`Checkpoints.checked`),
 and a difference is reported loudly. After a checkpoint the leader truncates the log
-below the checkpoint before the last, once every live runtime has applied past it.
+below an older checkpoint, :data:`RETAIN` checkpoints back (30 s at the default
+interval), once every live runtime has applied past it. The margin is for runtimes the
+membership does not count as live at that moment: a joiner whose first heartbeat is not
+applied yet, a broker briefly suspected (paused, cut off, busy catching up). Truncating
+right behind the last checkpoint cut such brokers off, and each had to join again as a
+new one, over and over under load.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +28,10 @@ from batonmq.cluster.log import Log
 from batonmq.cluster.results import Checkpointed
 from batonmq.cluster.state import State
 
-__all__ = ["Checkpoints"]
+__all__ = ["Checkpoints", "RETAIN"]
+
+#: The leader truncates the log below the checkpoint this many checkpoints back.
+RETAIN = 6
 
 log = logging.getLogger("baton.node")
 
@@ -38,6 +47,7 @@ class Checkpoints:
         joined: set while this runtime is in the established view.
         submit: appends an event; resolves once durable and applied.
         interval_ms: how often the leader checkpoints; 0: never.
+        retain: truncate below the checkpoint this many back (at least 2).
     """
 
     def __init__(
@@ -49,6 +59,7 @@ class Checkpoints:
         joined: asyncio.Event,
         submit: Callable[[Checkpoint], asyncio.Future[Checkpointed]],
         interval_ms: int,
+        retain: int = RETAIN,
     ) -> None:
         self.key = key
         self.state = state
@@ -61,6 +72,8 @@ class Checkpoints:
         self.digest_mismatches = 0
         self.truncated_before = 0  # the log's start offset after our last truncation
         self._truncate_asked = 0
+        # The offsets of the last ``retain`` checkpoints applied here, oldest first.
+        self._recent: deque[int] = deque(maxlen=max(2, retain))
 
     async def run(self) -> None:
         """While this runtime leads, checkpoint every ``interval_ms`` and truncate."""
@@ -79,12 +92,12 @@ class Checkpoints:
                 log.warning("checkpoint failed: %s", exc)
 
     async def _truncate(self) -> None:
-        """Drop the log below the checkpoint before the last, once every live runtime
+        """Drop the log below the checkpoint ``retain`` back, once every live runtime
         has applied past it (and no update being served still needs it)."""
-        cps = self.state.checkpoints
-        if len(cps) < 2:
+        recent = self._recent
+        if len(recent) < (recent.maxlen or 2):
             return
-        target = cps[-2][0]
+        target = recent[0]
         hold = self.state.membership.hold()
         if hold is None or hold <= target or target <= self._truncate_asked:
             return
@@ -98,6 +111,7 @@ class Checkpoints:
         """A checkpoint applied here: compare this replica's digest at the previous one
         with the leader's (docs/design.md §8). A difference is a bug: say so loudly."""
         self.last = {"offset": e.offset, "digest": e.digest}
+        self._recent.append(e.offset)
         if e.mine is None or not e.expected:
             return
         if e.mine != e.expected:

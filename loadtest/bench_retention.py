@@ -4,7 +4,7 @@ Starts ``--brokers`` brokers on one embedded file log (``--segment-mb`` segments
 runs a steady publish/consume load (``--rate`` messages/s of ``--size`` bytes, acked)
 for ``--minutes``, and samples the log directory's size every ``--every`` seconds.
 The leader checkpoints every ``--checkpoint-ms`` and truncates whole segments below
-the checkpoint before the last once every broker applied past it, so the size
+the checkpoint six back once every broker applied past it, so the size
 levels off instead of growing with what went through.
 
     python -m batonmq.loadtest.bench_retention --minutes 5
