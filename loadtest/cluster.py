@@ -422,6 +422,18 @@ class BatonCluster:
         assert self.net is not None
         return [n for n in (f"client-{b.node_id}", f"kafka-{b.node_id}") if n in self.net.proxies]
 
+    def proxied(self, b: Broker) -> bool:
+        """Are all of the broker's links behind a proxy (its clients, and Kafka on a
+        Kafka log)? A broker a ``join`` started is not: Kafka's listeners, one per
+        proxied broker, are fixed when it starts, and the workers never learn the
+        joiner's address. Network faults pick among the proxied brokers only."""
+        if self.net is None:
+            return False
+        wanted = [f"client-{b.node_id}"]
+        if self.requested_log == "kafka":
+            wanted.append(f"kafka-{b.node_id}")
+        return all(n in self.net.proxies for n in wanted)
+
     def _need_net(self) -> Toxiproxy:
         if self.net is None:
             raise RuntimeError("network faults need the cluster started with net=True (Toxiproxy)")

@@ -250,10 +250,17 @@ class FaultInjector(threading.Thread):
         w.flush()
         self.log.append(_Done(time.monotonic() - self.t0, kind, ("start", "end")[phase], detail))
 
-    def _pick_broker(self, ev: FaultEvent) -> Broker:
+    def _pick_broker(self, ev: FaultEvent, proxied: bool = False) -> Broker:
+        """The broker to fault: in turn, or the event's random pick, among the running
+        ones (behind the network proxies only, for a network fault)."""
         running = self.system.running()
+        if proxied:
+            running = [b for b in running if self.system.proxied(b)]
         if not running:
-            raise RuntimeError("no running broker to fault")
+            raise RuntimeError(
+                "no running broker behind the network proxies to fault" if proxied
+                else "no running broker to fault"
+            )
         if ev.pick is None:
             self._turn += 1
             return running[(self._turn - 1) % len(running)]
@@ -262,7 +269,7 @@ class FaultInjector(threading.Thread):
     def _apply(self, ev: FaultEvent, w: HistoryWriter) -> None:
         s = self.system
         if ev.kind in ("netsplit", "client-partition"):
-            b = self._pick_broker(ev)
+            b = self._pick_broker(ev, proxied=True)
             # The workers' records name the proxy's address: the checker matches on it.
             detail = f"node={b.node_id} address={b.client_address or b.address}"
             self._note(w, ev.kind, 0, detail)
@@ -305,7 +312,8 @@ class FaultInjector(threading.Thread):
                 self._note(w, "stop", 0, f"node={old.node_id} address={old.address}")
                 s.terminate(old)
                 self._note(w, "stop", 1, f"node={old.node_id} address={old.address}")
-            member = self._pick_broker(ev)  # after the stop: never the broker just stopped
+            # After the stop: never the broker just stopped.
+            member = self._pick_broker(ev, proxied=True)
             self._note(w, ev.kind, 0, f"cut={member.node_id}")
             joined: list[Broker] = []
             joiner = threading.Thread(target=lambda: joined.append(s.join()), daemon=True)

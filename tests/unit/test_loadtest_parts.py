@@ -195,3 +195,36 @@ def test_the_steady_clock_ignores_a_step_of_the_wall_clock(monkeypatch: pytest.M
     monkeypatch.setattr("batonmq.cluster.node.time.time", lambda: wall)
     assert abs(clock() - before) < 1000  # ten minutes ahead on the wall: not here
     assert abs(steady_clock()() - (before + 600_000)) < 1000  # a new start reads it
+
+
+def test_network_faults_pick_only_brokers_behind_the_proxies(tmp_path: Path) -> None:
+    """A broker a ``join`` fault started has no proxy (Kafka's per-broker listeners are
+    fixed at its start, and the workers never learn the joiner's address): network
+    faults pick among the proxied brokers only, in turn or at random."""
+
+    from batonmq.loadtest.cluster import BatonCluster
+    from batonmq.loadtest.faults import FaultInjector
+
+    for log_url in (None, "kafka"):
+        cluster = BatonCluster(4, tmp_path, log_url=log_url, net=True)
+        for _ in range(4):
+            b = cluster._new_broker()
+            b.state = "running"
+        assert cluster.net is not None
+        for b in cluster.brokers[:3]:  # node-4 joined later: not proxied
+            cluster.net.proxies[f"client-{b.node_id}"] = "127.0.0.1:1"
+            if log_url == "kafka":
+                cluster.net.proxies[f"kafka-{b.node_id}"] = "127.0.0.1:2"
+        if log_url is None:
+            cluster.net.proxies["client-node-4"] = "127.0.0.1:1"  # a client proxy is enough
+        want = {b.node_id for b in cluster.brokers if cluster.proxied(b)}
+        assert want == ({"node-1", "node-2", "node-3"} if log_url else
+                        {"node-1", "node-2", "node-3", "node-4"})
+        runner = FaultInjector(cluster, [], tmp_path / "faults.hist", 0.0)
+        picked = {runner._pick_broker(FaultEvent(0, "netsplit", 1, pick=p), proxied=True).node_id
+                  for p in range(8)}
+        picked |= {runner._pick_broker(FaultEvent(0, "netsplit", 1), proxied=True).node_id
+                   for _ in range(8)}
+        assert picked == want
+        assert "node-4" in {runner._pick_broker(FaultEvent(0, "kill9", 1, pick=p)).node_id
+                            for p in range(8)}
