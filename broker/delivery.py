@@ -7,6 +7,15 @@ messages and one of this broker's consumers of it has credit, the broker appends
 that acquire is applied here (the :class:`Acquired` effect) are the messages read
 from the store and delivered (guarantee 2). Consumers of one queue are served
 round-robin.
+
+A late acquire: when an acquire took longer than half the suspicion time between its
+submission and its application here, this broker may have been paused or cut off in
+between, and the others may have dropped it from the view meanwhile, giving those
+messages to another consumer — a drop that is further on in the log than the acquire.
+Its messages are then delivered only once this broker has applied the log up to where
+it ends now, and only those still held by the consumer (the rest went back with the
+view change); without that, a broker resumed after a pause handed out messages another
+consumer had already accepted.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from batonmq.cluster.errors import BatonError, QueueNotFound
 from batonmq.clients.wire import Expired
 from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, Release, ReleaseAll
 from batonmq.cluster.node import Node
+from batonmq.cluster.update import wait_applied
 from batonmq.cluster.results import Counted, Owner, Settled
 from batonmq.cluster.effects import (
     Acquired,
@@ -63,6 +73,8 @@ class Consumer:
         "paused_until",
         "timeout",
         "deadlines",
+        "asked_at",
+        "catching_up",
     )
 
     def __init__(
@@ -92,6 +104,8 @@ class Consumer:
         self.deadlines: dict[int, float] = {}
         self.settling = 0  # positions in an ack/release/reject not yet applied
         self.acquiring = 0  # count asked for by the acquire in flight (0: none)
+        self.asked_at = 0.0  # when that acquire was submitted (monotonic)
+        self.catching_up = False  # a late acquire waits for the log (module doc)
         self.closed = False
         self.refill = max(1, prefetch // 2)  # acquire once this much credit is free
 
@@ -138,6 +152,8 @@ class Delivery:
         self._handing_off: set[str] = set()  # handoff appended, not applied yet
         self._deferred: set[str] = set()  # wanted while locked by a join update
         self._timed: set[Consumer] = set()  # consumers with an ack timeout
+        # An acquire applied later than this after its submission is late (module doc).
+        self._late_after = node.heartbeat_ms * node.state.membership.suspect_beats / 2000
         self.on_fenced: Callable[[], None] | None = None
         node.on_unlocked = self.unlocked
 
@@ -299,6 +315,60 @@ class Delivery:
                     _quiet
                 )
             return
+        if time.monotonic() - c.asked_at > self._late_after:
+            c.catching_up = True
+            asyncio.get_running_loop().create_task(self._deliver_when_current(e, c))
+            return
+        self._send(e, c)
+
+    async def _deliver_when_current(self, e: Acquired, c: Consumer) -> None:
+        """Deliver a late acquire's messages once this broker has applied the log up to
+        its end as it is now, those the consumer still holds then (module doc)."""
+        node = self.node
+        end = None
+        try:
+            end = await node.log.end_offset()
+            await wait_applied(node, end - 1)
+        except (BatonError, TimeoutError) as exc:
+            log.warning("a late acquire for %s waits for the log: %s", c.cid, exc)
+        finally:
+            c.catching_up = False
+        q = node.state.queues.get(e.queue)
+        if c.closed or q is None or q.qid != e.qid:
+            return
+        if (
+            not node.state.membership.is_member(node.key)
+            or end is None
+            or node.state.applied < end - 1
+        ):
+            # Dropped from the view (what it held goes back with the view change), or
+            # still behind: give them back rather than hand out what may be stale.
+            mine = tuple(p for p in e.positions if q.acquired.get(p) == e.consumer)
+            if mine and node.state.membership.is_member(node.key):
+                node.submit(Release(e.queue, e.consumer, mine, failed=False)).add_done_callback(
+                    _quiet
+                )
+            return
+        keep = [i for i, p in enumerate(e.positions) if q.acquired.get(p) == e.consumer]
+        if len(keep) < len(e.positions):
+            log.warning(
+                "a late acquire for %s: %d of its %d messages went to others meanwhile"
+                " (this broker was paused or cut off); delivering the rest",
+                c.cid, len(e.positions) - len(keep), len(e.positions),
+            )
+        if keep:
+            self._send(
+                Acquired(
+                    e.queue, e.qid, e.consumer,
+                    [e.positions[i] for i in keep], [e.counts[i] for i in keep],
+                    [e.acquired[i] for i in keep],
+                ),
+                c,
+            )
+        self.pump(c.queue)
+
+    def _send(self, e: Acquired, c: Consumer) -> None:
+        """Read the acquired messages from the store and send them to the consumer."""
         messages = self.node.store.get_messages(e.qid, e.positions)
         out: list[list[Any]] = []
         size = 0
@@ -356,7 +426,7 @@ class Delivery:
         for c in serve:
             if budget <= 0:
                 break
-            if c.acquiring or c.closed or c.session.paused:
+            if c.acquiring or c.closed or c.session.paused or c.catching_up:
                 continue
             if c.paused_until:
                 if c.paused_until > time.monotonic():
@@ -372,6 +442,7 @@ class Delivery:
             if credit < c.refill <= budget and len(c.held) > 0:
                 continue
             c.acquiring = n
+            c.asked_at = time.monotonic()
             budget -= n
             self.node.submit(Acquire(queue, c.cid, n)).add_done_callback(
                 _after_acquire(self, c)

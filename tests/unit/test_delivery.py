@@ -80,3 +80,40 @@ async def test_a_handoff_that_finds_no_one_else_interested_leaves_the_owner_deli
             await n.stop()
             await n.log.close()
             n.store.close()
+
+
+async def test_a_late_acquire_delivers_only_what_the_consumer_still_holds_once_current(
+    tmp_path: Path,
+) -> None:
+    # An acquire applied long after it was asked for (the broker was paused or cut off
+    # meanwhile) waits until the broker has applied the log to its end, then delivers
+    # only the messages the consumer still holds: what went back to the queue (here:
+    # settled by the consumer since, as a view change that dropped the broker would)
+    # is not handed out again.
+    from batonmq.cluster.effects import Acquired
+    from batonmq.cluster.events import Accept
+
+    url = f"file:{tmp_path / 'log'}"
+    a = await _node("a", url)
+    delivery = Delivery(a, chunk_bytes=1 << 16, time_slice_ms=60_000)
+    delivery._late_after = -1.0  # every acquire is late
+    a.listener = delivery.on_effects
+    try:
+        await a.submit(DeclareQueue("q"))
+        await a.submit(Enqueue("q", ((b"m0", {}), (b"m1", {}), (b"m2", {}))))
+        session = Recorder()
+        c = delivery.add("q", prefetch=100, session=session, tag=1)  # type: ignore[arg-type]
+        await eventually(lambda: session.bodies == [b"m0", b"m1", b"m2"], "delivered once current")
+        q = a.state.queues["q"]
+        assert [q.acquired.get(p) for p in (0, 1, 2)] == [c.cid] * 3
+        await a.submit(Accept("q", c.cid, (0, 2)))  # 0 and 2 are no longer c's
+        stale = Acquired("q", q.qid, c.cid, [0, 1, 2], [0, 0, 0], [0, 0, 0])
+        session.bodies.clear()
+        await delivery._deliver_when_current(stale, c)
+        assert session.bodies == [b"m1"]
+        assert not c.catching_up
+    finally:
+        await a.leave()
+        await a.stop()
+        await a.log.close()
+        a.store.close()
