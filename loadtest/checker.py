@@ -54,6 +54,10 @@ records) at that moment: the cluster gives those messages back after its view ch
 which is later than the fault, so ending the holds at the fault never hides a double
 delivery that happened before it. The client only notices a lost broker later (or, for
 a paused one, not at all), which is why its ``consumer-lost`` record is not enough.
+A delivery that reaches a worker through that broker while the fault lasts, on the
+connection it had when the fault began, was sent before the fault (a paused, killed or
+cut-off broker sends nothing): it starts no hold either. One after the fault's end
+does: a broker resumed after a pause must not hand out what the cluster gave others.
 
 Systems without queue positions (RabbitMQ) record position -1: their holds and accepts
 are keyed by message id instead, and their order is not checked.
@@ -193,6 +197,10 @@ class _Checker:
         self.accepted_at: dict[Key, Op] = {}
         # worker (the actor's part before '/') -> the broker address it is connected to
         self.worker_address: dict[str, str] = {}
+        # Workers whose broker is in a fault that took it down, on the connection they
+        # had when it began (fault key -> workers); and each such worker's fault count.
+        self.cut_off: dict[tuple[str, str], set[str]] = {}
+        self.cut_workers: dict[str, int] = defaultdict(int)
         self.seen_first: set[tuple[str, str]] = set()  # (queue, msg) delivered once
         # order: queue -> epoch (bumped when a consumer of it ends / is lost);
         # (consumer, queue) -> (epoch, last first-delivery position)
@@ -250,11 +258,25 @@ class _Checker:
         address = _parse_settings(op.info.replace(" ", ",")).get("address", "")
         if not address:
             return
+        workers = {w for w, a in self.worker_address.items() if a == address}
+        self.cut_off[(op.msg, address)] = workers
+        for w in workers:
+            self.cut_workers[w] += 1
         for consumer in list(self.held_by):
             if self.worker_address.get(consumer.split("/", 1)[0]) == address:
                 if self.held_by[consumer]:
                     self.stats["holds_ended_by_faults"] += len(self.held_by[consumer])
                 self.end_consumer(consumer, "")
+
+    def broker_up(self, op: Op) -> None:
+        """The fault that took a broker away is over: deliveries through it start holds
+        again."""
+        address = _parse_settings(op.info.replace(" ", ",")).get("address", "")
+        for w in self.cut_off.pop((op.msg, address), set()):
+            if self.cut_workers.get(w, 0) > 1:
+                self.cut_workers[w] -= 1
+            else:
+                self.cut_workers.pop(w, None)
 
     def early(self, op: Op) -> None:
         """A delivery before the end of the message's delay, or of its retry delay."""
@@ -344,6 +366,10 @@ class _Checker:
             if last is None or last[0] != epoch or op.position > last[1]:
                 self.last_first[(op.actor, op.queue)] = (epoch, op.position)
         self.seen_first.add(first_key)
+        if self.cut_workers.get(op.actor.split("/", 1)[0]):
+            # Sent before its broker went down (module doc): no hold.
+            self.stats["deliveries_from_down_brokers"] += 1
+            return
         self.holds[key] = (op.actor, op)
         self.held_by[op.actor].add(key)
 
@@ -430,12 +456,18 @@ class _Checker:
             elif kind == OpKind.FINAL:
                 self.counts["pending"] += max(0, op.count)
             elif kind == OpKind.CONNECTED:
-                self.worker_address[op.actor.split("/", 1)[0]] = op.info
+                worker = op.actor.split("/", 1)[0]
+                self.worker_address[worker] = op.info
+                if self.cut_workers.pop(worker, 0):  # a new connection: its own holds
+                    for workers in self.cut_off.values():
+                        workers.discard(worker)
             elif kind == OpKind.FAULT:
                 if op.count == 0:
                     self.stats["faults"] += 1
                     if op.msg in BROKER_DOWN_FAULTS:
                         self.broker_down(op)
+                elif op.msg in BROKER_DOWN_FAULTS:
+                    self.broker_up(op)
         for (queue, msg), positions in self.positions.items():
             if len(positions) > 1:
                 self.flag(

@@ -443,3 +443,36 @@ def test_a_delivery_before_its_delay_or_retry_delay_is_caught() -> None:
     assert all(ok[k] == 0 for k in VIOLATIONS), ok
     early = run(delay_gap=0, retry_gap=0)  # (beyond the checker's 5 ms slack)
     assert (early["early_delivery"], early["early_retry"], early["order"]) == (1, 1, 0)
+
+
+def test_a_delivery_that_arrives_from_a_paused_broker_was_sent_before_the_pause() -> None:
+    # The fault record is written just before the broker is stopped: a delivery it sent
+    # before that may reach the worker after the record. It starts no hold (the cluster
+    # gives that message back after the view change, like the ones held before). After
+    # the pause ends, a delivery through that broker starts a hold again: handing out
+    # what the cluster gave others meanwhile is a double delivery.
+    def history(resume_first: bool) -> History:
+        h = History().publish("p1:0", 0)
+        h.add(K.CONNECTED, "c1", info="127.0.0.1:1").add(K.CONNECTED, "c2", info="127.0.0.1:2")
+        fault(h, "sigstop", "127.0.0.1:1")
+        if resume_first:
+            fault(h, "sigstop", "127.0.0.1:1", phase=1)
+        h.deliver("c1/q", "p1:0", 0)  # in flight at the pause (or, resumed: sent after)
+        h.deliver("c2/q", "p1:0", 0, count=1).ack("c2/q", "p1:0", 0)
+        if not resume_first:
+            fault(h, "sigstop", "127.0.0.1:1", phase=1)
+        return h.final(0)
+
+    in_flight = check(history(resume_first=False).ops)
+    assert in_flight.ok, in_flight.examples
+    assert check(history(resume_first=True).ops).counts["double_delivery"] == 1
+
+
+def test_a_worker_that_reconnects_during_a_fault_gets_holds_at_once() -> None:
+    h = History().publish("p1:0", 0)
+    h.add(K.CONNECTED, "c1", info="127.0.0.1:1")
+    fault(h, "bitflip", "127.0.0.1:1")
+    h.add(K.CONNECTED, "c1", info="127.0.0.1:2")  # failed over: a new connection
+    h.deliver("c1/q", "p1:0", 0)
+    h.deliver("c2/q", "p1:0", 0)
+    assert check(h.final(0).ops).counts["double_delivery"] == 1
