@@ -255,6 +255,7 @@ class FileLog(Log):
         # its descriptor (-1: none yet, -2: unavailable) and the loop it is on.
         self._watch_fd = -1
         self._watch_loop: asyncio.AbstractEventLoop | None = None
+        self._tick: asyncio.TimerHandle | None = None
 
     @classmethod
     async def open(
@@ -344,7 +345,14 @@ class FileLog(Log):
             return False
         loop.add_reader(fd, self._watched)
         self._watch_fd, self._watch_loop = fd, loop
+        self._tick = loop.call_later(_WATCHED_POLL, self._safety_tick)
         return True
+
+    def _safety_tick(self) -> None:
+        """Readers look again now and then even when watched (a safety net)."""
+        if self._watch_fd >= 0 and self._watch_loop is not None:
+            self._tick = self._watch_loop.call_later(_WATCHED_POLL, self._safety_tick)
+        self._wake()
 
     def _watched(self) -> None:
         """The directory changed: drop the events (which file does not matter) and wake the readers."""
@@ -353,7 +361,7 @@ class FileLog(Log):
                 pass
         except BlockingIOError:
             pass
-        except OSError as exc:  # not expected; the readers' safety-net poll goes on
+        except OSError as exc:  # not expected: the readers poll from now on
             _log.warning("%s: directory watch failed, readers poll: %s", self._dir, exc)
             self._unwatch()
             self._watch_fd = -2
@@ -364,6 +372,9 @@ class FileLog(Log):
         if fd < 0:
             return
         self._watch_fd, self._watch_loop = -1, None
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
         if loop is not None and not loop.is_closed():
             loop.remove_reader(fd)
         os.close(fd)
@@ -411,11 +422,14 @@ class FileLog(Log):
                     continue
                 if status == _TAIL:
                     suspect = 0
-                    # Woken by the directory watch (any process's append) or this
-                    # process's own commits; without a watch, polled.
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(_WATCHED_POLL if self._watch_fd >= 0 else self._poll):
-                            await grown.wait()
+                    if self._watch_fd >= 0 and self._watch_loop is loop:
+                        # Woken by the directory watch (any process's append), or by its
+                        # safety-net tick: no timer of its own per wait.
+                        await grown.wait()
+                    else:  # this process's own commits wake it; other appends are polled
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(self._poll):
+                                await grown.wait()
         finally:
             if step is not None and not step.done():  # cancelled mid-read: close once the thread is done
                 step.add_done_callback(lambda f: _close_after(f, cursor))
