@@ -63,7 +63,7 @@ def meta_snapshot(r: Replicated) -> list[Any]:
         sorted(r.ignored.items()),
         r.membership.snapshot(),
         # How many publish keys were ever remembered; the keys themselves are
-        # stored one by one as they come (take_keys), not with every batch.
+        # stored as they come (take_keys, a block per commit), not with every batch.
         r.publish_keys.total,
         r.services.snapshot(),
         [list(c) for c in r.checkpoints],
