@@ -336,6 +336,7 @@ class Delivery:
         q = node.state.queues.get(e.queue)
         if c.closed or q is None or q.qid != e.qid:
             return
+        keep = [i for i, p in enumerate(e.positions) if q.acquired.get(p) == e.consumer]
         if (
             not node.state.membership.is_member(node.key)
             or end is None
@@ -343,13 +344,12 @@ class Delivery:
         ):
             # Dropped from the view (what it held goes back with the view change), or
             # still behind: give them back rather than hand out what may be stale.
-            mine = tuple(p for p in e.positions if q.acquired.get(p) == e.consumer)
+            mine = tuple(e.positions[i] for i in keep)
             if mine and node.state.membership.is_member(node.key):
                 node.submit(Release(e.queue, e.consumer, mine, failed=False)).add_done_callback(
                     _quiet
                 )
             return
-        keep = [i for i, p in enumerate(e.positions) if q.acquired.get(p) == e.consumer]
         if len(keep) < len(e.positions):
             log.warning(
                 "a late acquire for %s: %d of its %d messages went to others meanwhile"

@@ -104,6 +104,11 @@ BROKER_DOWN_FAULTS = frozenset(
     {"kill9", "sigstop", "stop", "netsplit", "client-partition", "bitflip", "truncate"}
 )
 
+def _fault_address(op: Op) -> str:
+    """The broker address a fault record names ("" if none)."""
+    return _parse_settings(op.info.replace(" ", ",")).get("address", "")
+
+
 #: A message's identity in its queue: its position, or its id where there is no position.
 Key = tuple[str, int | str]
 
@@ -255,7 +260,7 @@ class _Checker:
 
     def broker_down(self, op: Op) -> None:
         """A fault took a broker away: its consumers' holds end now (see module doc)."""
-        address = _parse_settings(op.info.replace(" ", ",")).get("address", "")
+        address = _fault_address(op)
         if not address:
             return
         workers = {w for w, a in self.worker_address.items() if a == address}
@@ -271,7 +276,7 @@ class _Checker:
     def broker_up(self, op: Op) -> None:
         """The fault that took a broker away is over: deliveries through it start holds
         again."""
-        address = _parse_settings(op.info.replace(" ", ",")).get("address", "")
+        address = _fault_address(op)
         for w in self.cut_off.pop((op.msg, address), set()):
             if self.cut_workers.get(w, 0) > 1:
                 self.cut_workers[w] -= 1
