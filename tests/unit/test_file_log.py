@@ -167,6 +167,26 @@ async def test_reader_in_a_truncated_segment_gets_truncated(tmp_path: Path) -> N
         await log.close()
 
 
+async def test_a_writer_whose_segment_was_truncated_away_appends_to_the_last_one(tmp_path: Path) -> None:
+    """A broker paused while the others rolled and truncated the log past its last
+    segment: its next append goes to the live last segment, not to the deleted file
+    it still has open."""
+    paused = await FileLog.open(str(tmp_path), segment_bytes=200)
+    other = await FileLog.open(str(tmp_path), segment_bytes=200)
+    try:
+        assert await paused.append([b"first"]) == 0
+        for _ in range(30):
+            await other.append([bytes(60)])
+        await other.truncate_before(25)
+        assert int(segments(tmp_path)[0].stem) > 0  # the paused writer's segment is gone
+        assert await paused.append([b"after"]) == 31
+        assert await other.end_offset() == 32
+        assert (await collect(other, 31, 1)) == [(31, b"after")]
+    finally:
+        await paused.close()
+        await other.close()
+
+
 async def test_concurrent_appends_share_one_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = await FileLog.open(str(tmp_path))
     syncs = 0
@@ -326,6 +346,25 @@ async def test_reader_sees_appends_of_another_process(tmp_path: Path) -> None:
         assert got[2:] == [(2 + i, f"other:{i}".encode()) for i in range(50)]
         assert await log.end_offset() == 52  # the end reflects the other process too
         assert await log.append([b"mine"]) == 52
+    finally:
+        await log.close()
+
+
+async def test_a_reader_is_woken_by_another_process_append_without_polling(tmp_path: Path) -> None:
+    """On Linux the directory watch wakes a reader at the tail when another process
+    appends: with a poll interval far longer than the test's patience, the records
+    still arrive at once."""
+    log = await filled(tmp_path, 1, poll_interval=600)
+    try:
+        seen: list[Record] = []
+        reader = asyncio.create_task(collect(log, 0, 4, into=seen))
+        await eventually(lambda: now(len(seen)), "the reader at the end", until=lambda n: n == 1)
+        if getattr(log, "_watch_fd", 0) < 0:
+            reader.cancel()
+            pytest.skip("no inotify here: readers poll")
+        await wait_ok(spawn(tmp_path, "other", 3, 1))
+        got = await asyncio.wait_for(reader, 10)
+        assert got[1:] == [(1 + i, f"other:{i}".encode()) for i in range(3)]
     finally:
         await log.close()
 
