@@ -420,6 +420,8 @@ class FileLog(Log):
                         )
                     await asyncio.sleep(self._poll)
                     continue
+                if not batch and status == _MORE:
+                    await asyncio.sleep(0)  # a step on the loop must not spin it
                 if status == _TAIL:
                     suspect = 0
                     if self._watch_fd >= 0 and self._watch_loop is loop:
@@ -651,9 +653,10 @@ class FileLog(Log):
             pending = False
             if status == _INVALID and not out and cursor.followed_by_valid():
                 return out, _SUSPECT
-            # No whole record left here: the end of the log or a full segment.
+            # No whole record left here: the end of the log or a full segment. (An
+            # empty segment's next offset is its own base: that is no other segment.)
             nxt = self._path(cursor.next)
-            if os.path.exists(nxt):
+            if cursor.next != cursor.base and os.path.exists(nxt):
                 try:
                     cursor.switch(os.open(nxt, os.O_RDONLY), cursor.next)
                 except FileNotFoundError:
