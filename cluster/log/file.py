@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import ctypes
 import errno
 import fcntl
 import logging
@@ -90,35 +89,33 @@ def _pwrite_all(fd: int, data: bytes, pos: int) -> None:
         view, pos = view[n:], pos + n
 
 
-# inotify(7) through libc (ctypes; Linux): the kernel tells a log's readers when any
-# process writes to, creates or removes a file in its directory, so that they need not
-# poll it. Elsewhere, or when the kernel refuses another instance, readers poll.
-_IN_MODIFY, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x2, 0x80, 0x100, 0x200
-_libc: Any = None  # loaded on first use; False: no inotify here
+# inotify(7) (Linux; the inotify_simple package): the kernel tells a log's readers when
+# any process writes to, creates or removes a file in its directory, so that they need
+# not poll it. Elsewhere, or when the kernel refuses another instance, readers poll.
+try:
+    from inotify_simple import INotify, flags as _in
+except ImportError:  # pragma: no cover - a platform without it
+    INotify = None
+
+_WATCH_MASK = (_in.MODIFY | _in.MOVED_TO | _in.CREATE | _in.DELETE) if INotify is not None else 0
 
 
-def _inotify_fd(path: str) -> int:
-    """A non-blocking inotify descriptor watching directory ``path``; -1 if there is none."""
-    global _libc
-    if _libc is None:
-        try:
-            lib = ctypes.CDLL(None, use_errno=True)
-            lib.inotify_init1.restype = lib.inotify_add_watch.restype = ctypes.c_int
-            _libc = lib
-        except (OSError, AttributeError):
-            _libc = False
-    if not _libc:
-        return -1
-    fd = int(_libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
-    if fd < 0:
-        _log.info("%s: no inotify instance (%s): readers poll", path, os.strerror(ctypes.get_errno()))
-        return -1
-    mask = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE
-    if _libc.inotify_add_watch(fd, os.fsencode(path), mask) < 0:
-        _log.info("%s: cannot watch (%s): readers poll", path, os.strerror(ctypes.get_errno()))
-        os.close(fd)
-        return -1
-    return fd
+def _inotify(path: str) -> INotify | None:
+    """A non-blocking inotify instance watching directory ``path``; None if there is none."""
+    if INotify is None:
+        return None
+    try:
+        watch = INotify(nonblocking=True)
+    except (OSError, AttributeError) as exc:  # AttributeError: a libc without inotify
+        _log.info("%s: no inotify instance (%s): readers poll", path, exc)
+        return None
+    try:
+        watch.add_watch(path, _WATCH_MASK)
+    except OSError as exc:
+        _log.info("%s: cannot watch (%s): readers poll", path, exc)
+        watch.close()
+        return None
+    return watch
 
 
 def _seg_name(base: int) -> str:
@@ -251,11 +248,15 @@ class FileLog(Log):
         self._writer: asyncio.Task[None] | None = None
         self._grown = asyncio.Event()  # replaced on every commit; set wakes local readers
         self._closed = False
-        # The directory watch (inotify) that wakes readers on any process's append:
-        # its descriptor (-1: none yet, -2: unavailable) and the loop it is on.
-        self._watch_fd = -1
+        # The directory watch (inotify) that wakes readers on any process's append,
+        # and the loop it is on; _unwatchable: there is none to be had, readers poll.
+        self._watch: INotify | None = None
+        self._unwatchable = False
         self._watch_loop: asyncio.AbstractEventLoop | None = None
         self._tick: asyncio.TimerHandle | None = None
+        # When the watch last lost events (its queue overflowed): readers list the
+        # directory afresh on their next step, as after any doubt.
+        self._overflowed = 0.0
 
     @classmethod
     async def open(
@@ -324,7 +325,7 @@ class FileLog(Log):
             for (_, fut), first in zip(group, firsts):
                 if not fut.done():
                     fut.set_result(first)
-            if self._watch_fd < 0:
+            if self._watch is None:
                 # Watched, the readers were woken by the batch's write already (before
                 # its sync); a wake now would only make them look again for nothing.
                 self._wake()
@@ -335,49 +336,55 @@ class FileLog(Log):
 
     def _watch_dir(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Start watching the directory for the readers (once); False: they must poll."""
-        if self._watch_fd >= 0:
+        if self._watch is not None:
             return self._watch_loop is loop
-        if self._watch_fd == -2 or self._closed:
+        if self._unwatchable or self._closed:
             return False
-        fd = _inotify_fd(self._dir)
-        if fd < 0:
-            self._watch_fd = -2
+        watch = _inotify(self._dir)
+        if watch is None:
+            self._unwatchable = True
             return False
-        loop.add_reader(fd, self._watched)
-        self._watch_fd, self._watch_loop = fd, loop
+        loop.add_reader(watch.fileno(), self._watched)
+        self._watch, self._watch_loop = watch, loop
         self._tick = loop.call_later(_WATCHED_POLL, self._safety_tick)
         return True
 
     def _safety_tick(self) -> None:
         """Readers look again now and then even when watched (a safety net)."""
-        if self._watch_fd >= 0 and self._watch_loop is not None:
+        if self._watch is not None and self._watch_loop is not None:
             self._tick = self._watch_loop.call_later(_WATCHED_POLL, self._safety_tick)
         self._wake()
 
     def _watched(self) -> None:
-        """The directory changed: drop the events (which file does not matter) and wake the readers."""
+        """The directory changed: drop the events (which file does not matter) and wake
+        the readers; each reads on from where it is, to whatever end it finds."""
+        if self._watch is None:
+            return
         try:
-            while os.read(self._watch_fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
+            events = self._watch.read(timeout=0)
         except OSError as exc:  # not expected: the readers poll from now on
             _log.warning("%s: directory watch failed, readers poll: %s", self._dir, exc)
             self._unwatch()
-            self._watch_fd = -2
+            self._unwatchable = True
+            events = []
+        if any(e.mask & _in.Q_OVERFLOW for e in events):
+            # Events were lost (which ones does not matter: a wake is a wake), but the
+            # readers also list the directory again rather than trust their last look.
+            _log.info("%s: the directory watch overflowed; readers look afresh", self._dir)
+            self._overflowed = time.monotonic()
         self._wake()
 
     def _unwatch(self) -> None:
-        fd, loop = self._watch_fd, self._watch_loop
-        if fd < 0:
+        watch, loop = self._watch, self._watch_loop
+        if watch is None:
             return
-        self._watch_fd, self._watch_loop = -1, None
+        self._watch, self._watch_loop = None, None
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
         if loop is not None and not loop.is_closed():
-            loop.remove_reader(fd)
-        os.close(fd)
+            loop.remove_reader(watch.fileno())
+        watch.close()
 
     async def _call(self, fn: Callable[..., _T], *args: object) -> _T:
         """Run a writer-side job on the log's thread, turning OSError into LogUnavailable."""
@@ -424,7 +431,7 @@ class FileLog(Log):
                     await asyncio.sleep(0)  # a step on the loop must not spin it
                 if status == _TAIL:
                     suspect = 0
-                    if self._watch_fd >= 0 and self._watch_loop is loop:
+                    if self._watch is not None and self._watch_loop is loop:
                         # Woken by the directory watch (any process's append), or by its
                         # safety-net tick: no timer of its own per wait.
                         await grown.wait()
@@ -664,7 +671,8 @@ class FileLog(Log):
                 return out, _MORE
         # Nothing after the last record, or a batch being written.
         quiet = pending or (status == _END and at == len(cursor.buf))
-        if out or (quiet and cursor.listed > time.monotonic() - _RELIST_S and os.fstat(cursor.fd).st_nlink):
+        listed_lately = cursor.listed > max(time.monotonic() - _RELIST_S, self._overflowed)
+        if out or (quiet and listed_lately and os.fstat(cursor.fd).st_nlink):
             # A clean end of a segment still in the directory, listed lately: nothing
             # else to learn from a listing (truncation removes a segment first).
             return out, _TAIL
