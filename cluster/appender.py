@@ -5,8 +5,12 @@ runtime id, next sequence number, wall-clock ms) and queues it in the *outbox*; 
 task (:meth:`Appender.run`) writes whatever has queued up as one log batch, so one
 round trip to the log carries many events and origin sequences reach the log in
 order. While the log cannot be written the events wait and the append is retried
-with back-off; publishes are also kept in the store's outbox meanwhile, so a broker
-that dies appends them at its next start (:meth:`Appender.resubmit_leftover`).
+with back-off; from the first failed append until one works again, publishes are also
+kept in the store's outbox, so a broker that dies meanwhile appends them at its next
+start (:meth:`Appender.resubmit_leftover`). While the log works they are not: an append
+takes a few milliseconds, and a publish lost with its broker in that time was never
+confirmed, so its client sends it again (as it would a publish still in memory); two
+store writes per append cost more than the rest of the append path.
 
 A submitted event's future resolves when the event is *both* durable on the log (its
 append returned) and applied here (:meth:`Appender.applied`): that is the moment a
@@ -175,9 +179,11 @@ class Appender:
                 self._outbox_ready.clear()
             if not batch:
                 continue
-            kept = self._keep([(seq, r) for seq, r, keep in batch if keep])
+            kept: list[int] = []
+            if self._append_error is not None:  # the log is failing: keep them now
+                kept = self._keep([(seq, r) for seq, r, keep in batch if keep])
             records = [r for _, r, _ in batch]
-            appended = await self._append_retrying(records, batch)
+            appended = await self._append_retrying(records, batch, kept)
             if kept:  # on the log now, or refused for good (the client got the error)
                 self._unkeep(self.runtime_id, kept)
             if not appended:
@@ -188,9 +194,12 @@ class Appender:
                 if done is not None:
                     self._complete(done)
 
-    async def _append_retrying(self, records: list[bytes], batch: list[tuple[int, bytes, bool]]) -> bool:
+    async def _append_retrying(
+        self, records: list[bytes], batch: list[tuple[int, bytes, bool]], kept: list[int]
+    ) -> bool:
         """Append, retrying with back-off while the log is unavailable. Returns False
-        if the batch was refused for good (its futures failed)."""
+        if the batch was refused for good (its futures failed). ``kept``: the seqs of
+        the batch in the store's outbox; its publishes are added once an append fails."""
         delay = 0.05
         while True:
             started = time.perf_counter()
@@ -202,6 +211,8 @@ class Appender:
                 if self._append_error is None:
                     log.error("cannot append to the log, retrying: %s", exc)
                 self._append_error = str(exc)
+                if not kept:
+                    kept += self._keep([(seq, r) for seq, r, keep in batch if keep])
                 self.health.ok = False
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

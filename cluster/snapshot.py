@@ -15,6 +15,7 @@ empty.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgpack
@@ -25,7 +26,7 @@ from batonmq.cluster.queues import QueueState
 from batonmq.cluster.services import Services
 from batonmq.cluster.users import Users
 
-__all__ = ["Replicated", "meta_snapshot", "restore_meta", "full_snapshot", "digest"]
+__all__ = ["Replicated", "meta_snapshot", "restore_meta", "full_snapshot", "digest", "packed_queue"]
 
 
 class Replicated(Protocol):
@@ -96,13 +97,22 @@ def full_snapshot(r: Replicated) -> list[Any]:
     ]
 
 
-def digest(r: Replicated) -> str:
-    """SHA-256 over the whole replicated state (hex); equal on replicas of one prefix."""
+def packed_queue(q: QueueState) -> bytes:
+    """A queue's part of the digest: its snapshot, packed."""
+    return msgpack.packb(q.snapshot(), use_bin_type=True)
+
+
+def digest(r: Replicated, packed: Callable[[QueueState], bytes] = packed_queue) -> str:
+    """SHA-256 over the whole replicated state (hex); equal on replicas of one prefix.
+
+    ``packed`` gives each queue's part (:func:`packed_queue`); a caller may answer it
+    from a cache for queues unchanged since it last asked (the bytes must be the same).
+    """
     h = hashlib.sha256()
     packer = msgpack.Packer(use_bin_type=True)
     h.update(packer.pack(meta_snapshot(r)))
     # Publish keys in log order (the order decides what is forgotten first).
     h.update(packer.pack(r.publish_keys.digest_part()))
     for name in sorted(r.queues):
-        h.update(packer.pack(r.queues[name].snapshot()))
+        h.update(packed(r.queues[name]))
     return h.hexdigest()

@@ -115,6 +115,11 @@ class State:
         self._meta_dirty = True
         # The last two checkpoints applied: (offset, this replica's digest there).
         self.checkpoints: list[tuple[int, str]] = []
+        # The digest's part of each queue as last computed (the queue, its packed
+        # snapshot), and the queues changed since (taken from ``dirty`` before each
+        # take_dirty() clears it): a checkpoint packs only what changed, not the state.
+        self._packed: dict[str, tuple[QueueState, bytes]] = {}
+        self._changed: set[str] = set()
 
     @property
     def queues(self) -> dict[str, QueueState]:
@@ -509,10 +514,29 @@ class State:
             name: (self.queues[name].snapshot() if name in self.queues else None)
             for name in self.dirty
         }
+        self._changed |= self.dirty
         self.dirty = set()
         self._meta_dirty = False
         return meta, queues
 
     def digest(self) -> str:
-        """SHA-256 over the whole replicated state (hex); equal on replicas of one prefix."""
-        return snapshot.digest(self)
+        """SHA-256 over the whole replicated state (hex); equal on replicas of one prefix.
+
+        The same bytes as :func:`batonmq.cluster.snapshot.digest` hashes, but a queue
+        unchanged since the last digest (not marked dirty, the same object) is not
+        packed again: its bytes from then are hashed.
+        """
+        changed = self._changed | self.dirty
+        self._changed = set()
+        old, fresh = self._packed, {}
+
+        def packed(q: QueueState) -> bytes:
+            hit = old.get(q.name)
+            if hit is None or hit[0] is not q or q.name in changed:
+                hit = (q, snapshot.packed_queue(q))
+            fresh[q.name] = hit
+            return hit[1]
+
+        value = snapshot.digest(self, packed)
+        self._packed = fresh  # deleted queues drop out
+        return value

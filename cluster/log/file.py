@@ -8,6 +8,10 @@ Layout of directory PATH:
   an append batch, so batches never interleave and offsets stay dense; the fsync that
   makes the batch durable comes after the unlock (a stopped writer must not stall the
   others for longer than a write).
+* Readers never lock: a reader at the end of the log waits until the directory changes
+  (an inotify watch on Linux, which sees every process's writes; elsewhere it polls),
+  then reads on with one ``pread``; it lists the directory only now and then (to notice
+  truncation or damage), never on every step.
 * ``HOLD`` — every open :class:`FileLog` holds ``flock(LOCK_SH)`` on it until it closes
   (the kernel drops it when a process dies), so that ``baton log repair``
   (``cluster/log/filecheck.py``), which takes it exclusively, never rewrites a segment
@@ -41,7 +45,7 @@ import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from batonmq.cluster.errors import InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
 from batonmq.cluster.log.base import Log, Record
@@ -58,11 +62,14 @@ _T = TypeVar("_T")
 _HEADER = struct.Struct(">IQI")
 _HDR = _HEADER.size
 _PENDING = 0xFFFFFFFF  # first header's length while its batch is still being written
+_PENDING_MARK = _PENDING.to_bytes(4, "big")
 _MAX_FRAME = 1 << 30  # larger lengths are garbage; keeps a bad header from causing a huge read
 _SUFFIX = ".seg"
 _CHUNK = 1 << 20  # read size: one pread per ~1 MiB, never a syscall per record
 _GROUP_BYTES = 16 << 20  # one group commit takes queued batches up to about this size
 _CONFIRM = 3  # polls in a row a reader must see an anomaly before calling it corruption
+_RELIST_S = 1.0  # a reader at the tail lists the directory (truncation, damage) at most this often
+_WATCHED_POLL = 0.1  # a reader woken by the directory watch still looks this often (a safety net)
 
 # _parse / _Cursor.advance outcomes
 _LIMIT, _SHORT, _INVALID, _END = range(4)
@@ -80,6 +87,35 @@ def _pwrite_all(fd: int, data: bytes, pos: int) -> None:
         if n <= 0:
             raise OSError(errno.ENOSPC, "short write")
         view, pos = view[n:], pos + n
+
+
+# inotify(7) (Linux; the inotify_simple package): the kernel tells a log's readers when
+# any process writes to, creates or removes a file in its directory, so that they need
+# not poll it. Elsewhere, or when the kernel refuses another instance, readers poll.
+try:
+    from inotify_simple import INotify, flags as _in
+except ImportError:  # pragma: no cover - a platform without it
+    INotify = None
+
+_WATCH_MASK = (_in.MODIFY | _in.MOVED_TO | _in.CREATE | _in.DELETE) if INotify is not None else 0
+
+
+def _inotify(path: str) -> INotify | None:
+    """A non-blocking inotify instance watching directory ``path``; None if there is none."""
+    if INotify is None:
+        return None
+    try:
+        watch = INotify(nonblocking=True)
+    except (OSError, AttributeError) as exc:  # AttributeError: a libc without inotify
+        _log.info("%s: no inotify instance (%s): readers poll", path, exc)
+        return None
+    try:
+        watch.add_watch(path, _WATCH_MASK)
+    except OSError as exc:
+        _log.info("%s: cannot watch (%s): readers poll", path, exc)
+        watch.close()
+        return None
+    return watch
 
 
 def _seg_name(base: int) -> str:
@@ -144,6 +180,7 @@ class _Cursor:
     def __init__(self, fd: int, base: int) -> None:
         self.fd, self.base, self.pos, self.next = fd, base, 0, base
         self.buf, self.buf_pos = b"", 0
+        self.listed = 0.0  # when a reader last listed the directory at this cursor's end
 
     def advance(self, limit: int, out: list[Record] | None, skip_below: int = 0) -> int:
         """Parse forward; returns _LIMIT, _INVALID (bad frame at pos) or _END (no whole frame left)."""
@@ -211,6 +248,15 @@ class FileLog(Log):
         self._writer: asyncio.Task[None] | None = None
         self._grown = asyncio.Event()  # replaced on every commit; set wakes local readers
         self._closed = False
+        # The directory watch (inotify) that wakes readers on any process's append,
+        # and the loop it is on; _unwatchable: there is none to be had, readers poll.
+        self._watch: INotify | None = None
+        self._unwatchable = False
+        self._watch_loop: asyncio.AbstractEventLoop | None = None
+        self._tick: asyncio.TimerHandle | None = None
+        # When the watch last lost events (its queue overflowed): readers list the
+        # directory afresh on their next step, as after any doubt.
+        self._overflowed = 0.0
 
     @classmethod
     async def open(
@@ -279,11 +325,66 @@ class FileLog(Log):
             for (_, fut), first in zip(group, firsts):
                 if not fut.done():
                     fut.set_result(first)
-            self._wake()
+            if self._watch is None:
+                # Watched, the readers were woken by the batch's write already (before
+                # its sync); a wake now would only make them look again for nothing.
+                self._wake()
 
     def _wake(self) -> None:
         event, self._grown = self._grown, asyncio.Event()
         event.set()
+
+    def _watch_dir(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Start watching the directory for the readers (once); False: they must poll."""
+        if self._watch is not None:
+            return self._watch_loop is loop
+        if self._unwatchable or self._closed:
+            return False
+        watch = _inotify(self._dir)
+        if watch is None:
+            self._unwatchable = True
+            return False
+        loop.add_reader(watch.fileno(), self._watched)
+        self._watch, self._watch_loop = watch, loop
+        self._tick = loop.call_later(_WATCHED_POLL, self._safety_tick)
+        return True
+
+    def _safety_tick(self) -> None:
+        """Readers look again now and then even when watched (a safety net)."""
+        if self._watch is not None and self._watch_loop is not None:
+            self._tick = self._watch_loop.call_later(_WATCHED_POLL, self._safety_tick)
+        self._wake()
+
+    def _watched(self) -> None:
+        """The directory changed: drop the events (which file does not matter) and wake
+        the readers; each reads on from where it is, to whatever end it finds."""
+        if self._watch is None:
+            return
+        try:
+            events = self._watch.read(timeout=0)
+        except OSError as exc:  # not expected: the readers poll from now on
+            _log.warning("%s: directory watch failed, readers poll: %s", self._dir, exc)
+            self._unwatch()
+            self._unwatchable = True
+            events = []
+        if any(e.mask & _in.Q_OVERFLOW for e in events):
+            # Events were lost (which ones does not matter: a wake is a wake), but the
+            # readers also list the directory again rather than trust their last look.
+            _log.info("%s: the directory watch overflowed; readers look afresh", self._dir)
+            self._overflowed = time.monotonic()
+        self._wake()
+
+    def _unwatch(self) -> None:
+        watch, loop = self._watch, self._watch_loop
+        if watch is None:
+            return
+        self._watch, self._watch_loop = None, None
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(watch.fileno())
+        watch.close()
 
     async def _call(self, fn: Callable[..., _T], *args: object) -> _T:
         """Run a writer-side job on the log's thread, turning OSError into LogUnavailable."""
@@ -293,14 +394,25 @@ class FileLog(Log):
         if max_batch < 1:
             raise InvalidArgument("max_batch must be at least 1")
         loop = asyncio.get_running_loop()
+        self._watch_dir(loop)
+        # At the tail (woken by an append, a few records in the page cache) a step is a
+        # pread and a stat: it runs right here, saving two thread hops per batch. A
+        # reader catching up (full batches) steps on a thread, so that reading a cold
+        # log from disk does not hold up the event loop.
         cursor = await loop.run_in_executor(None, _guard, self.url, self._seek, start)
         step: asyncio.Future[tuple[list[Record], int]] | None = None
         suspect = 0
+        behind = True
         try:
             while not self._closed:
                 grown = self._grown
-                step = loop.run_in_executor(None, _guard, self.url, self._read_step, cursor, max_batch, start)
-                batch, status = await asyncio.shield(step)
+                if behind:
+                    step = loop.run_in_executor(None, _guard, self.url, self._read_step, cursor, max_batch, start)
+                    batch, status = await asyncio.shield(step)
+                    step = None
+                else:
+                    batch, status = _guard(self.url, self._read_step, cursor, max_batch, start)
+                behind = len(batch) >= max_batch
                 if batch:
                     suspect = 0
                     yield batch
@@ -314,11 +426,19 @@ class FileLog(Log):
                             " stopped"
                         )
                     await asyncio.sleep(self._poll)
-                elif status == _TAIL:
+                    continue
+                if not batch and status == _MORE:
+                    await asyncio.sleep(0)  # a step on the loop must not spin it
+                if status == _TAIL:
                     suspect = 0
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self._poll):
-                            await grown.wait()
+                    if self._watch is not None and self._watch_loop is loop:
+                        # Woken by the directory watch (any process's append), or by its
+                        # safety-net tick: no timer of its own per wait.
+                        await grown.wait()
+                    else:  # this process's own commits wake it; other appends are polled
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(self._poll):
+                                await grown.wait()
         finally:
             if step is not None and not step.done():  # cancelled mid-read: close once the thread is done
                 step.add_done_callback(lambda f: _close_after(f, cursor))
@@ -342,6 +462,7 @@ class FileLog(Log):
         if self._closed:
             return
         self._closed = True
+        self._unwatch()
         self._wake()
         if self._writer is not None:
             await asyncio.gather(self._writer, return_exceptions=True)  # lets a commit in flight finish
@@ -390,6 +511,8 @@ class FileLog(Log):
         the end raises LogCorrupt; without it the scan just stops at the first bad frame.
         """
         tail = self._tail
+        if tail.fd >= 0 and self._tail_is_last(tail):
+            return
         bases = _list_bases(self._dir)
         if not bases:
             if not repair:
@@ -418,6 +541,27 @@ class FileLog(Log):
         os.ftruncate(tail.fd, tail.pos)
         _datasync(tail.fd)
         tail.seek(tail.pos, tail.next)
+
+    def _tail_is_last(self, tail: _Cursor) -> bool:
+        """The cheap check before every commit: scan what other processes appended to
+        the cached last segment; True if it ends cleanly and no segment follows it.
+
+        A segment is only ever followed by one named after the offset its valid records
+        end at (writers roll under the flock, after a repaired tail), and truncation
+        removes segments oldest first, so while this one is still linked one ``stat``
+        of that name answers what a directory listing would. Anything else (a segment
+        truncated away under a paused broker, a rolled segment, a torn or damaged tail,
+        a file that shrank) is left to the full check.
+        """
+        st = os.fstat(tail.fd)
+        size = st.st_size
+        if size < tail.pos or st.st_nlink == 0:
+            return False
+        if size > tail.pos:
+            tail.seek(tail.pos, tail.next)
+            if tail.advance(1 << 62, None) != _END or tail.pos != size:
+                return False
+        return not os.path.exists(self._path(tail.next))
 
     def _commit(self, batches: list[Sequence[bytes]]) -> list[int]:
         """Write a group of batches as one: flock, find the end, write, unlock, fsync.
@@ -501,20 +645,38 @@ class FileLog(Log):
             raise LogTruncated(f"offset {start} was truncated away while opening") from None
 
     def _read_step(self, cursor: _Cursor, max_batch: int, start: int) -> tuple[list[Record], int]:
-        """Read up to ``max_batch`` records; if none, say whether to wait (_TAIL) or worry (_SUSPECT)."""
+        """Read up to ``max_batch`` records and say what follows them: _MORE (read on),
+        _TAIL (the end of the log for now: wait) or, with no records, _SUSPECT (worry)."""
         out: list[Record] = []
         status = cursor.advance(max_batch, out, start)
-        if out or status == _LIMIT:
+        if status == _LIMIT:
             return out, _MORE
-        if status == _INVALID and cursor.followed_by_valid():
-            return out, _SUSPECT
-        # No whole record left here: the end of the log, a batch in progress, or a full segment.
-        if os.path.exists(self._path(cursor.next)):
-            try:
-                cursor.switch(os.open(self._path(cursor.next), os.O_RDONLY), cursor.next)
-            except FileNotFoundError:
-                raise LogTruncated(f"offset {cursor.next} was truncated away") from None
-            return out, _MORE
+        at = cursor.pos - cursor.buf_pos
+        if status == _INVALID and cursor.buf[at : at + 4] == _PENDING_MARK:
+            # A batch being written (or torn by a dead writer, which the next one cuts):
+            # its second write comes soon; damage behind it shows in the periodic listing.
+            pending = True
+        else:
+            pending = False
+            if status == _INVALID and not out and cursor.followed_by_valid():
+                return out, _SUSPECT
+            # No whole record left here: the end of the log or a full segment. (An
+            # empty segment's next offset is its own base: that is no other segment.)
+            nxt = self._path(cursor.next)
+            if cursor.next != cursor.base and os.path.exists(nxt):
+                try:
+                    cursor.switch(os.open(nxt, os.O_RDONLY), cursor.next)
+                except FileNotFoundError:
+                    raise LogTruncated(f"offset {cursor.next} was truncated away") from None
+                return out, _MORE
+        # Nothing after the last record, or a batch being written.
+        quiet = pending or (status == _END and at == len(cursor.buf))
+        listed_lately = cursor.listed > max(time.monotonic() - _RELIST_S, self._overflowed)
+        if out or (quiet and listed_lately and os.fstat(cursor.fd).st_nlink):
+            # A clean end of a segment still in the directory, listed lately: nothing
+            # else to learn from a listing (truncation removes a segment first).
+            return out, _TAIL
+        cursor.listed = time.monotonic()
         bases = _list_bases(self._dir)
         if bases and bases[0] > cursor.next:
             raise LogTruncated(f"offset {cursor.next} was truncated away")

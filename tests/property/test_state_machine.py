@@ -19,8 +19,10 @@ own, on one message of a real State (the tests at the end).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -56,6 +58,17 @@ from batonmq.cluster.state import State
 
 CONSUMERS = ("n1/r1/1", "n1/r1/2", "n2/r9/1")
 MEMBERS = ("n1/r1", "n2/r9")
+
+
+def hashed_afresh(s: State) -> str:
+    """The state's digest as defined (docs/design.md §8), computed from nothing."""
+    h = hashlib.sha256()
+    packer = msgpack.Packer(use_bin_type=True)
+    h.update(packer.pack(s.meta_snapshot()))
+    h.update(packer.pack(s.publish_keys.digest_part()))
+    for name in sorted(s.queues):
+        h.update(packer.pack(s.queues[name].snapshot()))
+    return h.hexdigest()
 
 
 def runtime_of(consumer: str) -> str:
@@ -503,6 +516,17 @@ class QueueModel(RuleBasedStateMachine):
         assert done[0].mine == (prev[1] if prev[0] >= 0 else None)
         # Another member's checkpoint is ignored, deterministically.
         assert self._completed(self._apply(Checkpoint(), "n2/r9")).error is not None
+
+    @rule()
+    def persist(self) -> None:
+        """The node driver takes what changed after each batch to store it."""
+        self.state.take_dirty()
+
+    @rule()
+    def digest(self) -> None:
+        """The digest (which packs again only the queues changed since the last one) is
+        the whole state hashed afresh, byte for byte as ever."""
+        assert self.state.digest() == hashed_afresh(self.state)
 
     # -- invariants ------------------------------------------------------------------
 

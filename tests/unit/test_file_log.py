@@ -167,6 +167,26 @@ async def test_reader_in_a_truncated_segment_gets_truncated(tmp_path: Path) -> N
         await log.close()
 
 
+async def test_a_writer_whose_segment_was_truncated_away_appends_to_the_last_one(tmp_path: Path) -> None:
+    """A broker paused while the others rolled and truncated the log past its last
+    segment: its next append goes to the live last segment, not to the deleted file
+    it still has open."""
+    paused = await FileLog.open(str(tmp_path), segment_bytes=200)
+    other = await FileLog.open(str(tmp_path), segment_bytes=200)
+    try:
+        assert await paused.append([b"first"]) == 0
+        for _ in range(30):
+            await other.append([bytes(60)])
+        await other.truncate_before(25)
+        assert int(segments(tmp_path)[0].stem) > 0  # the paused writer's segment is gone
+        assert await paused.append([b"after"]) == 31
+        assert await other.end_offset() == 32
+        assert (await collect(other, 31, 1)) == [(31, b"after")]
+    finally:
+        await paused.close()
+        await other.close()
+
+
 async def test_concurrent_appends_share_one_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = await FileLog.open(str(tmp_path))
     syncs = 0
@@ -313,7 +333,13 @@ async def test_two_processes_append_to_one_log(tmp_path: Path) -> None:
         await log.close()
 
 
-async def test_reader_sees_appends_of_another_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("watched", [True, False], ids=["watched", "polling"])
+async def test_reader_sees_appends_of_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watched: bool
+) -> None:
+    """Woken by the directory watch, or (where there is no inotify) polling."""
+    if not watched:
+        monkeypatch.setattr(file_mod, "INotify", None)
     log = await filled(tmp_path, 2, poll_interval=0.01)
     try:
         seen: list[Record] = []
@@ -326,6 +352,78 @@ async def test_reader_sees_appends_of_another_process(tmp_path: Path) -> None:
         assert got[2:] == [(2 + i, f"other:{i}".encode()) for i in range(50)]
         assert await log.end_offset() == 52  # the end reflects the other process too
         assert await log.append([b"mine"]) == 52
+        assert (log._watch is not None) == (watched and sys.platform == "linux")
+    finally:
+        await log.close()
+
+
+async def test_a_reader_is_woken_by_another_process_append_without_polling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Linux the directory watch wakes a reader at the tail when another process
+    appends: with a poll interval and a safety-net tick far longer than the test's
+    patience, the records still arrive at once."""
+    monkeypatch.setattr(file_mod, "_WATCHED_POLL", 600.0)
+    log = await filled(tmp_path, 1, poll_interval=600)
+    try:
+        seen: list[Record] = []
+        reader = asyncio.create_task(collect(log, 0, 4, into=seen))
+        await eventually(lambda: now(len(seen)), "the reader at the end", until=lambda n: n == 1)
+        if log._watch is None:
+            reader.cancel()
+            pytest.skip("no inotify here: readers poll")
+        await wait_ok(spawn(tmp_path, "other", 3, 1))
+        got = await asyncio.wait_for(reader, 10)
+        assert got[1:] == [(1 + i, f"other:{i}".encode()) for i in range(3)]
+    finally:
+        await log.close()
+
+
+async def test_a_watch_that_lost_events_wakes_the_readers_to_look_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More directory changes than the kernel queues for the watch while the loop is
+    busy: the watch reports an overflow; the readers are woken all the same, and the
+    one at the tail lists the directory again (as after any doubt) before it waits."""
+    monkeypatch.setattr(file_mod, "_WATCHED_POLL", 600.0)
+    monkeypatch.setattr(file_mod, "_RELIST_S", 600.0)
+    queued = Path("/proc/sys/fs/inotify/max_queued_events")
+    limit = int(queued.read_text()) if queued.exists() else 0
+    if not 0 < limit <= 100_000:
+        pytest.skip("no inotify here, or a queue too long to overflow in a test")
+    listings = 0
+    list_bases = file_mod._list_bases
+
+    def counted(path: str) -> list[int]:
+        nonlocal listings
+        if sys._getframe(1).f_code.co_name == "_read_step":
+            listings += 1
+        return list_bases(path)
+
+    monkeypatch.setattr(file_mod, "_list_bases", counted)
+    log = await filled(tmp_path, 1, poll_interval=600)
+    try:
+        seen: list[Record] = []
+        reader = asyncio.create_task(collect(log, 0, 2, into=seen))
+        await eventually(lambda: now(len(seen)), "the reader at the end", until=lambda n: n == 1)
+        assert log._watch is not None
+        # Once it has listed the directory (at its first wait with nothing new) it
+        # would not again for a long while (_RELIST_S).
+        log._wake()
+        before = await eventually(lambda: now(listings), "the reader listed once", until=lambda n: n == 1)
+        # Writes to two files by turns (the kernel merges only an event equal to the
+        # last one queued), while the loop is held: the events pile up unread.
+        fds = [os.open(tmp_path / f"x{i}", os.O_WRONLY | os.O_CREAT, 0o600) for i in (0, 1)]
+        try:
+            for i in range(limit + 100):
+                os.pwrite(fds[i % 2], b"x", 0)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        await eventually(lambda: now(log._overflowed), "the watch saw its overflow")
+        await eventually(lambda: now(listings), "the reader listed again", until=lambda n: n > before)
+        assert await log.append([b"after"]) == 1
+        assert await asyncio.wait_for(reader, 10) == [(0, b"r0"), (1, b"after")]
     finally:
         await log.close()
 

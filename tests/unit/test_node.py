@@ -221,6 +221,39 @@ async def test_appends_wait_out_an_unavailable_log() -> None:
         await _close(node)
 
 
+class _CountingStore(MemoryStore):
+    """Counts the writes to the store's outbox."""
+
+    outbox_writes = 0
+
+    def outbox_put(self, runtime: str, records: list[tuple[int, bytes]]) -> None:
+        self.outbox_writes += 1
+        super().outbox_put(runtime, records)
+
+
+async def test_publishes_are_kept_in_the_store_only_while_the_log_fails() -> None:
+    """While appends work the store's outbox is not written (two store writes per
+    append); from the first failed append on, the waiting publishes are kept."""
+    log = _DownLog()
+    store = _CountingStore()
+    node = Node("a", log, store)
+    await asyncio.wait_for(node.start(), 10)
+    try:
+        await node.submit(DeclareQueue("q"))
+        for i in range(5):
+            await node.submit(Enqueue("q", ((b"m%d" % i, {}),)))
+        assert store.outbox_writes == 0
+        log.down = True
+        futs = [node.submit(Enqueue("q", ((b"w%d" % i, {}),))) for i in range(3)]
+        await eventually(lambda: log.failed >= 2, "two failed appends")
+        assert sorted(r for _, _, r in store.outbox_load())  # the waiting publishes are kept
+        log.down = False
+        await asyncio.wait_for(asyncio.gather(*futs), 10)
+        assert store.outbox_load() == []
+    finally:
+        await _close(node)
+
+
 async def test_a_full_outbox_refuses_at_once() -> None:
     log = _DownLog()
     node = Node("a", log, MemoryStore(), max_outbox=5)
