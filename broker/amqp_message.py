@@ -1,0 +1,123 @@
+"""An AMQP message's properties as Baton message headers, and back (docs/amqp.md).
+
+A Baton message is a body and a map of headers (msgpack values). An AMQP 0-9-1 message
+has a body, a table of application headers and thirteen fixed properties. Stored in
+Baton:
+
+* the application headers are the message's headers, key for key, so a Baton-native
+  consumer reads them as it reads any header;
+* the fixed properties that are set go under one header, :data:`PROPERTIES_KEY`
+  (``"amqp-properties"``), a map keyed by the property's AMQP name (``content_type``,
+  ``correlation_id``, ``reply_to``, ``delivery_mode``, ``timestamp`` in seconds, ...).
+
+An AMQP consumer gets both back as they were sent, whatever broker of the cluster took
+the publish. Values msgpack has no type for are converted once, when published: a
+decimal becomes its text and a timestamp inside the headers table its seconds.
+Delivery adds ``x-delivery-count`` and ``x-acquired-count`` to the headers table when
+they are above 0, as RabbitMQ's quorum queues do.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from typing import Any, Final
+
+from pamqp import commands
+
+__all__ = ["PROPERTIES_KEY", "PROPERTY_NAMES", "to_headers", "to_properties"]
+
+#: The Baton header that holds an AMQP message's fixed properties.
+PROPERTIES_KEY: Final = "amqp-properties"
+#: The fixed properties kept (AMQP's ``type`` is pamqp's ``message_type``; cluster-id
+#: is deprecated and dropped).
+PROPERTY_NAMES: Final = (
+    "content_type",
+    "content_encoding",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "message_type",
+    "user_id",
+    "app_id",
+)
+_INT64: Final = 1 << 63
+
+
+def _to_baton(value: Any) -> Any:
+    """An AMQP field value as a msgpack one."""
+    if isinstance(value, dict):
+        return {str(k): _to_baton(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_baton(v) for v in value]
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp())
+    return value
+
+
+def _to_amqp(value: Any) -> Any:
+    """A msgpack value as an AMQP field value (keys are strings; integers beyond 64
+    bits signed, which a field table cannot hold, as text)."""
+    if isinstance(value, dict):
+        return {str(k): _to_amqp(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_amqp(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        return str(value)
+    return value
+
+
+def to_headers(properties: commands.Basic.Properties) -> dict[str, Any]:
+    """The Baton headers that keep a published message's properties."""
+    headers: dict[str, Any] = {}
+    table = properties.headers
+    if table:
+        headers.update((str(k), _to_baton(v)) for k, v in table.items())
+    fixed: dict[str, Any] = {}
+    for name in PROPERTY_NAMES:
+        value = getattr(properties, name)
+        if value is None or value == "":
+            continue
+        fixed[name] = _to_baton(value)
+    if fixed:
+        headers[PROPERTIES_KEY] = fixed
+    else:
+        headers.pop(PROPERTIES_KEY, None)  # (never a client's header of that name)
+    return headers
+
+
+def to_properties(headers: dict[str, Any], extra: dict[str, Any]) -> commands.Basic.Properties:
+    """The properties a delivered message is sent with: what :func:`to_headers` kept,
+    and ``extra`` (the delivery's counters) in its headers table. A message a Baton
+    client published has no fixed properties: its headers are the table."""
+    table: dict[str, Any] = {}
+    fixed: Any = None
+    for k, v in headers.items():
+        if k == PROPERTIES_KEY:
+            fixed = v
+        else:
+            table[str(k)] = _to_amqp(v)
+    table.update(extra)
+    props = commands.Basic.Properties(headers=table or None)
+    if isinstance(fixed, dict):
+        for name in PROPERTY_NAMES:
+            value = fixed.get(name)
+            if value is None:
+                continue
+            if name == "timestamp":
+                if isinstance(value, int) and 0 <= value < 253402300800:  # (year 9999)
+                    props.timestamp = datetime.datetime.fromtimestamp(value, tz=datetime.UTC)
+            elif name in ("delivery_mode", "priority"):
+                if isinstance(value, int) and 0 <= value <= 255:
+                    setattr(props, name, value)
+            elif isinstance(value, str) and len(value.encode()) <= 255:
+                setattr(props, name, value)
+    return props
