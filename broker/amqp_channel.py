@@ -483,6 +483,9 @@ class Channel:
                 406, f"message size {content.size} is larger than configured max size"
                 f" {self.owner.config.max_message}"
             )
+        if content.properties.headers:
+            # Before anything walks them recursively: deep nesting is refused here.
+            check_headers(content.properties.headers)
         queues = routes.route(self.owner.node.state.queues, m.exchange, m.routing_key)
         for q in queues:
             self.owner.rights.check("write", q)
@@ -496,14 +499,16 @@ class Channel:
                 self.owner.write(_content(
                     self.number,
                     commands.Basic.Return(312, "NO_ROUTE", m.exchange, m.routing_key),
-                    content.properties, content.body, self.owner.frame_max,
+                    # (written back through the Baton form: pamqp cannot write every
+                    # value it reads)
+                    to_properties(to_headers(content.properties), {}), content.body,
+                    self.owner.frame_max,
                 ))
             if seq:
                 self._confirmed(seq, True)
             return
         headers = to_headers(content.properties)
         if headers:
-            check_headers(headers)
             size = len(self._packer.pack(headers))
             if size > self.owner.config.max_headers:
                 raise MessageTooLarge(

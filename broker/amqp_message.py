@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import struct
 from typing import Any, Final
 
 from pamqp import commands
 
-__all__ = ["PROPERTIES_KEY", "PROPERTY_NAMES", "to_headers", "to_properties"]
+__all__ = ["PROPERTIES_KEY", "PROPERTY_NAMES", "Properties", "encode_table", "to_headers", "to_properties"]
 
 #: The Baton header that holds an AMQP message's fixed properties.
 PROPERTIES_KEY: Final = "amqp-properties"
@@ -75,6 +76,58 @@ def _to_amqp(value: Any) -> Any:
     return value
 
 
+def _short(text: str) -> bytes:
+    data = text.encode("utf-8", "surrogatepass")[:255]
+    return bytes((len(data),)) + data
+
+
+def _field(value: Any) -> bytes:
+    """One field value, typed as RabbitMQ writes them (doubles as ``d``, integers as
+    ``I`` or ``l``, binary as ``x``)."""
+    if isinstance(value, bool):
+        return b"t\x01" if value else b"t\x00"
+    if isinstance(value, int):
+        if -(1 << 31) <= value < 1 << 31:
+            return b"I" + struct.pack(">i", value)
+        if -_INT64 <= value < _INT64:
+            return b"l" + struct.pack(">q", value)
+        return _field(str(value))
+    if isinstance(value, float):
+        return b"d" + struct.pack(">d", value)
+    if isinstance(value, str):
+        data = value.encode("utf-8", "surrogatepass")
+        return b"S" + struct.pack(">I", len(data)) + data
+    if isinstance(value, (bytes, bytearray)):
+        return b"x" + struct.pack(">I", len(value)) + bytes(value)
+    if isinstance(value, dict):
+        return b"F" + encode_table(value)
+    if isinstance(value, list):
+        items = b"".join(_field(v) for v in value)
+        return b"A" + struct.pack(">I", len(items)) + items
+    if isinstance(value, datetime.datetime):
+        return b"T" + struct.pack(">Q", max(0, int(value.timestamp())))
+    if value is None:
+        return b"V"
+    return _field(str(value))
+
+
+def encode_table(table: dict[str, Any]) -> bytes:
+    """A field table's bytes (with its length). Written here rather than by pamqp,
+    which writes every float as a single-precision ``f`` (a double a client sent would
+    lose digits, or fail to encode) and has no form for ``bytes``."""
+    body = b"".join(_short(str(k)) + _field(v) for k, v in table.items())
+    return struct.pack(">I", len(body)) + body
+
+
+class Properties(commands.Basic.Properties):
+    """``Basic.Properties`` whose headers table is written by :func:`encode_table`."""
+
+    def encode_property(self, name: str, value: Any) -> bytes:
+        if name == "headers" and isinstance(value, dict):
+            return encode_table(value)
+        return super().encode_property(name, value)
+
+
 def to_headers(properties: commands.Basic.Properties) -> dict[str, Any]:
     """The Baton headers that keep a published message's properties."""
     headers: dict[str, Any] = {}
@@ -94,7 +147,7 @@ def to_headers(properties: commands.Basic.Properties) -> dict[str, Any]:
     return headers
 
 
-def to_properties(headers: dict[str, Any], extra: dict[str, Any]) -> commands.Basic.Properties:
+def to_properties(headers: dict[str, Any], extra: dict[str, Any]) -> Properties:
     """The properties a delivered message is sent with: what :func:`to_headers` kept,
     and ``extra`` (the delivery's counters) in its headers table. A message a Baton
     client published has no fixed properties: its headers are the table."""
@@ -106,7 +159,7 @@ def to_properties(headers: dict[str, Any], extra: dict[str, Any]) -> commands.Ba
         else:
             table[str(k)] = _to_amqp(v)
     table.update(extra)
-    props = commands.Basic.Properties(headers=table or None)
+    props = Properties(headers=table or None)
     if isinstance(fixed, dict):
         for name in PROPERTY_NAMES:
             value = fixed.get(name)

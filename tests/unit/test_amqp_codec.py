@@ -224,3 +224,23 @@ def test_a_native_message_has_its_headers_as_the_table() -> None:
     assert props.headers == {"k": b"bytes", "3": "int key", "big": str(1 << 64)}
     assert props.correlation_id is None
     assert to_headers(commands.Basic.Properties()) == {}
+
+
+def test_delivered_headers_keep_doubles_and_binary() -> None:
+    """The broker writes header tables itself: pamqp would write a double as a float
+    (losing digits, or failing) and cannot write bytes."""
+    headers = {"big": 1e300, "pi": 3.141592653589793, "raw": b"\x00\xff", "n": 1 << 40,
+               "neg": -5, "none": None, "deep": {"l": [1.5, b"x", "s", False]}}
+    props = to_properties(headers, {"x-delivery-count": 2})
+    data = content_frames(1, commands.Basic.Deliver("t", 1, False, "", "q"), props, b"", 4096)
+    used, _, _ = pamqp_frame.unmarshal(data)
+    _, _, content = pamqp_frame.unmarshal(data[used:])
+    assert isinstance(content, pamqp_header.ContentHeader)
+    table = content.properties.headers
+    assert table is not None
+    assert table["big"] == 1e300 and table["pi"] == 3.141592653589793
+    assert bytes(table["raw"]) == b"\x00\xff" and table["n"] == 1 << 40 and table["neg"] == -5
+    assert table["none"] is None and table["x-delivery-count"] == 2
+    deep = table["deep"]
+    assert isinstance(deep, dict) and deep["l"][0] == 1.5 and bytes(deep["l"][1]) == b"x"
+    assert deep["l"][2:] == ["s", False]
