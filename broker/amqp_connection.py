@@ -288,7 +288,12 @@ class AmqpConnection(asyncio.Protocol):
             self._fail(ConnectionFault(501, "more than 64 KiB before the login"))
             return
         for ch in list(self.channels.values()):
-            ch.flush()
+            try:
+                ch.flush()  # the publishes of this read, one Enqueue per queue
+            except Exception:  # a bug: logged with its traceback, the broker goes on
+                log.exception("error submitting AMQP publishes from %s", self.peer)
+                self._fail(ConnectionFault(541, "internal error"))
+                return
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
