@@ -393,6 +393,59 @@ def test_server_cancels_consumers_of_a_deleted_queue(amqp_broker: BrokerProcess)
     other.close()
 
 
+def test_a_lost_connection_gives_back_what_it_held_as_failed(amqp_broker: BrokerProcess) -> None:
+    """Unacked messages of a connection that ends go back to the queue; the next
+    consumer sees them redelivered, their failed delivery counted."""
+    conn = connect(amqp_broker)
+    ch = conn.channel()
+    ch.queue_declare("held")
+    for i in range(3):
+        ch.basic_publish("", "held", str(i).encode())
+    ch.basic_qos(prefetch_count=10)
+    held: list[bytes] = []
+    ch.basic_consume("held", lambda c, m, p, b: held.append(b))
+    deadline = time.monotonic() + 10
+    while len(held) < 3 and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    assert sorted(held) == [b"0", b"1", b"2"]
+    conn.close()  # without acking
+    again = connect(amqp_broker)
+    ch = again.channel()
+    got: list[tuple[bytes, bool, Any]] = []
+    ch.basic_consume("held", lambda c, m, p, b: got.append((b, m.redelivered, p.headers)),
+                     auto_ack=True)
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        again.process_data_events(time_limit=0.1)
+    assert sorted(b for b, _, _ in got) == [b"0", b"1", b"2"]
+    assert all(redelivered and headers["x-delivery-count"] == 1 for _, redelivered, headers in got)
+    again.close()
+
+
+def test_channel_flow_and_recover(amqp_broker: BrokerProcess) -> None:
+    conn = connect(amqp_broker)
+    ch = conn.channel()
+    ch.queue_declare("flowq")
+    assert ch.flow(False) is False
+    got: list[Any] = []
+    ch.basic_consume("flowq", lambda c, m, p, b: got.append((m.delivery_tag, m.redelivered, p.headers)))
+    ch.basic_publish("", "flowq", b"x")
+    conn.process_data_events(time_limit=1.5)
+    assert got == []  # flow off: nothing delivered
+    assert ch.flow(True) is True
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    assert got == [(1, False, None)]
+    ch.basic_recover(requeue=True)  # back, not as a failure
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    assert got[1] == (2, True, {"x-acquired-count": 1})
+    ch.basic_ack(2)
+    conn.close()
+
+
 def test_struct_sanity() -> None:
     # (the heartbeat frame the broker writes is the spec's 8 bytes)
     from batonmq.broker.amqp_codec import HEARTBEAT
