@@ -446,6 +446,42 @@ def test_channel_flow_and_recover(amqp_broker: BrokerProcess) -> None:
     conn.close()
 
 
+def test_queue_administration_and_publisher_outcomes(amqp_broker: BrokerProcess) -> None:
+    """Purge, delete (if-empty), auto-delete; an unroutable mandatory publish comes back;
+    a publish a full queue refuses is nacked."""
+    conn = connect(amqp_broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("admin-q")
+    for _ in range(4):
+        ch.basic_publish("", "admin-q", b"x")
+    assert ch.queue_declare("admin-q", passive=True).method.message_count == 4
+    assert ch.queue_purge("admin-q").method.message_count == 4
+    ch.basic_publish("", "admin-q", b"y")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.queue_delete("admin-q", if_empty=True)
+    assert info.value.reply_code == 406
+    ch = conn.channel()
+    ch.confirm_delivery()
+    assert ch.queue_delete("admin-q").method.message_count == 1
+    assert not _queue_exists(amqp_broker, "admin-q")
+    # Unroutable with mandatory: Basic.Return, then the confirm.
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("", "no-such-queue", b"lost", mandatory=True)
+    ch.basic_publish("", "no-such-queue", b"dropped")  # without mandatory: dropped, acked
+    # reject-publish: the publish that does not fit is nacked.
+    ch.queue_declare("small", arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    ch.basic_publish("", "small", b"1")
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish("", "small", b"2")
+    # auto-delete: the queue goes with its last consumer.
+    ch.queue_declare("temp", auto_delete=True)
+    tag = ch.basic_consume("temp", lambda *a: None)
+    ch.basic_cancel(tag)
+    eventually_sync(lambda: not _queue_exists(amqp_broker, "temp"), "the auto-delete queue gone")
+    conn.close()
+
+
 def test_struct_sanity() -> None:
     # (the heartbeat frame the broker writes is the spec's 8 bytes)
     from batonmq.broker.amqp_codec import HEARTBEAT
