@@ -575,17 +575,17 @@ class Channel:
         if not self.open:
             return
         pending = self._unconfirmed
-        last = 0
+        last = run = 0
         for seq, outcome in pending.items():
             if outcome is not True:
                 break
-            last = seq
+            last, run = seq, run + 1
         out: list[base.Frame] = []
-        if last:
-            first = next(iter(pending))
-            for seq in range(first, last + 1):
-                del pending[seq]
-            out.append(commands.Basic.Ack(last, multiple=last > first))
+        if run:
+            # (Those told alone before are no longer pending: the run may have gaps.)
+            for _ in range(run):
+                del pending[next(iter(pending))]
+            out.append(commands.Basic.Ack(last, multiple=run > 1))
         for seq, outcome in list(pending.items()):
             if outcome is None:
                 continue
