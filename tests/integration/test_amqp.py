@@ -482,6 +482,34 @@ def test_queue_administration_and_publisher_outcomes(amqp_broker: BrokerProcess)
     conn.close()
 
 
+def test_amqps_with_the_client_ports_certificate(tmp_path: Path) -> None:
+    from batonmq.loadtest.certs import make_certs
+
+    certs = make_certs(tmp_path)
+    b = BrokerProcess(tmp_path / "tls", extra=AMQP + [
+        "--tls-cert", str(certs.cert), "--tls-key", str(certs.key), "--tls-ca", str(certs.ca),
+        "--hello-timeout", "2"])
+    b.start()
+    try:
+        context = clients.tls.client_context(str(certs.ca))
+        conn = connect(b, ssl_options=pika.SSLOptions(context, "127.0.0.1"))
+        ch = conn.channel()
+        ch.queue_declare("secure")
+        ch.confirm_delivery()
+        ch.basic_publish("", "secure", b"over tls")
+        for _ in range(100):
+            method, _, body = ch.basic_get("secure", auto_ack=True)
+            if method is not None:
+                break
+            time.sleep(0.02)
+        assert body == b"over tls"
+        conn.close()
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            connect(b, socket_timeout=3, blocked_connection_timeout=3)  # plaintext
+    finally:
+        b.stop()
+
+
 def test_struct_sanity() -> None:
     # (the heartbeat frame the broker writes is the spec's 8 bytes)
     from batonmq.broker.amqp_codec import HEARTBEAT
