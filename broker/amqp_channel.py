@@ -48,7 +48,7 @@ from batonmq.broker.limits import check_headers, check_name
 from batonmq.broker.reply import Shape
 from batonmq.broker.session import declare_event
 from batonmq.clients import wire
-from batonmq.cluster.errors import BatonError, MessageTooLarge
+from batonmq.cluster.errors import BatonError, LimitExceeded, MessageTooLarge
 from batonmq.cluster.events import Accept, DeleteQueue, Enqueue, PurgeQueue, Reject, Release
 from batonmq.cluster.node import Node
 from batonmq.cluster.results import Enqueued, Settled
@@ -103,6 +103,10 @@ class ChannelOwner(Protocol):
 
     def write(self, data: bytes) -> None:
         """Queue bytes for this tick's write."""
+        ...
+
+    def consumer_load(self) -> tuple[int, int]:
+        """The connection's consumers, and the sum of their prefetch."""
         ...
 
     def next_key(self) -> str:
@@ -614,10 +618,21 @@ class Channel:
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in self._subs:
             raise ConnectionFault(530, f"attempt to reuse consumer tag '{tag}'", (60, 20))
-        limit = self.owner.config.max_prefetch
-        prefetch = min(self.prefetch or DEFAULT_PREFETCH, limit)
+        cfg = self.owner.config
+        prefetch = min(self.prefetch or DEFAULT_PREFETCH, cfg.max_prefetch)
         if m.no_ack:
-            prefetch = min(DEFAULT_PREFETCH, limit)
+            prefetch = min(DEFAULT_PREFETCH, cfg.max_prefetch)
+        count, total = self.owner.consumer_load()
+        if count >= cfg.max_consumers:
+            raise LimitExceeded(
+                f"a connection may have {cfg.max_consumers} consumers at once (max_consumers)"
+            )
+        if total + prefetch > cfg.max_connection_prefetch:
+            raise LimitExceeded(
+                f"the prefetch of a connection's consumers may add up to"
+                f" {cfg.max_connection_prefetch} (max_connection_prefetch), this would be"
+                f" {total + prefetch}"
+            )
         sub = self._add(queue, prefetch, tag, m.no_ack, False)
         if not m.nowait:
             self._method(commands.Basic.ConsumeOk(tag))
@@ -683,6 +698,11 @@ class Channel:
             self._method(commands.Basic.GetEmpty())
             return
         get.timer = asyncio.get_running_loop().call_later(_GET_POLL, self._get_check)
+
+    def load(self) -> tuple[int, int]:
+        """This channel's consumers (and getters), and the sum of their prefetch."""
+        subs = [s for s in self._by_int.values() if not s.getter]
+        return len(subs), sum(s.consumer.prefetch for s in subs)
 
     def pump(self) -> None:
         """Deliver again where this channel's consumers wait (flow on, writable)."""

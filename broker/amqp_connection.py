@@ -199,6 +199,10 @@ class AmqpConnection(asyncio.Protocol):
         self._key_counter += 1
         return f"{self._key_prefix}:{self._key_counter:x}"
 
+    def consumer_load(self) -> tuple[int, int]:
+        loads = [ch.load() for ch in self.channels.values()]
+        return sum(n for n, _ in loads), sum(p for _, p in loads)
+
     def exclusive_owner(self, queue: str) -> object | None:
         for conn in self.broker.amqp_connections:
             if queue in conn.exclusive and not conn.closed:

@@ -510,6 +510,32 @@ def test_amqps_with_the_client_ports_certificate(tmp_path: Path) -> None:
         b.stop()
 
 
+def test_consumer_limits_apply(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "limits", extra=AMQP + ["--max-consumers", "2",
+                                                         "--max-connection-prefetch", "50"])
+    b.start()
+    try:
+        conn = connect(b)
+        ch = conn.channel()
+        ch.queue_declare("lim")
+        ch.basic_qos(prefetch_count=20)
+        ch.basic_consume("lim", lambda *a: None)
+        other = conn.channel()  # the limits are the connection's, across channels
+        other.basic_qos(prefetch_count=40)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            other.basic_consume("lim", lambda *a: None)
+            other.queue_declare("lim", passive=True)
+        assert info.value.reply_code == 406 and "max_connection_prefetch" in info.value.reply_text
+        ch.basic_consume("lim", lambda *a: None)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            ch.basic_consume("lim", lambda *a: None)
+            ch.queue_declare("lim", passive=True)
+        assert info.value.reply_code == 406 and "max_consumers" in info.value.reply_text
+        conn.close()
+    finally:
+        b.stop()
+
+
 def test_struct_sanity() -> None:
     # (the heartbeat frame the broker writes is the spec's 8 bytes)
     from batonmq.broker.amqp_codec import HEARTBEAT

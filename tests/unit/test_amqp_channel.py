@@ -54,6 +54,9 @@ class Owner:
     def commands_finished(self, n: int) -> None:
         pass
 
+    def consumer_load(self) -> tuple[int, int]:
+        return (0, 0)
+
     def frames(self) -> list[Any]:
         data, self.written, out = self.written, b"", []
         while data:
