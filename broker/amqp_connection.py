@@ -185,6 +185,11 @@ class AmqpConnection(asyncio.Protocol):
         self.exclusive: set[str] = set()  # queues this connection declared exclusive
         self._auto_delete: set[str] = set()
 
+    @property
+    def stage(self) -> str:
+        """Where the connection is: header, start, login, tune, open, ready, closing."""
+        return self._stage
+
     # -- what channels need (amqp_channel.ChannelOwner) --------------------------------------
 
     @property
@@ -423,7 +428,7 @@ class AmqpConnection(asyncio.Protocol):
                 self._send(0, commands.Connection.CloseOk())
                 self._close_transport()
             case commands.Connection.CloseOk():
-                self._close_transport()
+                raise ConnectionFault(503, "connection.close-ok without a connection.close", (10, 51))
             case commands.Connection.Blocked() | commands.Connection.Unblocked():
                 pass
             case _:

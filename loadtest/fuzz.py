@@ -5,8 +5,9 @@
     python -m batonmq.loadtest.fuzz handshake --runs 1000000
     python -m batonmq.loadtest.fuzz sealed --runs 1000000
     python -m batonmq.loadtest.fuzz amqp --runs 1000000
+    python -m batonmq.loadtest.fuzz amqp-session --runs 100000
 
-Five targets, each fed by atheris (libFuzzer for Python: it mutates inputs towards
+Six targets, each fed by atheris (libFuzzer for Python: it mutates inputs towards
 new branches of the instrumented code) from a seed corpus of real encoded frames and
 events:
 
@@ -35,6 +36,15 @@ events:
     code); a method decoded must encode again (or be refused by pamqp with ValueError)
     to a frame that decodes to the same method; never more than a frame buffered.
 
+``amqp-session``
+    the broker's side of an AMQP connection (:class:`batonmq.broker.amqp_connection.AmqpConnection`)
+    on a recording transport and a stand-in broker (default users, no queues, commands
+    that never complete), fed the bytes in chunks: the handshake with its login, then
+    any channel methods. Allowed: whatever it writes is AMQP (the protocol header,
+    whole frames), a connection it closes was told why (``Connection.Close``, or its
+    header for a wrong one), no exception out of ``data_received``, and no error with
+    a traceback in the log (a client's mistake is answered, not logged as a bug).
+
 ``sealed``
     opening a sealed log's record (:meth:`batonmq.cluster.log.sealed.SealedLog.open`):
     the record's bytes or ``UNOPENED``, never an exception.
@@ -50,6 +60,7 @@ import argparse
 import asyncio
 import copy
 import gc
+import logging
 import os
 import struct
 import sys
@@ -59,12 +70,17 @@ from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any, Final, cast
 
+from pamqp import base as pamqp_base
+from pamqp import commands as pamqp_commands
+from pamqp import frame as pamqp_frame
+
 from batonmq.broker.amqp_codec import HEARTBEAT as AMQP_HEARTBEAT
 from batonmq.broker.amqp_codec import PROTOCOL_HEADER as AMQP_HEADER
 from batonmq.broker.amqp_codec import AmqpCodec, FrameError
 from batonmq.broker.amqp_codec import Method as AmqpMethod
 from batonmq.broker.amqp_codec import ProtocolHeader as AmqpProtocolHeader
 from batonmq.broker.amqp_codec import method_frame as amqp_method_frame
+from batonmq.broker.amqp_connection import AmqpBroker, AmqpConnection
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.session import Session, SessionBroker
 from batonmq.clients import scram, wire
@@ -372,6 +388,119 @@ def _check_amqp_round_trip(event: AmqpMethod) -> None:
         raise AssertionError(f"{event.method.name} does not decode again: {decoded!r}")
 
 
+class _Tracebacks(logging.Handler):
+    """Fails the input on an error logged with a traceback (a bug, not a client's
+    mistake)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.levelno >= logging.ERROR:
+            raise AssertionError(f"logged a traceback: {record.getMessage()}")
+
+
+def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
+    config = BrokerConfig(data_dir="unused", max_message=AMQP_MAX_BODY, hello_timeout=30)
+    broker = SimpleNamespace(
+        config=config,
+        version="fuzz",
+        node=SimpleNamespace(
+            node_id="fuzz-node",
+            state=SimpleNamespace(users=_USERS, queues={}),
+            submit=lambda event: loop.create_future(),  # never completes
+        ),
+        delivery=SimpleNamespace(by_queue={}, remove=lambda c, *a: None, pump=lambda q: None),
+        allow_from=None,
+        amqp_connections=set(),
+        refused=lambda what: None,
+    )
+    return cast(AmqpBroker, broker)
+
+
+async def _amqp_session(data: bytes) -> None:
+    loop = asyncio.get_running_loop()
+    conn = AmqpConnection(_amqp_broker(loop))
+    transport = _Transport()
+    conn.connection_made(cast(asyncio.BaseTransport, transport))
+    for chunk in _chunks(data):
+        if conn.closed:
+            break
+        conn.data_received(chunk)
+        for _ in range(200):  # a login checks the password off the loop: wait for it
+            if conn.stage != "login" or conn.closed:
+                break
+            await asyncio.sleep(0.001)
+    await asyncio.sleep(0)  # the writes of the tick
+    written = bytes(transport.written)
+    if written.startswith(AMQP_HEADER):
+        if written != AMQP_HEADER or not transport.closing:
+            raise AssertionError(f"a wrong header answered with more than ours: {written!r}")
+    else:
+        methods = []
+        while written:
+            try:
+                used, _, frame = pamqp_frame.unmarshal(written)
+            except Exception as exc:  # noqa: BLE001
+                raise AssertionError(f"wrote bytes that are no AMQP frame: {written[:64]!r}") from exc
+            written = written[used:]
+            if isinstance(frame, pamqp_base.Frame):
+                methods.append(frame)
+        if transport.closing and conn.stage != "header":
+            if not any(isinstance(m, pamqp_commands.Connection.Close | pamqp_commands.Connection.CloseOk)
+                       for m in methods):
+                raise AssertionError(f"closed without Connection.Close: {[m.name for m in methods]}")
+    conn.connection_lost(None)
+
+
+def one_amqp_session(data: bytes) -> None:
+    """Feed ``data`` to a fresh AMQP connection of the broker."""
+    global _LOOP
+    if _LOOP is None:
+        _LOOP = asyncio.new_event_loop()
+    log = logging.getLogger("baton.amqp")
+    handler = _Tracebacks()
+    log.addHandler(handler)
+    try:
+        _LOOP.run_until_complete(_amqp_session(data))
+    finally:
+        log.removeHandler(handler)
+
+
+def _amqp_session_seeds() -> list[bytes]:
+    from pamqp import commands as amqp
+    from pamqp import frame as amqp_frame
+    from pamqp import header as amqp_header
+    from pamqp.body import ContentBody
+
+    login = (
+        amqp_frame.marshal(amqp.Connection.StartOk({"capabilities": {"consumer_cancel_notify": True}},
+                                                   "PLAIN", "\0guest\0guest"), 0)
+        + amqp_frame.marshal(amqp.Connection.TuneOk(2047, 4096, 0), 0)
+        + amqp_frame.marshal(amqp.Connection.Open("/"), 0)
+        + amqp_frame.marshal(amqp.Channel.Open(), 1)
+    )
+    work = [
+        amqp_frame.marshal(amqp.Queue.Declare(queue="q", arguments={"x-queue-type": "stream"}), 1),
+        amqp_frame.marshal(amqp.Queue.Declare(queue="q", passive=True), 1),
+        amqp_frame.marshal(amqp.Confirm.Select(), 1)
+        + amqp_frame.marshal(amqp.Basic.Publish(exchange="", routing_key="q", mandatory=True), 1)
+        + amqp_frame.marshal(amqp_header.ContentHeader(0, 2, amqp.Basic.Properties(
+            headers={"f": 1.5, "n": [1, {"x": None}]})), 1)
+        + amqp_frame.marshal(ContentBody(b"hi"), 1),
+        amqp_frame.marshal(amqp.Basic.Qos(prefetch_count=5), 1)
+        + amqp_frame.marshal(amqp.Basic.Consume(queue="q"), 1),
+        amqp_frame.marshal(amqp.Basic.Ack(1), 1),
+        amqp_frame.marshal(amqp.Tx.Select(), 1),
+        amqp_frame.marshal(amqp.Exchange.Declare(exchange="logs", exchange_type="fanout"), 1),
+        amqp_frame.marshal(amqp.Channel.Close(200, "bye", 0, 0), 1)
+        + amqp_frame.marshal(amqp.Connection.Close(200, "bye", 0, 0), 0),
+    ]
+    bad_login = amqp_frame.marshal(amqp.Connection.StartOk({}, "PLAIN", "\0guest\0nope"), 0)
+    return [b"\x00" + AMQP_HEADER + login + w for w in work] + [
+        b"\x00" + AMQP_HEADER + bad_login,
+        b"\x00" + AMQP_HEADER + login + b"".join(work),
+        b"\x00" + b"AMQP\x00\x00\x08\x00",
+    ]
+
+
 def _amqp_seeds() -> list[bytes]:
     from pamqp import commands as amqp
     from pamqp import frame as amqp_frame
@@ -444,6 +573,8 @@ def seeds(target: str) -> list[bytes]:
         return [codec.encode(origin, e) for e in events]
     if target == "amqp":
         return _amqp_seeds()
+    if target == "amqp-session":
+        return _amqp_session_seeds()
     if target == "sealed":
         log = _sealed_log()
         return log.seal([b"", b"x", b"record" * 20, b"\x00" * 100]) + [b"\xc1S\x01\x02k1" + b"\x00" * 40]
@@ -487,6 +618,9 @@ COVERED: Final[dict[str, frozenset[str]]] = {
     "sealed": frozenset({"batonmq.cluster.log.sealed"}),
     "amqp": frozenset({"batonmq.broker.amqp_codec", "pamqp.frame", "pamqp.decode", "pamqp.header",
                        "pamqp.base", "pamqp.commands"}),
+    "amqp-session": frozenset({"batonmq.broker.amqp_connection", "batonmq.broker.amqp_channel",
+                               "batonmq.broker.amqp_codec", "batonmq.broker.amqp_queues",
+                               "batonmq.broker.amqp_routes", "batonmq.broker.amqp_message"}),
 }
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
@@ -495,6 +629,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "handshake": one_handshake,
     "sealed": one_sealed,
     "amqp": one_amqp,
+    "amqp-session": one_amqp_session,
 }
 
 
