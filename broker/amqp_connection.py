@@ -518,6 +518,8 @@ class AmqpConnection(asyncio.Protocol):
             return
         hb = self.heartbeat
         if hb > 0:
+            if self._read_blocks:
+                self._last_read = now  # we do not read it: its heartbeats wait unread
             if now - self._last_read > 2 * hb:
                 log.info("closing AMQP connection from %s: no heartbeat for %gs", self.peer, 2 * hb)
                 self._release()
