@@ -231,6 +231,10 @@ class Channel:
             positions = [m[0] for m in messages]
             self._settle_positions(c, positions, "release")
             return
+        if sub.getter and len(messages) > 1:
+            # One Basic.Get, one message (its prefetch is 1; never more told as GetOk).
+            self._settle_positions(c, [m[0] for m in messages[1:]], "release")
+            messages = messages[:1]
         accepted: list[int] = []
         out: list[bytes] = []
         frame_max = self.owner.frame_max

@@ -82,6 +82,7 @@ from batonmq.broker.amqp_codec import ProtocolHeader as AmqpProtocolHeader
 from batonmq.broker.amqp_codec import method_frame as amqp_method_frame
 from batonmq.broker.amqp_connection import AmqpBroker, AmqpConnection
 from batonmq.broker.config import BrokerConfig
+from batonmq.broker.delivery import Consumer
 from batonmq.broker.session import Session, SessionBroker
 from batonmq.clients import scram, wire
 from batonmq.cluster import codec
@@ -397,17 +398,58 @@ class _Tracebacks(logging.Handler):
             raise AssertionError(f"logged a traceback: {record.getMessage()}")
 
 
+class _StandInDelivery:
+    """The broker's delivery as a channel sees it: a consumer added gets two messages
+    at once (one of them redelivered, with headers), so settlements have tags to hit."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.by_queue: dict[str, list[Consumer]] = {}
+        self.added = 0
+
+    def add(self, queue: str, prefetch: int, session: Any, tag: int, counters: bool = False,
+            ack_timeout_ms: int | None = None) -> Consumer:
+        self.added += 1
+        c = Consumer(tag, f"fuzz/r/{self.added}", queue, prefetch, session, counters)
+        self.by_queue.setdefault(queue, []).append(c)
+        base = self.added * 10
+        messages: list[list[Any]] = [
+            [base, 0, b"body", {"h": 1}, 0, 0],
+            [base + 1, 2, b"", {"amqp-properties": {"correlation_id": "c"}}, 0, 3],
+        ]
+        for m in messages:
+            c.held[int(m[0])] = len(c.held)
+        self.loop.call_soon(session.deliver, tag, messages)
+        return c
+
+    def remove(self, c: Consumer, *args: Any) -> None:
+        c.closed = True
+        peers = self.by_queue.get(c.queue, [])
+        if c in peers:
+            peers.remove(c)
+
+    def pump(self, queue: str) -> None:
+        pass
+
+    def settled(self, c: Consumer) -> None:
+        pass
+
+    def released(self, c: Consumer) -> None:
+        pass
+
+
 def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
     config = BrokerConfig(data_dir="unused", max_message=AMQP_MAX_BODY, hello_timeout=30)
+    queue = SimpleNamespace(ready=3, length=3, max_length=None, max_priority=0)
     broker = SimpleNamespace(
         config=config,
         version="fuzz",
         node=SimpleNamespace(
             node_id="fuzz-node",
-            state=SimpleNamespace(users=_USERS, queues={}),
+            state=SimpleNamespace(users=_USERS, queues={"q": queue}),
             submit=lambda event: loop.create_future(),  # never completes
         ),
-        delivery=SimpleNamespace(by_queue={}, remove=lambda c, *a: None, pump=lambda q: None),
+        delivery=_StandInDelivery(loop),
         allow_from=None,
         amqp_connections=set(),
         refused=lambda what: None,
@@ -428,6 +470,7 @@ async def _amqp_session(data: bytes) -> None:
             if conn.stage != "login" or conn.closed:
                 break
             await asyncio.sleep(0.001)
+        await asyncio.sleep(0)  # deliveries to consumers just added
     await asyncio.sleep(0)  # the writes of the tick
     written = bytes(transport.written)
     if written.startswith(AMQP_HEADER):
@@ -488,13 +531,27 @@ def _amqp_session_seeds() -> list[bytes]:
         amqp_frame.marshal(amqp.Basic.Qos(prefetch_count=5), 1)
         + amqp_frame.marshal(amqp.Basic.Consume(queue="q"), 1),
         amqp_frame.marshal(amqp.Basic.Ack(1), 1),
+        amqp_frame.marshal(amqp.Basic.Consume(queue="q", consumer_tag="c1"), 1)
+        + amqp_frame.marshal(amqp.Basic.Ack(1), 1)
+        + amqp_frame.marshal(amqp.Basic.Nack(2, multiple=True), 1)
+        + amqp_frame.marshal(amqp.Basic.Cancel("c1"), 1),
+        amqp_frame.marshal(amqp.Basic.Consume(queue="q", no_ack=True), 1)
+        + amqp_frame.marshal(amqp.Basic.Reject(2), 1)
+        + amqp_frame.marshal(amqp.Basic.Recover(requeue=True), 1),
+        amqp_frame.marshal(amqp.Basic.Get(queue="q"), 1)
+        + amqp_frame.marshal(amqp.Queue.Purge(queue="q"), 1)
+        + amqp_frame.marshal(amqp.Queue.Delete(queue="q", if_empty=True), 1),
+        amqp_frame.marshal(amqp.Channel.Flow(active=False), 1)
+        + amqp_frame.marshal(amqp.Basic.Consume(queue="q"), 1)
+        + amqp_frame.marshal(amqp.Channel.Flow(active=True), 1),
         amqp_frame.marshal(amqp.Tx.Select(), 1),
         amqp_frame.marshal(amqp.Exchange.Declare(exchange="logs", exchange_type="fanout"), 1),
         amqp_frame.marshal(amqp.Channel.Close(200, "bye", 0, 0), 1)
         + amqp_frame.marshal(amqp.Connection.Close(200, "bye", 0, 0), 0),
     ]
     bad_login = amqp_frame.marshal(amqp.Connection.StartOk({}, "PLAIN", "\0guest\0nope"), 0)
-    return [b"\x00" + AMQP_HEADER + login + w for w in work] + [
+    # (Read 48 bytes at a time too: deliveries then come between a consume and its acks.)
+    return [size + AMQP_HEADER + login + w for w in work for size in (b"\x00", b"\x30")] + [
         b"\x00" + AMQP_HEADER + bad_login,
         b"\x00" + AMQP_HEADER + login + b"".join(work),
         b"\x00" + b"AMQP\x00\x00\x08\x00",
