@@ -23,7 +23,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import msgpack
@@ -162,7 +162,6 @@ class _Publish:
     headers: dict[str, Any]
     key: str
     priority: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Channel:
@@ -258,7 +257,8 @@ class Channel:
                 )
             else:
                 method = commands.Basic.Deliver(sub.tag, dtag, acquired > 0, "", c.queue)
-            out.append(_content(self.number, method, to_properties(headers, extra), body, frame_max))
+            out.append(content_frames(self.number, method, to_properties(headers, extra), body,
+                                      frame_max))
         if sub.getter:
             get, self._get = self._get, None
             if get is not None and get.timer is not None:
@@ -504,7 +504,7 @@ class Channel:
             self._unconfirmed[seq] = None
         if not queues:
             if m.mandatory:
-                self.owner.write(_content(
+                self.owner.write(content_frames(
                     self.number,
                     commands.Basic.Return(312, "NO_ROUTE", m.exchange, m.routing_key),
                     # (written back through the Baton form: pamqp cannot write every
@@ -789,11 +789,6 @@ class Channel:
         self._getters.clear()
         self._unacked.clear()
         self._unconfirmed.clear()
-
-
-def _content(channel: int, method: base.Frame, props: commands.Basic.Properties, body: bytes,
-             frame_max: int) -> bytes:
-    return content_frames(channel, method, props, body, frame_max)
 
 
 def _quiet(fut: asyncio.Future[Any]) -> None:
