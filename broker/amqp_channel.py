@@ -38,9 +38,10 @@ from batonmq.broker.amqp_codec import (
     Oversized,
     content_frames,
     declare_ok,
+    deliver_frames,
     method_frame,
 )
-from batonmq.broker.amqp_message import to_headers, to_properties
+from batonmq.broker.amqp_message import properties_bytes, to_headers, to_properties
 from batonmq.broker.amqp_queues import error_code, queue_options
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
@@ -252,13 +253,14 @@ class Channel:
                 self._unacked[dtag] = (sub, position)
             if sub.getter:
                 q = self.owner.node.state.queues.get(c.queue)
-                method: base.Frame = commands.Basic.GetOk(
+                method = commands.Basic.GetOk(
                     dtag, acquired > 0, "", c.queue, q.ready if q is not None else 0
                 )
+                out.append(content_frames(self.number, method, to_properties(headers, extra),
+                                          body, frame_max))
             else:
-                method = commands.Basic.Deliver(sub.tag, dtag, acquired > 0, "", c.queue)
-            out.append(content_frames(self.number, method, to_properties(headers, extra), body,
-                                      frame_max))
+                out.append(deliver_frames(self.number, sub.tag, dtag, acquired > 0, c.queue,
+                                          properties_bytes(headers, extra), body, frame_max))
         if sub.getter:
             get, self._get = self._get, None
             if get is not None and get.timer is not None:

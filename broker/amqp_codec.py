@@ -40,6 +40,7 @@ __all__ = [
     "REPLY_NAMES",
     "content_frames",
     "declare_ok",
+    "deliver_frames",
     "method_frame",
     "reply_text",
 ]
@@ -356,3 +357,49 @@ def reply_text(code: int, text: str) -> str:
 
 class FrameError(ConnectionFault):
     """The bytes break the framing: the connection closes with ``code``."""
+
+
+_DELIVER: Final = struct.Struct(">I")
+_CONTENT_HEAD: Final = struct.Struct(">HHQ")
+
+
+def _shortstr(text: str) -> bytes:
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) > 255:
+        raise ValueError("a short string is at most 255 bytes")
+    return bytes((len(data),)) + data
+
+
+def deliver_frames(
+    channel: int,
+    consumer_tag: str,
+    delivery_tag: int,
+    redelivered: bool,
+    routing_key: str,
+    properties: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """A ``Basic.Deliver`` from the default exchange with its content, written
+    directly (delivery's hot path): ``properties`` are the content header's flags and
+    values (broker/amqp_message.py ``properties_bytes``).
+
+    Raises:
+        ValueError: a tag or key longer than a short string.
+    """
+    method = b"".join((
+        _DELIVER.pack(commands.Basic.Deliver.index),
+        _shortstr(consumer_tag),
+        struct.pack(">QB", delivery_tag, 1 if redelivered else 0),
+        b"\x00",  # exchange "" (the default one)
+        _shortstr(routing_key),
+    ))
+    parts = [
+        _frame(FRAME_METHOD, channel, method),
+        _frame(FRAME_HEADER, channel,
+               _CONTENT_HEAD.pack(commands.Basic.frame_id, 0, len(body)) + properties),
+    ]
+    step = frame_max - FRAME_OVERHEAD
+    for i in range(0, len(body), step):
+        parts.append(_frame(FRAME_BODY, channel, body[i : i + step]))
+    return b"".join(parts)

@@ -25,10 +25,11 @@ from batonmq.broker.amqp_codec import (
     ProtocolHeader,
     content_frames,
     declare_ok,
+    deliver_frames,
     method_frame,
     reply_text,
 )
-from batonmq.broker.amqp_message import PROPERTIES_KEY, to_headers, to_properties
+from batonmq.broker.amqp_message import PROPERTIES_KEY, properties_bytes, to_headers, to_properties
 
 
 def events(codec: AmqpCodec) -> list[object]:
@@ -244,3 +245,48 @@ def test_delivered_headers_keep_doubles_and_binary() -> None:
     deep = table["deep"]
     assert isinstance(deep, dict) and deep["l"][0] == 1.5 and bytes(deep["l"][1]) == b"x"
     assert deep["l"][2:] == ["s", False]
+
+
+@pytest.mark.parametrize(
+    "headers, extra",
+    [
+        ({}, {}),
+        ({"app": "x", "raw": b"\x01", "f": 2.5}, {"x-delivery-count": 3, "x-acquired-count": 4}),
+        ({PROPERTIES_KEY: {"content_type": "text/plain", "delivery_mode": 2, "priority": 7,
+                           "correlation_id": "c", "reply_to": "r", "expiration": "100",
+                           "message_id": "m", "timestamp": 1767323045, "message_type": "t",
+                           "user_id": "u", "app_id": "a"}, "h": [1, None]}, {}),
+        ({PROPERTIES_KEY: {"delivery_mode": 300, "content_type": 5, "timestamp": -1}}, {}),
+    ],
+)
+def test_direct_delivery_frames_match_pamqps_reading(headers: dict[str, object],
+                                                      extra: dict[str, object]) -> None:
+    """The hot path's Deliver and content header, read back by pamqp, say what
+    to_properties says (and what pamqp would have written)."""
+    body = b"b" * 9000
+    data = deliver_frames(3, "ctag-1", 42, True, "que ü", properties_bytes(headers, extra),
+                          body, 4096)
+    used, channel, method = pamqp_frame.unmarshal(data)
+    assert channel == 3 and isinstance(method, commands.Basic.Deliver)
+    assert (method.consumer_tag, method.delivery_tag, method.redelivered, method.exchange,
+            method.routing_key) == ("ctag-1", 42, True, "", "que ü")
+    data = data[used:]
+    used, _, content = pamqp_frame.unmarshal(data)
+    assert isinstance(content, pamqp_header.ContentHeader) and content.body_size == len(body)
+    expected = to_properties(headers, extra)  # type: ignore[arg-type]
+    for name in ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
+                 "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+                 "message_type", "user_id", "app_id"):
+        got = getattr(content.properties, name)
+        want = getattr(expected, name)
+        if name == "headers" and want is not None:
+            assert got is not None
+            got = {k: bytes(v) if isinstance(v, bytearray) else v for k, v in got.items()}
+        assert got == want, name
+    data = data[used:]
+    chunks = []
+    while data:
+        used, _, frame = pamqp_frame.unmarshal(data)
+        data = data[used:]
+        chunks.append(frame.value)
+    assert b"".join(chunks) == body
