@@ -15,6 +15,12 @@ delivery limit applies); ``Basic.Nack`` with requeue and ``Basic.Recover`` give 
 message back without a failure (the acquired count only); either without requeue
 dead-letters (or drops) it. A closed channel or a lost connection gives back what it
 held as failed deliveries.
+
+Size: about 800 lines, because the methods of AMQP's Basic, Queue and Confirm classes
+share one channel's state (delivery tags, consumers and getters, unconfirmed
+publishes); what needs none of it is in modules of its own (broker/amqp_queues.py, the
+arguments; broker/amqp_routes.py, the exchange seam; broker/amqp_message.py, the
+properties).
 """
 
 from __future__ import annotations
@@ -493,6 +499,8 @@ class Channel:
                 406, f"message size {content.size} is larger than configured max size"
                 f" {self.owner.config.max_message}"
             )
+        if m.immediate:
+            raise ConnectionFault(540, "immediate=true", (60, 40))  # (as RabbitMQ)
         if content.properties.headers:
             # Before anything walks them recursively: deep nesting is refused here.
             check_headers(content.properties.headers)

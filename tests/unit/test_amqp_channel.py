@@ -145,3 +145,13 @@ async def test_settling_unknown_tags_closes_the_channel() -> None:
         ch.handle(commands.Basic.Ack(7))
     assert info.value.code == 406 and "unknown delivery tag 7" in info.value.text
     ch.handle(commands.Basic.Ack(0, multiple=True))  # all of nothing: fine
+
+
+async def test_immediate_is_not_implemented() -> None:
+    from batonmq.broker.amqp_codec import ConnectionFault
+
+    ch = Channel(cast(ChannelOwner, Owner()), 1)
+    with pytest.raises(ConnectionFault) as info:
+        ch.publish(Content(1, commands.Basic.Publish(exchange="", routing_key="q", immediate=True),
+                           commands.Basic.Properties(), b""))
+    assert info.value.code == 540
