@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import aio_pika.exceptions
@@ -186,3 +187,47 @@ async def test_confirmed_publishes_survive_a_kill_9_of_the_publishers_broker(
             return s["ready"] == 0 and s["acquired"] == 0
 
     await eventually(drained, "the queue drained")
+
+
+async def test_a_kill_9_of_the_consumers_broker_gives_its_messages_to_another(
+    amqp_cluster: list[BrokerProcess],
+) -> None:
+    """A worker on node-1 holds messages unacked when node-1 is killed -9; a worker on
+    node-2 gets them, redelivered, their failed delivery counted."""
+    b1, b2, _ = amqp_cluster
+    conn = await aio_pika.connect(url(b2))
+    async with conn:
+        ch = await conn.channel(publisher_confirms=True)
+        await ch.declare_queue("held", durable=True, arguments={"x-queue-type": "quorum"})
+        for i in range(5):
+            await ch.default_exchange.publish(aio_pika.Message(f"h-{i}".encode()),
+                                              routing_key="held")
+    doomed = await aio_pika.connect(url(b1))
+    dch = await doomed.channel()
+    await dch.set_qos(prefetch_count=10)
+    held: list[aio_pika.abc.AbstractIncomingMessage] = []
+    await (await dch.get_queue("held")).consume(held.append)
+
+    async def all_held() -> bool:
+        return len(held) == 5
+
+    await eventually(all_held, "node-1's worker holds every message")
+    b1.kill9()
+    conn = await aio_pika.connect(url(b2))
+    async with conn:
+        ch = await conn.channel()
+        queue = await ch.get_queue("held")
+        got: dict[bytes, tuple[bool, Any]] = {}
+
+        async def take() -> None:
+            async with queue.iterator() as messages:
+                async for message in messages:
+                    got[message.body] = (message.redelivered, message.headers)
+                    await message.ack()
+                    if len(got) == 5:
+                        return
+
+        await asyncio.wait_for(take(), 60)
+    assert sorted(got) == [f"h-{i}".encode() for i in range(5)]
+    assert all(redelivered and headers["x-delivery-count"] == 1
+               for redelivered, headers in got.values())
