@@ -243,10 +243,35 @@ class AmqpCodec:
         return Content(channel, partial.method, partial.properties, b"".join(partial.parts))
 
 
+def _publish(payload: bytes) -> commands.Basic.Publish:
+    """``Basic.Publish``, read directly (the hot path: pamqp's generic reading cost a
+    fifth of a publish): ticket, exchange, routing key, mandatory and immediate."""
+    try:
+        pos = _INDEX.size + 2  # (the deprecated ticket)
+        names = []
+        for _ in range(2):
+            n = payload[pos]
+            end = pos + 1 + n
+            if end > len(payload):
+                raise IndexError
+            names.append(payload[pos + 1 : end].decode("utf-8"))
+            pos = end
+        bits = payload[pos]
+    except (IndexError, UnicodeDecodeError):
+        raise FrameError(502, "malformed Basic.Publish") from None
+    method = commands.Basic.Publish()
+    method.exchange, method.routing_key = names
+    method.mandatory = bool(bits & 1)
+    method.immediate = bool(bits & 2)
+    return method
+
+
 def _method(payload: bytes) -> base.Frame:
     if len(payload) < _INDEX.size:
         raise FrameError(502, "method frame too short")
     (index,) = _INDEX.unpack_from(payload)
+    if index == commands.Basic.Publish.index:
+        return _publish(payload)
     cls = commands.INDEX_MAPPING.get(index)
     if cls is None:
         raise FrameError(503, f"unknown method (class {index >> 16}, method {index & 0xFFFF})")

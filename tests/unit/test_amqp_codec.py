@@ -290,3 +290,35 @@ def test_direct_delivery_frames_match_pamqps_reading(headers: dict[str, object],
         data = data[used:]
         chunks.append(frame.value)
     assert b"".join(chunks) == body
+
+
+@pytest.mark.parametrize(
+    "exchange, key, mandatory, immediate",
+    [("", "q", False, False), ("ex", "rk.ü", True, False), ("", "", False, True),
+     ("e" * 127, "k" * 255, True, True)],
+)
+def test_publish_is_read_as_pamqp_reads_it(exchange: str, key: str, mandatory: bool,
+                                           immediate: bool) -> None:
+    method = commands.Basic.Publish(exchange="", routing_key=key, mandatory=mandatory,
+                                    immediate=immediate)
+    method.exchange = exchange  # (past pamqp's own name check)
+    data = pamqp_frame.marshal(method, 1) + pamqp_frame.marshal(
+        pamqp_header.ContentHeader(0, 0, commands.Basic.Properties()), 1)
+    _, _, theirs = pamqp_frame.unmarshal(data)
+    codec = greeted()
+    codec.receive_data(data)
+    (content,) = events(codec)
+    assert isinstance(content, Content) and isinstance(theirs, commands.Basic.Publish)
+    for name in ("exchange", "routing_key", "mandatory", "immediate"):
+        assert getattr(content.method, name) == getattr(theirs, name), name
+
+
+def test_a_truncated_publish_is_a_syntax_error() -> None:
+    whole = pamqp_frame.marshal(commands.Basic.Publish(exchange="", routing_key="queue"), 1)
+    payload = whole[7:-1]
+    for cut in (5, 7, len(payload) - 1):
+        codec = greeted()
+        codec.receive_data(struct.pack(">BHI", 1, 1, cut) + payload[:cut] + b"\xce")
+        with pytest.raises(FrameError) as info:
+            events(codec)
+        assert info.value.code == 502
