@@ -16,9 +16,9 @@ message back without a failure (the acquired count only); either without requeue
 dead-letters (or drops) it. A closed channel or a lost connection gives back what it
 held as failed deliveries.
 
-Size: about 800 lines, because the methods of AMQP's Basic, Queue and Confirm classes
-share one channel's state (delivery tags, consumers and getters, unconfirmed
-publishes); what needs none of it is in modules of its own (broker/amqp_queues.py, the
+Size: a little over 800 lines, because the methods of AMQP's Basic, Queue and Confirm classes
+share one channel's state (delivery tags, consumers and getters, a shared prefetch,
+unconfirmed publishes); what needs none of it is in modules of its own (broker/amqp_queues.py, the
 arguments; broker/amqp_routes.py, the exchange seam; broker/amqp_message.py, the
 properties).
 """
@@ -150,6 +150,7 @@ class _Sub:
     no_ack: bool
     getter: bool = False
     cancelled: bool = False  # Basic.Cancel: delivers nothing more, ends when settled
+    limit: int = 0  # its own prefetch (Basic.Qos per consumer, or the default)
 
 
 @dataclass(slots=True)
@@ -181,6 +182,8 @@ class Channel:
         self.active = True  # Channel.Flow
         self.candidate = ""  # (Replier: a channel never leads a service)
         self.prefetch = 0  # Basic.Qos prefetch_count (0: DEFAULT_PREFETCH)
+        self.global_prefetch = 0  # Basic.Qos global: the channel's consumers share it
+        self._turn = 0  # who gets the odd credit of a shared prefetch first
         self.confirming = False
         self._seq = 0  # the last confirm sequence number given
         self._unconfirmed: dict[int, bool | None] = {}  # seq -> outcome (None: pending)
@@ -315,7 +318,12 @@ class Channel:
             case commands.Basic.Qos():
                 if m.prefetch_count < 0:
                     raise ChannelError(406, "prefetch_count must not be negative")
-                self.prefetch = m.prefetch_count
+                if m.global_:
+                    self.global_prefetch = m.prefetch_count
+                    self._share()
+                    self.pump()
+                else:
+                    self.prefetch = m.prefetch_count
                 self._method(commands.Basic.QosOk())
             case commands.Basic.Consume():
                 self._consume(m)
@@ -647,7 +655,11 @@ class Channel:
                 f" {cfg.max_connection_prefetch} (max_connection_prefetch), this would be"
                 f" {total + prefetch}"
             )
-        sub = self._add(queue, prefetch, tag, m.no_ack, False)
+        shared = self.global_prefetch and not m.no_ack
+        sub = self._add(queue, 0 if shared else prefetch, tag, m.no_ack, False)
+        sub.limit = prefetch
+        if shared:
+            self._share()
         if not m.nowait:
             self._method(commands.Basic.ConsumeOk(tag))
         self.owner.delivery.pump(sub.consumer.queue)
@@ -675,6 +687,8 @@ class Channel:
         self._by_int.pop(c.tag, None)
         self.owner.delivery.remove(c)
         self.owner.consumer_gone(c.queue)
+        self._share()
+        self.pump()
 
     def _basic_get(self, m: commands.Basic.Get) -> None:
         queue = self._queue_name(m.queue)
@@ -714,9 +728,28 @@ class Channel:
         get.timer = asyncio.get_running_loop().call_later(_GET_POLL, self._get_check)
 
     def load(self) -> tuple[int, int]:
-        """This channel's consumers (and getters), and the sum of their prefetch."""
+        """This channel's consumers, and the sum of their own prefetch."""
         subs = [s for s in self._by_int.values() if not s.getter]
-        return len(subs), sum(s.consumer.prefetch for s in subs)
+        return len(subs), sum(s.limit for s in subs)
+
+    def _share(self) -> None:
+        """``Basic.Qos`` global: the channel's consumers may hold ``global_prefetch``
+        messages together. Each consumer's prefetch is what it holds (or is acquiring)
+        plus its share of what is free, so their credits never add up to more; called
+        whenever what they hold goes down (a settle) or they come and go."""
+        limit = self.global_prefetch
+        subs = [s for s in self._by_int.values() if not (s.getter or s.cancelled or s.no_ack)]
+        if not limit or not subs:
+            return
+        taken = [len(s.consumer.held) + s.consumer.acquiring for s in subs]
+        free = max(0, limit - sum(taken))
+        n = len(subs)
+        self._turn = (self._turn + 1) % n
+        for i, (s, t) in enumerate(zip(subs, taken)):
+            share = free // n + (1 if (i - self._turn) % n < free % n else 0)
+            c = s.consumer
+            c.prefetch = min(s.limit, t + share)
+            c.refill = max(1, share // 2)  # (a small share must still be asked for)
 
     def pump(self) -> None:
         """Deliver again where this channel's consumers wait (flow on, writable)."""
@@ -766,11 +799,13 @@ class Channel:
             event = Release(c.queue, c.cid, tuple(mine), failed=how == "fail")
             delivery.released(c)
         fut = self.owner.node.submit(event)
+        self._share()
 
         def settled(f: asyncio.Future[Settled]) -> None:
             c.settling -= len(mine)
             if f.cancelled() or f.exception() is not None:
                 held.update(dict.fromkeys(mine, -1))  # still ours: released on close
+                self._share()
             delivery.settled(c)
             sub = self._by_int.get(c.tag)
             if sub is not None and sub.consumer is c:
@@ -778,6 +813,8 @@ class Channel:
 
         fut.add_done_callback(settled)
         delivery.settled(c)
+        if self.global_prefetch:
+            self.pump()  # (the shares of its other consumers grew too)
 
     # -- closing -----------------------------------------------------------------------------
 

@@ -257,6 +257,30 @@ def test_prefetch_is_honoured(amqp_broker: BrokerProcess) -> None:
     conn.close()
 
 
+def test_a_global_prefetch_is_shared_by_the_channels_consumers(amqp_broker: BrokerProcess) -> None:
+    conn = connect(amqp_broker)
+    ch = conn.channel()
+    for q in ("g1", "g2"):
+        ch.queue_declare(q)
+        for i in range(10):
+            ch.basic_publish("", q, str(i).encode())
+    ch.basic_qos(prefetch_count=4, global_qos=True)
+    held: list[tuple[str, int]] = []
+    for q in ("g1", "g2"):
+        ch.basic_consume(q, lambda c, m, p, b: held.append((m.routing_key, m.delivery_tag)))
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    assert len(held) == 4  # together, not 4 each
+    ch.basic_ack(held[0][1])
+    ch.basic_ack(held[1][1])
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    assert len(held) == 6
+    conn.close()
+
+
 def test_basic_get_and_get_empty(amqp_broker: BrokerProcess) -> None:
     conn = connect(amqp_broker)
     ch = conn.channel()
