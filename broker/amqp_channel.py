@@ -187,6 +187,7 @@ class Channel:
         self.confirming = False
         self._seq = 0  # the last confirm sequence number given
         self._unconfirmed: dict[int, bool | None] = {}  # seq -> outcome (None: pending)
+        self._parts: dict[int, int] = {}  # seq -> its Enqueues still pending (more queues)
         self._confirm_soon = False
         self._subs: dict[str, _Sub] = {}  # by consumer tag
         self._by_int: dict[int, _Sub] = {}  # by Consumer.tag
@@ -542,7 +543,10 @@ class Channel:
                     f" {self.owner.config.max_headers}"
                 )
         priority = content.properties.priority or 0
-        # (The default exchange routes to one queue; more come with exchanges.)
+        # (The default exchange routes to one queue; with more, the publish is confirmed
+        # once every queue has it, and nacked if any refused it.)
+        if seq and len(queues) > 1:
+            self._parts[seq] = len(queues)
         for queue in queues:
             p = _Publish(seq, content.body, headers, self.owner.next_key(), min(priority, 9))
             self._publishes.setdefault(queue, []).append(p)
@@ -587,6 +591,15 @@ class Channel:
         fut.add_done_callback(done)
 
     def _confirmed(self, seq: int, ok: bool) -> None:
+        parts = self._parts.get(seq)
+        if parts is not None:
+            if not ok:
+                self._unconfirmed[seq] = False
+            if parts > 1:
+                self._parts[seq] = parts - 1
+                return
+            del self._parts[seq]
+            ok = ok and self._unconfirmed.get(seq) is not False
         if seq in self._unconfirmed:
             self._unconfirmed[seq] = ok
         if not self._confirm_soon:
@@ -836,6 +849,7 @@ class Channel:
         self._getters.clear()
         self._unacked.clear()
         self._unconfirmed.clear()
+        self._parts.clear()
 
 
 def _quiet(fut: asyncio.Future[Any]) -> None:

@@ -155,3 +155,25 @@ async def test_immediate_is_not_implemented() -> None:
         ch.publish(Content(1, commands.Basic.Publish(exchange="", routing_key="q", immediate=True),
                            commands.Basic.Properties(), b""))
     assert info.value.code == 540
+
+
+async def test_a_publish_routed_to_two_queues_is_confirmed_once_both_have_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(The exchange seam may route one publish to many queues.)"""
+    from batonmq.broker import amqp_routes
+
+    monkeypatch.setattr(amqp_routes, "route", lambda queues, exchange, key: ["q", "r"])
+    owner = Owner()
+    ch = Channel(cast(ChannelOwner, owner), 1)
+    ch.handle(commands.Confirm.Select(nowait=True))
+    publish(ch, "ignored", b"1")
+    publish(ch, "ignored", b"2")
+    ch.flush()
+    (_, fq), (_, fr) = owner.submitted
+    fq.set_result(Enqueued(0, 2))
+    await settle()
+    assert owner.frames() == []  # not until r has them too
+    fr.set_exception(QueueFull("queue 'r' is full"))
+    await settle()
+    assert [(type(f).__name__, f.delivery_tag) for f in owner.frames()] == [("Nack", 1), ("Nack", 2)]
