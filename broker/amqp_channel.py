@@ -740,6 +740,10 @@ class Channel:
             return
         get.timer = asyncio.get_running_loop().call_later(_GET_POLL, self._get_check)
 
+    def consumers(self) -> list[Consumer]:
+        """This channel's consumers (not its getters), in the order they started."""
+        return [s.consumer for s in self._by_int.values() if not s.getter]
+
     def load(self) -> tuple[int, int]:
         """This channel's consumers, and the sum of their own prefetch."""
         subs = [s for s in self._by_int.values() if not s.getter]

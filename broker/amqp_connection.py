@@ -41,7 +41,7 @@ from batonmq.broker.amqp_codec import (
     reply_text,
 )
 from batonmq.broker.config import BrokerConfig
-from batonmq.broker.delivery import Delivery
+from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.networks import LOOPBACK, Networks, allows
 from batonmq.clients import scram
 from batonmq.cluster.events import DeleteQueue
@@ -184,6 +184,25 @@ class AmqpConnection(asyncio.Protocol):
         self._key_counter = 0
         self.exclusive: set[str] = set()  # queues this connection declared exclusive
         self._auto_delete: set[str] = set()
+
+    # -- what the listing of connections reads (broker/inspect.py ConnectionView) ----------
+
+    @property
+    def client_name(self) -> str:
+        """``AMQP``, the client library and the connection name it gave, if any."""
+        props = self.client_properties
+        parts = ["AMQP"] + [str(props[k]) for k in ("product", "connection_name") if props.get(k)]
+        return " ".join(parts)
+
+    @property
+    def consumers(self) -> dict[int, Consumer]:
+        """The consumers of every channel (numbered across the connection)."""
+        found = [c for ch in self.channels.values() for c in ch.consumers()]
+        return dict(enumerate(found, 1))
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
 
     @property
     def stage(self) -> str:
@@ -607,9 +626,10 @@ class AmqpConnection(asyncio.Protocol):
             self.node.submit(DeleteQueue(queue)).add_done_callback(_quiet)
         self.exclusive.clear()
 
-    def close(self) -> None:
-        """Close the connection (the broker stops): Close 320 CONNECTION_FORCED."""
-        self._fail(ConnectionFault(320, "broker shutdown"))
+    def close(self, why: str = "broker shutdown") -> None:
+        """Close the connection (the broker stops, an operator closes it): Close 320
+        CONNECTION_FORCED."""
+        self._fail(ConnectionFault(320, why))
         self._close_transport()
 
     def _close_transport(self) -> None:

@@ -18,6 +18,7 @@ from batonmq.broker.config import (
     split_advertise,
 )
 from batonmq.broker.delivery import Delivery
+from batonmq.broker.inspect import ConnectionView
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.networks import parse_networks
 from batonmq.broker.session import Session
@@ -484,19 +485,25 @@ class Broker:
     def list_queues(self) -> list[dict[str, Any]]:
         return [self.queue_stats(name) for name in sorted(self.node.state.queues)]
 
-    def connections(self) -> list[Session]:
-        """The open client sessions (the admin listener's and ``Connections``' listing)."""
-        return [s for s in self.sessions if not s.closed]
+    def connections(self) -> list[ConnectionView]:
+        """The open client connections, native and AMQP (the admin listener's and
+        ``Connections``' listing)."""
+        native: list[ConnectionView] = [s for s in self.sessions if not s.closed]
+        return native + [a for a in self.amqp_connections if not a.closed]
 
     def connection_count(self) -> int:
-        """How many client connections are open."""
-        return len(self.sessions)
+        """How many client connections are open (native and AMQP)."""
+        return len(self.sessions) + len(self.amqp_connections)
 
     def close_connection(self, peer: str) -> bool:
         """Close the client connection from ``peer`` (``HOST:PORT``); False if none."""
         for s in self.sessions:
             if s.peer == peer and not s.closed:
                 s.close()
+                return True
+        for a in self.amqp_connections:
+            if a.peer == peer and not a.closed:
+                a.close("closed by an operator")  # Connection.Close 320 CONNECTION_FORCED
                 return True
         return False
 

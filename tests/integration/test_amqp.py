@@ -560,6 +560,26 @@ def test_consumer_limits_apply(tmp_path: Path) -> None:
         b.stop()
 
 
+def test_amqp_connections_are_listed_with_their_consumers(amqp_broker: BrokerProcess) -> None:
+    import asyncio
+
+    conn = connect(amqp_broker, client_properties={"connection_name": "billing"})
+    ch = conn.channel()
+    ch.queue_declare("listed")
+    ch.basic_qos(prefetch_count=7)
+    ch.basic_consume("listed", lambda *a: None)
+
+    async def listing() -> list[dict[str, Any]]:
+        async with await clients.connect(amqp_broker.address) as native:
+            return await native.connections()
+
+    found = [c for c in asyncio.run(listing()) if c["client_name"].startswith("AMQP")]
+    assert len(found) == 1 and found[0]["user"] == "guest"
+    assert "billing" in found[0]["client_name"]
+    assert [(c["queue"], c["prefetch"]) for c in found[0]["consumers"]] == [("listed", 7)]
+    conn.close()
+
+
 def test_struct_sanity() -> None:
     # (the heartbeat frame the broker writes is the spec's 8 bytes)
     from batonmq.broker.amqp_codec import HEARTBEAT
