@@ -400,6 +400,29 @@ def test_a_wrong_header_gets_ours_and_a_silent_client_is_closed(amqp_broker: Bro
     assert sum(type(f).__name__ == "Heartbeat" for f in frames) >= 1
 
 
+def test_a_frame_error_closes_the_connection_with_501(amqp_broker: BrokerProcess) -> None:
+    port = amqp_port(amqp_broker)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"AMQP\x00\x00\x09\x01")
+        time.sleep(0.2)
+        sock.recv(65536)  # Connection.Start
+        sock.sendall(pamqp_frame.marshal(
+            commands.Connection.StartOk(client_properties={}, mechanism="PLAIN",
+                                        response="\0guest\0guest"), 0))
+        time.sleep(0.5)
+        sock.recv(65536)  # Connection.Tune
+        sock.sendall(pamqp_frame.marshal(commands.Connection.TuneOk(2047, 131072, 0), 0)
+                     + pamqp_frame.marshal(commands.Connection.Open("/"), 0))
+        time.sleep(0.3)
+        sock.recv(65536)  # Connection.OpenOk
+        sock.sendall(struct.pack(">BHI", 1, 1, 4) + b"\x00\x14\x00\x0a" + b"\x00")  # bad end
+        frames = _frames(sock, 5)
+        close = [f for f in frames if isinstance(f, commands.Connection.Close)]
+        assert close and close[0].reply_code == 501, frames
+        sock.sendall(pamqp_frame.marshal(commands.Connection.CloseOk(), 0))
+    assert "Traceback" not in amqp_broker.output()
+
+
 def test_server_cancels_consumers_of_a_deleted_queue(amqp_broker: BrokerProcess) -> None:
     conn = connect(amqp_broker)
     ch = conn.channel()
