@@ -68,6 +68,9 @@ R = TypeVar("R")
 
 #: The prefetch of a consumer on a channel without ``Basic.Qos`` (AMQP: unlimited).
 DEFAULT_PREFETCH = 1000
+#: A channel keeps a getter (a consumer of prefetch 0, raised to 1 for each Basic.Get)
+#: for each queue it gets from; past this many, those that hold nothing end.
+_MAX_GETTERS = 16
 #: The longest a ``Basic.Get`` waits for the message it saw ready (seconds): it is
 #: acquired through the log, by the broker that owns the queue at the time.
 GET_WAIT = 3.0
@@ -710,11 +713,15 @@ class Channel:
         q = self.owner.node.state.queues.get(queue)
         if q is None:
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
+        if self._get is not None:
+            self._get_empty()  # (a client that did not wait for the last answer)
         if q.ready == 0:
             self._method(commands.Basic.GetEmpty())
             return
         sub = self._getters.get(queue)
         if sub is None or sub.consumer.closed:
+            if len(self._getters) >= _MAX_GETTERS:
+                self._drop_idle_getters()
             sub = self._add(queue, 0, "", False, True)
             self._getters[queue] = sub
         loop = asyncio.get_running_loop()
@@ -726,6 +733,16 @@ class Channel:
         self.owner.delivery.pump(queue)
         get.timer = loop.call_later(_GET_POLL, self._get_check)
 
+    def _drop_idle_getters(self) -> None:
+        """End the getters that hold nothing (a channel that gets from many queues
+        keeps a consumer for only the last few)."""
+        for queue, sub in list(self._getters.items()):
+            c = sub.consumer
+            if not c.held and not c.acquiring and not c.settling:
+                del self._getters[queue]
+                self._by_int.pop(c.tag, None)
+                self.owner.delivery.remove(c)
+
     def _get_check(self) -> None:
         get = self._get
         if get is None or not self.open:
@@ -734,11 +751,19 @@ class Channel:
         q = self.owner.node.state.queues.get(c.queue)
         now = asyncio.get_running_loop().time()
         if q is None or now >= get.deadline or (q.ready == 0 and not c.acquiring):
-            self._get = None
-            c.prefetch = 0
-            self._method(commands.Basic.GetEmpty())
+            self._get_empty()
             return
         get.timer = asyncio.get_running_loop().call_later(_GET_POLL, self._get_check)
+
+    def _get_empty(self) -> None:
+        """Answer the Basic.Get waiting with GetEmpty."""
+        get, self._get = self._get, None
+        if get is None:
+            return
+        if get.timer is not None:
+            get.timer.cancel()
+        get.sub.consumer.prefetch = 0
+        self._method(commands.Basic.GetEmpty())
 
     def consumers(self) -> list[Consumer]:
         """This channel's consumers (not its getters), in the order they started."""

@@ -57,6 +57,9 @@ class Owner:
     def consumer_load(self) -> tuple[int, int]:
         return (0, 0)
 
+    def exclusive_owner(self, queue: str) -> object | None:
+        return None
+
     def frames(self) -> list[Any]:
         data, self.written, out = self.written, b"", []
         while data:
@@ -177,3 +180,30 @@ async def test_a_publish_routed_to_two_queues_is_confirmed_once_both_have_it(
     fr.set_exception(QueueFull("queue 'r' is full"))
     await settle()
     assert [(type(f).__name__, f.delivery_tag) for f in owner.frames()] == [("Nack", 1), ("Nack", 2)]
+
+
+async def test_a_channel_keeps_few_idle_getters() -> None:
+    """Basic.Get on many queues: the getters that hold nothing end past a few."""
+    from batonmq.broker import amqp_channel
+
+    owner = Owner()
+    added: list[Any] = []
+    removed: list[Any] = []
+
+    def add(queue: str, prefetch: int, session: Any, tag: int, counters: bool = False) -> Any:
+        c = SimpleNamespace(queue=queue, prefetch=prefetch, held={}, acquiring=0, settling=0,
+                            closed=False, tag=tag)
+        added.append(c)
+        return c
+
+    owner.delivery = SimpleNamespace(add=add, remove=removed.append, pump=lambda q: None,
+                                     by_queue={})  # type: ignore[attr-defined]
+    names = [f"g{i}" for i in range(amqp_channel._MAX_GETTERS + 5)]
+    ready = SimpleNamespace(max_length=None, max_priority=0, ready=1)
+    owner.node.state.queues = {n: ready for n in names}
+    ch = Channel(cast(ChannelOwner, owner), 1)
+    for n in names:
+        ch.handle(commands.Basic.Get(queue=n))
+    assert len(added) == len(names)
+    assert len(removed) >= 5
+    ch.release_all()
