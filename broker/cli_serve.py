@@ -11,6 +11,7 @@ import sys
 from batonmq.broker import logs, settings
 from batonmq.broker.config import (
     ADMIN_READY_PREFIX,
+    AMQP_READY_PREFIX,
     DEFAULT_PORT,
     READY_PREFIX,
     BrokerConfig,
@@ -76,6 +77,8 @@ async def _serve_async(config: BrokerConfig) -> int:
         return 2
     if broker.admin_address:  # before the ready line: whoever waits for that has both
         print(f"{ADMIN_READY_PREFIX}{broker.admin_address}", flush=True)
+    if broker.amqp_address:
+        print(f"{AMQP_READY_PREFIX}{broker.amqp_address}", flush=True)
     # One machine-readable line so scripts and tests know we are serving.
     print(f"{READY_PREFIX}{broker.address} node {broker.node.node_id}", flush=True)
     await stop.wait()

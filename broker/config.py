@@ -19,7 +19,9 @@ __all__ = [
     "LOG_LEVELS",
     "MAX_IN_FLIGHT",
     "READY_PREFIX",
+    "AMQP_READY_PREFIX",
     "admin_ready_address",
+    "amqp_ready_address",
     "package_version",
     "parse_address",
     "split_advertise",
@@ -124,6 +126,19 @@ def admin_ready_address(line: str) -> str | None:
     return rest[0] if rest else None
 
 
+#: The line ``baton serve --amqp-listen`` prints just before its ready line:
+#: ``baton amqp ready: listening on HOST:PORT``, with the port it bound.
+AMQP_READY_PREFIX = "baton amqp ready: listening on "
+
+
+def amqp_ready_address(line: str) -> str | None:
+    """The AMQP listener's ``HOST:PORT`` of a ``baton serve`` AMQP line, or None."""
+    if not line.startswith(AMQP_READY_PREFIX):
+        return None
+    rest = line[len(AMQP_READY_PREFIX):].split()
+    return rest[0] if rest else None
+
+
 @dataclass(slots=True)
 class BrokerConfig:
     """Everything ``baton serve`` can be told: one field per option, with its default
@@ -179,6 +194,9 @@ class BrokerConfig:
             ``BATON_ADMIN_PASSWORD`` gives it too. Ignored once the cluster has users.
         admin_listen: ``HOST:PORT`` of the admin HTTP listener (docs/admin.md); not
             set: no admin listener (the default). Port 0 picks a free port.
+        amqp_listen: ``HOST:PORT`` of the AMQP 0-9-1 listener (docs/amqp.md); not set:
+            none (the default). Port 0 picks a free port. With tls_cert it speaks TLS
+            too, with the client port's certificate.
     """
 
     data_dir: str = _opt(help="the broker's own directory: store, identity, default log")
@@ -277,6 +295,11 @@ class BrokerConfig:
                                          " HTTP here (docs/admin.md; not set: off; port 0"
                                          " picks one)")
 
+    amqp_listen: str | None = _opt(None,
+                                   help="serve AMQP 0-9-1 clients (pika, aio-pika, RabbitMQ's"
+                                        " clients) here too (docs/amqp.md; not set: off;"
+                                        " 5672 is the usual port, 0 picks one)")
+
     def __post_init__(self) -> None:
         if isinstance(self.log_level, str):
             self.log_level = self.log_level.upper()  # "info" is INFO, as logging reads it
@@ -318,11 +341,13 @@ class BrokerConfig:
                     parse_networks(value)
                 except InvalidArgument as exc:
                     return name, exc.message
-        if self.admin_listen is not None:
-            try:
-                parse_address(self.admin_listen)
-            except InvalidArgument as exc:
-                return "admin_listen", exc.message
+        for name in ("admin_listen", "amqp_listen"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    parse_address(value)
+                except InvalidArgument as exc:
+                    return name, exc.message
         if self.advertise is not None:
             try:
                 host, _ = split_advertise(self.advertise, 0)

@@ -18,6 +18,7 @@ from batonmq.broker.config import (
     split_advertise,
 )
 from batonmq.broker.delivery import Delivery
+from batonmq.broker.inspect import ConnectionView
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.networks import parse_networks
 from batonmq.broker.session import Session
@@ -32,6 +33,7 @@ from batonmq.store.rocks import RocksStore
 
 if TYPE_CHECKING:
     from batonmq.broker.admin import AdminServer
+    from batonmq.broker.amqp_connection import AmqpConnection
 
 __all__ = ["Broker", "VERSION"]
 
@@ -65,6 +67,9 @@ class Broker:
         self._rejoining: asyncio.Task[None] | None = None
         self._leadership: Leadership | None = None
         self.admin_address = ""  # the admin listener's HOST:PORT, if it runs (docs/admin.md)
+        self.amqp_address = ""  # the AMQP listener's HOST:PORT, if it runs (docs/amqp.md)
+        self.amqp_connections: set[AmqpConnection] = set()
+        self._amqp: asyncio.base_events.Server | None = None
         self._admin: AdminServer | None = None
         self._tls_on = False
         self._handshakes_failed = 0  # since the last log line about them
@@ -192,9 +197,12 @@ class Broker:
         )
         self.address = f"{host}:{port}"
         await self._start_admin()
+        await self._bind_amqp(server_tls)
         await self._node.start(self.address)
         await self._initial_admin(password)
         await self._server.start_serving()
+        if self._amqp is not None:
+            await self._amqp.start_serving()
         self._node.serving = True  # its heartbeats now offer it as a join donor
         self._delivery.start(cfg.expiry_interval)
         self._leadership.start()
@@ -221,6 +229,30 @@ class Broker:
         # A rejoin keeps the admin port too (see the client listener above).
         port = int(self.admin_address.rpartition(":")[2]) if self.admin_address else admin_port
         self.admin_address = await self._admin.start(admin_host, port)
+
+    async def _bind_amqp(self, tls: ssl.SSLContext | None) -> None:
+        """The AMQP 0-9-1 listener, if configured (docs/amqp.md): bound now, serving
+        with the client port. With TLS, it uses the client port's certificate."""
+        cfg = self.config
+        if cfg.amqp_listen is None:
+            return
+        from batonmq.broker.amqp_connection import AmqpConnection
+
+        host, port = parse_address(cfg.amqp_listen)
+        if self.amqp_address:  # a rejoin keeps the port it had
+            port = int(self.amqp_address.rpartition(":")[2])
+        try:
+            self._amqp = await asyncio.get_running_loop().create_server(
+                lambda: AmqpConnection(self), host, port, reuse_address=True,
+                start_serving=False, ssl=tls,
+                ssl_handshake_timeout=cfg.hello_timeout if tls else None,
+            )
+        except OSError as exc:
+            raise InvalidArgument(
+                f"cannot listen for AMQP on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        bound = self._amqp.sockets[0].getsockname()
+        self.amqp_address = f"{bound[0]}:{bound[1]}"
 
     def _session(self) -> Session:
         """A new connection's session. With TLS, the session is only connected once
@@ -289,12 +321,17 @@ class Broker:
         for s in list(self.sessions):
             if s.transport is not None:
                 s.transport.close()
+        for a in list(self.amqp_connections):
+            a.close()
 
     async def stop(self) -> None:
         """Stop accepting, end every session (consumers' messages are released),
         leave the view, close."""
         if self._server is not None:
             self._server.close()
+        if self._amqp is not None:
+            self._amqp.close()
+            self._amqp = None
         if self._node is not None:
             self._node.serving = False
         if self._admin is not None:
@@ -307,6 +344,8 @@ class Broker:
                 if fut is not None:
                     pending.append(fut)
             s.consumers.clear()
+        for a in list(self.amqp_connections):
+            a.close()  # (its channels' consumers are released)
         if pending:
             await asyncio.wait(pending, timeout=3)
         for s in list(self.sessions):
@@ -446,19 +485,25 @@ class Broker:
     def list_queues(self) -> list[dict[str, Any]]:
         return [self.queue_stats(name) for name in sorted(self.node.state.queues)]
 
-    def connections(self) -> list[Session]:
-        """The open client sessions (the admin listener's and ``Connections``' listing)."""
-        return [s for s in self.sessions if not s.closed]
+    def connections(self) -> list[ConnectionView]:
+        """The open client connections, native and AMQP (the admin listener's and
+        ``Connections``' listing)."""
+        native: list[ConnectionView] = [s for s in self.sessions if not s.closed]
+        return native + [a for a in self.amqp_connections if not a.closed]
 
     def connection_count(self) -> int:
-        """How many client connections are open."""
-        return len(self.sessions)
+        """How many client connections are open (native and AMQP)."""
+        return len(self.sessions) + len(self.amqp_connections)
 
     def close_connection(self, peer: str) -> bool:
         """Close the client connection from ``peer`` (``HOST:PORT``); False if none."""
         for s in self.sessions:
             if s.peer == peer and not s.closed:
                 s.close()
+                return True
+        for a in self.amqp_connections:
+            if a.peer == peer and not a.closed:
+                a.close("closed by an operator")  # Connection.Close 320 CONNECTION_FORCED
                 return True
         return False
 

@@ -4,8 +4,10 @@
     python -m batonmq.loadtest.fuzz events --runs 1000000
     python -m batonmq.loadtest.fuzz handshake --runs 1000000
     python -m batonmq.loadtest.fuzz sealed --runs 1000000
+    python -m batonmq.loadtest.fuzz amqp --runs 1000000
+    python -m batonmq.loadtest.fuzz amqp-session --runs 100000
 
-Three targets, each fed by atheris (libFuzzer for Python: it mutates inputs towards
+Six targets, each fed by atheris (libFuzzer for Python: it mutates inputs towards
 new branches of the instrumented code) from a seed corpus of real encoded frames and
 events:
 
@@ -27,6 +29,22 @@ events:
     closed, or waiting for more bytes (never more than a frame's worth buffered);
     nothing else written, no exception out of ``data_received``.
 
+``amqp``
+    the AMQP 0-9-1 codec (:class:`batonmq.broker.amqp_codec.AmqpCodec`): the protocol
+    header and frames in any chunking. Allowed: events, waiting for more bytes and
+    :class:`~batonmq.broker.amqp_codec.FrameError` (the connection closes with its
+    code); a method decoded must encode again (or be refused by pamqp with ValueError)
+    to a frame that decodes to the same method; never more than a frame buffered.
+
+``amqp-session``
+    the broker's side of an AMQP connection (:class:`batonmq.broker.amqp_connection.AmqpConnection`)
+    on a recording transport and a stand-in broker (default users, no queues, commands
+    that never complete), fed the bytes in chunks: the handshake with its login, then
+    any channel methods. Allowed: whatever it writes is AMQP (the protocol header,
+    whole frames), a connection it closes was told why (``Connection.Close``, or its
+    header for a wrong one), no exception out of ``data_received``, and no error with
+    a traceback in the log (a client's mistake is answered, not logged as a bug).
+
 ``sealed``
     opening a sealed log's record (:meth:`batonmq.cluster.log.sealed.SealedLog.open`):
     the record's bytes or ``UNOPENED``, never an exception.
@@ -42,7 +60,9 @@ import argparse
 import asyncio
 import copy
 import gc
+import logging
 import os
+import struct
 import sys
 import tempfile
 import types
@@ -50,7 +70,19 @@ from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any, Final, cast
 
+from pamqp import base as pamqp_base
+from pamqp import commands as pamqp_commands
+from pamqp import frame as pamqp_frame
+
+from batonmq.broker.amqp_codec import HEARTBEAT as AMQP_HEARTBEAT
+from batonmq.broker.amqp_codec import PROTOCOL_HEADER as AMQP_HEADER
+from batonmq.broker.amqp_codec import AmqpCodec, FrameError
+from batonmq.broker.amqp_codec import Method as AmqpMethod
+from batonmq.broker.amqp_codec import ProtocolHeader as AmqpProtocolHeader
+from batonmq.broker.amqp_codec import method_frame as amqp_method_frame
+from batonmq.broker.amqp_connection import AmqpBroker, AmqpConnection
 from batonmq.broker.config import BrokerConfig
+from batonmq.broker.delivery import Consumer
 from batonmq.broker.session import Session, SessionBroker
 from batonmq.clients import scram, wire
 from batonmq.cluster import codec
@@ -314,6 +346,246 @@ def one_sealed(data: bytes) -> None:
         raise AssertionError("a record opened that its key did not seal")
 
 
+# -- amqp -----------------------------------------------------------------------------------
+
+#: The AMQP codec's limits: a small frame_max so that oversized frames are reached.
+AMQP_FRAME_MAX = 4096
+AMQP_MAX_BODY = 1024
+
+
+def one_amqp(data: bytes) -> None:
+    """Feed ``data`` to an AMQP codec; check what it decodes."""
+    codec = AmqpCodec(AMQP_FRAME_MAX, AMQP_MAX_BODY)
+    for chunk in _chunks(data):
+        codec.receive_data(chunk)
+        while True:
+            try:
+                event = codec.next_event()
+            except FrameError:
+                return  # the connection is closed with this code
+            if event is None:
+                break
+            if isinstance(event, AmqpProtocolHeader) and not event.ok:
+                return  # answered with the broker's header and closed
+            if isinstance(event, AmqpMethod):
+                _check_amqp_round_trip(event)
+        if codec.buffered > AMQP_FRAME_MAX + len(AMQP_HEADER):
+            raise AssertionError(f"{codec.buffered} bytes buffered for one frame")
+
+
+def _check_amqp_round_trip(event: AmqpMethod) -> None:
+    try:
+        encoded = amqp_method_frame(event.channel, event.method)
+    except (ValueError, TypeError, OverflowError, struct.error):
+        # pamqp refuses to write the value back (a name its pattern refuses, a double
+        # it writes as a float); the broker writes no client's table with it
+        # (broker/amqp_message.py encode_table)
+        return
+    again = AmqpCodec(len(encoded) + 16, AMQP_MAX_BODY)
+    again.receive_data(AMQP_HEADER + encoded)
+    again.next_event()
+    decoded = again.next_event()
+    if not isinstance(decoded, AmqpMethod) or type(decoded.method) is not type(event.method):
+        raise AssertionError(f"{event.method.name} does not decode again: {decoded!r}")
+
+
+class _Tracebacks(logging.Handler):
+    """Fails the input on an error logged with a traceback (a bug, not a client's
+    mistake)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.levelno >= logging.ERROR:
+            raise AssertionError(f"logged a traceback: {record.getMessage()}")
+
+
+class _StandInDelivery:
+    """The broker's delivery as a channel sees it: a consumer added gets two messages
+    at once (one of them redelivered, with headers), so settlements have tags to hit."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.by_queue: dict[str, list[Consumer]] = {}
+        self.added = 0
+
+    def add(self, queue: str, prefetch: int, session: Any, tag: int, counters: bool = False,
+            ack_timeout_ms: int | None = None) -> Consumer:
+        self.added += 1
+        c = Consumer(tag, f"fuzz/r/{self.added}", queue, prefetch, session, counters)
+        self.by_queue.setdefault(queue, []).append(c)
+        base = self.added * 10
+        messages: list[list[Any]] = [
+            [base, 0, b"body", {"h": 1}, 0, 0],
+            [base + 1, 2, b"", {"amqp-properties": {"correlation_id": "c"}}, 0, 3],
+        ]
+        for m in messages:
+            c.held[int(m[0])] = len(c.held)
+        self.loop.call_soon(session.deliver, tag, messages)
+        return c
+
+    def remove(self, c: Consumer, *args: Any) -> None:
+        c.closed = True
+        peers = self.by_queue.get(c.queue, [])
+        if c in peers:
+            peers.remove(c)
+
+    def pump(self, queue: str) -> None:
+        pass
+
+    def settled(self, c: Consumer) -> None:
+        pass
+
+    def released(self, c: Consumer) -> None:
+        pass
+
+
+def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
+    config = BrokerConfig(data_dir="unused", max_message=AMQP_MAX_BODY, hello_timeout=30)
+    queue = SimpleNamespace(ready=3, length=3, max_length=None, max_priority=0)
+    broker = SimpleNamespace(
+        config=config,
+        version="fuzz",
+        node=SimpleNamespace(
+            node_id="fuzz-node",
+            state=SimpleNamespace(users=_USERS, queues={"q": queue}),
+            submit=lambda event: loop.create_future(),  # never completes
+        ),
+        delivery=_StandInDelivery(loop),
+        allow_from=None,
+        amqp_connections=set(),
+        refused=lambda what: None,
+    )
+    return cast(AmqpBroker, broker)
+
+
+async def _amqp_session(data: bytes) -> None:
+    loop = asyncio.get_running_loop()
+    conn = AmqpConnection(_amqp_broker(loop))
+    transport = _Transport()
+    conn.connection_made(cast(asyncio.BaseTransport, transport))
+    for chunk in _chunks(data):
+        if conn.closed:
+            break
+        conn.data_received(chunk)
+        for _ in range(200):  # a login checks the password off the loop: wait for it
+            if conn.stage != "login" or conn.closed:
+                break
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0)  # deliveries to consumers just added
+    await asyncio.sleep(0)  # the writes of the tick
+    written = bytes(transport.written)
+    if written.startswith(AMQP_HEADER):
+        if written != AMQP_HEADER or not transport.closing:
+            raise AssertionError(f"a wrong header answered with more than ours: {written!r}")
+    else:
+        methods = []
+        while written:
+            try:
+                used, _, frame = pamqp_frame.unmarshal(written)
+            except Exception as exc:  # noqa: BLE001
+                raise AssertionError(f"wrote bytes that are no AMQP frame: {written[:64]!r}") from exc
+            written = written[used:]
+            if isinstance(frame, pamqp_base.Frame):
+                methods.append(frame)
+        if transport.closing and conn.stage != "header":
+            if not any(isinstance(m, pamqp_commands.Connection.Close | pamqp_commands.Connection.CloseOk)
+                       for m in methods):
+                raise AssertionError(f"closed without Connection.Close: {[m.name for m in methods]}")
+    conn.connection_lost(None)
+
+
+def one_amqp_session(data: bytes) -> None:
+    """Feed ``data`` to a fresh AMQP connection of the broker."""
+    global _LOOP
+    if _LOOP is None:
+        _LOOP = asyncio.new_event_loop()
+    log = logging.getLogger("baton.amqp")
+    handler = _Tracebacks()
+    log.addHandler(handler)
+    try:
+        _LOOP.run_until_complete(_amqp_session(data))
+    finally:
+        log.removeHandler(handler)
+
+
+def _amqp_session_seeds() -> list[bytes]:
+    from pamqp import commands as amqp
+    from pamqp import frame as amqp_frame
+    from pamqp import header as amqp_header
+    from pamqp.body import ContentBody
+
+    login = (
+        amqp_frame.marshal(amqp.Connection.StartOk({"capabilities": {"consumer_cancel_notify": True}},
+                                                   "PLAIN", "\0guest\0guest"), 0)
+        + amqp_frame.marshal(amqp.Connection.TuneOk(2047, 4096, 0), 0)
+        + amqp_frame.marshal(amqp.Connection.Open("/"), 0)
+        + amqp_frame.marshal(amqp.Channel.Open(), 1)
+    )
+    work = [
+        amqp_frame.marshal(amqp.Queue.Declare(queue="q", arguments={"x-queue-type": "stream"}), 1),
+        amqp_frame.marshal(amqp.Queue.Declare(queue="q", passive=True), 1),
+        amqp_frame.marshal(amqp.Confirm.Select(), 1)
+        + amqp_frame.marshal(amqp.Basic.Publish(exchange="", routing_key="q", mandatory=True), 1)
+        + amqp_frame.marshal(amqp_header.ContentHeader(0, 2, amqp.Basic.Properties(
+            headers={"f": 1.5, "n": [1, {"x": None}]})), 1)
+        + amqp_frame.marshal(ContentBody(b"hi"), 1),
+        amqp_frame.marshal(amqp.Basic.Qos(prefetch_count=5), 1)
+        + amqp_frame.marshal(amqp.Basic.Consume(queue="q"), 1),
+        amqp_frame.marshal(amqp.Basic.Ack(1), 1),
+        amqp_frame.marshal(amqp.Basic.Consume(queue="q", consumer_tag="c1"), 1)
+        + amqp_frame.marshal(amqp.Basic.Ack(1), 1)
+        + amqp_frame.marshal(amqp.Basic.Nack(2, multiple=True), 1)
+        + amqp_frame.marshal(amqp.Basic.Cancel("c1"), 1),
+        amqp_frame.marshal(amqp.Basic.Consume(queue="q", no_ack=True), 1)
+        + amqp_frame.marshal(amqp.Basic.Reject(2), 1)
+        + amqp_frame.marshal(amqp.Basic.Recover(requeue=True), 1),
+        amqp_frame.marshal(amqp.Basic.Get(queue="q"), 1)
+        + amqp_frame.marshal(amqp.Queue.Purge(queue="q"), 1)
+        + amqp_frame.marshal(amqp.Queue.Delete(queue="q", if_empty=True), 1),
+        amqp_frame.marshal(amqp.Channel.Flow(active=False), 1)
+        + amqp_frame.marshal(amqp.Basic.Consume(queue="q"), 1)
+        + amqp_frame.marshal(amqp.Channel.Flow(active=True), 1),
+        amqp_frame.marshal(amqp.Tx.Select(), 1),
+        amqp_frame.marshal(amqp.Exchange.Declare(exchange="logs", exchange_type="fanout"), 1),
+        amqp_frame.marshal(amqp.Channel.Close(200, "bye", 0, 0), 1)
+        + amqp_frame.marshal(amqp.Connection.Close(200, "bye", 0, 0), 0),
+    ]
+    bad_login = amqp_frame.marshal(amqp.Connection.StartOk({}, "PLAIN", "\0guest\0nope"), 0)
+    # (Read 48 bytes at a time too: deliveries then come between a consume and its acks.)
+    return [size + AMQP_HEADER + login + w for w in work for size in (b"\x00", b"\x30")] + [
+        b"\x00" + AMQP_HEADER + bad_login,
+        b"\x00" + AMQP_HEADER + login + b"".join(work),
+        b"\x00" + b"AMQP\x00\x00\x08\x00",
+    ]
+
+
+def _amqp_seeds() -> list[bytes]:
+    from pamqp import commands as amqp
+    from pamqp import frame as amqp_frame
+    from pamqp import header as amqp_header
+    from pamqp.body import ContentBody
+
+    frames = [
+        amqp_frame.marshal(amqp.Connection.StartOk({"product": "fuzz"}, "PLAIN", "\0guest\0guest"), 0),
+        amqp_frame.marshal(amqp.Connection.TuneOk(2047, 4096, 60), 0),
+        amqp_frame.marshal(amqp.Connection.Open("/"), 0),
+        amqp_frame.marshal(amqp.Channel.Open(), 1),
+        amqp_frame.marshal(amqp.Queue.Declare(queue="q", durable=True,
+                                              arguments={"x-delivery-limit": 3, "x-dead-letter-exchange": ""}), 1),
+        amqp_frame.marshal(amqp.Basic.Publish(exchange="", routing_key="q"), 1)
+        + amqp_frame.marshal(amqp_header.ContentHeader(0, 5, amqp.Basic.Properties(
+            correlation_id="c", headers={"h": [1, "x", {"n": None}]})), 1)
+        + amqp_frame.marshal(ContentBody(b"hello"), 1),
+        amqp_frame.marshal(amqp.Basic.Ack(3, multiple=True), 1),
+        amqp_frame.marshal(amqp.Basic.Consume(queue="q", consumer_tag="t"), 1),
+        AMQP_HEARTBEAT,
+    ]
+    return [b"\x00" + AMQP_HEADER + f for f in frames] + [
+        b"\x00" + AMQP_HEADER + b"".join(frames),
+        b"\x03" + AMQP_HEADER + b"".join(frames),
+        b"\x00" + b"AMQP\x00\x00\x08\x00",
+    ]
+
+
 # -- seeds ----------------------------------------------------------------------------------
 
 
@@ -356,6 +628,10 @@ def seeds(target: str) -> list[bytes]:
             Release("q", "n1/r1/c1", (1,)),
         ]
         return [codec.encode(origin, e) for e in events]
+    if target == "amqp":
+        return _amqp_seeds()
+    if target == "amqp-session":
+        return _amqp_session_seeds()
     if target == "sealed":
         log = _sealed_log()
         return log.seal([b"", b"x", b"record" * 20, b"\x00" * 100]) + [b"\xc1S\x01\x02k1" + b"\x00" * 40]
@@ -397,6 +673,11 @@ COVERED: Final[dict[str, frozenset[str]]] = {
          "batonmq.broker.connection"}
     ),
     "sealed": frozenset({"batonmq.cluster.log.sealed"}),
+    "amqp": frozenset({"batonmq.broker.amqp_codec", "pamqp.frame", "pamqp.decode", "pamqp.header",
+                       "pamqp.base", "pamqp.commands"}),
+    "amqp-session": frozenset({"batonmq.broker.amqp_connection", "batonmq.broker.amqp_channel",
+                               "batonmq.broker.amqp_codec", "batonmq.broker.amqp_queues",
+                               "batonmq.broker.amqp_routes", "batonmq.broker.amqp_message"}),
 }
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
@@ -404,6 +685,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "events": one_events,
     "handshake": one_handshake,
     "sealed": one_sealed,
+    "amqp": one_amqp,
+    "amqp-session": one_amqp_session,
 }
 
 

@@ -1,0 +1,886 @@
+"""One AMQP 0-9-1 channel: its queues, publishes, confirms and consumers (docs/amqp.md).
+
+A :class:`Channel` turns the methods of one channel into Baton's commands, through the
+same parts a native session uses: publishes are ``Enqueue`` events with an idempotency
+key each (those of one read merged per queue), consumers are
+:class:`~batonmq.broker.delivery.Consumer` s of the broker's delivery, settlements are
+``Accept`` / ``Release`` / ``Reject`` events. It is the
+:class:`~batonmq.broker.reply.Replier` its consumers deliver to. The connection
+(broker/amqp_connection.py) owns the channels, the socket and the handshake; it is seen
+here as :class:`ChannelOwner` only.
+
+Settlements, as RabbitMQ 4.3's quorum queues count them: ``Basic.Ack`` accepts;
+``Basic.Reject`` with requeue is a failed delivery (the delivery count goes up, the
+delivery limit applies); ``Basic.Nack`` with requeue and ``Basic.Recover`` give the
+message back without a failure (the acquired count only); either without requeue
+dead-letters (or drops) it. A closed channel or a lost connection gives back what it
+held as failed deliveries.
+
+Size: a little over 800 lines, because the methods of AMQP's Basic, Queue and Confirm classes
+share one channel's state (delivery tags, consumers and getters, a shared prefetch,
+unconfirmed publishes); what needs none of it is in modules of its own (broker/amqp_queues.py, the
+arguments; broker/amqp_routes.py, the exchange seam; broker/amqp_message.py, the
+properties).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import msgpack
+from pamqp import base, commands
+
+from batonmq.broker import amqp_routes as routes
+from batonmq.broker.access import Rights
+from batonmq.broker.amqp_codec import (
+    ChannelError,
+    ConnectionFault,
+    Content,
+    Oversized,
+    content_frames,
+    declare_ok,
+    deliver_frames,
+    method_frame,
+)
+from batonmq.broker.amqp_message import properties_bytes, to_headers, to_properties
+from batonmq.broker.amqp_queues import error_code, queue_options
+from batonmq.broker.config import BrokerConfig
+from batonmq.broker.delivery import Consumer, Delivery
+from batonmq.broker.limits import check_headers, check_name
+from batonmq.broker.reply import Shape
+from batonmq.broker.session import declare_event
+from batonmq.clients import wire
+from batonmq.cluster.errors import BatonError, LimitExceeded, MessageTooLarge
+from batonmq.cluster.events import Accept, DeleteQueue, Enqueue, PurgeQueue, Reject, Release
+from batonmq.cluster.node import Node
+from batonmq.cluster.results import Enqueued, Settled
+
+__all__ = ["Channel", "ChannelOwner", "DEFAULT_PREFETCH", "GET_WAIT"]
+
+log = logging.getLogger("baton.amqp")
+
+R = TypeVar("R")
+
+#: The prefetch of a consumer on a channel without ``Basic.Qos`` (AMQP: unlimited).
+DEFAULT_PREFETCH = 1000
+#: A channel keeps a getter (a consumer of prefetch 0, raised to 1 for each Basic.Get)
+#: for each queue it gets from; past this many, those that hold nothing end.
+_MAX_GETTERS = 16
+#: The longest a ``Basic.Get`` waits for the message it saw ready (seconds): it is
+#: acquired through the log, by the broker that owns the queue at the time.
+GET_WAIT = 3.0
+_GET_POLL = 0.02
+
+class ChannelOwner(Protocol):
+    """What a channel needs of its connection."""
+
+    @property
+    def closed(self) -> bool:
+        """The connection has ended (or is closing)."""
+        ...
+
+    @property
+    def paused(self) -> bool:
+        """The client does not read: deliver nothing."""
+        ...
+
+    @property
+    def frame_max(self) -> int:
+        """The frame size settled in Tune."""
+        ...
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def node(self) -> Node: ...
+
+    @property
+    def delivery(self) -> Delivery: ...
+
+    @property
+    def rights(self) -> Rights: ...
+
+    @property
+    def cancel_notify(self) -> bool:
+        """The client takes a server's ``Basic.Cancel`` (capability consumer_cancel_notify)."""
+        ...
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes for this tick's write."""
+        ...
+
+    def consumer_load(self) -> tuple[int, int]:
+        """The connection's consumers, and the sum of their prefetch."""
+        ...
+
+    def next_key(self) -> str:
+        """A fresh publish idempotency key of this connection."""
+        ...
+
+    def commands_started(self, n: int) -> None: ...
+
+    def commands_finished(self, n: int) -> None: ...
+
+    def close_channel(self, channel: Channel, code: int, text: str) -> None:
+        """Close ``channel`` with ``code`` (``Channel.Close``)."""
+        ...
+
+    def exclusive_owner(self, queue: str) -> object | None:
+        """The connection that declared ``queue`` exclusive, if any."""
+        ...
+
+    def queue_declared(self, queue: str, exclusive: bool, auto_delete: bool) -> None:
+        """This connection declared ``queue`` exclusive and/or auto-delete."""
+        ...
+
+    def consumer_gone(self, queue: str) -> None:
+        """A consumer of ``queue`` on this connection ended (auto-delete)."""
+        ...
+
+
+@dataclass(slots=True)
+class _Sub:
+    """One ``Basic.Consume`` (or a channel's getter of one queue)."""
+
+    tag: str
+    consumer: Consumer
+    no_ack: bool
+    getter: bool = False
+    cancelled: bool = False  # Basic.Cancel: delivers nothing more, ends when settled
+    limit: int = 0  # its own prefetch (Basic.Qos per consumer, or the default)
+
+
+@dataclass(slots=True)
+class _Get:
+    """A ``Basic.Get`` waiting for its message."""
+
+    sub: _Sub
+    no_ack: bool
+    deadline: float
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(slots=True)
+class _Publish:
+    seq: int  # confirm sequence number (0: not confirming)
+    body: bytes
+    headers: dict[str, Any]
+    key: str
+    priority: int = 0
+
+
+class Channel:
+    """One open channel of an AMQP connection."""
+
+    def __init__(self, owner: ChannelOwner, number: int) -> None:
+        self.owner = owner
+        self.number = number
+        self.open = True
+        self.active = True  # Channel.Flow
+        self.candidate = ""  # (Replier: a channel never leads a service)
+        self.prefetch = 0  # Basic.Qos prefetch_count (0: DEFAULT_PREFETCH)
+        self.global_prefetch = 0  # Basic.Qos global: the channel's consumers share it
+        self._turn = 0  # who gets the odd credit of a shared prefetch first
+        self.confirming = False
+        self._seq = 0  # the last confirm sequence number given
+        self._unconfirmed: dict[int, bool | None] = {}  # seq -> outcome (None: pending)
+        self._parts: dict[int, int] = {}  # seq -> its Enqueues still pending (more queues)
+        self._confirm_soon = False
+        self._subs: dict[str, _Sub] = {}  # by consumer tag
+        self._by_int: dict[int, _Sub] = {}  # by Consumer.tag
+        self._next_int = 0
+        self._getters: dict[str, _Sub] = {}  # by queue
+        self._get: _Get | None = None
+        self._delivery_tag = 0
+        self._unacked: dict[int, tuple[_Sub, int]] = {}  # delivery tag -> (sub, position)
+        self._publishes: dict[str, list[_Publish]] = {}
+        self._last_queue = ""  # the last queue declared (Basic.Consume/Get of "")
+        self._packer = msgpack.Packer(use_bin_type=True)
+
+    # -- Replier ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.owner.closed or not self.open
+
+    @property
+    def paused(self) -> bool:
+        return self.owner.paused or not self.active
+
+    def send(self, frame: wire.Frame) -> None:
+        """What delivery tells a native session: here only an ack timeout."""
+        if isinstance(frame, wire.Expired) and self.open:
+            # As RabbitMQ: the channel closes; what it held goes back.
+            self.owner.close_channel(
+                self, 406, f"delivery acknowledgement on channel {self.number} timed out"
+            )
+
+    def reply(self, corr: int, fut: asyncio.Future[R], shape: Shape[R]) -> None:
+        fut.add_done_callback(_quiet)
+
+    def error(self, corr: int, exc: BatonError) -> None:
+        pass
+
+    def commands_started(self, n: int) -> None:
+        self.owner.commands_started(n)
+
+    def commands_finished(self, n: int) -> None:
+        self.owner.commands_finished(n)
+
+    def deliver(self, tag: int, messages: list[list[Any]]) -> None:
+        """Messages acquired for one of this channel's consumers (or its getter)."""
+        sub = self._by_int.get(tag)
+        if sub is None:
+            return
+        c = sub.consumer
+        if not self.open or sub.cancelled or (sub.getter and self._get is None):
+            # Nobody wants them now: back to the queue, not a failure (never sent).
+            positions = [m[0] for m in messages]
+            self._settle_positions(c, positions, "release")
+            return
+        if sub.getter and len(messages) > 1:
+            # One Basic.Get, one message (its prefetch is 1; never more told as GetOk).
+            self._settle_positions(c, [m[0] for m in messages[1:]], "release")
+            messages = messages[:1]
+        accepted: list[int] = []
+        out: list[bytes] = []
+        frame_max = self.owner.frame_max
+        for m in messages:
+            position, count, body, headers, _publish_time, acquired = m[:6]
+            extra: dict[str, Any] = {}
+            if count:
+                extra["x-delivery-count"] = count
+            if acquired:
+                extra["x-acquired-count"] = acquired
+            self._delivery_tag += 1
+            dtag = self._delivery_tag
+            if sub.no_ack:
+                accepted.append(position)
+            else:
+                self._unacked[dtag] = (sub, position)
+            if sub.getter:
+                q = self.owner.node.state.queues.get(c.queue)
+                method = commands.Basic.GetOk(
+                    dtag, acquired > 0, "", c.queue, q.ready if q is not None else 0
+                )
+                out.append(content_frames(self.number, method, to_properties(headers, extra),
+                                          body, frame_max))
+            else:
+                out.append(deliver_frames(self.number, sub.tag, dtag, acquired > 0, c.queue,
+                                          properties_bytes(headers, extra), body, frame_max))
+        if sub.getter:
+            get, self._get = self._get, None
+            if get is not None and get.timer is not None:
+                get.timer.cancel()
+            c.prefetch = 0
+        self.owner.write(b"".join(out))
+        if accepted:
+            self._settle_positions(c, accepted, "accept")
+
+    def consumer_cancelled(self, tag: int, exc: BatonError) -> None:
+        """The broker ended a consumer (its queue was deleted)."""
+        sub = self._by_int.pop(tag, None)
+        if sub is None:
+            return
+        self._subs.pop(sub.tag, None)
+        if sub.getter:
+            self._getters.pop(sub.consumer.queue, None)
+            return
+        if self.open and self.owner.cancel_notify and not sub.cancelled:
+            self._method(commands.Basic.Cancel(sub.tag, nowait=True))
+
+    # -- methods ------------------------------------------------------------------------------
+
+    def handle(self, method: base.Frame) -> None:
+        """One method of this channel (not Channel.Open / Close / CloseOk).
+
+        Raises:
+            ChannelError: the channel closes.
+            ConnectionFault: the connection closes.
+        """
+        try:
+            self._handle(method)
+        except BatonError as exc:
+            raise ChannelError(error_code(exc), exc.message) from None
+
+    def _handle(self, m: base.Frame) -> None:
+        # Anything but a publish goes after the publishes read before it (log order).
+        self.flush()
+        match m:
+            case commands.Basic.Ack():
+                self._settle(m.delivery_tag or 0, bool(m.multiple), "accept")
+            case commands.Basic.Reject():
+                self._settle(m.delivery_tag or 0, False, "fail" if m.requeue else "reject")
+            case commands.Basic.Nack():
+                self._settle(m.delivery_tag or 0, bool(m.multiple), "release" if m.requeue else "reject")
+            case commands.Basic.Qos():
+                if m.prefetch_count < 0:
+                    raise ChannelError(406, "prefetch_count must not be negative")
+                if m.global_:
+                    self.global_prefetch = m.prefetch_count
+                    self._share()
+                    self.pump()
+                else:
+                    self.prefetch = m.prefetch_count
+                self._method(commands.Basic.QosOk())
+            case commands.Basic.Consume():
+                self._consume(m)
+            case commands.Basic.Cancel():
+                self._cancel(m.consumer_tag or "")
+                if not m.nowait:
+                    self._method(commands.Basic.CancelOk(m.consumer_tag))
+            case commands.Basic.Get():
+                self._basic_get(m)
+            case commands.Basic.Recover():
+                if not m.requeue:
+                    raise ConnectionFault(540, "basic.recover with requeue=false is not supported", (60, 110))
+                self._settle(0, True, "release")
+                self._method(commands.Basic.RecoverOk())
+            case commands.Confirm.Select():
+                self.confirming = True
+                if not m.nowait:
+                    self._method(commands.Confirm.SelectOk())
+            case commands.Channel.Flow():
+                self.active = bool(m.active)
+                self._method(commands.Channel.FlowOk(self.active))
+                if self.active:
+                    self.pump()
+            case commands.Queue.Declare():
+                self._declare(m)
+            case commands.Queue.Delete():
+                self._delete(m)
+            case commands.Queue.Purge():
+                self._purge(m)
+            case commands.Queue.Bind() | commands.Queue.Unbind():
+                routes.bind_queue(m.queue, m.exchange, m.routing_key, isinstance(m, commands.Queue.Bind))
+                self._method(commands.Queue.BindOk() if isinstance(m, commands.Queue.Bind)
+                             else commands.Queue.UnbindOk())
+            case commands.Exchange.Declare():
+                routes.declare_exchange(m.exchange, m.exchange_type, m.passive, dict(m.arguments or {}))
+                if not m.nowait:
+                    self._method(commands.Exchange.DeclareOk())
+            case commands.Exchange.Delete():
+                routes.delete_exchange(m.exchange)
+            case commands.Exchange.Bind() | commands.Exchange.Unbind():
+                raise ChannelError(404, f"no exchange '{m.destination}' in vhost '/'")
+            case commands.Tx.Select() | commands.Tx.Commit() | commands.Tx.Rollback():
+                raise ConnectionFault(
+                    540, "transactions (tx.*) are not supported: use publisher confirms",
+                    (commands.Tx.frame_id, m.frame_id),
+                )
+            case _:
+                raise ConnectionFault(540, f"{m.name} is not supported")
+
+    def _method(self, m: base.Frame) -> None:
+        self.owner.write(method_frame(self.number, m))
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def _queue_name(self, name: str) -> str:
+        """A method's queue; "" is the last one this channel declared."""
+        if name:
+            return name
+        if not self._last_queue:
+            raise ChannelError(406, "no queue named, and none declared on this channel")
+        return self._last_queue
+
+    def _locked(self, queue: str) -> None:
+        owner = self.owner.exclusive_owner(queue)
+        if owner is not None and owner is not self.owner:
+            raise ChannelError(405, f"cannot obtain exclusive access to locked queue '{queue}'"
+                                    " in vhost '/'")
+
+    def _declare(self, m: commands.Queue.Declare) -> None:
+        name = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        state = self.owner.node.state
+        rights = self.owner.rights
+        check_name("queue name", name)
+        if m.passive:
+            rights.check_any(name)
+            if name not in state.queues:
+                raise ChannelError(404, f"no queue '{name}' in vhost '/'")
+            self._locked(name)
+            self._declared(name, m.nowait)
+            return
+        rights.check("configure", name)
+        options = queue_options(name, dict(m.arguments or {}), m.durable)
+        dead_letter = options.get("dead_letter")
+        if isinstance(dead_letter, str):
+            rights.check("write", dead_letter)
+        self._locked(name)
+        event = declare_event(name, options)
+        fut = self.owner.node.submit(event)
+        self.commands_started(1)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self.commands_finished(1)
+            if self._failed(f):
+                return
+            if m.exclusive or m.auto_delete:
+                self.owner.queue_declared(name, m.exclusive, m.auto_delete)
+            self._declared(name, m.nowait)
+
+        fut.add_done_callback(done)
+
+    def _declared(self, name: str, nowait: bool) -> None:
+        self._last_queue = name
+        if nowait:
+            return
+        q = self.owner.node.state.queues.get(name)
+        ready = q.ready if q is not None else 0
+        consumers = len(self.owner.delivery.by_queue.get(name, ()))
+        self.owner.write(declare_ok(self.number, name, ready, consumers))
+
+    def _failed(self, f: asyncio.Future[Any]) -> bool:
+        """A command's future failed: close the channel (or the connection) as it says.
+        Returns whether it failed."""
+        if f.cancelled():
+            exc: BaseException = BatonError("command cancelled")
+        else:
+            found = f.exception()
+            if found is None:
+                return False
+            exc = found
+        if not self.open or self.owner.closed:
+            return True
+        if isinstance(exc, BatonError):
+            self.owner.close_channel(self, error_code(exc), exc.message)
+        else:
+            log.error("channel %d: command failed: %r", self.number, exc)
+            self.owner.close_channel(self, 541, "internal error")
+        return True
+
+    def _delete(self, m: commands.Queue.Delete) -> None:
+        name = self._queue_name(m.queue)
+        self.owner.rights.check("configure", name)
+        self._locked(name)
+        q = self.owner.node.state.queues.get(name)
+        if q is None:
+            # RabbitMQ answers a delete of a missing queue with DeleteOk.
+            if not m.nowait:
+                self._method(commands.Queue.DeleteOk(0))
+            return
+        if m.if_unused and self.owner.delivery.by_queue.get(name):
+            raise ChannelError(406, f"queue '{name}' in vhost '/' in use")
+        if m.if_empty and q.length:
+            raise ChannelError(406, f"queue '{name}' in vhost '/' is not empty")
+        self._command(DeleteQueue(name), lambda r: None if m.nowait else self._method(
+            commands.Queue.DeleteOk(r.deleted)))
+
+    def _purge(self, m: commands.Queue.Purge) -> None:
+        name = self._queue_name(m.queue)
+        self.owner.rights.check("configure", name)
+        self._locked(name)
+        self._command(PurgeQueue(name), lambda r: None if m.nowait else self._method(
+            commands.Queue.PurgeOk(r.purged)))
+
+    def _command(self, event: Any, then: Callable[[Any], None]) -> None:
+        fut = self.owner.node.submit(event)
+        self.commands_started(1)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self.commands_finished(1)
+            if not self._failed(f):
+                then(f.result())
+
+        fut.add_done_callback(done)
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish(self, content: Content | Oversized) -> None:
+        """A published message, whole (or one above the size limit).
+
+        Raises:
+            ChannelError: the channel closes (unknown exchange, no right, too large).
+        """
+        try:
+            self._publish(content)
+        except BatonError as exc:
+            raise ChannelError(error_code(exc), exc.message) from None
+
+    def _publish(self, content: Content | Oversized) -> None:
+        m = content.method
+        if isinstance(content, Oversized):
+            raise ChannelError(
+                406, f"message size {content.size} is larger than configured max size"
+                f" {self.owner.config.max_message}"
+            )
+        if m.immediate:
+            raise ConnectionFault(540, "immediate=true", (60, 40))  # (as RabbitMQ)
+        if content.properties.headers:
+            # Before anything walks them recursively: deep nesting is refused here.
+            check_headers(content.properties.headers)
+        queues = routes.route(self.owner.node.state.queues, m.exchange, m.routing_key)
+        for q in queues:
+            self.owner.rights.check("write", q)
+        seq = 0
+        if self.confirming:
+            self._seq += 1
+            seq = self._seq
+            self._unconfirmed[seq] = None
+        if not queues:
+            if m.mandatory:
+                self.owner.write(content_frames(
+                    self.number,
+                    commands.Basic.Return(312, "NO_ROUTE", m.exchange, m.routing_key),
+                    # (written back through the Baton form: pamqp cannot write every
+                    # value it reads)
+                    to_properties(to_headers(content.properties), {}), content.body,
+                    self.owner.frame_max,
+                ))
+            if seq:
+                self._confirmed(seq, True)
+            return
+        headers = to_headers(content.properties)
+        if headers:
+            size = len(self._packer.pack(headers))
+            if size > self.owner.config.max_headers:
+                raise MessageTooLarge(
+                    f"headers of {size} bytes are above the maximum of"
+                    f" {self.owner.config.max_headers}"
+                )
+        priority = content.properties.priority or 0
+        # (The default exchange routes to one queue; with more, the publish is confirmed
+        # once every queue has it, and nacked if any refused it.)
+        if seq and len(queues) > 1:
+            self._parts[seq] = len(queues)
+        for queue in queues:
+            p = _Publish(seq, content.body, headers, self.owner.next_key(), min(priority, 9))
+            self._publishes.setdefault(queue, []).append(p)
+
+    def flush(self) -> None:
+        """Submit the publishes read so far: one Enqueue per queue, or one per
+        message where merging could change the outcome (a queue with max_length, a
+        priority)."""
+        if not self._publishes:
+            return
+        pending, self._publishes = self._publishes, {}
+        state = self.owner.node.state
+        for queue, items in pending.items():
+            q = state.queues.get(queue)
+            if q is None or q.max_length is not None or q.max_priority:
+                for p in items:
+                    self._submit(queue, [p], p.priority if q is not None and q.max_priority else 0)
+            else:
+                self._submit(queue, items, 0)
+
+    def _submit(self, queue: str, items: list[_Publish], priority: int) -> None:
+        event = Enqueue(
+            queue,
+            tuple((p.body, p.headers) for p in items),
+            tuple((p.key, 1) for p in items),
+            priority=priority,
+        )
+        fut = self.owner.node.submit(event)
+        self.commands_started(len(items))
+        seqs = [p.seq for p in items if p.seq]
+
+        def done(f: asyncio.Future[Enqueued]) -> None:
+            self.commands_finished(len(items))
+            ok = not f.cancelled() and f.exception() is None
+            if not ok and not f.cancelled():
+                exc = f.exception()
+                if not isinstance(exc, BatonError):
+                    log.error("publish to %s failed: %r", queue, exc)
+            for s in seqs:
+                self._confirmed(s, ok)
+
+        fut.add_done_callback(done)
+
+    def _confirmed(self, seq: int, ok: bool) -> None:
+        parts = self._parts.get(seq)
+        if parts is not None:
+            if not ok:
+                self._unconfirmed[seq] = False
+            if parts > 1:
+                self._parts[seq] = parts - 1
+                return
+            del self._parts[seq]
+            ok = ok and self._unconfirmed.get(seq) is not False
+        if seq in self._unconfirmed:
+            self._unconfirmed[seq] = ok
+        if not self._confirm_soon:
+            self._confirm_soon = True
+            asyncio.get_running_loop().call_soon(self._send_confirms)
+
+    def _send_confirms(self) -> None:
+        """Tell the publisher what is durable: one ``Basic.Ack`` with multiple for the
+        run of confirmed publishes from the oldest unconfirmed on, then each other
+        outcome known alone (a failed one as ``Basic.Nack``)."""
+        self._confirm_soon = False
+        if not self.open:
+            return
+        pending = self._unconfirmed
+        last = run = 0
+        for seq, outcome in pending.items():
+            if outcome is not True:
+                break
+            last, run = seq, run + 1
+        out: list[base.Frame] = []
+        if run:
+            # (Those told alone before are no longer pending: the run may have gaps.)
+            for _ in range(run):
+                del pending[next(iter(pending))]
+            out.append(commands.Basic.Ack(last, multiple=run > 1))
+        for seq, outcome in list(pending.items()):
+            if outcome is None:
+                continue
+            del pending[seq]
+            out.append(commands.Basic.Ack(seq) if outcome else commands.Basic.Nack(seq, requeue=False))
+        for frame in out:
+            self._method(frame)
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def _add(self, queue: str, prefetch: int, tag: str, no_ack: bool, getter: bool) -> _Sub:
+        self._next_int += 1
+        c = self.owner.delivery.add(queue, prefetch, self, self._next_int, counters=True)
+        sub = _Sub(tag, c, no_ack, getter)
+        self._by_int[self._next_int] = sub
+        if not getter:
+            self._subs[tag] = sub
+        return sub
+
+    def _consume(self, m: commands.Basic.Consume) -> None:
+        queue = self._queue_name(m.queue)
+        self.owner.rights.check("read", queue)
+        self._locked(queue)
+        if queue not in self.owner.node.state.queues:
+            raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
+        tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
+        if tag in self._subs:
+            raise ConnectionFault(530, f"attempt to reuse consumer tag '{tag}'", (60, 20))
+        cfg = self.owner.config
+        prefetch = min(self.prefetch or DEFAULT_PREFETCH, cfg.max_prefetch)
+        if m.no_ack:
+            prefetch = min(DEFAULT_PREFETCH, cfg.max_prefetch)
+        count, total = self.owner.consumer_load()
+        if count >= cfg.max_consumers:
+            raise LimitExceeded(
+                f"a connection may have {cfg.max_consumers} consumers at once (max_consumers)"
+            )
+        if total + prefetch > cfg.max_connection_prefetch:
+            raise LimitExceeded(
+                f"the prefetch of a connection's consumers may add up to"
+                f" {cfg.max_connection_prefetch} (max_connection_prefetch), this would be"
+                f" {total + prefetch}"
+            )
+        shared = self.global_prefetch and not m.no_ack
+        sub = self._add(queue, 0 if shared else prefetch, tag, m.no_ack, False)
+        sub.limit = prefetch
+        if shared:
+            self._share()
+        if not m.nowait:
+            self._method(commands.Basic.ConsumeOk(tag))
+        self.owner.delivery.pump(sub.consumer.queue)
+
+    def _cancel(self, tag: str) -> None:
+        """Stop a consumer: it gets nothing more, and ends once the messages it had are
+        settled (they stay the client's to ack, as in AMQP)."""
+        sub = self._subs.pop(tag, None)
+        if sub is None:
+            return
+        sub.cancelled = True
+        sub.consumer.prefetch = 0
+        self._end_if_settled(sub)
+
+    def _end_if_settled(self, sub: _Sub) -> None:
+        """End a cancelled consumer once it holds nothing (looked at again while an
+        acquire of it is in flight)."""
+        c = sub.consumer
+        if not sub.cancelled or c.closed or not self.open:
+            return
+        if c.held or c.acquiring or c.settling:
+            if not c.held:
+                asyncio.get_running_loop().call_later(0.2, self._end_if_settled, sub)
+            return
+        self._by_int.pop(c.tag, None)
+        self.owner.delivery.remove(c)
+        self.owner.consumer_gone(c.queue)
+        self._share()
+        self.pump()
+
+    def _basic_get(self, m: commands.Basic.Get) -> None:
+        queue = self._queue_name(m.queue)
+        self.owner.rights.check("read", queue)
+        self._locked(queue)
+        q = self.owner.node.state.queues.get(queue)
+        if q is None:
+            raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
+        if self._get is not None:
+            self._get_empty()  # (a client that did not wait for the last answer)
+        if q.ready == 0:
+            self._method(commands.Basic.GetEmpty())
+            return
+        sub = self._getters.get(queue)
+        if sub is None or sub.consumer.closed:
+            if len(self._getters) >= _MAX_GETTERS:
+                self._drop_idle_getters()
+            sub = self._add(queue, 0, "", False, True)
+            self._getters[queue] = sub
+        loop = asyncio.get_running_loop()
+        get = _Get(sub, m.no_ack, loop.time() + GET_WAIT)
+        sub.no_ack = m.no_ack
+        self._get = get
+        c = sub.consumer
+        c.prefetch = len(c.held) + 1
+        self.owner.delivery.pump(queue)
+        get.timer = loop.call_later(_GET_POLL, self._get_check)
+
+    def _drop_idle_getters(self) -> None:
+        """End the getters that hold nothing (a channel that gets from many queues
+        keeps a consumer for only the last few)."""
+        for queue, sub in list(self._getters.items()):
+            c = sub.consumer
+            if not c.held and not c.acquiring and not c.settling:
+                del self._getters[queue]
+                self._by_int.pop(c.tag, None)
+                self.owner.delivery.remove(c)
+
+    def _get_check(self) -> None:
+        get = self._get
+        if get is None or not self.open:
+            return
+        c = get.sub.consumer
+        q = self.owner.node.state.queues.get(c.queue)
+        now = asyncio.get_running_loop().time()
+        if q is None or now >= get.deadline or (q.ready == 0 and not c.acquiring):
+            self._get_empty()
+            return
+        get.timer = asyncio.get_running_loop().call_later(_GET_POLL, self._get_check)
+
+    def _get_empty(self) -> None:
+        """Answer the Basic.Get waiting with GetEmpty."""
+        get, self._get = self._get, None
+        if get is None:
+            return
+        if get.timer is not None:
+            get.timer.cancel()
+        get.sub.consumer.prefetch = 0
+        self._method(commands.Basic.GetEmpty())
+
+    def consumers(self) -> list[Consumer]:
+        """This channel's consumers (not its getters), in the order they started."""
+        return [s.consumer for s in self._by_int.values() if not s.getter]
+
+    def load(self) -> tuple[int, int]:
+        """This channel's consumers, and the sum of their own prefetch."""
+        subs = [s for s in self._by_int.values() if not s.getter]
+        return len(subs), sum(s.limit for s in subs)
+
+    def _share(self) -> None:
+        """``Basic.Qos`` global: the channel's consumers may hold ``global_prefetch``
+        messages together. Each consumer's prefetch is what it holds (or is acquiring)
+        plus its share of what is free, so their credits never add up to more; called
+        whenever what they hold goes down (a settle) or they come and go."""
+        limit = self.global_prefetch
+        subs = [s for s in self._by_int.values() if not (s.getter or s.cancelled or s.no_ack)]
+        if not limit or not subs:
+            return
+        taken = [len(s.consumer.held) + s.consumer.acquiring for s in subs]
+        free = max(0, limit - sum(taken))
+        n = len(subs)
+        self._turn = (self._turn + 1) % n
+        for i, (s, t) in enumerate(zip(subs, taken)):
+            share = free // n + (1 if (i - self._turn) % n < free % n else 0)
+            c = s.consumer
+            c.prefetch = min(s.limit, t + share)
+            c.refill = max(1, share // 2)  # (a small share must still be asked for)
+
+    def pump(self) -> None:
+        """Deliver again where this channel's consumers wait (flow on, writable)."""
+        for q in {s.consumer.queue for s in self._by_int.values()}:
+            self.owner.delivery.pump(q)
+
+    # -- settling ----------------------------------------------------------------------------
+
+    def _settle(self, tag: int, multiple: bool, how: str) -> None:
+        """Settle delivery ``tag`` (with ``multiple``, every one up to it; tag 0 with
+        multiple: all). ``how``: accept, fail (failed release), release ("not now"),
+        reject (dead-letter or drop).
+
+        Raises:
+            ChannelError: 406, a tag this channel has not delivered or was settled.
+        """
+        unacked = self._unacked
+        if multiple:
+            tags = [t for t in unacked if t <= tag or tag == 0]
+        else:
+            if tag not in unacked:
+                raise ChannelError(406, f"unknown delivery tag {tag}")
+            tags = [tag]
+        by_sub: dict[int, tuple[_Sub, list[int]]] = {}
+        for t in tags:
+            sub, position = unacked.pop(t)
+            by_sub.setdefault(id(sub), (sub, []))[1].append(position)
+        for sub, positions in by_sub.values():
+            if sub.consumer.closed:
+                continue  # its queue went, or the channel closed: nothing to settle
+            self._settle_positions(sub.consumer, positions, how)
+
+    def _settle_positions(self, c: Consumer, positions: list[int], how: str) -> None:
+        held = c.held
+        mine = [p for p in positions if held.pop(p, None) is not None]
+        if not mine or c.closed:
+            return
+        c.settled_positions(mine)
+        c.settling += len(mine)
+        delivery = self.owner.delivery
+        event: Accept | Release | Reject
+        if how == "accept":
+            event = Accept(c.queue, c.cid, tuple(mine))
+        elif how == "reject":
+            event = Reject(c.queue, c.cid, tuple(mine))
+        else:
+            event = Release(c.queue, c.cid, tuple(mine), failed=how == "fail")
+            delivery.released(c)
+        fut = self.owner.node.submit(event)
+        self._share()
+
+        def settled(f: asyncio.Future[Settled]) -> None:
+            c.settling -= len(mine)
+            if f.cancelled() or f.exception() is not None:
+                held.update(dict.fromkeys(mine, -1))  # still ours: released on close
+                self._share()
+            delivery.settled(c)
+            sub = self._by_int.get(c.tag)
+            if sub is not None and sub.consumer is c:
+                self._end_if_settled(sub)
+
+        fut.add_done_callback(settled)
+        delivery.settled(c)
+        if self.global_prefetch:
+            self.pump()  # (the shares of its other consumers grew too)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def release_all(self) -> None:
+        """The channel closes (or its connection ends): every consumer ends and what
+        it held goes back (a failed delivery for what the client had)."""
+        self.open = False
+        self._publishes.clear()
+        if self._get is not None and self._get.timer is not None:
+            self._get.timer.cancel()
+        self._get = None
+        delivery = self.owner.delivery
+        for sub in list(self._by_int.values()):
+            delivery.remove(sub.consumer)
+            if not sub.getter:
+                self.owner.consumer_gone(sub.consumer.queue)
+        self._by_int.clear()
+        self._subs.clear()
+        self._getters.clear()
+        self._unacked.clear()
+        self._unconfirmed.clear()
+        self._parts.clear()
+
+
+def _quiet(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()

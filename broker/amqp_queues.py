@@ -1,0 +1,89 @@
+"""A ``Queue.Declare``'s arguments as Baton's queue options, and Baton's errors as AMQP
+reply codes (docs/amqp.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batonmq.broker import amqp_routes as routes
+from batonmq.broker.amqp_codec import ChannelError
+from batonmq.cluster.errors import (
+    AccessRefused,
+    BatonError,
+    InvalidArgument,
+    LimitExceeded,
+    MessageTooLarge,
+    QueueExists,
+    QueueFull,
+    QueueNotFound,
+    UnknownConsumer,
+)
+
+__all__ = ["error_code", "queue_options"]
+
+_QUEUE_TYPES = ("quorum", "classic")
+#: RabbitMQ queue arguments Baton has no equivalent of: refused, not ignored.
+_REFUSED_ARGUMENTS = ("x-expires", "x-max-length-bytes")
+
+
+def error_code(exc: BatonError) -> int:
+    """The AMQP reply code of a Baton error a channel method met."""
+    match exc:
+        case QueueNotFound():
+            return 404
+        case AccessRefused():
+            return 403
+        case QueueExists() | InvalidArgument() | QueueFull() | MessageTooLarge() | LimitExceeded() | UnknownConsumer():
+            return 406
+    return 541
+
+
+def queue_options(queue: str, arguments: dict[str, Any], durable: bool) -> dict[str, Any]:
+    """Baton's declare options for a ``Queue.Declare``'s arguments (docs/amqp.md).
+
+    Raises:
+        ChannelError: 406, an argument Baton does not have, or a bad value.
+    """
+    options: dict[str, Any] = {"durable": bool(durable)}
+
+    def number(key: str) -> int:
+        value = arguments[key]
+        if type(value) is not int:
+            raise ChannelError(406, f"invalid arg '{key}' for queue '{queue}': must be an integer")
+        return value
+
+    kind = arguments.get("x-queue-type")
+    if kind is not None and kind not in _QUEUE_TYPES:
+        why = ("stream queues are not supported (Baton's queues are quorum-like; the Spark"
+               " source reads a queue by position ranges)") if kind == "stream" else (
+               f"unknown queue type '{kind}'")
+        raise ChannelError(406, f"invalid arg 'x-queue-type' for queue '{queue}': {why}")
+    for key in _REFUSED_ARGUMENTS:
+        if key in arguments:
+            raise ChannelError(406, f"arg '{key}' for queue '{queue}' is not supported by Baton")
+    if "x-delivery-limit" in arguments:
+        options["delivery_limit"] = number("x-delivery-limit")
+    if "x-message-ttl" in arguments:
+        options["message_ttl_ms"] = number("x-message-ttl")
+    if "x-max-length" in arguments:
+        options["max_length"] = number("x-max-length")
+    if "x-max-priority" in arguments:
+        options["max_priority"] = number("x-max-priority")
+    overflow = arguments.get("x-overflow")
+    if overflow is not None:
+        if overflow not in ("reject-publish", "drop-head"):
+            raise ChannelError(
+                406, f"invalid arg 'x-overflow' for queue '{queue}': {overflow!r} (Baton has"
+                " reject-publish and drop-head)"
+            )
+        options["overflow"] = overflow
+    sac = arguments.get("x-single-active-consumer")
+    if sac is not None:
+        options["single_active_consumer"] = bool(sac)
+    if "x-dead-letter-exchange" in arguments:
+        exchange = arguments["x-dead-letter-exchange"]
+        dl_key = arguments.get("x-dead-letter-routing-key")
+        if not isinstance(exchange, str) or not (dl_key is None or isinstance(dl_key, str)):
+            raise ChannelError(406, f"invalid dead-letter arguments for queue '{queue}'")
+        options["dead_letter"] = routes.dead_letter_queue(exchange, dl_key, queue)
+    return options
