@@ -256,7 +256,8 @@ class Applier:
                             catchup.removed(e.qid, range(e.lo, e.hi))
                     case Moved():
                         if not batch.move(
-                            e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at
+                            e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at,
+                            e.keep,
                         ):
                             if catchup is not None:
                                 catchup.missed_move(

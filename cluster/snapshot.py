@@ -2,14 +2,15 @@
 
 Pure: no I/O, no clock. Equal states give equal snapshots and equal digests, on every
 replica. The *meta snapshot* is the non-queue part (offset, clock, sequence numbers,
-ignore counts, membership, services, checkpoints, users); each queue's index has its own
+ignore counts, membership, services, checkpoints, users, exchanges and their bindings);
+each queue's index has its own
 (:meth:`batonmq.cluster.queues.QueueState.snapshot`), so the node driver stores only
 what a batch changed. The *full snapshot* is everything a joining broker installs;
 the *digest* is a SHA-256 over all of it that checkpoints compare across replicas.
 
 Snapshots written by older versions (without services, checkpoints, a queue's
-reservation or the membership's join keys) are still read: the missing parts restore
-empty.
+reservation, the membership's join keys or exchanges) are still read: the missing parts
+restore empty (exchanges: the built-in ones).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.keys import PublishKeys
 from batonmq.cluster.membership import Membership
 from batonmq.cluster.queues import QueueState
@@ -51,6 +53,9 @@ class Replicated(Protocol):
     def users(self) -> Users: ...
 
     @property
+    def exchanges(self) -> Exchanges: ...
+
+    @property
     def queues(self) -> dict[str, QueueState]: ...
 
 
@@ -68,6 +73,8 @@ def meta_snapshot(r: Replicated) -> list[Any]:
         r.services.snapshot(),
         [list(c) for c in r.checkpoints],
         r.users.snapshot(),
+        # Exchanges and bindings (built-ins included); cached until they change.
+        r.exchanges.snapshot(),
     ]
 
 
@@ -84,6 +91,8 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
     # Snapshots written before users, or of a cluster that never had a user event,
     # restore the default table (guest).
     r.users.restore(snap[8] if len(snap) > 8 else None)
+    # Snapshots written before exchanges restore the built-in ones only.
+    r.exchanges.restore(snap[9] if len(snap) > 9 else None)
 
 
 def full_snapshot(r: Replicated) -> list[Any]:

@@ -95,6 +95,7 @@ class Batch(abc.ABC):
         dst_pos: int,
         headers: dict[str, Any],
         enqueued_at: int,
+        keep: bool = False,
     ) -> bool:
         """Move a message to another queue, merging ``headers`` into its own.
 
@@ -104,6 +105,9 @@ class Batch(abc.ABC):
         the same batch is not covered: ``RocksStore`` still finds it if it was committed
         before.) The moved message keeps its body and publish time; its headers
         are its own updated with ``headers``; its enqueue time is ``enqueued_at``.
+
+        With ``keep`` the source stays where it is: a copy (a dead letter routed to
+        several queues, docs/events.md).
 
         Returns False if the source message is not here (a joining broker that has
         not received it yet, docs/design.md §8): nothing changes then."""

@@ -131,9 +131,11 @@ class _MemoryBatch(Batch):
         dst_pos: int,
         headers: dict[str, Any],
         enqueued_at: int,
+        keep: bool = False,
     ) -> bool:
         raw = self._get(src_qid, src_pos)
-        self.remove(src_qid, [src_pos])
+        if not keep:
+            self.remove(src_qid, [src_pos])
         if raw is None:
             return False
         self._put(dst_qid, dst_pos, merge_headers(raw, headers, enqueued_at))

@@ -161,10 +161,12 @@ class _RocksBatch(Batch):
         dst_pos: int,
         headers: dict[str, Any],
         enqueued_at: int,
+        keep: bool = False,
     ) -> bool:
         src = _mkey(src_qid, src_pos)
         raw = self.pending[src] if src in self.pending else self._get(src)
-        self.remove(src_qid, [src_pos])
+        if not keep:
+            self.remove(src_qid, [src_pos])
         if raw is None:
             return False  # not here (yet): a joining broker's update brings it
         _, publish_time, old_headers, body = msgpack.unpackb(raw, raw=False)
