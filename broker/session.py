@@ -105,6 +105,8 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "max_priority": (int, type(None)),
     "single_active_consumer": (bool,),
     "dedupe_window_ms": (int,),
+    "dead_letter_exchange": (str, type(None)),
+    "dead_letter_routing_key": (str, type(None)),
 }
 
 
@@ -339,6 +341,13 @@ class Session(ClientConnection):
                 dead_letter = f.options.get("dead_letter")
                 if isinstance(dead_letter, str) and dead_letter:
                     self.rights.check("write", dead_letter)  # its messages go there
+                dlx = f.options.get("dead_letter_exchange")
+                if isinstance(dlx, str):  # its dead letters are published there
+                    if dlx:
+                        self.rights.check("write", dlx, "exchange")
+                    else:  # the default exchange: the queue the routing key names
+                        rk = f.options.get("dead_letter_routing_key")
+                        self.rights.check("write", rk if isinstance(rk, str) else "")
                 self._submit(f.corr, declare_event(f.queue, f.options), as_is)
             case wire.DeleteQueue():
                 self.rights.check("configure", f.queue)
@@ -746,6 +755,8 @@ def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         max_priority=options.get("max_priority") or 0,
         single_active_consumer=options.get("single_active_consumer", False),
         dedupe_window_ms=options.get("dedupe_window_ms", DEFAULT_DEDUPE_WINDOW_MS),
+        dead_letter_exchange=options.get("dead_letter_exchange"),
+        dead_letter_routing_key=options.get("dead_letter_routing_key"),
     )
 
 
