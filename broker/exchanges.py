@@ -39,8 +39,9 @@ exchange, on the queue the routing key names (as a native publish does).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from batonmq.broker.access import Rights
 from batonmq.broker.limits import check_event
@@ -59,6 +60,8 @@ from batonmq.cluster.queue_state import MAX_PRIORITY
 from batonmq.cluster.results import Bound, Declared, ExchangeDeleted, Routed
 
 __all__ = ["ERROR_KINDS", "ExchangeFacade", "error_kind"]
+
+T = TypeVar("T")
 
 #: The kinds :func:`error_kind` answers.
 ERROR_KINDS: Final = ("not-found", "precondition", "access-refused", "invalid", "unavailable", "other")
@@ -113,7 +116,7 @@ class ExchangeFacade:
 
     # -- commands ----------------------------------------------------------------------
 
-    async def declare_exchange(
+    def declare_exchange(
         self,
         exchange: str,
         type: str,
@@ -123,7 +126,7 @@ class ExchangeFacade:
         internal: bool = False,
         arguments: Mapping[str, Any] | None = None,
         passive: bool = False,
-    ) -> Declared:
+    ) -> asyncio.Future[Declared]:
         """Declare an exchange: ``created`` False if it existed with these settings.
         ``passive``: only check that it exists, here, appending nothing (the other
         arguments are not compared, as AMQP's passive declare).
@@ -135,7 +138,7 @@ class ExchangeFacade:
         if passive:
             if self.node.state.exchanges.get(exchange) is None:
                 raise ExchangeNotFound(f"exchange {exchange!r} does not exist")
-            return Declared(created=False)
+            return _done(Declared(created=False))
         if exchange == DEFAULT_EXCHANGE:
             raise AccessRefused("the default exchange cannot be declared")
         self._check("configure", exchange, "exchange")
@@ -143,9 +146,11 @@ class ExchangeFacade:
             exchange, type, durable, auto_delete, internal, dict(arguments or {})
         )
         check_event(event)
-        return await self.node.submit(event)
+        return self.node.submit(event)
 
-    async def delete_exchange(self, exchange: str, *, if_unused: bool = False) -> ExchangeDeleted:
+    def delete_exchange(
+        self, exchange: str, *, if_unused: bool = False
+    ) -> asyncio.Future[ExchangeDeleted]:
         """Delete an exchange and its bindings.
 
         Raises:
@@ -157,15 +162,15 @@ class ExchangeFacade:
         self._check("configure", exchange, "exchange")
         event = DeleteExchange(exchange, if_unused)
         check_event(event)
-        return await self.node.submit(event)
+        return self.node.submit(event)
 
-    async def bind(
+    def bind(
         self,
         queue: str,
         exchange: str,
         routing_key: str = "",
         arguments: Mapping[str, Any] | None = None,
-    ) -> Bound:
+    ) -> asyncio.Future[Bound]:
         """Bind ``queue`` to ``exchange``: ``changed`` False if that binding existed.
 
         Raises:
@@ -174,15 +179,15 @@ class ExchangeFacade:
         """
         event = Bind(queue, exchange, routing_key, dict(arguments or {}))
         self._binding(event)
-        return await self.node.submit(event)
+        return self.node.submit(event)
 
-    async def unbind(
+    def unbind(
         self,
         queue: str,
         exchange: str,
         routing_key: str = "",
         arguments: Mapping[str, Any] | None = None,
-    ) -> Bound:
+    ) -> asyncio.Future[Bound]:
         """Remove a binding: ``changed`` False if there was none.
 
         Raises:
@@ -190,7 +195,7 @@ class ExchangeFacade:
         """
         event = Unbind(queue, exchange, routing_key, dict(arguments or {}))
         self._binding(event)
-        return await self.node.submit(event)
+        return self.node.submit(event)
 
     def _binding(self, event: Bind | Unbind) -> None:
         if event.exchange == DEFAULT_EXCHANGE:
@@ -199,7 +204,7 @@ class ExchangeFacade:
         self._check("read", event.exchange, "exchange")
         check_event(event)
 
-    async def publish(
+    def publish(
         self,
         exchange: str,
         routing_key: str,
@@ -210,7 +215,7 @@ class ExchangeFacade:
         delay_ms: int = 0,
         not_before: int = 0,
         priority: int = 0,
-    ) -> Routed:
+    ) -> asyncio.Future[Routed]:
         """Publish one message through ``exchange``, routed here by ``routing_key`` (and,
         for a headers exchange, ``headers``), as one append onto every routed queue.
 
@@ -244,7 +249,7 @@ class ExchangeFacade:
         message_headers = dict(headers or {})
         queues = self.route(exchange, routing_key, message_headers)
         if not queues:
-            return Routed(queues=[], positions=[], full=[], missing=[])
+            return _done(Routed(queues=[], positions=[], full=[], missing=[]))
         event = RoutedEnqueue(
             tuple(queues),
             ((body, message_headers),),
@@ -256,4 +261,11 @@ class ExchangeFacade:
             priority,
         )
         check_event(event)
-        return await self.node.submit(event)
+        return self.node.submit(event)
+
+
+def _done(value: T) -> asyncio.Future[T]:
+    """A future that already has ``value`` (a command answered without the log)."""
+    fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    fut.set_result(value)
+    return fut

@@ -3,7 +3,7 @@ log and the reference store, as tests/unit/test_node.py runs them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,33 +115,35 @@ async def test_errors_have_distinct_kinds(node: Node, monkeypatch: pytest.Monkey
     await ex.declare_exchange("x", "direct")
     await ex.declare_exchange("in", "fanout", internal=True)
     submitted = _count_submits(node, monkeypatch)
-    refused_here = [  # refused before anything is appended
-        (ex.declare_exchange("", "direct"), AccessRefused),
-        (ex.delete_exchange("amq.direct"), AccessRefused),
-        (ex.bind("q", ""), AccessRefused),
-        (ex.publish("in", "", b"x"), AccessRefused),
-        (ex.publish("nope", "", b"x"), ExchangeNotFound),
-        (ex.declare_exchange("nope", "direct", passive=True), ExchangeNotFound),
-        (ex.bind("q", "x", "k" * 300), InvalidArgument),
-        (ex.publish("x", "k", b"x", priority=10), InvalidArgument),
+    refused_here: list[tuple[Callable[[], Awaitable[Any]], type[BatonError]]] = [
+        # refused before anything is appended
+        (lambda: ex.declare_exchange("", "direct"), AccessRefused),
+        (lambda: ex.delete_exchange("amq.direct"), AccessRefused),
+        (lambda: ex.bind("q", ""), AccessRefused),
+        (lambda: ex.publish("in", "", b"x"), AccessRefused),
+        (lambda: ex.publish("nope", "", b"x"), ExchangeNotFound),
+        (lambda: ex.declare_exchange("nope", "direct", passive=True), ExchangeNotFound),
+        (lambda: ex.bind("q", "x", "k" * 300), InvalidArgument),
+        (lambda: ex.publish("x", "k", b"x", priority=10), InvalidArgument),
     ]
     for call, cls in refused_here:
         with pytest.raises(cls):
-            await call
+            call()  # at the call, not when awaited
     assert submitted == []
     assert await ex.declare_exchange("x", "fanout", passive=True) == Declared(created=False)
-    refused_at_apply = [
-        (ex.declare_exchange("x", "fanout"), PreconditionFailed, "precondition"),
-        (ex.declare_exchange("amq.fanout", "topic"), PreconditionFailed, "precondition"),
-        (ex.declare_exchange("amq.new", "topic"), AccessRefused, "access-refused"),
-        (ex.declare_exchange("y", "nonsense"), InvalidArgument, "invalid"),
-        (ex.bind("nope", "x"), QueueNotFound, "not-found"),
-        (ex.bind("q", "nope"), ExchangeNotFound, "not-found"),
-        (ex.delete_exchange("nope"), ExchangeNotFound, "not-found"),
+    refused_at_apply: list[tuple[Callable[[], Awaitable[Any]], type[BatonError], str]] = [
+        (lambda: ex.declare_exchange("x", "fanout"), PreconditionFailed, "precondition"),
+        (lambda: ex.declare_exchange("amq.fanout", "topic"), PreconditionFailed, "precondition"),
+        (lambda: ex.declare_exchange("amq.new", "topic"), AccessRefused, "access-refused"),
+        (lambda: ex.declare_exchange("y", "nonsense"), InvalidArgument, "invalid"),
+        (lambda: ex.bind("nope", "x"), QueueNotFound, "not-found"),
+        (lambda: ex.bind("q", "nope"), ExchangeNotFound, "not-found"),
+        (lambda: ex.delete_exchange("nope"), ExchangeNotFound, "not-found"),
     ]
     for call, cls, kind in refused_at_apply:
+        fut = call()
         with pytest.raises(cls) as info:
-            await call
+            await fut
         assert error_kind(info.value) == kind
     assert error_kind(QueueExists()) == "precondition"
     assert error_kind(LogUnavailable()) == "unavailable"
@@ -229,3 +231,15 @@ def test_a_native_declare_may_name_a_dead_letter_exchange() -> None:
     assert declare_event("q", {}).dead_letter_exchange is None
     with pytest.raises(InvalidArgument, match="wrong type"):
         declare_event("q", {"dead_letter_exchange": 1})
+
+
+async def test_commands_reach_the_log_in_the_order_they_are_called(node: Node) -> None:
+    ex = ExchangeFacade(node)
+    await node.submit(DeclareQueue("q"))
+    declared = ex.declare_exchange("o", "fanout")
+    bound = ex.bind("q", "o")
+    deleted = ex.delete_exchange("o")
+    # Awaited the other way round: each was submitted when it was called.
+    assert await deleted == ExchangeDeleted(bindings=1)
+    assert await bound == Bound(changed=True)
+    assert await declared == Declared(created=True)
