@@ -59,7 +59,7 @@ from batonmq.cluster.node import Node
 from batonmq.cluster.queue_state import MAX_PRIORITY
 from batonmq.cluster.results import Bound, Declared, ExchangeDeleted, Routed
 
-__all__ = ["ERROR_KINDS", "ExchangeFacade", "error_kind"]
+__all__ = ["ERROR_KINDS", "ExchangeFacade", "error_kind", "exchange_options"]
 
 T = TypeVar("T")
 
@@ -80,6 +80,23 @@ def error_kind(exc: BaseException) -> str:
     if isinstance(exc, BatonError) and exc.retriable:
         return "unavailable"
     return "other"
+
+
+def exchange_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of :meth:`ExchangeFacade.declare_exchange` from a native
+    DeclareExchange's ``options`` map (durable, auto_delete, internal, passive: bools;
+    arguments: a map).
+
+    Raises:
+        InvalidArgument: an unknown option, or one of the wrong type.
+    """
+    known = ("durable", "auto_delete", "internal", "passive", "arguments")
+    for key, value in options.items():
+        if key not in known:
+            raise InvalidArgument(f"unknown exchange option {key!r} (known: {', '.join(known)})")
+        if not isinstance(value, dict if key == "arguments" else bool):
+            raise InvalidArgument(f"exchange option {key!r} has the wrong type")
+    return dict(options)
 
 
 class ExchangeFacade:
