@@ -655,7 +655,7 @@ class QueueIndex:
             "x-death-delivery-count": delivered,
             "x-death-acquired-count": handed,
         }
-        key = ""
+        key: str | None = None  # the routing key, when routed through an exchange
         targets: list[QueueState] = []
         if q.dead_letter is not None:
             dlq = self.queues.get(q.dead_letter)
@@ -698,7 +698,8 @@ class QueueIndex:
             if dlq.max_length is None or dlq.length < dlq.max_length:
                 dst = dlq.next_pos
                 if dlq.tracks_keys:
-                    dlq.note_key(dst, key or q.name)
+                    # (to a dead-letter queue by name: as the default exchange sends it)
+                    dlq.note_key(dst, dlq.name if key is None else key)
                 dlq.next_pos += 1
                 dlq.enqueued += 1
                 self.dirty.add(dlq.name)

@@ -462,3 +462,23 @@ def test_routing_at_the_edge_follows_binding_changes() -> None:
     log.ok(Bind("q2", "t", "*.b"))
     assert ex.route("t", "a.b", {}, log.state.queues) == ["q1", "q2"]
     assert ex.route("t", "a", {}, log.state.queues) == ["q1"]
+
+
+def test_a_dead_letters_key_travels_on_even_when_empty() -> None:
+    # q1 dead-letters through a topic exchange to q2, which dead-letters by the key
+    # again: a message published with "" keeps "" (not a queue's name) on its way.
+    log = Log()
+    log.ok(DeclareExchange("t", "topic"))
+    log.ok(DeclareQueue("q1", dead_letter_exchange="t"))
+    log.ok(DeclareQueue("q2", dead_letter_exchange="t"))
+    log.ok(DeclareQueue("empty-key"))
+    log.ok(Bind("q2", "t", "#"))
+    log.ok(Bind("empty-key", "t", ""))
+    log.ok(RoutedEnqueue(("q1",), ((b"m", {}),), routing_key=""))
+    for q in ("q1", "q2"):
+        log.ok(Interest(q, True))
+        log.ok(Acquire(q, f"{A}/1", 1))
+        log.ok(Reject(q, f"{A}/1", (0,)))
+    qs = log.state.queues
+    assert qs["q2"].key_of(0) == ""
+    assert [m.dst_qid for m in _moves(log.effects)] == [qs["empty-key"].qid]
