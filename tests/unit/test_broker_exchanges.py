@@ -243,3 +243,25 @@ async def test_commands_reach_the_log_in_the_order_they_are_called(node: Node) -
     assert await deleted == ExchangeDeleted(bindings=1)
     assert await bound == Bound(changed=True)
     assert await declared == Declared(created=True)
+
+
+async def test_a_routed_message_s_history_names_its_exchange_and_its_copies(node: Node) -> None:
+    from batonmq.broker.history import message_history
+
+    ex = ExchangeFacade(node)
+    await ex.declare_exchange("dlx", "fanout")
+    for q in ("d1", "d2"):
+        await node.submit(DeclareQueue(q))
+        await ex.bind(q, "dlx")
+    await node.submit(DeclareQueue("work", dead_letter_exchange="dlx"))
+    await ex.bind("work", "amq.direct", "jobs")
+    await ex.publish("amq.direct", "jobs", b"m", key="pub-7")
+    await node.submit(Interest("work", True))
+    await node.submit(Acquire("work", node.key + "/1", 1))
+    await node.submit(Reject("work", node.key + "/1", (0,)))
+    history = await message_history(node, "work", 0)
+    first, last = history.steps[0], history.steps[-1]
+    assert (first["what"], first["exchange"], first["routing_key"], first["publish_key"]) == (
+        "enqueued", "amq.direct", "jobs", "pub-7"
+    )
+    assert (last["what"], last["to_queue"], last["copies"]) == ("dead-lettered", "d2", [["d1", 0]])
