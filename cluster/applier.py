@@ -236,6 +236,7 @@ class Applier:
         never crashes the broker or skips a batch.
         """
         meta, queues = self.state.take_dirty()
+        exchanges = self.state.take_exchanges()
         keys, forget_below = self.state.take_keys()
         forget = range(self.keys_forgotten, forget_below)
         delay = 0.1
@@ -277,6 +278,8 @@ class Applier:
                 batch.put_queue(name, snap)
             if meta is not None:
                 batch.put_meta(meta)
+            if exchanges is not None:
+                batch.put_exchanges(exchanges)
             if keys or forget:
                 batch.put_keys(keys, forget)
             try:

@@ -32,7 +32,7 @@ from batonmq.cluster.errors import (
 )
 from batonmq.cluster.events import Bind, DeclareExchange, DeleteExchange, Unbind
 from batonmq.cluster.results import Bound, Declared, ExchangeDeleted
-from batonmq.cluster.routing import EXCHANGE_TYPES, route
+from batonmq.cluster.routing import EXCHANGE_TYPES, TopicTrie, route
 
 __all__ = ["BUILTIN_EXCHANGES", "DEFAULT_EXCHANGE", "Exchange", "Exchanges", "MAX_EXCHANGE_NAME"]
 
@@ -64,8 +64,10 @@ class Exchange:
     arguments: dict[str, Any] = field(default_factory=dict)
     declared_by: str = ""  # the member that declared it ("" for the built-ins)
     bindings: list[Binding] = field(default_factory=list)
-    # direct exchanges: routing key -> queues, derived from bindings (not snapshotted)
+    # Derived from bindings (not snapshotted), made at the first routing after a change:
+    # direct exchanges: routing key -> queues; topic exchanges: a trie of the keys.
     by_key: dict[str, list[str]] | None = None
+    trie: TopicTrie | None = None
 
     @property
     def builtin(self) -> bool:
@@ -119,6 +121,10 @@ class Exchange:
                         qs.append(q)
                 self.by_key = by_key
             return list(self.by_key.get(routing_key, ()))
+        if self.type == "topic":
+            if self.trie is None:
+                self.trie = TopicTrie((q, k) for q, k, _ in self.bindings)
+            return self.trie.match(routing_key)
         return route(self.type, self.bindings, routing_key, headers)
 
 
@@ -133,14 +139,17 @@ class Exchanges:
     def __init__(self) -> None:
         self.exchanges: dict[str, Exchange] = _builtins()
         self._snap: list[Any] | None = None  # the snapshot, until the next change
+        self.version = 0  # counts the changes (the node stores the table when it moved)
 
     def get(self, name: str) -> Exchange | None:
         return self.exchanges.get(name)
 
     def _changed(self, ex: Exchange | None = None) -> None:
         self._snap = None
+        self.version += 1
         if ex is not None:
             ex.by_key = None
+            ex.trie = None
 
     def _existing(self, name: str) -> Exchange:
         ex = self.exchanges.get(name)
@@ -301,7 +310,7 @@ class Exchanges:
         for item in snap or ():
             ex = Exchange.restore(item)
             self.exchanges[ex.name] = ex
-        self._snap = None
+        self._changed()
 
     def describe(self) -> list[dict[str, Any]]:
         """Every exchange, by name, as listings show them."""

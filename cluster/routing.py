@@ -33,6 +33,7 @@ __all__ = [
     "headers_match",
     "binding_matches",
     "route",
+    "TopicTrie",
 ]
 
 EXCHANGE_TYPES: Final = ("direct", "fanout", "topic", "headers")
@@ -167,3 +168,58 @@ def route(
             seen.add(queue)
             out.append(queue)
     return out
+
+
+class TopicTrie:
+    """A topic exchange's binding keys as a trie of words, for routing many messages
+    through many bindings: a message visits the branches its words (and ``*``, ``#``)
+    lead to, not every binding. Built from ``(queue, binding key)`` pairs in binding
+    order; :meth:`match` answers as :func:`route` does (each queue once, in the order
+    of its first matching binding)."""
+
+    __slots__ = ("_root",)
+
+    def __init__(self, bindings: Iterable[tuple[str, str]]) -> None:
+        # a node: [children by word, [(binding index, queue) ending here]]
+        self._root: list[Any] = [{}, []]
+        for index, (queue, key) in enumerate(bindings):
+            node = self._root
+            for word in split_topic(key):
+                node = node[0].setdefault(word, [{}, []])
+            node[1].append((index, queue))
+
+    def match(self, routing_key: str) -> list[str]:
+        words = split_topic(routing_key)
+        n = len(words)
+        found: list[tuple[int, str]] = []
+        seen: set[tuple[int, int]] = set()  # (node, word index) visited: "#" may reach one twice
+        todo: list[tuple[list[Any], int]] = [(self._root, 0)]
+        while todo:
+            node, i = todo.pop()
+            mark = (id(node), i)
+            if mark in seen:
+                continue
+            seen.add(mark)
+            children = node[0]
+            if i == n:
+                found.extend(node[1])
+            else:
+                child = children.get(words[i])
+                if child is not None:
+                    todo.append((child, i + 1))
+                star = children.get("*")
+                if star is not None:
+                    todo.append((star, i + 1))
+            hash_ = children.get("#")
+            if hash_ is not None:
+                # "#" takes any number of the words left: go on from each
+                for j in range(i, n + 1):
+                    todo.append((hash_, j))
+        found.sort()
+        out: list[str] = []
+        taken: set[str] = set()
+        for _, queue in found:
+            if queue not in taken:
+                taken.add(queue)
+                out.append(queue)
+        return out

@@ -112,6 +112,7 @@ class State:
         # Publish idempotency keys (Enqueue.keys), cluster-wide, in log order.
         self.publish_keys = PublishKeys(key_memory)
         self.exchanges = Exchanges()  # exchanges and bindings (cluster/exchanges.py)
+        self._exchanges_taken = -1  # the exchanges' version take_exchanges() last gave
         # the queues (cluster/queues.py); dead letters may be routed through exchanges
         self.index = QueueIndex(self, self.publish_keys, self.exchanges)
         self.membership = Membership(suspect_beats)
@@ -538,6 +539,16 @@ class State:
         self.dirty = set()
         self._meta_dirty = False
         return meta, queues
+
+    def take_exchanges(self) -> list[Any] | None:
+        """The exchanges' snapshot if they changed since the last call (None if not).
+        The driver stores it with the batch's offset, apart from the meta snapshot,
+        which is written with every batch."""
+        ex = self.exchanges
+        if ex.version == self._exchanges_taken:
+            return None
+        self._exchanges_taken = ex.version
+        return ex.snapshot()
 
     def digest(self) -> str:
         """SHA-256 over the whole replicated state (hex); equal on replicas of one prefix."""

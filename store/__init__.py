@@ -51,6 +51,8 @@ class Loaded:
     applied: int = -1
     #: The last :meth:`Batch.put_meta` snapshot; None if none.
     meta: list[Any] | None = None
+    #: The last :meth:`Batch.put_exchanges` snapshot; None if none.
+    exchanges: list[Any] | None = None
     #: The last :meth:`Batch.put_queue` snapshot of each queue, by name.
     queues: dict[str, list[Any]] = field(default_factory=dict)
     #: The kept publish keys ``(seq, qid, key, first position, expires)``, in seq order
@@ -128,6 +130,11 @@ class Batch(abc.ABC):
     @abc.abstractmethod
     def put_meta(self, snapshot: list[Any]) -> None:
         """Save the non-queue replicated state."""
+
+    @abc.abstractmethod
+    def put_exchanges(self, snapshot: list[Any]) -> None:
+        """Save the exchanges and their bindings (written when they change, not with
+        every batch as the meta snapshot is)."""
 
     @abc.abstractmethod
     def put_keys(self, entries: list[tuple[int, int, str, int, int]], forget: range) -> None:

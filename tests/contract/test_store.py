@@ -269,6 +269,25 @@ class StoreContract:
 
     # ---- snapshots and publish keys ----
 
+    def test_the_exchanges_snapshot_is_kept_apart_and_replaced(self, store: Store) -> None:
+        assert store.load().exchanges is None
+        batch = store.batch()
+        batch.put_meta([1])
+        batch.put_exchanges([["x", "fanout", True, False, False, {"a": 1}, "n/r", [["q", "", {}]]]])
+        store.commit(batch, 0)
+        batch = store.batch()
+        batch.put_meta([2])  # a batch that does not change the exchanges
+        store.commit(batch, 1)
+        loaded = store.load()
+        assert loaded.meta == [2]
+        assert loaded.exchanges == [["x", "fanout", True, False, False, {"a": 1}, "n/r", [["q", "", {}]]]]
+        batch = store.batch()
+        batch.put_exchanges([])
+        store.commit(batch, 2)
+        assert store.load().exchanges == []
+        store.reset()
+        assert store.load().exchanges is None
+
     def test_queue_and_meta_snapshots_are_replaced_and_deleted(self, store: Store) -> None:
         batch = store.batch()
         batch.put_queue("a", [1, (2, 3), {4: "int key"}])

@@ -8,7 +8,7 @@ from functools import lru_cache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batonmq.cluster.routing import route, split_topic, topic_matches
+from batonmq.cluster.routing import TopicTrie, route, split_topic, topic_matches
 
 
 def _reference(pattern: str, key: str) -> bool:
@@ -56,3 +56,10 @@ def test_a_topic_exchange_routes_to_each_matching_queue_once(
         if _reference(k, key) and q not in want:
             want.append(q)
     assert got == want
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["q1", "q2", "q3", "q4"]), _joined(_PWORD)), max_size=12),
+       _joined(_WORD))
+def test_the_trie_routes_as_the_bindings_one_by_one(bindings: list[tuple[str, str]], key: str) -> None:
+    assert TopicTrie(bindings).match(key) == route("topic", [(q, k, {}) for q, k in bindings], key, {})

@@ -261,24 +261,38 @@ def test_exchanges_are_in_the_snapshot_the_digest_and_a_joiners_state() -> None:
     digest = log.state.digest()
     assert log.replica().digest() == digest
 
-    restored = State()  # a restart: the meta snapshot as the store keeps it
+    # A restart: the store keeps the exchanges apart from the meta snapshot, written
+    # only when they changed (take_exchanges), and reads both back.
+    stored = log.state.take_exchanges()
+    assert stored is not None and log.state.take_exchanges() is None  # nothing new
+    restored = State()
     restored.restore_meta(msgpack.unpackb(msgpack.packb(log.state.meta_snapshot()), raw=False))
+    restored.exchanges.restore(msgpack.unpackb(msgpack.packb(stored), raw=False))
     assert restored.exchanges.describe() == log.state.exchanges.describe()
+    log.ok(Unbind("q", "amq.fanout"))
+    assert log.state.take_exchanges() == log.state.exchanges.snapshot()  # changed: again
+    digest = log.state.digest()
 
     joiner = State()  # a join: the full snapshot as it travels in UpdateState
     joiner.install(msgpack.unpackb(msgpack.packb(log.state.full_snapshot()), raw=False))
     assert joiner.digest() == digest
     assert joiner.exchanges.route("x", "", {"k": "v"}, joiner.queues) == ["q"]
     assert joiner.exchanges.get("x").auto_delete  # type: ignore[union-attr]
+    joiner.exchanges.restore(None)  # the same state but for its exchanges
+    assert joiner.digest() != digest  # so checkpoints would tell the replicas apart
 
 
 def test_a_snapshot_from_before_exchanges_restores_the_built_ins() -> None:
     log = Log()
     log.ok(DeclareExchange("x", "direct"))
-    old = log.state.meta_snapshot()[:9]
-    restored = State()
+    meta, keys, queues = log.state.full_snapshot()
+    assert len(meta) == 10 and meta[:9] == log.state.meta_snapshot()
+    joiner = State()  # from a donor that had no exchanges: its meta part has 9 items
+    joiner.install([meta[:9], keys, queues])
+    assert sorted(joiner.exchanges.exchanges) == sorted(BUILTIN_EXCHANGES)
+    restored = State()  # a store from before exchanges has none to restore
     restored.exchanges.restore([["y", "fanout", True, False, False, {}, A, []]])
-    restored.restore_meta(old)
+    restored.exchanges.restore(None)
     assert sorted(restored.exchanges.exchanges) == sorted(BUILTIN_EXCHANGES)
 
 
@@ -462,6 +476,10 @@ def test_routing_at_the_edge_follows_binding_changes() -> None:
     log.ok(Bind("q2", "t", "*.b"))
     assert ex.route("t", "a.b", {}, log.state.queues) == ["q1", "q2"]
     assert ex.route("t", "a", {}, log.state.queues) == ["q1"]
+    log.ok(Unbind("q1", "t", "a.#"))
+    log.ok(Bind("q1", "t", "#.b"))
+    assert ex.route("t", "a.b", {}, log.state.queues) == ["q2", "q1"]
+    assert ex.route("t", "a", {}, log.state.queues) == []
 
 
 def test_a_dead_letters_key_travels_on_even_when_empty() -> None:
