@@ -5,15 +5,23 @@
 connection (it checks that connection's user's rights). Each command is checked here
 first, so that an invalid one never grows the log (broker/limits.py, the built-in
 exchanges' rules, the rights), then submitted to the node like a native session's
-command (broker/session.py); it returns once the event is durable and applied here,
-with what applying it answered, or raises the error applying it raised.
+command (broker/session.py). A method checks and submits *when it is called* (a command
+refused here raises there) and returns a future: ``await`` it for what applying the
+event answered, once it is durable and applied here, or for the error applying it
+raised. So commands reach the log in the order they are called, as AMQP's channel
+order wants, even when the caller does not wait for one before calling the next.
 
 A publish is routed *here*, on the broker that received it, from the replicated state
 it has applied (cluster/exchanges.py), and appended as one ``RoutedEnqueue`` naming the
 queues: a fan-out is one atomic append. A binding changed between this routing and the
 append's apply is not seen by the publish; a queue deleted meanwhile is skipped and
 reported in :attr:`~batonmq.cluster.results.Routed.missing`. A publish that routes to no
-queue appends nothing (its result has no queue: AMQP's ``mandatory`` returns it).
+queue appends nothing (its result has no queue: AMQP's ``mandatory`` returns it); one
+that a routed queue refused (``full``: ``max_length`` with ``reject-publish``) is on
+the other queues, and the edge nacks it, as RabbitMQ does. The messages are stored as
+they are given: the exchange and routing key are not added to their headers (an edge
+that must deliver them keeps them there itself; a dead letter routed through an
+exchange carries ``x-death-exchange`` and ``x-death-routing-key``).
 
 Errors (:func:`error_kind` names the kind, for an edge's reply codes):
 
