@@ -74,7 +74,16 @@ class Exchange:
         return self.name in BUILTIN_EXCHANGES
 
     def settings(self) -> tuple[Any, ...]:
-        return (self.type, self.durable, self.auto_delete, self.internal, self.arguments)
+        return (self.type, self.durable, self.auto_delete, self.internal, typed(self.arguments))
+
+    def find(self, binding: Binding) -> int:
+        """The index of an equal binding (arguments compared with their types), or -1."""
+        queue, key, arguments = binding
+        want = typed(arguments)
+        for i, (q, k, a) in enumerate(self.bindings):
+            if q == queue and k == key and typed(a) == want:
+                return i
+        return -1
 
     def describe(self) -> dict[str, Any]:
         """What a listing shows of it."""
@@ -174,7 +183,7 @@ class Exchanges:
             raise InvalidArgument(
                 f"unknown exchange type {ev.type!r} (types: {', '.join(EXCHANGE_TYPES)})"
             )
-        settings = (ev.type, ev.durable, ev.auto_delete, ev.internal, ev.arguments)
+        settings = (ev.type, ev.durable, ev.auto_delete, ev.internal, typed(ev.arguments))
         ex = self.exchanges.get(ev.exchange)
         if ex is not None:
             if ex.settings() != settings:
@@ -229,7 +238,7 @@ class Exchanges:
                     f"x-match must be one of {', '.join(_X_MATCH)}, not {how!r}"
                 )
         binding = (ev.queue, ev.routing_key, dict(ev.arguments))
-        if binding in ex.bindings:
+        if ex.find(binding) >= 0:
             return Bound(changed=False)
         ex.bindings.append(binding)
         self._changed(ex)
@@ -244,9 +253,10 @@ class Exchanges:
         """
         ex = self._bindable(ev, queues)
         binding = (ev.queue, ev.routing_key, dict(ev.arguments))
-        if binding not in ex.bindings:
+        at = ex.find(binding)
+        if at < 0:
             return Bound(changed=False)
-        ex.bindings.remove(binding)
+        del ex.bindings[at]
         self._changed(ex)
         if ex.auto_delete and not ex.bindings:
             del self.exchanges[ex.name]
@@ -315,6 +325,17 @@ class Exchanges:
     def describe(self) -> list[dict[str, Any]]:
         """Every exchange, by name, as listings show them."""
         return [self.exchanges[n].describe() for n in sorted(self.exchanges)]
+
+
+def typed(value: Any) -> Any:
+    """``value`` with each scalar tagged by its type, so that arguments compare as AMQP
+    tables do: ``1``, ``1.0`` and ``True`` differ (Python's ``==`` says they are equal);
+    maps compare whatever their keys' order."""
+    if isinstance(value, dict):
+        return ("map", tuple(sorted((str(k), typed(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(typed(v) for v in value))
+    return (type(value).__name__, value)
 
 
 def check_exchange_name(name: str) -> None:

@@ -500,3 +500,21 @@ def test_a_dead_letters_key_travels_on_even_when_empty() -> None:
     qs = log.state.queues
     assert qs["q2"].key_of(0) == ""
     assert [m.dst_qid for m in _moves(log.effects)] == [qs["empty-key"].qid]
+
+
+def test_arguments_compare_with_their_types() -> None:
+    log = Log()
+    log.ok(DeclareQueue("q"))
+    log.ok(DeclareExchange("h", "headers", arguments={"a": 1, "b": [1]}))
+    assert log.ok(DeclareExchange("h", "headers", arguments={"b": [1], "a": 1})) == (
+        Declared(created=False)  # the order of a map's keys does not matter
+    )
+    for other in ({"a": True, "b": [1]}, {"a": 1.0, "b": [1]}, {"a": 1, "b": [True]}):
+        assert isinstance(log.fails(DeclareExchange("h", "headers", arguments=other)),
+                          PreconditionFailed)
+    assert log.ok(Bind("q", "h", "", {"x-match": "any", "k": 1})) == Bound(changed=True)
+    assert log.ok(Bind("q", "h", "", {"k": 1, "x-match": "any"})) == Bound(changed=False)
+    assert log.ok(Bind("q", "h", "", {"x-match": "any", "k": True})) == Bound(changed=True)
+    assert log.ok(Unbind("q", "h", "", {"x-match": "any", "k": 1.0})) == Bound(changed=False)
+    assert log.ok(Unbind("q", "h", "", {"x-match": "any", "k": True})) == Bound(changed=True)
+    assert _bindings(log.state, "h") == [("q", "", {"x-match": "any", "k": 1})]
