@@ -132,11 +132,13 @@ class Rights:
             allowed = self._cache[key] = user.may(right, name)
         return allowed
 
-    def check(self, right: str, name: str) -> None:
-        """Raise AccessRefused unless the user has ``right`` over ``name``."""
+    def check(self, right: str, name: str, what: str = "") -> None:
+        """Raise AccessRefused unless the user has ``right`` over ``name`` (``what`` it
+        names: "queue", "exchange", "service"; by default a service for ``lead``, else
+        a queue). Queues and exchanges share the rights' name patterns."""
         if not self.allowed(right, name):
             self._refused(right)
-            what = "service" if right == "lead" else "queue"
+            what = what or ("service" if right == "lead" else "queue")
             raise AccessRefused(f"user {self.name!r} has no {right} right on {what} {name!r}")
 
     def sees(self, queue: str) -> bool:

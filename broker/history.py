@@ -39,6 +39,7 @@ from batonmq.cluster.events import (
     Reject,
     Release,
     ReleaseAll,
+    RoutedEnqueue,
 )
 from batonmq.cluster.log import Log
 from batonmq.cluster.node import Node
@@ -78,7 +79,7 @@ def _status(q: QueueState | None, pos: int) -> _Status:
 
 def _step(
     offset: int, origin: Origin, event: AnyEvent, before: _Status, after: _Status,
-    first_before: int, position: int, moved: Moved | None, queues: dict[int, str],
+    first_before: int, position: int, moves: list[Moved], queues: dict[int, str],
 ) -> dict[str, Any]:
     """Describe the move ``before`` -> ``after`` that ``event`` caused."""
     step: dict[str, Any] = {
@@ -91,7 +92,9 @@ def _step(
     was, now = before[0], after[0]
     if was == "absent" and now in ("ready", "acquired", "gone"):
         step["what"] = "enqueued"
-        if isinstance(event, Enqueue):
+        if isinstance(event, RoutedEnqueue):
+            step.update(exchange=event.exchange, routing_key=event.routing_key)
+        if isinstance(event, (Enqueue, RoutedEnqueue)):
             index = position - first_before
             seen = 0
             for key, n in event.keys:
@@ -135,18 +138,28 @@ def _step(
             step["what"] = "purged"
         case DeleteQueue():
             step["what"] = "deleted with its queue"
-        case Enqueue():
+        case Enqueue() | RoutedEnqueue():
             step["what"] = "dead-lettered"
             step["reason"] = "overflow (drop-head)"
         case _:
             step["what"] = "dead-lettered" if before[0] == "acquired" else "removed"
             step["reason"] = "delivery limit, after its consumer's broker left the view"
     if step["what"] == "dead-lettered":
-        if moved is not None:
+        if moves:
+            # Through an exchange it may have gone to several queues: copies, then the
+            # move (the last).
+            moved = moves[-1]
             step["to_queue"] = queues.get(moved.dst_qid, str(moved.dst_qid))
             step["to_position"] = moved.dst_pos
+            if len(moves) > 1:
+                step["copies"] = [
+                    [queues.get(m.dst_qid, str(m.dst_qid)), m.dst_pos] for m in moves[:-1]
+                ]
         else:
-            step["note"] = "dropped: no dead-letter queue (or it is missing or full)"
+            step["note"] = (
+                "dropped: no dead-letter queue (or it is missing or full), or its"
+                " exchange routed it nowhere"
+            )
     return step
 
 
@@ -249,16 +262,15 @@ async def _history(node: Node, queue: str, position: int, limit: int) -> Message
         else:
             after = status
         if after != status:
-            moved = next(
-                (e for e in out if isinstance(e, Moved) and e.src_qid == qid
-                 and e.src_pos == position),
-                None,
-            )
-            if moved is not None:
+            moves = [
+                e for e in out
+                if isinstance(e, Moved) and e.src_qid == qid and e.src_pos == position
+            ]
+            if moves:
                 names = {x.qid: x.name for x in scratch.queues.values()}
             steps.append(
                 _step(offset, origin, event, status, after, before_next, position,
-                      moved, names)
+                      moves, names)
             )
             status = after
     seen_queue = qid is not None

@@ -14,7 +14,16 @@ from __future__ import annotations
 from typing import Any, Final
 
 from batonmq.cluster.errors import InvalidArgument
-from batonmq.cluster.events import DeclareQueue, Enqueue, Event
+from batonmq.cluster.events import (
+    Bind,
+    DeclareExchange,
+    DeclareQueue,
+    DeleteExchange,
+    Enqueue,
+    Event,
+    RoutedEnqueue,
+    Unbind,
+)
 
 __all__ = [
     "MAX_HEADER_DEPTH",
@@ -26,9 +35,9 @@ __all__ = [
     "check_name",
 ]
 
-#: Longest queue (and dead-letter queue) name, in UTF-8 bytes.
+#: Longest queue (and dead-letter queue, and exchange) name, in UTF-8 bytes.
 MAX_NAME_BYTES: Final = 255
-#: Longest publish idempotency key, in UTF-8 bytes.
+#: Longest publish idempotency key (and routing key, as AMQP's shortstr), in UTF-8 bytes.
 MAX_KEY_BYTES: Final = 255
 #: Deepest nesting of maps and arrays inside a message's headers (the headers map
 #: itself is level 1).
@@ -55,8 +64,8 @@ def check_name(what: str, name: str) -> None:
         raise InvalidArgument(f"{what} of {size} bytes is above the maximum of {MAX_NAME_BYTES}")
 
 
-def check_key(key: str) -> None:
-    """Refuse an overlong publish idempotency key ("" is no key).
+def check_key(key: str, what: str = "publish key") -> None:
+    """Refuse an overlong publish idempotency key ("" is no key), or routing key.
 
     Raises:
         InvalidArgument: above :data:`MAX_KEY_BYTES` bytes.
@@ -64,7 +73,7 @@ def check_key(key: str) -> None:
     size = _size(key)
     if size > MAX_KEY_BYTES:
         raise InvalidArgument(
-            f"publish key of {size} bytes is above the maximum of {MAX_KEY_BYTES}"
+            f"{what} of {size} bytes is above the maximum of {MAX_KEY_BYTES}"
         )
 
 
@@ -103,11 +112,35 @@ def check_event(event: Event[Any]) -> None:
                 check_key(key)
             for _, headers in event.messages:
                 check_headers(headers)
+        case RoutedEnqueue():
+            if not event.queues or not event.messages:
+                # (such a record would not decode: its command would never complete)
+                raise InvalidArgument("a routed publish needs a queue and a message")
+            for queue in event.queues:
+                check_name("queue name", queue)
+            check_key(event.routing_key, "routing key")
+            for key, _ in event.keys:
+                check_key(key)
+            for _, headers in event.messages:
+                check_headers(headers)
         case DeclareQueue():
             check_name("queue name", event.queue)
             if event.dead_letter is not None:
                 check_name("dead-letter queue name", event.dead_letter)
+            if event.dead_letter_exchange:
+                check_name("dead-letter exchange name", event.dead_letter_exchange)
+            if event.dead_letter_routing_key is not None:
+                check_key(event.dead_letter_routing_key, "dead-letter routing key")
+        case DeclareExchange() | DeleteExchange():
+            check_name("exchange name", event.exchange)
+            if isinstance(event, DeclareExchange):
+                check_headers(event.arguments)
+        case Bind() | Unbind():
+            check_name("queue name", event.queue)
+            check_name("exchange name", event.exchange)
+            check_key(event.routing_key, "routing key")
+            check_headers(event.arguments)
         case _:
-            queue = getattr(event, "queue", None)
-            if isinstance(queue, str):
-                check_name("queue name", queue)
+            name = getattr(event, "queue", None)
+            if isinstance(name, str):
+                check_name("queue name", name)

@@ -18,6 +18,10 @@ each frame to its handler:
 
 It sees the broker through :class:`SessionBroker` only, and is seen by delivery and
 leadership as a :class:`~batonmq.broker.reply.Replier`.
+
+Size: a little over 800 lines, because :meth:`Session.handle_frame` routes every client
+command of the protocol (queues, exchanges, messages, queries, leadership, users); the
+handlers live in the modules above, and each route is a few lines.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from batonmq.broker.config import BrokerConfig
 from batonmq.broker.connection import MAX_IN_FLIGHT, ClientConnection
 from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.donor import UpdateDonor
+from batonmq.broker.exchanges import ExchangeFacade, exchange_options
 from batonmq.broker.history import message_history
 from batonmq.broker.inspect import ConnectionView, list_connections, peek
 from batonmq.broker.leadership import Leadership
@@ -105,6 +110,8 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "max_priority": (int, type(None)),
     "single_active_consumer": (bool,),
     "dedupe_window_ms": (int,),
+    "dead_letter_exchange": (str, type(None)),
+    "dead_letter_routing_key": (str, type(None)),
 }
 
 
@@ -339,6 +346,13 @@ class Session(ClientConnection):
                 dead_letter = f.options.get("dead_letter")
                 if isinstance(dead_letter, str) and dead_letter:
                     self.rights.check("write", dead_letter)  # its messages go there
+                dlx = f.options.get("dead_letter_exchange")
+                if isinstance(dlx, str):  # its dead letters are published there
+                    if dlx:
+                        self.rights.check("write", dlx, "exchange")
+                    else:  # the default exchange: the queue the routing key names
+                        rk = f.options.get("dead_letter_routing_key")
+                        self.rights.check("write", rk if isinstance(rk, str) else "")
                 self._submit(f.corr, declare_event(f.queue, f.options), as_is)
             case wire.DeleteQueue():
                 self.rights.check("configure", f.queue)
@@ -346,6 +360,22 @@ class Session(ClientConnection):
             case wire.PurgeQueue():
                 self.rights.check("configure", f.queue)
                 self._submit(f.corr, PurgeQueue(f.queue), as_is)
+            case wire.DeclareExchange():
+                self.reply(f.corr, self._exchanges().declare_exchange(
+                    f.exchange, f.type, **exchange_options(f.options)), as_is)
+            case wire.DeleteExchange():
+                self.reply(f.corr, self._exchanges().delete_exchange(
+                    f.exchange, if_unused=f.if_unused), as_is)
+            case wire.Bind() | wire.Unbind():
+                ex = self._exchanges()
+                call = ex.bind if isinstance(f, wire.Bind) else ex.unbind
+                self.reply(f.corr, call(f.queue, f.exchange, f.routing_key, f.arguments), as_is)
+            case wire.PublishTo():
+                self._check_body(f.body, f.headers)
+                delay_ms, not_before, priority = _publish_options(f.options)
+                self.reply(f.corr, self._exchanges().publish(
+                    f.exchange, f.routing_key, f.body, f.headers, key=f.key,
+                    delay_ms=delay_ms, not_before=not_before, priority=priority), as_is)
             case wire.QueueStats():
                 self.rights.check_any(f.queue)
                 self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
@@ -415,6 +445,10 @@ class Session(ClientConnection):
                 raise ProtocolError("Hello was already sent on this connection")
             case _:
                 raise ProtocolError(f"{type(f).__name__} is not a client command")
+
+    def _exchanges(self) -> ExchangeFacade:
+        """Exchange commands, with this session's rights (docs/design.md §14)."""
+        return ExchangeFacade(self.broker.node, self.rights)
 
     def _publish(self, f: wire.Publish) -> None:
         """One publish: merged with the others read in one go when its queue has no
@@ -746,6 +780,8 @@ def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         max_priority=options.get("max_priority") or 0,
         single_active_consumer=options.get("single_active_consumer", False),
         dedupe_window_ms=options.get("dedupe_window_ms", DEFAULT_DEDUPE_WINDOW_MS),
+        dead_letter_exchange=options.get("dead_letter_exchange"),
+        dead_letter_routing_key=options.get("dead_letter_routing_key"),
     )
 
 

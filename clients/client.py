@@ -19,7 +19,7 @@ Layout (after aiokafka's ``conn.py``, ``producer/`` and ``consumer/``):
 the names that used to live in this module (``Consumer``, ``Message``, ``TopologyWatch``,
 ``parse_addresses``, ``DEFAULT_PORT``) are still importable from it.
 
-Size: a little over 800 lines, because the facade has one method per command of the
+Size: about 1000 lines, because the facade has one method per command of the
 protocol, each with the docstring users read; what the methods do lives in the modules
 above, and the methods are a few lines each.
 """
@@ -46,6 +46,10 @@ from batonmq.clients.topology import TopologyEvent, TopologyTracker
 from batonmq.clients.watch import TopologyWatch
 from batonmq.clients.wire import (
     AcceptThrough,
+    Bind,
+    DeclareExchange,
+    DeleteExchange,
+    Unbind,
     DeclareQueue,
     DeleteQueue,
     Frame,
@@ -70,6 +74,9 @@ from batonmq.clients.wire import (
 from batonmq.cluster.errors import AccessRefused, BatonError, ConnectionClosed, InvalidArgument
 from batonmq.cluster.results import (
     AcceptedThrough,
+    Bound,
+    ExchangeDeleted,
+    Routed,
     ConnectionList,
     MessageHistory as History,
     Peeked,
@@ -499,6 +506,8 @@ class Connection:
         max_priority: int | None = None,
         single_active_consumer: bool = False,
         dedupe_window: float | None = None,
+        dead_letter_exchange: str | None = None,
+        dead_letter_routing_key: str | None = None,
     ) -> dict[str, Any]:
         """Create a queue, or check that it exists with these settings.
 
@@ -523,6 +532,10 @@ class Connection:
                 the next one takes over when it leaves (docs/client.md).
             dedupe_window: seconds a publish's idempotency key is remembered (None:
                 the default, 120; 0: publishes are never deduplicated).
+            dead_letter_exchange: route dead letters through this exchange instead of
+                to ``dead_letter`` (``""``: the default exchange).
+            dead_letter_routing_key: their routing key (None: the one each message
+                was published with).
 
         Returns:
             The broker's result, e.g. ``{"created": True}``.
@@ -543,6 +556,8 @@ class Connection:
             max_priority=max_priority,
             single_active_consumer=single_active_consumer,
             dedupe_window=dedupe_window,
+            dead_letter_exchange=dead_letter_exchange,
+            dead_letter_routing_key=dead_letter_routing_key,
         )
         corr = self._next_corr()
         # Idempotent (create, or check the settings), so sent again after a failover.
@@ -575,6 +590,87 @@ class Connection:
         corr = self._next_corr()
         result = await self._request(PurgeQueue(corr, name), corr)
         return read_result(Purged, result).purged
+
+    async def declare_exchange(
+        self,
+        name: str,
+        type: str,
+        *,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        passive: bool = False,
+    ) -> bool:
+        """Create an exchange (``type``: ``direct``, ``fanout``, ``topic`` or
+        ``headers``), or check that one exists with these settings (``passive``: that it
+        exists at all). Returns whether it was created.
+
+        Raises:
+            PreconditionFailed: it exists with another type or other settings.
+            AccessRefused: the default exchange, a new ``amq.`` name, no right.
+            ExchangeNotFound: ``passive`` and it does not exist.
+        """
+        options: dict[str, Any] = {"durable": durable, "auto_delete": auto_delete,
+                                   "internal": internal, "arguments": dict(arguments or {})}
+        if passive:
+            options["passive"] = True
+        corr = self._next_corr()
+        frame = DeclareExchange(corr, name, type, options)
+        return read_result(Declared, await self._request(frame, corr, retry=True)).created
+
+    async def delete_exchange(self, name: str, *, if_unused: bool = False) -> int:
+        """Delete an exchange; returns how many bindings went with it.
+
+        Raises:
+            ExchangeNotFound; PreconditionFailed (``if_unused`` and it is bound);
+            AccessRefused (a built-in exchange).
+        """
+        corr = self._next_corr()
+        result = await self._request(DeleteExchange(corr, name, if_unused), corr)
+        return read_result(ExchangeDeleted, result).bindings
+
+    async def bind_queue(
+        self, queue: str, exchange: str, routing_key: str = "",
+        arguments: Mapping[str, Any] | None = None, *, unbind: bool = False,
+    ) -> bool:
+        """Bind ``queue`` to ``exchange`` (``unbind``: remove that binding); returns
+        whether anything changed. ``arguments``: a headers exchange's match.
+
+        Raises:
+            ExchangeNotFound, QueueNotFound; AccessRefused (the default exchange).
+        """
+        corr = self._next_corr()
+        kind = Unbind if unbind else Bind
+        frame = kind(corr, queue, exchange, routing_key, dict(arguments or {}))
+        return read_result(Bound, await self._request(frame, corr, retry=True)).changed
+
+    def publish_to(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes | bytearray | memoryview,
+        headers: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        delay: float | None = None,
+        not_before: float | datetime | None = None,
+        priority: int | None = None,
+    ) -> Coroutine[Any, Any, Routed]:
+        """Publish one message through an exchange (``""``: the default one, to the
+        queue ``routing_key`` names); the broker routes it and appends it onto every
+        routed queue at once. Returns the queues that have it (empty: it reached none),
+        its position on each, and those that refused it (full). Keys, re-sends and
+        the other arguments as for :meth:`publish`.
+
+        Raises:
+            ExchangeNotFound; AccessRefused (an internal exchange, no write right);
+            MessageTooLarge, InvalidArgument (nothing sent).
+        """
+        return self._producer.publish_to(
+            exchange, routing_key, body, headers, idempotency_key=idempotency_key,
+            options=publish_options(delay, not_before, priority),
+        )
 
     async def queue_stats(self, name: str) -> dict[str, Any]:
         """A queue's counters.

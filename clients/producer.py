@@ -15,9 +15,9 @@ from datetime import datetime
 from typing import Any, Final, Protocol
 
 from batonmq.cluster.errors import InvalidArgument, MessageTooLarge
-from batonmq.cluster.results import Enqueued, Published
+from batonmq.cluster.results import Enqueued, Published, Routed
 from batonmq.clients.results import consume_result
-from batonmq.clients.wire import Frame, Publish, PublishBatch, read_result
+from batonmq.clients.wire import Frame, Publish, PublishBatch, PublishTo, read_result
 
 __all__ = ["ProducerChannel", "Producer", "publish_options"]
 
@@ -155,6 +155,33 @@ class Producer:
             Publish(corr, queue, data, hdrs, key, options), corr, retry=True
         )
         return read_result(Published, result).position
+
+    async def publish_to(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes | bytearray | memoryview,
+        headers: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        options: dict[str, Any] = NO_OPTIONS,
+    ) -> Routed:
+        """Publish one message through an exchange (see :meth:`Connection.publish_to`)."""
+        channel = self._channel
+        data = _body(body)
+        if len(data) > channel.max_message:
+            raise MessageTooLarge(
+                f"body of {len(data)} bytes is above the broker's maximum of {channel.max_message}"
+            )
+        hdrs = _headers(headers)
+        key = self._new_key() if idempotency_key is None else _key(idempotency_key)
+        if not channel.writable.is_set():
+            await channel.wait_writable()
+        corr = channel.next_corr()
+        result = await channel.request(
+            PublishTo(corr, exchange, routing_key, data, hdrs, key, options), corr, retry=True
+        )
+        return read_result(Routed, result)
 
     async def publish_batch(
         self,

@@ -49,6 +49,8 @@ def declare_options(
     max_priority: int | None,
     single_active_consumer: bool,
     dedupe_window: float | None,
+    dead_letter_exchange: str | None = None,
+    dead_letter_routing_key: str | None = None,
 ) -> dict[str, Any]:
     """The ``DeclareQueue`` options map of :meth:`Connection.declare_queue`'s arguments
     (seconds become ms; options left at their defaults are not sent, so an older broker
@@ -74,6 +76,10 @@ def declare_options(
         options["dedupe_window_ms"] = int(round(dedupe_window * 1000))
     if ack_timeout is not None:
         options["ack_timeout_ms"] = max(1, int(round(ack_timeout * 1000)))
+    if dead_letter_exchange is not None:
+        options["dead_letter_exchange"] = dead_letter_exchange
+    if dead_letter_routing_key is not None:
+        options["dead_letter_routing_key"] = dead_letter_routing_key
     if retry is not None:
         if not isinstance(retry, Retry):
             raise InvalidArgument(f"retry must be a clients.Retry, got {retry!r}")

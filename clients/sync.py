@@ -32,7 +32,7 @@ from batonmq.clients import client as _aio
 from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.cluster.errors import ConnectionClosed, InvalidArgument, Timeout
-from batonmq.cluster.results import MessageHistory, Peeked
+from batonmq.cluster.results import MessageHistory, Peeked, Routed
 
 __all__ = ["connect", "SyncConnection", "SyncConsumer", "SyncMessage", "SyncTerm"]
 
@@ -260,6 +260,8 @@ class SyncConnection:
         max_priority: int | None = None,
         single_active_consumer: bool = False,
         dedupe_window: float | None = None,
+        dead_letter_exchange: str | None = None,
+        dead_letter_routing_key: str | None = None,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
         return self.run(
@@ -276,8 +278,35 @@ class SyncConnection:
                 max_priority=max_priority,
                 single_active_consumer=single_active_consumer,
                 dedupe_window=dedupe_window,
+                dead_letter_exchange=dead_letter_exchange,
+                dead_letter_routing_key=dead_letter_routing_key,
             )
         )
+
+    def declare_exchange(self, name: str, type: str, **settings: Any) -> bool:
+        """Create an exchange or check its settings; returns whether it was created
+        (keyword settings as :meth:`Connection.declare_exchange`)."""
+        return self.run(self._conn.declare_exchange(name, type, **settings))
+
+    def delete_exchange(self, name: str, *, if_unused: bool = False) -> int:
+        """Delete an exchange; returns how many bindings went with it."""
+        return self.run(self._conn.delete_exchange(name, if_unused=if_unused))
+
+    def bind_queue(
+        self, queue: str, exchange: str, routing_key: str = "",
+        arguments: Mapping[str, Any] | None = None, *, unbind: bool = False,
+    ) -> bool:
+        """Bind a queue to an exchange, or (``unbind``) remove the binding."""
+        return self.run(
+            self._conn.bind_queue(queue, exchange, routing_key, arguments, unbind=unbind)
+        )
+
+    def publish_to(
+        self, exchange: str, routing_key: str, body: bytes | bytearray | memoryview,
+        headers: Mapping[str, Any] | None = None, **options: Any,
+    ) -> Routed:
+        """Publish one message through an exchange (see :meth:`Connection.publish_to`)."""
+        return self.run(self._conn.publish_to(exchange, routing_key, body, headers, **options))
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue; returns how many messages were dropped."""

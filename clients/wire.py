@@ -49,6 +49,11 @@ __all__ = [
     "PurgeQueue",
     "QueueStats",
     "ListQueues",
+    "DeclareExchange",
+    "DeleteExchange",
+    "Bind",
+    "Unbind",
+    "PublishTo",
     "Publish",
     "PublishBatch",
     "Subscribe",
@@ -244,6 +249,72 @@ class ListQueues(Frame):
 
     OP: ClassVar[int] = 14
     corr: int
+
+
+# --- exchanges (docs/design.md §14) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareExchange(Frame):
+    """C->S: create an exchange (``type``: direct, fanout, topic, headers), or check that
+    it exists with these settings; Ok({"created": bool}). ``options`` keys: durable,
+    auto_delete, internal, passive (bools), arguments (map)."""
+
+    OP: ClassVar[int] = 16
+    corr: int
+    exchange: str
+    type: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteExchange(Frame):
+    """C->S: delete an exchange and its bindings; Ok({"bindings": n})."""
+
+    OP: ClassVar[int] = 17
+    corr: int
+    exchange: str
+    if_unused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Bind(Frame):
+    """C->S: bind a queue to an exchange; Ok({"changed": bool})."""
+
+    OP: ClassVar[int] = 18
+    corr: int
+    queue: str
+    exchange: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Unbind(Frame):
+    """C->S: remove a binding; Ok({"changed": bool})."""
+
+    OP: ClassVar[int] = 19
+    corr: int
+    queue: str
+    exchange: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishTo(Frame):
+    """C->S: publish one message through an exchange, routed by the broker that reads
+    it; Ok({"queues", "positions", "full", "missing"}). ``key`` and ``options`` as for
+    Publish."""
+
+    OP: ClassVar[int] = 22
+    corr: int
+    exchange: str
+    routing_key: str
+    body: bytes
+    headers: dict[str, Any]
+    key: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 # --- messages ------------------------------------------------------------------------
@@ -695,6 +766,11 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         PurgeQueue,
         QueueStats,
         ListQueues,
+        DeclareExchange,
+        DeleteExchange,
+        Bind,
+        Unbind,
+        PublishTo,
         Publish,
         PublishBatch,
         Subscribe,

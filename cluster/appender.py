@@ -30,7 +30,10 @@ from batonmq.cluster.effects import Completed
 from batonmq.cluster.errors import (
     BatonError, LogCorrupt, LogUnavailable, MessageTooLarge, ShuttingDown, StoreError,
 )
-from batonmq.cluster.events import AnyEvent, Enqueue, Event, Origin
+from batonmq.cluster.events import AnyEvent, Enqueue, Event, Origin, RoutedEnqueue
+
+#: The publishes: kept in the store's outbox while the log cannot be written.
+_PUBLISHES = (Enqueue, RoutedEnqueue)
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import Log
 from batonmq.cluster.results import Result
@@ -150,7 +153,7 @@ class Appender:
                 )
             )
             return fut
-        self._outbox.append((seq, record, type(event) is Enqueue))
+        self._outbox.append((seq, record, type(event) in _PUBLISHES))
         self._waiting[seq] = fut
         self._outbox_ready.set()
         return fut
@@ -305,7 +308,7 @@ class Appender:
             except MalformedEvent as exc:
                 log.warning("outbox entry %s/%d unreadable, dropped: %s", runtime, seq, exc)
                 continue
-            if type(event) is Enqueue:
+            if type(event) in _PUBLISHES:
                 self.submit(event).add_done_callback(ignore_outcome)
                 again += 1
         log.info("publishing again %d publishes kept by an earlier run of this node", again)

@@ -236,6 +236,7 @@ class Applier:
         never crashes the broker or skips a batch.
         """
         meta, queues = self.state.take_dirty()
+        exchanges = self.state.take_exchanges()
         keys, forget_below = self.state.take_keys()
         forget = range(self.keys_forgotten, forget_below)
         delay = 0.1
@@ -256,7 +257,8 @@ class Applier:
                             catchup.removed(e.qid, range(e.lo, e.hi))
                     case Moved():
                         if not batch.move(
-                            e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at
+                            e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at,
+                            e.keep,
                         ):
                             if catchup is not None:
                                 catchup.missed_move(
@@ -276,6 +278,8 @@ class Applier:
                 batch.put_queue(name, snap)
             if meta is not None:
                 batch.put_meta(meta)
+            if exchanges is not None:
+                batch.put_exchanges(exchanges)
             if keys or forget:
                 batch.put_keys(keys, forget)
             try:

@@ -23,6 +23,7 @@ from batonmq.cluster.events import (
     Reject,
     Release,
     ReleaseAll,
+    RoutedEnqueue,
     SetRights,
 )
 
@@ -101,6 +102,15 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
             f"{EVENT_TYPES[op].__name__} needs {_REQUIRED[op]} to {len(names)} fields"
         )
     if op == Enqueue.OP:
+        values[1] = _messages(values[1])
+        if len(values) >= 3:
+            values[2] = _keys(values[2], len(values[1]))
+    elif op == RoutedEnqueue.OP:
+        if not isinstance(values[0], list) or not values[0] or not all(
+            isinstance(q, str) for q in values[0]
+        ):
+            raise MalformedEvent("RoutedEnqueue.queues must be a non-empty list of strings")
+        values[0] = tuple(values[0])
         values[1] = _messages(values[1])
         if len(values) >= 3:
             values[2] = _keys(values[2], len(values[1]))
@@ -200,6 +210,15 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "max_priority": (int,),
     "single_active_consumer": (bool,),
     "dedupe_window_ms": (int,),
+    "dead_letter_exchange": (str, type(None)),
+    "dead_letter_routing_key": (str, type(None)),
+    "exchange": (str,),
+    "type": (str,),
+    "auto_delete": (bool,),
+    "internal": (bool,),
+    "arguments": (dict,),
+    "if_unused": (bool,),
+    "routing_key": (str,),
     "to": (str,),
     "holder": (str, type(None)),
     "role": (str,),

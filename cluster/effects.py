@@ -81,7 +81,9 @@ class RemovedRange(Effect):
 
 @dataclass(frozen=True, slots=True)
 class Moved(Effect):
-    """Move a message to another queue (dead-lettering), adding ``headers``."""
+    """Move a message to another queue (dead-lettering), adding ``headers``; with
+    ``keep``, copy it, leaving the source (a dead letter routed to several queues is
+    copied to all but the last, then moved)."""
 
     src_qid: int
     src_pos: int
@@ -89,6 +91,7 @@ class Moved(Effect):
     dst_pos: int
     headers: dict[str, Any]
     enqueued_at: int
+    keep: bool = False
 
 
 @dataclass(frozen=True, slots=True)

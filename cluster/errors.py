@@ -20,6 +20,8 @@ __all__ = [
     "JoinFailed",
     "QueueNotFound",
     "QueueExists",
+    "ExchangeNotFound",
+    "PreconditionFailed",
     "QueueFull",
     "MessageTooLarge",
     "UnknownConsumer",
@@ -96,10 +98,23 @@ class QueueNotFound(BatonError):
     code = 10
 
 
-class QueueExists(BatonError):
+class PreconditionFailed(BatonError):
+    """A command's precondition does not hold: an exchange exists with another type or
+    other settings, or is still bound (AMQP's 406). :class:`QueueExists` is one."""
+
+    code = 32
+
+
+class QueueExists(PreconditionFailed):
     """A queue of that name exists with different settings."""
 
     code = 11
+
+
+class ExchangeNotFound(BatonError):
+    """The named exchange does not exist."""
+
+    code = 31
 
 
 class QueueFull(BatonError):
@@ -252,6 +267,8 @@ _BY_CODE: dict[int, type[BatonError]] = {
         JoinFailed,
         QueueNotFound,
         QueueExists,
+        ExchangeNotFound,
+        PreconditionFailed,
         QueueFull,
         MessageTooLarge,
         UnknownConsumer,

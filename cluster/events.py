@@ -15,22 +15,25 @@ a future of that type.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Generic, TypeAlias, TypeVar
 
 from batonmq.cluster.results import (
     AcceptedThrough,
+    Bound,
     Candidacy,
     Checkpointed,
     Counted,
     Declared,
     Deleted,
     Enqueued,
+    ExchangeDeleted,
     HandoverAsked,
     Owner,
     Purged,
     Reserved,
     Result,
+    Routed,
     Settled,
     UserChanged,
 )
@@ -42,7 +45,12 @@ __all__ = [
     "DeclareQueue",
     "DeleteQueue",
     "PurgeQueue",
+    "DeclareExchange",
+    "DeleteExchange",
+    "Bind",
+    "Unbind",
     "Enqueue",
+    "RoutedEnqueue",
     "Acquire",
     "Accept",
     "Release",
@@ -126,6 +134,10 @@ class DeclareQueue(Event[Declared]):
     stays with its owner while that broker has consumers (no time slices).
     ``dedupe_window_ms``: how long a publish's idempotency key is remembered (0: never;
     re-sent publishes are then enqueued again).
+    ``dead_letter_exchange`` / ``dead_letter_routing_key``: dead letters are routed
+    through that exchange's bindings at apply time (RabbitMQ's x-dead-letter-exchange
+    and x-dead-letter-routing-key; the routing key defaults to the one the message was
+    published with). ``dead_letter`` (a queue) and an exchange are exclusive.
     """
 
     OP: ClassVar[int] = 1
@@ -143,6 +155,8 @@ class DeclareQueue(Event[Declared]):
     max_priority: int = 0
     single_active_consumer: bool = False
     dedupe_window_ms: int = DEFAULT_DEDUPE_WINDOW_MS
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +173,58 @@ class PurgeQueue(Event[Purged]):
 
     OP: ClassVar[int] = 3
     queue: str
+
+
+# --- exchanges and bindings (cluster/exchanges.py, docs/design.md §14) -------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareExchange(Event[Declared]):
+    """Create an exchange (``type``: direct, fanout, topic or headers), or check that one
+    exists with the same settings. ``durable`` False: it goes when the declaring member
+    leaves the view; ``auto_delete``: it goes when its last binding does;
+    ``internal``: clients cannot publish to it (only dead letters go through it).
+    ``arguments`` are kept and compared, not interpreted."""
+
+    OP: ClassVar[int] = 4
+    exchange: str
+    type: str
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteExchange(Event[ExchangeDeleted]):
+    """Delete an exchange and its bindings (``if_unused``: only if it has none)."""
+
+    OP: ClassVar[int] = 5
+    exchange: str
+    if_unused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Bind(Event[Bound]):
+    """Bind ``queue`` to ``exchange`` with a routing key and (headers exchanges)
+    arguments."""
+
+    OP: ClassVar[int] = 6
+    queue: str
+    exchange: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Unbind(Event[Bound]):
+    """Remove the binding of ``queue`` to ``exchange`` with this key and arguments."""
+
+    OP: ClassVar[int] = 7
+    queue: str
+    exchange: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
 
 
 # --- messages ------------------------------------------------------------------------
@@ -188,6 +254,31 @@ class Enqueue(Event[Enqueued]):
     queue: str
     messages: tuple[tuple[bytes, dict[str, Any]], ...]
     keys: tuple[tuple[str, int], ...] = ()
+    delay_ms: int = 0
+    not_before: int = 0
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedEnqueue(Event[Routed]):
+    """Append the same messages to several queues, at one log position: a publish
+    through an exchange, routed by the broker that received it (docs/design.md §14).
+
+    Each queue takes them as an :class:`Enqueue` with the same fields would: the
+    idempotency ``keys`` are remembered per queue, so a re-sent publish is enqueued
+    again on no queue that has it. A queue deleted since the routing is skipped
+    (``missing`` in the result), a full one (reject-publish) refuses them alone
+    (``full``); the others take them. ``exchange`` and ``routing_key`` are what the
+    publish named (a dead letter of these messages is routed with that key unless
+    its queue names another).
+    """
+
+    OP: ClassVar[int] = 19
+    queues: tuple[str, ...]
+    messages: tuple[tuple[bytes, dict[str, Any]], ...]
+    keys: tuple[tuple[str, int], ...] = ()
+    exchange: str = ""
+    routing_key: str = ""
     delay_ms: int = 0
     not_before: int = 0
     priority: int = 0
@@ -522,7 +613,12 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         DeclareQueue,
         DeleteQueue,
         PurgeQueue,
+        DeclareExchange,
+        DeleteExchange,
+        Bind,
+        Unbind,
         Enqueue,
+        RoutedEnqueue,
         Acquire,
         Accept,
         Release,

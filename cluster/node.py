@@ -270,6 +270,8 @@ class Node:
             self.state.restore_meta(loaded.meta)
             self.state.restore_keys(loaded.keys)
             self.applier.keys_forgotten = loaded.keys[0][0] if loaded.keys else 0
+        # Apart from the meta snapshot (None: a store from before exchanges: the built-ins).
+        self.state.exchanges.restore(loaded.exchanges)
         for name, snap in loaded.queues.items():
             self.state.queues[name] = QueueState.restore(snap)
         self.state.applied = loaded.applied

@@ -8,6 +8,7 @@ the queue's settings and counters, and its canonical snapshot.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -26,6 +27,8 @@ WORK_SETTINGS: Final = (
     "max_priority",
     "single_active_consumer",
     "dedupe_window_ms",
+    "dead_letter_exchange",
+    "dead_letter_routing_key",
 )
 #: The highest message priority a queue may allow.
 MAX_PRIORITY: Final = 9
@@ -69,6 +72,13 @@ class QueueState:
     # the first interested broker, in the order interest was applied (docs/events.md).
     single_active_consumer: bool = False
     dedupe_window_ms: int = DEFAULT_DEDUPE_WINDOW_MS  # publish keys are remembered this long
+    # Dead letters routed through an exchange (cluster/exchanges.py) with this routing
+    # key, or (None) each with the key it was published with: then ``rkeys`` keeps
+    # those keys as runs, (first position, key), ascending; a plain Enqueue's key is
+    # the queue's name (the default exchange's routing).
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    rkeys: list[tuple[int, str]] = field(default_factory=list)
     next_pos: int = 0
     cursor: int = 0
     returned: list[int] = field(default_factory=list)  # a heap
@@ -180,6 +190,34 @@ class QueueState:
         if pos >= self.cursor:
             self.delayed_ahead += 1
 
+    @property
+    def tracks_keys(self) -> bool:
+        """Whether the messages' routing keys are kept (:attr:`rkeys`)."""
+        return self.dead_letter_exchange is not None and self.dead_letter_routing_key is None
+
+    def note_key(self, pos: int, key: str) -> None:
+        """Messages from ``pos`` on (the newest) were published with routing ``key``.
+        Runs wholly below every message still in the queue are forgotten now and then."""
+        runs = self.rkeys
+        if runs and runs[-1][1] == key:
+            return
+        runs.append((pos, key))
+        if len(runs) > 32:
+            low = min(
+                self.head,
+                min(self.acquired, default=self.next_pos),
+                min(self.delayed, default=self.next_pos),
+            )
+            i = bisect.bisect_right(runs, (low, "\U0010ffff")) - 1  # the run holding low
+            if i > 0:
+                del runs[:i]
+
+    def key_of(self, pos: int) -> str:
+        """The routing key the message at ``pos`` was published with (the queue's name
+        where none is known)."""
+        i = bisect.bisect_right(self.rkeys, (pos, "\U0010ffff")) - 1
+        return self.rkeys[i][1] if i >= 0 else self.name
+
     def settings(self) -> tuple[Any, ...]:
         return (
             self.durable,
@@ -232,6 +270,8 @@ class QueueState:
             "max_priority": self.max_priority or None,
             "single_active_consumer": self.single_active_consumer,
             "dedupe_window_ms": self.dedupe_window_ms,
+            "dead_letter_exchange": self.dead_letter_exchange,
+            "dead_letter_routing_key": self.dead_letter_routing_key,
             "timed_out": self.timed_out,
             "owner": self.owner,
             "interested": list(self.interested),
@@ -357,6 +397,7 @@ class QueueState:
             [self.acquisitions, self.failed_deliveries, self.given_back, self.timed_out],
             sorted(self.delayed.items()),
             [sorted(self.prio.items()), sorted(p for _, p in self.prio_heap)],
+            [list(r) for r in self.rkeys],
         ]
 
     @classmethod
@@ -397,4 +438,6 @@ class QueueState:
             prio, ready = snap[17]
             q.prio = {p: n for p, n in prio}
             q.prio_heap = sorted((-q.prio.get(p, 0), p) for p in ready)
+        if len(snap) > 18:  # absent in snapshots from before dead-letter exchanges
+            q.rkeys = [(p, k) for p, k in snap[18]]
         return q

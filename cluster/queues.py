@@ -61,7 +61,9 @@ from batonmq.cluster.events import (
     Reject,
     ReleaseAll,
     Reserve,
+    RoutedEnqueue,
 )
+from batonmq.cluster.exchanges import Exchanges, check_exchange_name
 from batonmq.cluster.keys import Fresh, PublishKeys
 from batonmq.cluster.queue_state import MAX_PRIORITY, RETRY_POLICIES, WORK_SETTINGS, QueueState
 from batonmq.cluster.results import (
@@ -72,6 +74,7 @@ from batonmq.cluster.results import (
     Enqueued,
     Purged,
     Reserved,
+    Routed,
     Settled,
 )
 
@@ -155,11 +158,15 @@ class QueueIndex:
     Args:
         ledger: the replicated state around the queues (clock, offset, ignore counts).
         keys: the publish-key memory that deduplicates re-sent publishes.
+        exchanges: the exchanges dead letters are routed through.
     """
 
-    def __init__(self, ledger: Ledger, keys: PublishKeys) -> None:
+    def __init__(
+        self, ledger: Ledger, keys: PublishKeys, exchanges: Exchanges | None = None
+    ) -> None:
         self.ledger = ledger
         self.keys = keys
+        self.exchanges = exchanges if exchanges is not None else Exchanges()
         self.queues: dict[str, QueueState] = {}
         self.dirty: set[str] = set()  # queues changed since the last take_dirty()
 
@@ -241,9 +248,42 @@ class QueueIndex:
 
     # -- messages -----------------------------------------------------------------
 
-    def enqueue(self, origin: Origin, ev: Enqueue, out: list[Effect]) -> Enqueued:
+    def enqueue_routed(self, origin: Origin, ev: RoutedEnqueue, out: list[Effect]) -> Routed:
+        """Publish the same messages on each of ``ev.queues`` (a queue named twice takes
+        them once): each as its own Enqueue would, but a deleted queue is skipped
+        (``missing``) and a full one refuses them alone (``full``).
+
+        Raises:
+            InvalidArgument: a negative delay or a bad priority (before any change).
+        """
+        if ev.delay_ms < 0 or ev.not_before < 0:
+            raise InvalidArgument("a publish's delay and not_before must not be negative")
+        if not 0 <= ev.priority <= MAX_PRIORITY:
+            raise InvalidArgument(f"priority must be 0..{MAX_PRIORITY}")
+        queues: list[str] = []
+        positions: list[int] = []
+        full: list[str] = []
+        missing: list[str] = []
+        for name in dict.fromkeys(ev.queues):
+            if name not in self.queues:
+                missing.append(name)
+                continue
+            one = Enqueue(name, ev.messages, ev.keys, ev.delay_ms, ev.not_before, ev.priority)
+            try:
+                done = self.enqueue(origin, one, out, ev.routing_key)
+            except QueueFull:
+                full.append(name)
+                continue
+            queues.append(name)
+            positions.append(done.positions[0] if done.positions else done.first_position)
+        return Routed(queues=queues, positions=positions, full=full, missing=missing)
+
+    def enqueue(
+        self, origin: Origin, ev: Enqueue, out: list[Effect], routing_key: str | None = None
+    ) -> Enqueued:
         """Publish messages at the back of the queue (re-sent keyed spans are not enqueued
-        again: they are answered with their original positions).
+        again: they are answered with their original positions). ``routing_key``: the
+        key they were routed with (None: the queue's name, the default exchange's).
 
         Raises:
             QueueFull: they do not fit and the overflow policy refuses them.
@@ -282,6 +322,8 @@ class QueueIndex:
             for p in q.take_ready(excess):  # drop-head: oldest ready messages go
                 self._dead_letter(q, p, "maxlen", out)
         first = q.next_pos
+        if q.tracks_keys:
+            q.note_key(first, q.name if routing_key is None else routing_key)
         q.next_pos += n
         q.enqueued += n
         due = 0
@@ -507,7 +549,9 @@ class QueueIndex:
         if q.prio_heap:
             gone.extend(q.take_prio(ev.through + 1))
         q.expired += len(gone)
-        if q.dead_letter is not None and q.dead_letter in self.queues:
+        if (
+            q.dead_letter is not None and q.dead_letter in self.queues
+        ) or q.dead_letter_exchange is not None:
             for p in gone:
                 self._dead_letter(q, p, "expired", out, count=False)
         elif gone:
@@ -604,35 +648,69 @@ class QueueIndex:
         if q.prio:
             q.prio.pop(pos, None)
         handed = q.acq_counts.pop(pos, 0) + (1 if was_acquired else 0)
-        dlq = self.queues.get(q.dead_letter) if q.dead_letter is not None else None
-        if (
-            dlq is not None
-            and dlq.max_length is not None
-            and dlq.length >= dlq.max_length
-            and dlq.overflow == "drop-head"
-            and dlq.ready > 0
-        ):
-            # A full drop-head DLQ makes room as it would for a publish; its oldest
-            # ready message is dropped (not dead-lettered on: DLQ chains may cycle).
-            for head in dlq.take_ready(1):
-                dlq.forget((head,))
-                dlq.dropped += 1
-                out.append(Removed(dlq.qid, [head]))
-            self.dirty.add(dlq.name)
-        if dlq is not None and (dlq.max_length is None or dlq.length < dlq.max_length):
-            dst = dlq.next_pos
-            dlq.next_pos += 1
-            dlq.enqueued += 1
-            self.dirty.add(dlq.name)
-            headers = {
-                "x-death-reason": reason,
-                "x-death-queue": q.name,
-                "x-death-position": pos,
-                "x-death-delivery-count": delivered,
-                "x-death-acquired-count": handed,
-            }
-            out.append(Moved(q.qid, pos, dlq.qid, dst, headers, self.ledger.clock))
-            out.append(ReadyMore(dlq.name))
+        headers: dict[str, object] = {
+            "x-death-reason": reason,
+            "x-death-queue": q.name,
+            "x-death-position": pos,
+            "x-death-delivery-count": delivered,
+            "x-death-acquired-count": handed,
+        }
+        key: str | None = None  # the routing key, when routed through an exchange
+        targets: list[QueueState] = []
+        if q.dead_letter is not None:
+            dlq = self.queues.get(q.dead_letter)
+            if dlq is not None:
+                targets.append(dlq)
+        elif q.dead_letter_exchange is not None:
+            # Routed through the exchange's bindings as they are at this log position:
+            # the same on every replica. Never back into the queue it left.
+            dl_key = q.dead_letter_routing_key
+            key = q.key_of(pos) if dl_key is None else dl_key
+            exchange = q.dead_letter_exchange
+            if self.exchanges.get(exchange) is not None:
+                targets = [
+                    self.queues[n]
+                    for n in self.exchanges.route(exchange, key, {}, self.queues)
+                    if n != q.name
+                ]
+            headers.update({
+                "x-death-exchange": exchange,
+                "x-death-routing-key": key,
+                "x-last-death-reason": reason,
+                "x-last-death-queue": q.name,
+                "x-last-death-exchange": exchange,
+            })
+        moves: list[tuple[QueueState, int]] = []
+        for dlq in targets:
+            if (
+                dlq.max_length is not None
+                and dlq.length >= dlq.max_length
+                and dlq.overflow == "drop-head"
+                and dlq.ready > 0
+            ):
+                # A full drop-head DLQ makes room as it would for a publish; its oldest
+                # ready message is dropped (not dead-lettered on: DLQ chains may cycle).
+                for head in dlq.take_ready(1):
+                    dlq.forget((head,))
+                    dlq.dropped += 1
+                    out.append(Removed(dlq.qid, [head]))
+                self.dirty.add(dlq.name)
+            if dlq.max_length is None or dlq.length < dlq.max_length:
+                dst = dlq.next_pos
+                if dlq.tracks_keys:
+                    # (to a dead-letter queue by name: as the default exchange sends it)
+                    dlq.note_key(dst, dlq.name if key is None else key)
+                dlq.next_pos += 1
+                dlq.enqueued += 1
+                self.dirty.add(dlq.name)
+                moves.append((dlq, dst))
+        if moves:
+            clock = self.ledger.clock
+            last = len(moves) - 1
+            for i, (dlq, dst) in enumerate(moves):
+                # Copies to all but the last target; the last one moves it.
+                out.append(Moved(q.qid, pos, dlq.qid, dst, headers, clock, keep=i < last))
+                out.append(ReadyMore(dlq.name))
             if count:
                 q.dead_lettered += 1
         else:
@@ -657,6 +735,13 @@ def validate_declare(ev: DeclareQueue) -> None:
         raise InvalidArgument("message_ttl must be positive (or None)")
     if ev.dead_letter is not None and (ev.dead_letter == ev.queue or not ev.dead_letter):
         raise InvalidArgument("a queue cannot be its own dead-letter queue")
+    if ev.dead_letter_exchange is not None:
+        if ev.dead_letter is not None:
+            raise InvalidArgument("a queue dead-letters to a queue or through an exchange, not both")
+        if ev.dead_letter_exchange:  # "" is the default exchange
+            check_exchange_name(ev.dead_letter_exchange)
+    elif ev.dead_letter_routing_key is not None:
+        raise InvalidArgument("dead_letter_routing_key needs a dead_letter_exchange")
     if ev.retry:
         if ev.retry not in RETRY_POLICIES:
             raise InvalidArgument(f"retry must be one of {', '.join(RETRY_POLICIES)}")

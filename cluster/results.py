@@ -31,6 +31,9 @@ __all__ = [
     "Declared",
     "Deleted",
     "Purged",
+    "Bound",
+    "ExchangeDeleted",
+    "Routed",
     "UserChanged",
     "UserList",
     "Enqueued",
@@ -80,6 +83,34 @@ class Deleted(Result):
     """DeleteQueue: how many messages (ready and acquired) went with the queue."""
 
     deleted: int
+
+
+@dataclass(frozen=True, slots=True)
+class Bound(Result):
+    """Bind, Unbind: whether the binding was made (Bind) or existed (Unbind)."""
+
+    changed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeDeleted(Result):
+    """DeleteExchange: how many bindings went with the exchange."""
+
+    bindings: int
+
+
+@dataclass(frozen=True, slots=True)
+class Routed(Result):
+    """RoutedEnqueue: ``queues`` took the messages (a re-sent publish counts: it is
+    there), ``positions[i]`` being the first one's position on ``queues[i]`` (its
+    original one for a re-sent publish); ``full`` refused them (max_length with
+    reject-publish); ``missing`` were deleted between the routing and the append.
+    Empty ``queues``: the publish reached no queue."""
+
+    queues: list[str]
+    positions: list[int]
+    full: list[str]
+    missing: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +353,9 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     Declared,
     Deleted,
     Purged,
+    Bound,
+    ExchangeDeleted,
+    Routed,
     UserChanged,
     UserList,
     Enqueued,

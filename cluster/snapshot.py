@@ -3,13 +3,14 @@
 Pure: no I/O, no clock. Equal states give equal snapshots and equal digests, on every
 replica. The *meta snapshot* is the non-queue part (offset, clock, sequence numbers,
 ignore counts, membership, services, checkpoints, users); each queue's index has its own
-(:meth:`batonmq.cluster.queues.QueueState.snapshot`), so the node driver stores only
-what a batch changed. The *full snapshot* is everything a joining broker installs;
+(:meth:`batonmq.cluster.queues.QueueState.snapshot`), and so have the exchanges with
+their bindings (:meth:`batonmq.cluster.exchanges.Exchanges.snapshot`), so the node driver
+stores only what a batch changed. The *full snapshot* is everything a joining broker installs;
 the *digest* is a SHA-256 over all of it that checkpoints compare across replicas.
 
 Snapshots written by older versions (without services, checkpoints, a queue's
-reservation or the membership's join keys) are still read: the missing parts restore
-empty.
+reservation, the membership's join keys or exchanges) are still read: the missing parts
+restore empty (exchanges: the built-in ones).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.keys import PublishKeys
 from batonmq.cluster.membership import Membership
 from batonmq.cluster.queues import QueueState
@@ -50,6 +52,9 @@ class Replicated(Protocol):
 
     @property
     def users(self) -> Users: ...
+
+    @property
+    def exchanges(self) -> Exchanges: ...
 
     @property
     def queues(self) -> dict[str, QueueState]: ...
@@ -85,13 +90,19 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
     # Snapshots written before users, or of a cluster that never had a user event,
     # restore the default table (guest).
     r.users.restore(snap[8] if len(snap) > 8 else None)
+    # A full snapshot's meta part carries the exchanges (the stored meta snapshot does
+    # not: the store keeps them apart, written only when they change).
+    if len(snap) > 9:
+        r.exchanges.restore(snap[9])
 
 
 def full_snapshot(r: Replicated) -> list[Any]:
     """Everything replicated, for a joining broker (docs/design.md §8): the meta snapshot,
     the publish keys and every queue's index (not the messages)."""
     return [
-        meta_snapshot(r),
+        # The exchanges ride in the meta part, so that the snapshot keeps its shape
+        # (and a joiner from before exchanges reads it, leaving them out).
+        meta_snapshot(r) + [r.exchanges.snapshot()],
         [list(e) for e in r.publish_keys.entries()],
         [r.queues[name].snapshot() for name in sorted(r.queues)],
     ]
@@ -111,6 +122,7 @@ def digest(r: Replicated, packed: Callable[[QueueState], bytes] = packed_queue) 
     h = hashlib.sha256()
     packer = msgpack.Packer(use_bin_type=True)
     h.update(packer.pack(meta_snapshot(r)))
+    h.update(packer.pack(r.exchanges.snapshot()))
     # Publish keys in log order (the order decides what is forgotten first).
     h.update(packer.pack(r.publish_keys.digest_part()))
     for name in sorted(r.queues):

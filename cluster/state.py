@@ -51,9 +51,12 @@ from batonmq.cluster.events import (
     AcceptThrough,
     Acquire,
     AnyEvent,
+    Bind,
     Checkpoint,
     Candidate,
+    DeclareExchange,
     DeclareQueue,
+    DeleteExchange,
     DeleteQueue,
     DeleteUser,
     Enqueue,
@@ -73,15 +76,19 @@ from batonmq.cluster.events import (
     ReleaseAll,
     Reserve,
     Resign,
+    RoutedEnqueue,
     SetRights,
+    Unbind,
     Vote,
 )
+from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import JOIN_KEY_BYTES, VOTER, Membership
 from batonmq.cluster.queues import QueueIndex, QueueState
 from batonmq.cluster.results import (
     Candidacy,
     Checkpointed,
+    Deleted,
     HandoverAsked,
     Owner,
     Result,
@@ -104,7 +111,10 @@ class State:
     def __init__(self, suspect_beats: int = 6, key_memory: int = KEY_MEMORY) -> None:
         # Publish idempotency keys (Enqueue.keys), cluster-wide, in log order.
         self.publish_keys = PublishKeys(key_memory)
-        self.index = QueueIndex(self, self.publish_keys)  # the queues (cluster/queues.py)
+        self.exchanges = Exchanges()  # exchanges and bindings (cluster/exchanges.py)
+        self._exchanges_taken = -1  # the exchanges' version take_exchanges() last gave
+        # the queues (cluster/queues.py); dead letters may be routed through exchanges
+        self.index = QueueIndex(self, self.publish_keys, self.exchanges)
         self.membership = Membership(suspect_beats)
         self.services = Services()  # service leadership (cluster/services.py)
         self.users = Users()  # users and their rights (cluster/users.py)
@@ -203,6 +213,8 @@ class State:
         match ev:
             case Enqueue():
                 return self.index.enqueue(origin, ev, out)
+            case RoutedEnqueue():
+                return self.index.enqueue_routed(origin, ev, out)
             case Acquire():
                 return self.index.acquire(key, ev, out)
             case Accept():
@@ -234,7 +246,15 @@ class State:
             case DeclareQueue():
                 return self.index.declare(key, ev)
             case DeleteQueue():
-                return self.index.delete(ev.queue, out)
+                return self._delete_queue(ev.queue, out)
+            case DeclareExchange():
+                return self.exchanges.declare(key, ev)
+            case DeleteExchange():
+                return self.exchanges.delete(ev)
+            case Bind():
+                return self.exchanges.bind(ev, self.queues)
+            case Unbind():
+                return self.exchanges.unbind(ev, self.queues)
             case PurgeQueue():
                 return self.index.purge(ev, out)
             case Checkpoint():
@@ -246,6 +266,12 @@ class State:
             case PutUser() | DeleteUser() | SetRights():
                 return self._user_event(ev)
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
+
+    def _delete_queue(self, name: str, out: list[Effect]) -> Deleted:
+        """Delete a queue, and its bindings with it."""
+        done = self.index.delete(name, out)
+        self.exchanges.queue_deleted(name)
+        return done
 
     def _own_consumer(self, key: str, consumer: str) -> None:
         """Only a consumer's own broker settles its messages.
@@ -424,7 +450,7 @@ class State:
         for name in sorted(self.queues):
             q = self.queues[name]
             if not q.durable and q.declared_by == key:
-                self.index.delete(name, out)
+                self._delete_queue(name, out)
                 continue
             by_consumer: dict[str, list[int]] = {}
             for p, c in q.acquired.items():
@@ -438,6 +464,7 @@ class State:
             if q.owner == key:
                 self._set_owner(q, self._next_interested(q, key), out)
                 self.dirty.add(name)
+        self.exchanges.member_left(key)
         # Its broker-level and session candidacies go; a service it led gets a new
         # term at this log position (docs/design.md §7).
         for grant in self.services.drop_member(key, self.applied, self.membership.member_set):
@@ -518,6 +545,16 @@ class State:
         self.dirty = set()
         self._meta_dirty = False
         return meta, queues
+
+    def take_exchanges(self) -> list[Any] | None:
+        """The exchanges' snapshot if they changed since the last call (None if not).
+        The driver stores it with the batch's offset, apart from the meta snapshot,
+        which is written with every batch."""
+        ex = self.exchanges
+        if ex.version == self._exchanges_taken:
+            return None
+        self._exchanges_taken = ex.version
+        return ex.snapshot()
 
     def digest(self) -> str:
         """SHA-256 over the whole replicated state (hex); equal on replicas of one prefix.

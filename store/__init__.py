@@ -51,6 +51,8 @@ class Loaded:
     applied: int = -1
     #: The last :meth:`Batch.put_meta` snapshot; None if none.
     meta: list[Any] | None = None
+    #: The last :meth:`Batch.put_exchanges` snapshot; None if none.
+    exchanges: list[Any] | None = None
     #: The last :meth:`Batch.put_queue` snapshot of each queue, by name.
     queues: dict[str, list[Any]] = field(default_factory=dict)
     #: The kept publish keys ``(seq, qid, key, first position, expires)``, in seq order
@@ -95,6 +97,7 @@ class Batch(abc.ABC):
         dst_pos: int,
         headers: dict[str, Any],
         enqueued_at: int,
+        keep: bool = False,
     ) -> bool:
         """Move a message to another queue, merging ``headers`` into its own.
 
@@ -104,6 +107,9 @@ class Batch(abc.ABC):
         the same batch is not covered: ``RocksStore`` still finds it if it was committed
         before.) The moved message keeps its body and publish time; its headers
         are its own updated with ``headers``; its enqueue time is ``enqueued_at``.
+
+        With ``keep`` the source stays where it is: a copy (a dead letter routed to
+        several queues, docs/events.md).
 
         Returns False if the source message is not here (a joining broker that has
         not received it yet, docs/design.md §8): nothing changes then."""
@@ -124,6 +130,11 @@ class Batch(abc.ABC):
     @abc.abstractmethod
     def put_meta(self, snapshot: list[Any]) -> None:
         """Save the non-queue replicated state."""
+
+    @abc.abstractmethod
+    def put_exchanges(self, snapshot: list[Any]) -> None:
+        """Save the exchanges and their bindings (written when they change, not with
+        every batch as the meta snapshot is)."""
 
     @abc.abstractmethod
     def put_keys(self, entries: list[tuple[int, int, str, int, int]], forget: range) -> None:

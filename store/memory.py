@@ -47,6 +47,7 @@ class _Contents:
     messages: Messages = field(default_factory=dict)
     queues: dict[str, bytes] = field(default_factory=dict)  # name -> packed snapshot
     meta: bytes | None = None  # packed snapshot
+    exchanges: bytes | None = None  # packed snapshot
     applied: int = -1
     keys: dict[int, bytes] = field(default_factory=dict)  # seq -> packed [qid, key, first, expires]
     idents: dict[str, str] = field(default_factory=dict)
@@ -131,9 +132,11 @@ class _MemoryBatch(Batch):
         dst_pos: int,
         headers: dict[str, Any],
         enqueued_at: int,
+        keep: bool = False,
     ) -> bool:
         raw = self._get(src_qid, src_pos)
-        self.remove(src_qid, [src_pos])
+        if not keep:
+            self.remove(src_qid, [src_pos])
         if raw is None:
             return False
         self._put(dst_qid, dst_pos, merge_headers(raw, headers, enqueued_at))
@@ -162,6 +165,14 @@ class _MemoryBatch(Batch):
 
         def put(c: _Contents) -> None:
             c.meta = packed
+
+        self.ops.append(put)
+
+    def put_exchanges(self, snapshot: list[Any]) -> None:
+        packed = _pack(snapshot)
+
+        def put(c: _Contents) -> None:
+            c.exchanges = packed
 
         self.ops.append(put)
 
@@ -230,6 +241,8 @@ class MemoryStore(Store):
         out = Loaded(applied=c.applied)
         if c.meta is not None:
             out.meta = _unpack(c.meta)
+        if c.exchanges is not None:
+            out.exchanges = _unpack(c.exchanges)
         out.queues = {name: _unpack(snap) for name, snap in sorted(c.queues.items())}
         for seq in sorted(c.keys):
             qid, name, first, expires = _unpack(c.keys[seq])
@@ -255,6 +268,7 @@ class MemoryStore(Store):
         c.queues.clear()
         c.keys.clear()
         c.meta = None
+        c.exchanges = None
         c.applied = -1
 
     def get_messages(self, qid: int, positions: list[int]) -> list[StoredMessage | None]:

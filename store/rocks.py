@@ -4,6 +4,7 @@ Keys:
   ``m`` + qid (8 bytes BE) + position (8 bytes BE) -> msgpack [enqueued_at, publish_time, headers, body]
   ``q`` + queue name (utf-8)                        -> msgpack queue-index snapshot
   ``s``                                              -> msgpack meta snapshot
+  ``x``                                              -> msgpack exchanges snapshot (with their bindings)
   ``a``                                              -> applied offset (8 bytes BE, signed)
   ``i`` + key                                        -> identity value (utf-8)
   ``j`` + seq (8 bytes BE)                           -> msgpack [[seq, qid, key, first position, expires], ...]:
@@ -92,6 +93,7 @@ _OFF = struct.Struct(">q")
 _SEQ = struct.Struct(">Q")
 _APPLIED = b"a"
 _META = b"s"
+_EXCHANGES = b"x"
 _KEY_FLOOR = b"f"
 #: The most publish keys in one block record; blocks below the floor are range-deleted
 #: once the floor has moved this many keys past the last such delete.
@@ -161,10 +163,12 @@ class _RocksBatch(Batch):
         dst_pos: int,
         headers: dict[str, Any],
         enqueued_at: int,
+        keep: bool = False,
     ) -> bool:
         src = _mkey(src_qid, src_pos)
         raw = self.pending[src] if src in self.pending else self._get(src)
-        self.remove(src_qid, [src_pos])
+        if not keep:
+            self.remove(src_qid, [src_pos])
         if raw is None:
             return False  # not here (yet): a joining broker's update brings it
         _, publish_time, old_headers, body = msgpack.unpackb(raw, raw=False)
@@ -210,6 +214,9 @@ class _RocksBatch(Batch):
 
     def put_meta(self, snapshot: list[Any]) -> None:
         self.wb.put(_META, self._packer.pack(snapshot))
+
+    def put_exchanges(self, snapshot: list[Any]) -> None:
+        self.wb.put(_EXCHANGES, self._packer.pack(snapshot))
 
 
 class _RocksReader(StoreReader):
@@ -346,6 +353,9 @@ class RocksStore(Store):
         meta = self._db.get(_META)
         if meta is not None:
             out.meta = msgpack.unpackb(meta, raw=False, strict_map_key=False)
+        exchanges = self._db.get(_EXCHANGES)
+        if exchanges is not None:
+            out.exchanges = msgpack.unpackb(exchanges, raw=False, strict_map_key=False)
         for key, value in self._prefixed(b"q"):
             out.queues[key[1:].decode()] = msgpack.unpackb(value, raw=False, strict_map_key=False)
         raw = self._db.get(_KEY_FLOOR)
@@ -388,6 +398,7 @@ class RocksStore(Store):
             wb.delete_range(prefix, bytes([prefix[0] + 1]))
         wb.delete(_KEY_FLOOR)
         wb.delete(_META)
+        wb.delete(_EXCHANGES)
         wb.delete(_APPLIED)
         self._write(wb)
 

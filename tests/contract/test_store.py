@@ -190,6 +190,27 @@ class StoreContract:
         assert moved.body == b"body" and moved.publish_time == 50 and moved.enqueued_at == 200
         assert moved.headers == {"keep": 1, "over": "new", "x-death": 1}
 
+    def test_move_with_keep_copies_and_a_last_move_takes_the_source(self, store: Store) -> None:
+        put(store, Q, 2, [b"body"], applied=0, enqueued_at=100, publish_time=50,
+            headers={"h": 0})
+        batch = store.batch()
+        # A dead letter routed to three queues: two copies, then the move.
+        assert batch.move(Q, 2, OTHER, 0, {"x": 1}, 200, keep=True) is True
+        assert batch.move(Q, 2, OTHER, 1, {"x": 1}, 200, keep=True) is True
+        assert batch.move(Q, 2, Q, 7, {"x": 1}, 200) is True
+        store.commit(batch, 1)
+        assert bodies(store, Q, [2, 7]) == [None, b"body"]
+        assert bodies(store, OTHER, [0, 1]) == [b"body", b"body"]
+        for m in store.get_messages(OTHER, [0, 1]) + store.get_messages(Q, [7]):
+            assert m is not None and m.headers == {"h": 0, "x": 1} and m.enqueued_at == 200
+        # A copy of a message put in the same batch, which stays where it is.
+        batch = store.batch()
+        batch.put_messages(Q, 10, ((b"fresh", {}),), 1, 1)
+        assert batch.move(Q, 10, OTHER, 5, {}, 3, keep=True) is True
+        assert batch.move(Q, 11, OTHER, 6, {}, 3, keep=True) is False  # none there
+        store.commit(batch, 2)
+        assert bodies(store, Q, [10]) == [b"fresh"] and bodies(store, OTHER, [5, 6]) == [b"fresh", None]
+
     def test_move_finds_a_message_put_in_the_same_batch(self, store: Store) -> None:
         batch = store.batch()
         batch.put_messages(Q, 0, ((b"fresh", {"a": 1}),), 100, 50)
@@ -247,6 +268,25 @@ class StoreContract:
             assert bodies(store, qid, [0, 1, far]) == [b"a", b"b", b"far"]
 
     # ---- snapshots and publish keys ----
+
+    def test_the_exchanges_snapshot_is_kept_apart_and_replaced(self, store: Store) -> None:
+        assert store.load().exchanges is None
+        batch = store.batch()
+        batch.put_meta([1])
+        batch.put_exchanges([["x", "fanout", True, False, False, {"a": 1}, "n/r", [["q", "", {}]]]])
+        store.commit(batch, 0)
+        batch = store.batch()
+        batch.put_meta([2])  # a batch that does not change the exchanges
+        store.commit(batch, 1)
+        loaded = store.load()
+        assert loaded.meta == [2]
+        assert loaded.exchanges == [["x", "fanout", True, False, False, {"a": 1}, "n/r", [["q", "", {}]]]]
+        batch = store.batch()
+        batch.put_exchanges([])
+        store.commit(batch, 2)
+        assert store.load().exchanges == []
+        store.reset()
+        assert store.load().exchanges is None
 
     def test_queue_and_meta_snapshots_are_replaced_and_deleted(self, store: Store) -> None:
         batch = store.batch()

@@ -341,3 +341,38 @@ async def test_allow_from_refuses_connections_from_other_networks(tmp_path: Path
             await conn.declare_queue("inside")
     finally:
         b.stop()
+
+
+async def test_exchange_commands_need_their_rights(secured: BrokerProcess) -> None:
+    async with await clients.connect(
+        secured.address, username="admin", password=ADMIN_PASSWORD
+    ) as admin:
+        for q in ("jobs", "other"):
+            await admin.declare_queue(q)
+        await admin.declare_exchange("ex", "direct")
+        await admin.declare_exchange("other-ex", "direct")
+        await admin.bind_queue("other", "other-ex", "k")
+        await admin.put_user("alice", "alice-pw")
+        await admin.set_permissions("alice", configure="ex|tmp", write="jobs|ex", read="ex")
+        async with await clients.connect(
+            secured.address, username="alice", password="alice-pw"
+        ) as alice:
+            assert await alice.declare_exchange("ex", "direct") is False
+            await _refused(lambda: alice.declare_exchange("mine", "fanout"),
+                           "no configure right on exchange 'mine'")
+            await _refused(lambda: alice.delete_exchange("other-ex"), "no configure right")
+            await _refused(lambda: alice.bind_queue("other", "ex", "k"),
+                           "no write right on queue 'other'")
+            await _refused(lambda: alice.bind_queue("jobs", "other-ex", "k"),
+                           "no read right on exchange 'other-ex'")
+            assert await alice.bind_queue("jobs", "ex", "k") is True
+            assert (await alice.publish_to("ex", "k", b"m")).queues == ["jobs"]
+            await _refused(lambda: alice.publish_to("other-ex", "k", b"m"),
+                           "no write right on exchange 'other-ex'")
+            await _refused(lambda: alice.publish_to("", "other", b"m"),
+                           "no write right on queue 'other'")
+            await _refused(lambda: alice.declare_queue("tmp", dead_letter_exchange="dlx"),
+                           "no write right on exchange 'dlx'")
+            assert await alice.declare_queue("tmp", dead_letter_exchange="ex")
+        assert (await admin.queue_stats("other"))["ready"] == 0  # nothing went there
+        assert (await admin.queue_stats("jobs"))["ready"] == 1

@@ -14,7 +14,16 @@ from batonmq.broker.limits import (
     check_headers,
 )
 from batonmq.cluster.errors import InvalidArgument
-from batonmq.cluster.events import DeclareQueue, DeleteQueue, Enqueue
+from batonmq.cluster.events import (
+    Bind,
+    DeclareExchange,
+    DeclareQueue,
+    DeleteExchange,
+    DeleteQueue,
+    Enqueue,
+    RoutedEnqueue,
+    Unbind,
+)
 
 
 def _nested(depth: int) -> dict[str, Any]:
@@ -62,6 +71,22 @@ def test_very_deep_headers_are_refused_without_recursion() -> None:
         (Enqueue("q", ((b"x", {}),), (("k" * (MAX_KEY_BYTES + 1), 1),)), False),
         (Enqueue("q", ((b"x", _nested(MAX_HEADER_DEPTH + 1)),)), False),
         (Enqueue("", ((b"x", {}),)), False),
+        (DeclareQueue("q", dead_letter_exchange="x" * (MAX_NAME_BYTES + 1)), False),
+        (DeclareQueue("q", dead_letter_exchange="", dead_letter_routing_key="k" * 256), False),
+        (DeclareQueue("q", dead_letter_exchange="", dead_letter_routing_key="dlq"), True),
+        (DeclareExchange("x" * MAX_NAME_BYTES, "topic"), True),
+        (DeclareExchange("x" * (MAX_NAME_BYTES + 1), "topic"), False),
+        (DeclareExchange("x", "headers", arguments=_nested(MAX_HEADER_DEPTH + 1)), False),
+        (DeleteExchange("x" * (MAX_NAME_BYTES + 1)), False),
+        (Bind("q", "x", "k" * MAX_KEY_BYTES), True),
+        (Bind("q", "x", "k" * (MAX_KEY_BYTES + 1)), False),
+        (Unbind("q" * (MAX_NAME_BYTES + 1), "x"), False),
+        (Bind("q", "x", "", _nested(MAX_HEADER_DEPTH + 1)), False),
+        (RoutedEnqueue(("a", "b"), ((b"x", {}),), (("k", 1),), "x", "rk"), True),
+        (RoutedEnqueue((), ((b"x", {}),)), False),  # would never complete
+        (RoutedEnqueue(("a", ""), ((b"x", {}),)), False),
+        (RoutedEnqueue(("a",), ((b"x", {}),), routing_key="k" * 256), False),
+        (RoutedEnqueue(("a",), ((b"x", _nested(MAX_HEADER_DEPTH + 1)),)), False),
     ],
 )
 def test_check_event(event: Any, ok: bool) -> None:

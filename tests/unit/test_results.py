@@ -21,6 +21,11 @@ from batonmq.cluster.events import (
     EVENT_TYPES,
     Accept,
     AcceptThrough,
+    Bind,
+    DeclareExchange,
+    DeleteExchange,
+    RoutedEnqueue,
+    Unbind,
     Acquire,
     Candidate,
     Checkpoint,
@@ -50,6 +55,9 @@ from batonmq.cluster.events import (
 from batonmq.cluster.results import (
     RESULT_TYPES,
     AcceptedThrough,
+    Bound,
+    ExchangeDeleted,
+    Routed,
     Cancelled,
     Candidacy,
     Checkpointed,
@@ -88,6 +96,12 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
     (Declared(created=True), {"created": True}),
     (Deleted(deleted=3), {"deleted": 3}),
     (Purged(purged=0), {"purged": 0}),
+    (Bound(changed=False), {"changed": False}),
+    (ExchangeDeleted(bindings=2), {"bindings": 2}),
+    (
+        Routed(queues=["a", "b"], positions=[0, 7], full=["c"], missing=[]),
+        {"queues": ["a", "b"], "positions": [0, 7], "full": ["c"], "missing": []},
+    ),
     (UserChanged(changed=True), {"changed": True}),
     (UserList([{"name": "alice", "admin": False}]), {"users": [{"name": "alice", "admin": False}]}),
     (Enqueued(7, 2), {"first_position": 7, "count": 2}),
@@ -270,6 +284,11 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, AcceptThrough("q", 2, "reader"))
     apply(a, Reserve("q", None))
     apply(a, PurgeQueue("q"))
+    apply(a, DeclareExchange("x", "fanout"))
+    apply(a, Bind("q", "x"))
+    apply(a, RoutedEnqueue(("q",), ((b"r", {}),)))
+    apply(a, Unbind("q", "x"))
+    apply(a, DeleteExchange("x"))
     apply(a, Candidate("svc", f"{a}/s1"))
     apply(b, Candidate("svc", f"{b}/s1"))
     apply(b, Handover("svc"))

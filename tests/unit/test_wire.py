@@ -53,6 +53,13 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.PurgeQueue: wire.PurgeQueue(6, "orders"),
     wire.QueueStats: wire.QueueStats(7, "orders"),
     wire.ListQueues: wire.ListQueues(8),
+    wire.DeclareExchange: wire.DeclareExchange(
+        8, "logs", "headers", {"durable": False, "arguments": {"alternate-exchange": "ae"}}
+    ),
+    wire.DeleteExchange: wire.DeleteExchange(8, "logs", True),
+    wire.Bind: wire.Bind(8, "orders", "amq.match", "", {"x-match": "any", "a": None}),
+    wire.Unbind: wire.Unbind(8, "orders", "amq.topic", "a.#"),
+    wire.PublishTo: wire.PublishTo(8, "amq.topic", "a.b", b"body", {"k": 1}, "c0ffee:3", {"priority": 2}),
     wire.Publish: wire.Publish(9, "orders", b"\x00\xffbody", {"k": "v", "n": 1}, "c0ffee:1"),
     wire.PublishBatch: wire.PublishBatch(
         10, "orders", [[b"a", {}], [b"b", {"k": "v"}]], "c0ffee:2"
