@@ -47,18 +47,27 @@ from batonmq.broker.amqp_codec import (
     deliver_frames,
     method_frame,
 )
-from batonmq.broker.amqp_message import properties_bytes, to_headers, to_properties
+from batonmq.broker.amqp_message import properties_bytes, route_of, to_headers, to_properties
 from batonmq.broker.amqp_queues import error_code, queue_options
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
-from batonmq.broker.limits import check_headers, check_name
+from batonmq.broker.exchanges import ExchangeFacade
+from batonmq.broker.limits import check_event, check_headers, check_name
 from batonmq.broker.reply import Shape
 from batonmq.broker.session import declare_event
 from batonmq.clients import wire
 from batonmq.cluster.errors import BatonError, LimitExceeded, MessageTooLarge
-from batonmq.cluster.events import Accept, DeleteQueue, Enqueue, PurgeQueue, Reject, Release
+from batonmq.cluster.events import (
+    Accept,
+    DeleteQueue,
+    Enqueue,
+    PurgeQueue,
+    Reject,
+    Release,
+    RoutedEnqueue,
+)
 from batonmq.cluster.node import Node
-from batonmq.cluster.results import Enqueued, Settled
+from batonmq.cluster.results import Enqueued, Routed, Settled
 
 __all__ = ["Channel", "ChannelOwner", "DEFAULT_PREFETCH", "GET_WAIT"]
 
@@ -190,7 +199,6 @@ class Channel:
         self.confirming = False
         self._seq = 0  # the last confirm sequence number given
         self._unconfirmed: dict[int, bool | None] = {}  # seq -> outcome (None: pending)
-        self._parts: dict[int, int] = {}  # seq -> its Enqueues still pending (more queues)
         self._confirm_soon = False
         self._subs: dict[str, _Sub] = {}  # by consumer tag
         self._by_int: dict[int, _Sub] = {}  # by Consumer.tag
@@ -266,14 +274,17 @@ class Channel:
                 self._unacked[dtag] = (sub, position)
             if sub.getter:
                 q = self.owner.node.state.queues.get(c.queue)
+                exchange, key = route_of(headers, c.queue)
                 method = commands.Basic.GetOk(
-                    dtag, acquired > 0, "", c.queue, q.ready if q is not None else 0
+                    dtag, acquired > 0, exchange, key, q.ready if q is not None else 0
                 )
                 out.append(content_frames(self.number, method, to_properties(headers, extra),
                                           body, frame_max))
             else:
-                out.append(deliver_frames(self.number, sub.tag, dtag, acquired > 0, c.queue,
-                                          properties_bytes(headers, extra), body, frame_max))
+                exchange, key = route_of(headers, c.queue)
+                out.append(deliver_frames(self.number, sub.tag, dtag, acquired > 0, key,
+                                          properties_bytes(headers, extra), body, frame_max,
+                                          exchange))
         if sub.getter:
             get, self._get = self._get, None
             if get is not None and get.timer is not None:
@@ -358,17 +369,16 @@ class Channel:
             case commands.Queue.Purge():
                 self._purge(m)
             case commands.Queue.Bind() | commands.Queue.Unbind():
-                routes.bind_queue(m.queue, m.exchange, m.routing_key, isinstance(m, commands.Queue.Bind))
-                self._method(commands.Queue.BindOk() if isinstance(m, commands.Queue.Bind)
-                             else commands.Queue.UnbindOk())
+                self._bind(m)
             case commands.Exchange.Declare():
-                routes.declare_exchange(m.exchange, m.exchange_type, m.passive, dict(m.arguments or {}))
-                if not m.nowait:
-                    self._method(commands.Exchange.DeclareOk())
+                self._declare_exchange(m)
             case commands.Exchange.Delete():
-                routes.delete_exchange(m.exchange)
+                self._delete_exchange(m)
             case commands.Exchange.Bind() | commands.Exchange.Unbind():
-                raise ChannelError(404, f"no exchange '{m.destination}' in vhost '/'")
+                raise ConnectionFault(
+                    540, "exchange-to-exchange bindings are not supported: bind queues",
+                    (commands.Exchange.frame_id, m.frame_id),
+                )
             case commands.Tx.Select() | commands.Tx.Commit() | commands.Tx.Rollback():
                 raise ConnectionFault(
                     540, "transactions (tx.*) are not supported: use publisher confirms",
@@ -381,6 +391,86 @@ class Channel:
         self.owner.write(method_frame(self.number, m))
 
     # -- queues ------------------------------------------------------------------------------
+
+    # -- exchanges ---------------------------------------------------------------------------
+
+    def _exchanges(self) -> ExchangeFacade:
+        return ExchangeFacade(self.owner.node, self.owner.rights)
+
+    def _declare_exchange(self, m: commands.Exchange.Declare) -> None:
+        if m.exchange:
+            check_name("exchange name", m.exchange)
+        if m.passive:
+            if self.owner.node.state.exchanges.get(m.exchange) is None:
+                raise routes.not_found(m.exchange)
+            if not m.nowait:
+                self._method(commands.Exchange.DeclareOk())
+            return
+        routes.check_exchange_type(m.exchange, m.exchange_type)
+        if m.exchange == routes.DEFAULT_EXCHANGE or m.exchange.startswith("amq."):
+            ex = self.owner.node.state.exchanges.get(m.exchange)
+            if ex is None or ex.type != m.exchange_type:
+                # (RabbitMQ: the amq. prefix is reserved; the default exchange is fixed)
+                raise ChannelError(
+                    403, f"exchange name '{m.exchange}' contains reserved prefix 'amq.*'"
+                    if m.exchange else "operation not permitted on the default exchange",
+                )
+            if not m.nowait:  # a built-in one, declared as it is
+                self._method(commands.Exchange.DeclareOk())
+            return
+        fut = self._exchanges().declare_exchange(
+            m.exchange, m.exchange_type, durable=bool(m.durable),
+            auto_delete=bool(m.auto_delete), internal=bool(m.internal),
+            arguments=dict(m.arguments or {}),
+        )
+        self._after(fut, lambda r: None if m.nowait else self._method(
+            commands.Exchange.DeclareOk()))
+
+    def _delete_exchange(self, m: commands.Exchange.Delete) -> None:
+        if m.exchange == routes.DEFAULT_EXCHANGE:
+            raise ChannelError(403, "operation not permitted on the default exchange")
+        if self.owner.node.state.exchanges.get(m.exchange) is None:
+            # RabbitMQ answers a delete of a missing exchange with DeleteOk.
+            self.owner.rights.check("configure", m.exchange, "exchange")
+            if not m.nowait:
+                self._method(commands.Exchange.DeleteOk())
+            return
+        fut = self._exchanges().delete_exchange(m.exchange, if_unused=bool(m.if_unused))
+        self._after(fut, lambda r: None if m.nowait else self._method(
+            commands.Exchange.DeleteOk()))
+
+    def _bind(self, m: commands.Queue.Bind | commands.Queue.Unbind) -> None:
+        queue = self._queue_name(m.queue)
+        self._locked(queue)
+        bind = isinstance(m, commands.Queue.Bind)
+        if m.exchange == routes.DEFAULT_EXCHANGE:
+            raise ChannelError(
+                403, f"operation not permitted on the default exchange (queue '{queue}')"
+            )
+        # (RabbitMQ: an empty routing key on a bind means the queue's name, the
+        # convention of the default exchange; an unbind takes the key as it is.)
+        key = m.routing_key if (m.routing_key or not bind) else queue
+        facade = self._exchanges()
+        arguments = dict(m.arguments or {})
+        if isinstance(m, commands.Queue.Bind):
+            nowait = bool(m.nowait)
+            self._after(facade.bind(queue, m.exchange, key, arguments),
+                        lambda r: None if nowait else self._method(commands.Queue.BindOk()))
+        else:
+            self._after(facade.unbind(queue, m.exchange, key, arguments),
+                        lambda r: self._method(commands.Queue.UnbindOk()))
+
+    def _after(self, fut: asyncio.Future[Any], then: Callable[[Any], None]) -> None:
+        """Call ``then`` with a submitted command's result, or close the channel as its
+        error says."""
+        self.commands_started(1)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self.commands_finished(1)
+            if not self._failed(f):
+                then(f.result())
+
+        fut.add_done_callback(done)
 
     def _queue_name(self, name: str) -> str:
         """A method's queue; "" is the last one this channel declared."""
@@ -413,6 +503,9 @@ class Channel:
         dead_letter = options.get("dead_letter")
         if isinstance(dead_letter, str):
             rights.check("write", dead_letter)
+        dead_letter_exchange = options.get("dead_letter_exchange")
+        if isinstance(dead_letter_exchange, str):  # its dead letters are published there
+            rights.check("write", dead_letter_exchange, "exchange")
         self._locked(name)
         event = declare_event(name, options)
         fut = self.owner.node.submit(event)
@@ -516,9 +609,13 @@ class Channel:
         if content.properties.headers:
             # Before anything walks them recursively: deep nesting is refused here.
             check_headers(content.properties.headers)
-        queues = routes.route(self.owner.node.state.queues, m.exchange, m.routing_key)
-        for q in queues:
-            self.owner.rights.check("write", q)
+        queues = routes.route(self.owner.node.state, m.exchange, m.routing_key,
+                              content.properties.headers or {})
+        if m.exchange == routes.DEFAULT_EXCHANGE:
+            for q in queues:
+                self.owner.rights.check("write", q)
+        else:  # (as RabbitMQ: write on the exchange, whatever queues it routes to)
+            self.owner.rights.check("write", m.exchange, "exchange")
         seq = 0
         if self.confirming:
             self._seq += 1
@@ -537,7 +634,7 @@ class Channel:
             if seq:
                 self._confirmed(seq, True)
             return
-        headers = to_headers(content.properties)
+        headers = to_headers(content.properties, m.exchange, m.routing_key)
         if headers:
             size = len(self._packer.pack(headers))
             if size > self.owner.config.max_headers:
@@ -545,14 +642,38 @@ class Channel:
                     f"headers of {size} bytes are above the maximum of"
                     f" {self.owner.config.max_headers}"
                 )
-        priority = content.properties.priority or 0
-        # (The default exchange routes to one queue; with more, the publish is confirmed
-        # once every queue has it, and nacked if any refused it.)
-        if seq and len(queues) > 1:
-            self._parts[seq] = len(queues)
-        for queue in queues:
-            p = _Publish(seq, content.body, headers, self.owner.next_key(), min(priority, 9))
-            self._publishes.setdefault(queue, []).append(p)
+        priority = min(content.properties.priority or 0, 9)
+        if len(queues) > 1:
+            # One atomic append onto every routed queue, after what this channel
+            # published before it; confirmed once every queue has it, nacked if any
+            # refused it (a full queue with reject-publish), as RabbitMQ does.
+            self.flush()
+            self._fan_out(seq, queues, content.body, headers, priority, m)
+            return
+        p = _Publish(seq, content.body, headers, self.owner.next_key(), priority)
+        self._publishes.setdefault(queues[0], []).append(p)
+
+    def _fan_out(self, seq: int, queues: list[str], body: bytes, headers: dict[str, Any],
+                 priority: int, m: commands.Basic.Publish) -> None:
+        event = RoutedEnqueue(
+            tuple(queues), ((body, headers),), ((self.owner.next_key(), 1),),
+            m.exchange, m.routing_key, priority=priority,
+        )
+        check_event(event)
+        fut = self.owner.node.submit(event)
+        self.commands_started(1)
+
+        def done(f: asyncio.Future[Routed]) -> None:
+            self.commands_finished(1)
+            ok = not f.cancelled() and f.exception() is None and not f.result().full
+            if not f.cancelled() and f.exception() is not None:
+                exc = f.exception()
+                if not isinstance(exc, BatonError):
+                    log.error("publish to %s failed: %r", ", ".join(queues), exc)
+            if seq:
+                self._confirmed(seq, ok)
+
+        fut.add_done_callback(done)
 
     def flush(self) -> None:
         """Submit the publishes read so far: one Enqueue per queue, or one per
@@ -594,15 +715,6 @@ class Channel:
         fut.add_done_callback(done)
 
     def _confirmed(self, seq: int, ok: bool) -> None:
-        parts = self._parts.get(seq)
-        if parts is not None:
-            if not ok:
-                self._unconfirmed[seq] = False
-            if parts > 1:
-                self._parts[seq] = parts - 1
-                return
-            del self._parts[seq]
-            ok = ok and self._unconfirmed.get(seq) is not False
         if seq in self._unconfirmed:
             self._unconfirmed[seq] = ok
         if not self._confirm_soon:
@@ -878,7 +990,6 @@ class Channel:
         self._getters.clear()
         self._unacked.clear()
         self._unconfirmed.clear()
-        self._parts.clear()
 
 
 def _quiet(fut: asyncio.Future[Any]) -> None:

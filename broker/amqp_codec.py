@@ -404,10 +404,11 @@ def deliver_frames(
     properties: bytes,
     body: bytes,
     frame_max: int,
+    exchange: str = "",
 ) -> bytes:
-    """A ``Basic.Deliver`` from the default exchange with its content, written
-    directly (delivery's hot path): ``properties`` are the content header's flags and
-    values (broker/amqp_message.py ``properties_bytes``).
+    """A ``Basic.Deliver`` with its content, written directly (delivery's hot path):
+    ``properties`` are the content header's flags and values (broker/amqp_message.py
+    ``properties_bytes``).
 
     Raises:
         ValueError: a tag or key longer than a short string.
@@ -416,7 +417,7 @@ def deliver_frames(
         _DELIVER.pack(commands.Basic.Deliver.index),
         _shortstr(consumer_tag),
         struct.pack(">QB", delivery_tag, 1 if redelivered else 0),
-        b"\x00",  # exchange "" (the default one)
+        _shortstr(exchange),
         _shortstr(routing_key),
     ))
     parts = [

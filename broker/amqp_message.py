@@ -32,6 +32,7 @@ __all__ = [
     "Properties",
     "encode_table",
     "properties_bytes",
+    "route_of",
     "to_headers",
     "to_properties",
 ]
@@ -55,6 +56,10 @@ PROPERTY_NAMES: Final = (
     "app_id",
 )
 _INT64: Final = 1 << 63
+#: Where the exchange and routing key of a publish to another exchange than the default
+#: one are kept, beside the fixed properties (not properties themselves).
+ROUTE_EXCHANGE: Final = "exchange"
+ROUTE_KEY: Final = "routing_key"
 
 
 def _to_baton(value: Any) -> Any:
@@ -136,8 +141,12 @@ class Properties(commands.Basic.Properties):
         return super().encode_property(name, value)
 
 
-def to_headers(properties: commands.Basic.Properties) -> dict[str, Any]:
-    """The Baton headers that keep a published message's properties."""
+def to_headers(
+    properties: commands.Basic.Properties, exchange: str = "", routing_key: str = ""
+) -> dict[str, Any]:
+    """The Baton headers that keep a published message's properties, and, when it was
+    published to another exchange than the default one, that exchange and its routing
+    key (for its deliveries' ``Basic.Deliver``)."""
     headers: dict[str, Any] = {}
     table = properties.headers
     if table:
@@ -148,11 +157,27 @@ def to_headers(properties: commands.Basic.Properties) -> dict[str, Any]:
         if value is None or value == "":
             continue
         fixed[name] = _to_baton(value)
+    if exchange:
+        fixed[ROUTE_EXCHANGE] = exchange
+        fixed[ROUTE_KEY] = routing_key
     if fixed:
         headers[PROPERTIES_KEY] = fixed
     else:
         headers.pop(PROPERTIES_KEY, None)  # (never a client's header of that name)
     return headers
+
+
+def route_of(headers: dict[str, Any], queue: str) -> tuple[str, str]:
+    """The exchange and routing key a stored message is delivered with: those it was
+    published to, as :func:`to_headers` kept them; else the default exchange and the
+    queue's name (a publish to the default exchange, or by a Baton client)."""
+    fixed = headers.get(PROPERTIES_KEY)
+    if isinstance(fixed, dict):
+        exchange = fixed.get(ROUTE_EXCHANGE)
+        key = fixed.get(ROUTE_KEY)
+        if isinstance(exchange, str) and isinstance(key, str):
+            return exchange, key
+    return "", queue
 
 
 def to_properties(headers: dict[str, Any], extra: dict[str, Any]) -> Properties:

@@ -10,10 +10,11 @@ from batonmq.broker.amqp_codec import ChannelError
 from batonmq.cluster.errors import (
     AccessRefused,
     BatonError,
+    ExchangeNotFound,
     InvalidArgument,
     LimitExceeded,
     MessageTooLarge,
-    QueueExists,
+    PreconditionFailed,
     QueueFull,
     QueueNotFound,
     UnknownConsumer,
@@ -29,11 +30,11 @@ _REFUSED_ARGUMENTS = ("x-expires", "x-max-length-bytes")
 def error_code(exc: BatonError) -> int:
     """The AMQP reply code of a Baton error a channel method met."""
     match exc:
-        case QueueNotFound():
+        case QueueNotFound() | ExchangeNotFound():
             return 404
         case AccessRefused():
             return 403
-        case QueueExists() | InvalidArgument() | QueueFull() | MessageTooLarge() | LimitExceeded() | UnknownConsumer():
+        case PreconditionFailed() | InvalidArgument() | QueueFull() | MessageTooLarge() | LimitExceeded() | UnknownConsumer():
             return 406
     return 541
 
@@ -62,7 +63,15 @@ def queue_options(queue: str, arguments: dict[str, Any], durable: bool) -> dict[
         if key in arguments:
             raise ChannelError(406, f"arg '{key}' for queue '{queue}' is not supported by Baton")
     if "x-delivery-limit" in arguments:
-        options["delivery_limit"] = number("x-delivery-limit")
+        # RabbitMQ dead-letters a message returned *more* than x-delivery-limit times;
+        # Baton when its failures reach delivery_limit: one more gives the same count.
+        limit = number("x-delivery-limit")
+        if limit < 0:
+            raise ChannelError(
+                406, f"invalid arg 'x-delivery-limit' for queue '{queue}': Baton's queues"
+                " always have a delivery limit (it cannot be turned off)"
+            )
+        options["delivery_limit"] = limit + 1
     if "x-message-ttl" in arguments:
         options["message_ttl_ms"] = number("x-message-ttl")
     if "x-max-length" in arguments:
@@ -81,9 +90,7 @@ def queue_options(queue: str, arguments: dict[str, Any], durable: bool) -> dict[
     if sac is not None:
         options["single_active_consumer"] = bool(sac)
     if "x-dead-letter-exchange" in arguments:
-        exchange = arguments["x-dead-letter-exchange"]
-        dl_key = arguments.get("x-dead-letter-routing-key")
-        if not isinstance(exchange, str) or not (dl_key is None or isinstance(dl_key, str)):
-            raise ChannelError(406, f"invalid dead-letter arguments for queue '{queue}'")
-        options["dead_letter"] = routes.dead_letter_queue(exchange, dl_key, queue)
+        options.update(routes.dead_letter_options(
+            arguments["x-dead-letter-exchange"], arguments.get("x-dead-letter-routing-key"), queue
+        ))
     return options

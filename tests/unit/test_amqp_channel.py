@@ -14,9 +14,11 @@ from pamqp import frame as pamqp_frame
 from batonmq.broker.amqp_channel import Channel, ChannelOwner
 from batonmq.broker.amqp_codec import ChannelError, Content
 from batonmq.broker.config import BrokerConfig
+from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.errors import QueueFull
-from batonmq.cluster.events import Enqueue
-from batonmq.cluster.results import Enqueued
+from batonmq.broker.amqp_message import route_of
+from batonmq.cluster.events import Bind, DeclareExchange, Enqueue, RoutedEnqueue
+from batonmq.cluster.results import Enqueued, Routed
 
 
 class Owner:
@@ -29,9 +31,11 @@ class Owner:
         self.config = BrokerConfig(data_dir="unused")
         queue = SimpleNamespace(max_length=None, max_priority=0, ready=0)
         self.submitted: list[tuple[Any, asyncio.Future[Any]]] = []
-        self.node = SimpleNamespace(state=SimpleNamespace(queues={"q": queue, "r": queue}),
-                                    submit=self._submit)
-        self.rights = SimpleNamespace(check=lambda right, name: None)
+        self.node = SimpleNamespace(
+            state=SimpleNamespace(queues={"q": queue, "r": queue}, exchanges=Exchanges()),
+            submit=self._submit,
+        )
+        self.rights = SimpleNamespace(check=lambda right, name, what="": None)
         self.cancel_notify = True
         self.written = b""
         self.keys = 0
@@ -137,7 +141,7 @@ async def test_unroutable_and_unknown_exchange() -> None:
     assert frames[0].reply_code == 312 and frames[1].properties.correlation_id == "c"
     assert owner.submitted == []
     with pytest.raises(ChannelError) as info:
-        ch.publish(Content(1, commands.Basic.Publish(exchange="amq.topic", routing_key="x"),
+        ch.publish(Content(1, commands.Basic.Publish(exchange="nope", routing_key="x"),
                            commands.Basic.Properties(), b""))
     assert info.value.code == 404
 
@@ -160,26 +164,37 @@ async def test_immediate_is_not_implemented() -> None:
     assert info.value.code == 540
 
 
-async def test_a_publish_routed_to_two_queues_is_confirmed_once_both_have_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """(The exchange seam may route one publish to many queues.)"""
-    from batonmq.broker import amqp_routes
-
-    monkeypatch.setattr(amqp_routes, "route", lambda queues, exchange, key: ["q", "r"])
+async def test_a_publish_routed_to_two_queues_is_one_append_after_what_came_before() -> None:
+    """A fan-out publish is one RoutedEnqueue, submitted after the channel's earlier
+    publishes (their batch is flushed first); acked once every queue has it, nacked if
+    a queue refused it; its exchange and routing key travel with it."""
     owner = Owner()
+    state = owner.node.state
+    state.exchanges.declare("n/r", DeclareExchange("fan", "fanout"))
+    for q in ("q", "r"):
+        state.exchanges.bind(Bind(q, "fan", ""), state.queues)
     ch = Channel(cast(ChannelOwner, owner), 1)
     ch.handle(commands.Confirm.Select(nowait=True))
-    publish(ch, "ignored", b"1")
-    publish(ch, "ignored", b"2")
+    publish(ch, "q", b"0")
+    for body in (b"1", b"2"):
+        ch.publish(Content(1, commands.Basic.Publish(exchange="fan", routing_key="k"),
+                           commands.Basic.Properties(), body))
     ch.flush()
-    (_, fq), (_, fr) = owner.submitted
-    fq.set_result(Enqueued(0, 2))
+    events = [e for e, _ in owner.submitted]
+    assert [type(e).__name__ for e in events] == ["Enqueue", "RoutedEnqueue", "RoutedEnqueue"]
+    fanned = events[1]
+    assert isinstance(fanned, RoutedEnqueue)
+    assert fanned.queues == ("q", "r") and fanned.messages[0][0] == b"1"
+    assert route_of(fanned.messages[0][1], "q") == ("fan", "k")
+    assert route_of(events[0].messages[0][1], "q") == ("", "q")
+    (_, f0), (_, f1), (_, f2) = owner.submitted
+    f1.set_result(Routed(queues=["q", "r"], positions=[1, 0], full=[], missing=[]))
+    f2.set_result(Routed(queues=["q"], positions=[2], full=["r"], missing=[]))
     await settle()
-    assert owner.frames() == []  # not until r has them too
-    fr.set_exception(QueueFull("queue 'r' is full"))
+    f0.set_result(Enqueued(0, 1))
     await settle()
-    assert [(type(f).__name__, f.delivery_tag) for f in owner.frames()] == [("Nack", 1), ("Nack", 2)]
+    told = [(type(f).__name__, f.delivery_tag, f.multiple) for f in owner.frames()]
+    assert told == [("Ack", 2, False), ("Nack", 3, False), ("Ack", 1, False)], told
 
 
 async def test_a_channel_keeps_few_idle_getters() -> None:

@@ -11,6 +11,8 @@ from batonmq.broker import amqp_routes as routes
 from batonmq.broker.amqp_codec import ChannelError, ConnectionFault
 from batonmq.broker.amqp_queues import error_code, queue_options
 from batonmq.broker.session import declare_event
+from batonmq.cluster.events import Bind, DeclareExchange
+from batonmq.cluster.state import State
 from batonmq.cluster.errors import (
     AccessRefused,
     InternalError,
@@ -29,12 +31,12 @@ def test_quorum_queue_arguments_map_onto_baton_options() -> None:
         "x-single-active-consumer": True, "x-queue-leader-locator": "balanced",
     }, durable=True)
     assert options == {
-        "durable": True, "delivery_limit": 5, "message_ttl_ms": 60000, "max_length": 100,
+        "durable": True, "delivery_limit": 6, "message_ttl_ms": 60000, "max_length": 100,
         "overflow": "drop-head", "dead_letter": "orders.dlq", "max_priority": 3,
         "single_active_consumer": True,
     }
     event = declare_event("orders", options)  # what the channel submits
-    assert (event.delivery_limit, event.dead_letter, event.max_length) == (5, "orders.dlq", 100)
+    assert (event.delivery_limit, event.dead_letter, event.max_length) == (6, "orders.dlq", 100)
     assert queue_options("plain", {"x-queue-type": "classic"}, durable=False) == {"durable": False}
 
 
@@ -46,8 +48,8 @@ def test_quorum_queue_arguments_map_onto_baton_options() -> None:
         ({"x-expires": 1000}, "'x-expires'"),
         ({"x-max-length-bytes": 1000}, "'x-max-length-bytes'"),
         ({"x-delivery-limit": "5"}, "must be an integer"),
+        ({"x-delivery-limit": -1}, "cannot be turned off"),
         ({"x-overflow": "reject-publish-dlx"}, "reject-publish-dlx"),
-        ({"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "q"}, "default exchange only"),
         ({"x-dead-letter-exchange": ""}, "needs x-dead-letter-routing-key"),
     ],
 )
@@ -67,25 +69,34 @@ def test_error_codes() -> None:
     assert error_code(InternalError("x")) == 541
 
 
-def test_the_exchange_seam_knows_the_default_exchange_only() -> None:
-    assert routes.route({"q"}, "", "q") == ["q"]
-    assert routes.route({"q"}, "", "other") == []
-    with pytest.raises(ChannelError) as info:
-        routes.route({"q"}, "amq.direct", "q")
-    assert info.value.code == 404
-    routes.declare_exchange("", "direct", passive=True, arguments={})
-    with pytest.raises(ChannelError) as info:
-        routes.declare_exchange("amq.fanout", "fanout", passive=False, arguments={})
-    assert info.value.code == 403
-    with pytest.raises(ChannelError) as info:
-        routes.declare_exchange("logs", "fanout", passive=True, arguments={})
-    assert info.value.code == 404
+def test_the_exchange_seam_routes_by_the_replicated_exchanges() -> None:
+    """AMQP routing reads the exchanges the broker applied: the default exchange by
+    queue name, a declared one by its bindings; an unknown exchange is 404, an internal
+    one 403; an unknown type is a 503 connection error; dead letters through the
+    default exchange name a queue, through another exchange they are routed."""
+    state = State()
+    for q in ("q", "logs-1", "logs-2"):
+        state.queues[q] = object()  # (routing asks only which queues exist)
+    state.exchanges.declare("n/r", DeclareExchange("logs", "fanout"))
+    state.exchanges.declare("n/r", DeclareExchange("hidden", "direct", internal=True))
+    for q in ("logs-1", "logs-2"):
+        state.exchanges.bind(Bind(q, "logs", ""), state.queues)
+    assert routes.route(state, "", "q", {}) == ["q"]
+    assert routes.route(state, "", "other", {}) == []
+    assert sorted(routes.route(state, "logs", "anything", {})) == ["logs-1", "logs-2"]
+    assert routes.route(state, "amq.direct", "q", {}) == []  # a built-in, nothing bound
+    for exchange, code in (("nope", 404), ("hidden", 403)):
+        with pytest.raises(ChannelError) as info:
+            routes.route(state, exchange, "q", {})
+        assert info.value.code == code
     with pytest.raises(ConnectionFault) as fault:
-        routes.declare_exchange("logs", "fanout", passive=False, arguments={})
-    assert fault.value.code == 540
+        routes.check_exchange_type("x", "x-consistent-hash")
+    assert fault.value.code == 503
+    routes.check_exchange_type("x", "headers")
+    assert routes.dead_letter_options("", "dlq", "q") == {"dead_letter": "dlq"}
+    assert routes.dead_letter_options("dlx", None, "q") == {"dead_letter_exchange": "dlx"}
+    assert routes.dead_letter_options("dlx", "k", "q") == {
+        "dead_letter_exchange": "dlx", "dead_letter_routing_key": "k"}
     with pytest.raises(ChannelError) as info:
-        routes.bind_queue("q", "", "q", bind=True)
-    assert info.value.code == 403
-    with pytest.raises(ChannelError) as info:
-        routes.delete_exchange("logs")
-    assert info.value.code == 404
+        routes.dead_letter_options("", None, "q")
+    assert info.value.code == 406
