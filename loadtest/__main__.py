@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="workload preset (default throughput)")
     p.add_argument("--duration", type=float, default=None, help="seconds of publishing (15)")
     p.add_argument("--system", action="append", default=None,
-                   choices=("baton", "rabbitmq", "nats", "nats-sync"),
+                   choices=("baton", "baton-amqp", "rabbitmq", "nats", "nats-sync"),
                    help="system to run the workload on; repeat for a side-by-side run "
                    "(default baton)")
     p.add_argument("--brokers", type=int, default=None, help="Baton brokers to start (3)")

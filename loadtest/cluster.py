@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batonmq.broker.config import ready_address
+from batonmq.broker.config import amqp_ready_address, ready_address
 from batonmq.clients import sync as client_sync
 from batonmq.loadtest.netfaults import Toxiproxy
 
@@ -59,6 +59,8 @@ class Broker:
             runs behind Toxiproxy, else ``address``.
         log_url: its own log URL when it reaches Kafka through a proxy (else None: the
             cluster's).
+        amqp_address: its AMQP listener's ``127.0.0.1:PORT`` (a cluster started with
+            ``amqp=True``), from its first start.
     """
 
     node_id: str
@@ -71,6 +73,7 @@ class Broker:
     address: str = ""
     client_address: str = ""
     log_url: str | None = None
+    amqp_address: str = ""
 
 
 class BatonCluster:
@@ -90,6 +93,10 @@ class BatonCluster:
             links to Kafka) behind its proxies, for the network faults.
         fake_clock: run every broker under libfaketime (wall clock only), so that
             :meth:`set_clock` can step or speed up its wall clock while it runs.
+        amqp: every broker also listens for AMQP 0-9-1 (``--amqp-listen``), and the
+            cluster's addresses are those listeners: the ``baton-amqp`` system, which the
+            workers drive with the RabbitMQ adapter (aio-pika), the very client the
+            ``rabbitmq`` system is driven with.
     """
 
     name = "baton"
@@ -104,8 +111,13 @@ class BatonCluster:
         extra_args: list[str] | None = None,
         net: bool = False,
         fake_clock: bool = False,
+        amqp: bool = False,
     ) -> None:
         self.nodes = nodes
+        self.amqp = amqp
+        if amqp:
+            self.name = "baton-amqp"
+            self.adapter = "rabbitmq"
         self.base_dir = base_dir
         self.data_root = base_dir / "data"
         self.requested_log = log_url
@@ -126,7 +138,10 @@ class BatonCluster:
 
     @property
     def addresses(self) -> list[str]:
-        """Client addresses of the brokers started at first (joined ones are not here)."""
+        """Client addresses of the brokers started at first (joined ones are not here):
+        their AMQP listeners' with ``amqp=True``."""
+        if self.amqp:
+            return [b.amqp_address for b in self.brokers[: self.nodes]]
         return [b.client_address or b.address for b in self.brokers[: self.nodes]]
 
     def start(self, timeout: float = 90.0) -> list[str]:
@@ -183,6 +198,7 @@ class BatonCluster:
             "--log", b.log_url or self.log_url,
             "--node-id", b.node_id,
             *b.extra,
+            *(["--amqp-listen", b.amqp_address or "127.0.0.1:0"] if self.amqp else []),
             *self.extra_args,
         ]
         env = None
@@ -211,6 +227,9 @@ class BatonCluster:
             text = b.out.read_bytes()
             this_start = text.rsplit(marker, 1)[-1].decode(errors="replace").splitlines()
             address = next(filter(None, map(ready_address, this_start)), None)
+            if address is not None and self.amqp and not b.amqp_address:
+                # Printed before the ready line (restarts listen on the same port).
+                b.amqp_address = next(filter(None, map(amqp_ready_address, this_start)), "")
             if address is not None:
                 # The ready line names the advertised address: behind the proxies that
                 # is the peer proxy, and the harness set the listen address itself.

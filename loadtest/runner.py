@@ -153,6 +153,8 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
                             fake_clock=any(e.kind == "clockjump" for e in config.faults))
     if config.brokers_at:
         raise RuntimeError("--brokers-at is for Baton only: the harness runs the peers itself")
+    if config.system == "baton-amqp":
+        return BatonCluster(config.brokers, base_dir, config.log_url, amqp=True)
     if config.system == "rabbitmq":
         from batonmq.loadtest.peers.rabbitmq import RabbitSystem
 
@@ -161,7 +163,9 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
         from batonmq.loadtest.peers.nats import NatsSystem
 
         return NatsSystem(base_dir, config.peer_nodes, sync=config.system == "nats-sync")
-    raise RuntimeError(f"unknown system {config.system!r} (baton, rabbitmq, nats, nats-sync)")
+    raise RuntimeError(
+        f"unknown system {config.system!r} (baton, baton-amqp, rabbitmq, nats, nats-sync)"
+    )
 
 
 async def _prepare(
@@ -445,10 +449,10 @@ def run(config: RunConfig) -> RunResult:
         "system": config.system,
         "preset": workload.name,
         "duration": config.duration,
-        "brokers": (len(config.brokers_at) or config.brokers) if config.system == "baton"
-        else config.peer_nodes,
+        "brokers": (len(config.brokers_at) or config.brokers)
+        if config.system in ("baton", "baton-amqp") else config.peer_nodes,
         "log": (config.log_url or ("external" if config.brokers_at else "file:"))
-        if config.system == "baton" else "",
+        if config.system in ("baton", "baton-amqp") else "",
         "seed": config.seed,
         "faults": config.faults_spec,
         "workload": asdict(workload),
@@ -667,7 +671,7 @@ def format_report(result: RunResult) -> str:
     cfg = result.config
     if cfg:
         where = (f"  brokers {cfg.get('brokers')}  log {cfg.get('log')}"
-                 if cfg.get("system", "baton") == "baton"
+                 if cfg.get("system", "baton") in ("baton", "baton-amqp")
                  else f"  nodes {cfg.get('brokers')}"
                  + (f"  server {cfg['server_version']}" if cfg.get("server_version") else ""))
         load = cfg.get("loadavg_1m")
@@ -733,7 +737,8 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
         servers = m.get("servers", {})
         rows.append({
             "system": r.config.get("system", "baton")
-            + (f" ({r.config.get('brokers')} brokers)" if r.config.get("system") == "baton"
+            + (f" ({r.config.get('brokers')} brokers)"
+               if r.config.get("system") in ("baton", "baton-amqp")
                else f" ({r.config.get('brokers')} nodes)" if r.config.get("brokers") else ""),
             "confirmed_msgs_per_s": m["confirmed_msgs_per_s"],
             "consume_msgs_per_s": m["consume_msgs_per_s"],
