@@ -21,7 +21,8 @@ that a routed queue refused (``full``: ``max_length`` with ``reject-publish``) i
 the other queues, and the edge nacks it, as RabbitMQ does. The messages are stored as
 they are given: the exchange and routing key are not added to their headers (an edge
 that must deliver them keeps them there itself; a dead letter routed through an
-exchange carries ``x-death-exchange`` and ``x-death-routing-key``).
+exchange carries ``x-death-exchange`` and ``x-death-routing-key``, and RabbitMQ's
+``x-first-death-*`` and ``x-last-death-*``).
 
 Errors (:func:`error_kind` names the kind, for an edge's reply codes):
 

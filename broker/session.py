@@ -79,6 +79,7 @@ from batonmq.cluster.users import Users
 from batonmq.cluster.results import (
     Cancelled,
     Enqueued,
+    ExchangeList,
     Published,
     QueueList,
     Result,
@@ -376,6 +377,12 @@ class Session(ClientConnection):
                 self.reply(f.corr, self._exchanges().publish(
                     f.exchange, f.routing_key, f.body, f.headers, key=f.key,
                     delay_ms=delay_ms, not_before=not_before, priority=priority), as_is)
+            case wire.ListExchanges():
+                exchanges = [
+                    x for x in self.broker.node.state.exchanges.describe()
+                    if self.rights.sees(x["exchange"])
+                ]
+                self.send(wire.ok(f.corr, ExchangeList(exchanges)))
             case wire.QueueStats():
                 self.rights.check_any(f.queue)
                 self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))

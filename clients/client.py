@@ -19,7 +19,7 @@ Layout (after aiokafka's ``conn.py``, ``producer/`` and ``consumer/``):
 the names that used to live in this module (``Consumer``, ``Message``, ``TopologyWatch``,
 ``parse_addresses``, ``DEFAULT_PORT``) are still importable from it.
 
-Size: about 1000 lines, because the facade has one method per command of the
+Size: about a thousand lines, because the facade has one method per command of the
 protocol, each with the docstring users read; what the methods do lives in the modules
 above, and the methods are a few lines each.
 """
@@ -49,6 +49,7 @@ from batonmq.clients.wire import (
     Bind,
     DeclareExchange,
     DeleteExchange,
+    ListExchanges,
     Unbind,
     DeclareQueue,
     DeleteQueue,
@@ -76,6 +77,7 @@ from batonmq.cluster.results import (
     AcceptedThrough,
     Bound,
     ExchangeDeleted,
+    ExchangeList,
     Routed,
     ConnectionList,
     MessageHistory as History,
@@ -618,6 +620,13 @@ class Connection:
         corr = self._next_corr()
         frame = DeclareExchange(corr, name, type, options)
         return read_result(Declared, await self._request(frame, corr, retry=True)).created
+
+    async def list_exchanges(self) -> list[dict[str, Any]]:
+        """Every exchange you have a right on, with its settings and bindings, as the
+        connected broker applied them (the built-ins included)."""
+        corr = self._next_corr()
+        result = await self._request(ListExchanges(corr), corr, retry=True)
+        return read_result(ExchangeList, result).exchanges
 
     async def delete_exchange(self, name: str, *, if_unused: bool = False) -> int:
         """Delete an exchange; returns how many bindings went with it.

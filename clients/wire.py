@@ -54,6 +54,7 @@ __all__ = [
     "Bind",
     "Unbind",
     "PublishTo",
+    "ListExchanges",
     "Publish",
     "PublishBatch",
     "Subscribe",
@@ -299,6 +300,14 @@ class Unbind(Frame):
     exchange: str
     routing_key: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ListExchanges(Frame):
+    """C->S: answered by Ok({"exchanges": [...]}), from the state the broker applied."""
+
+    OP: ClassVar[int] = 23
+    corr: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -771,6 +780,7 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         Bind,
         Unbind,
         PublishTo,
+        ListExchanges,
         Publish,
         PublishBatch,
         Subscribe,

@@ -58,7 +58,10 @@ class Tracker(Protocol):
         """Messages left their queue (None: the whole queue was deleted)."""
         ...
 
-    def missed_move(self, src: MessageKey, dst: MessageKey, headers: dict[str, Any], at: int) -> None:
+    def missed_move(
+        self, src: MessageKey, dst: MessageKey, headers: dict[str, Any], at: int,
+        defaults: dict[str, Any] | None = None,
+    ) -> None:
         """The log dead-lettered ``src`` before its body arrived here."""
         ...
 
@@ -258,12 +261,12 @@ class Applier:
                     case Moved():
                         if not batch.move(
                             e.src_qid, e.src_pos, e.dst_qid, e.dst_pos, e.headers, e.enqueued_at,
-                            e.keep,
+                            e.keep, e.defaults,
                         ):
                             if catchup is not None:
                                 catchup.missed_move(
                                     (e.src_qid, e.src_pos), (e.dst_qid, e.dst_pos), e.headers,
-                                    e.enqueued_at,
+                                    e.enqueued_at, e.defaults,
                                 )
                             else:
                                 log.error(

@@ -81,9 +81,10 @@ class RemovedRange(Effect):
 
 @dataclass(frozen=True, slots=True)
 class Moved(Effect):
-    """Move a message to another queue (dead-lettering), adding ``headers``; with
-    ``keep``, copy it, leaving the source (a dead letter routed to several queues is
-    copied to all but the last, then moved)."""
+    """Move a message to another queue (dead-lettering), adding ``headers`` (and
+    ``defaults`` where it has no header of that name); with ``keep``, copy it, leaving
+    the source (a dead letter routed to several queues is copied to all but the last,
+    then moved)."""
 
     src_qid: int
     src_pos: int
@@ -92,6 +93,7 @@ class Moved(Effect):
     headers: dict[str, Any]
     enqueued_at: int
     keep: bool = False
+    defaults: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

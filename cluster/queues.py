@@ -656,6 +656,7 @@ class QueueIndex:
             "x-death-acquired-count": handed,
         }
         key: str | None = None  # the routing key, when routed through an exchange
+        first: dict[str, object] | None = None
         targets: list[QueueState] = []
         if q.dead_letter is not None:
             dlq = self.queues.get(q.dead_letter)
@@ -680,6 +681,12 @@ class QueueIndex:
                 "x-last-death-queue": q.name,
                 "x-last-death-exchange": exchange,
             })
+            # Set by the first dead-lettering only (a header of the name stays).
+            first = {
+                "x-first-death-reason": reason,
+                "x-first-death-queue": q.name,
+                "x-first-death-exchange": exchange,
+            }
         moves: list[tuple[QueueState, int]] = []
         for dlq in targets:
             if (
@@ -709,7 +716,7 @@ class QueueIndex:
             last = len(moves) - 1
             for i, (dlq, dst) in enumerate(moves):
                 # Copies to all but the last target; the last one moves it.
-                out.append(Moved(q.qid, pos, dlq.qid, dst, headers, clock, keep=i < last))
+                out.append(Moved(q.qid, pos, dlq.qid, dst, headers, clock, i < last, first))
                 out.append(ReadyMore(dlq.name))
             if count:
                 q.dead_lettered += 1

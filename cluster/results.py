@@ -49,6 +49,7 @@ __all__ = [
     "Subscribed",
     "Cancelled",
     "QueueList",
+    "ExchangeList",
     "LeadStatus",
     "Resigned",
     "ServiceList",
@@ -258,6 +259,15 @@ class QueueList(Result):
 
 
 @dataclass(frozen=True, slots=True)
+class ExchangeList(Result):
+    """ListExchanges: every exchange, by name, each a map with ``exchange``, ``type``,
+    ``durable``, ``auto_delete``, ``internal``, ``arguments`` and ``bindings`` (maps
+    with ``queue``, ``routing_key``, ``arguments``)."""
+
+    exchanges: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
 class LeadStatus(Result):
     """Lead: the session's candidate key and the service's term as the broker has
     applied it (``leader`` None: nobody leads; ``token`` only with a leader)."""
@@ -371,6 +381,7 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     Subscribed,
     Cancelled,
     QueueList,
+    ExchangeList,
     LeadStatus,
     Resigned,
     ServiceList,

@@ -437,7 +437,9 @@ class Catchup:
         self.node = node
         self.pending: dict[str, int] = {}  # queue -> qid whose messages are not all here
         # Dead-lettered before their body arrived: src -> {dst: (headers, enqueued_at)}
-        self.waiting: dict[MessageKey, dict[MessageKey, tuple[dict[str, Any], int]]] = {}
+        self.waiting: dict[
+            MessageKey, dict[MessageKey, tuple[dict[str, Any], int, dict[str, Any] | None]]
+        ] = {}
         self.dst_pending: dict[MessageKey, MessageKey] = {}  # dst -> src
         self._dst_count: dict[int, int] = {}  # qid -> pending dsts in it
         self.progress = Progress()
@@ -619,8 +621,8 @@ class Catchup:
 
     def _resolve(self, src: MessageKey, raw: bytes, batch: Batch) -> None:
         """``src`` arrived: write it wherever the log dead-lettered it meanwhile."""
-        for dst, (headers, enqueued_at) in self.waiting.pop(src, {}).items():
-            moved = merge_headers(raw, headers, enqueued_at)
+        for dst, (headers, enqueued_at, defaults) in self.waiting.pop(src, {}).items():
+            moved = merge_headers(raw, headers, enqueued_at, defaults)
             name = self._name(dst[0])
             q = self.node.state.queues.get(name) if name is not None else None
             if q is not None and q.holds(dst[1]):
@@ -639,9 +641,12 @@ class Catchup:
 
     # -- hooks from the node's apply loop (under the apply lock) --------------------------
 
-    def missed_move(self, src: MessageKey, dst: MessageKey, headers: dict[str, Any], at: int) -> None:
+    def missed_move(
+        self, src: MessageKey, dst: MessageKey, headers: dict[str, Any], at: int,
+        defaults: dict[str, Any] | None = None,
+    ) -> None:
         """The log dead-lettered ``src`` before its body arrived here."""
-        self.waiting.setdefault(src, {})[dst] = (headers, at)
+        self.waiting.setdefault(src, {})[dst] = (headers, at, defaults)
         if dst not in self.dst_pending:
             self.dst_pending[dst] = src
             self._dst_count[dst[0]] = self._dst_count.get(dst[0], 0) + 1

@@ -98,6 +98,7 @@ class Batch(abc.ABC):
         headers: dict[str, Any],
         enqueued_at: int,
         keep: bool = False,
+        defaults: dict[str, Any] | None = None,
     ) -> bool:
         """Move a message to another queue, merging ``headers`` into its own.
 
@@ -109,7 +110,8 @@ class Batch(abc.ABC):
         are its own updated with ``headers``; its enqueue time is ``enqueued_at``.
 
         With ``keep`` the source stays where it is: a copy (a dead letter routed to
-        several queues, docs/events.md).
+        several queues, docs/events.md). ``defaults`` are headers set only where the
+        message has none of that name (RabbitMQ's ``x-first-death-*``).
 
         Returns False if the source message is not here (a joining broker that has
         not received it yet, docs/design.md §8): nothing changes then."""
@@ -157,11 +159,16 @@ class StoreReader(abc.ABC):
         """Release the view; it must not be used afterwards."""
 
 
-def merge_headers(raw: bytes, headers: dict[str, Any], enqueued_at: int) -> bytes:
+def merge_headers(
+    raw: bytes, headers: dict[str, Any], enqueued_at: int,
+    defaults: dict[str, Any] | None = None,
+) -> bytes:
     """A stored message (store encoding) moved to another queue: ``headers`` merged
-    into its own, enqueue time reset. The same rule as :meth:`Batch.move`."""
+    into its own, ``defaults`` where it has none, enqueue time reset. The same rule as
+    :meth:`Batch.move`."""
     _, publish_time, old, body = msgpack.unpackb(raw, raw=False)
-    return msgpack.packb((enqueued_at, publish_time, {**old, **headers}, body), use_bin_type=True)
+    merged = {**defaults, **old, **headers} if defaults else {**old, **headers}
+    return msgpack.packb((enqueued_at, publish_time, merged, body), use_bin_type=True)
 
 
 class Store(abc.ABC):

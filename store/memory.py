@@ -133,13 +133,14 @@ class _MemoryBatch(Batch):
         headers: dict[str, Any],
         enqueued_at: int,
         keep: bool = False,
+        defaults: dict[str, Any] | None = None,
     ) -> bool:
         raw = self._get(src_qid, src_pos)
         if not keep:
             self.remove(src_qid, [src_pos])
         if raw is None:
             return False
-        self._put(dst_qid, dst_pos, merge_headers(raw, headers, enqueued_at))
+        self._put(dst_qid, dst_pos, merge_headers(raw, headers, enqueued_at, defaults))
         return True
 
     def put_raw(self, qid: int, pos: int, raw: bytes) -> None:

@@ -164,6 +164,7 @@ class _RocksBatch(Batch):
         headers: dict[str, Any],
         enqueued_at: int,
         keep: bool = False,
+        defaults: dict[str, Any] | None = None,
     ) -> bool:
         src = _mkey(src_qid, src_pos)
         raw = self.pending[src] if src in self.pending else self._get(src)
@@ -172,7 +173,7 @@ class _RocksBatch(Batch):
         if raw is None:
             return False  # not here (yet): a joining broker's update brings it
         _, publish_time, old_headers, body = msgpack.unpackb(raw, raw=False)
-        merged = {**old_headers, **headers}
+        merged = {**defaults, **old_headers, **headers} if defaults else {**old_headers, **headers}
         dst = _mkey(dst_qid, dst_pos)
         value = self._packer.pack((enqueued_at, publish_time, merged, body))
         self.wb.put(dst, value)

@@ -211,6 +211,20 @@ class StoreContract:
         store.commit(batch, 2)
         assert bodies(store, Q, [10]) == [b"fresh"] and bodies(store, OTHER, [5, 6]) == [b"fresh", None]
 
+    def test_move_sets_defaults_only_where_the_message_has_no_such_header(
+        self, store: Store
+    ) -> None:
+        put(store, Q, 0, [b"once", b"twice"], applied=0)
+        batch = store.batch()
+        first = {"x-first": "a", "x-other": 1}
+        assert batch.move(Q, 0, OTHER, 0, {"x-last": "a"}, 5, defaults=first) is True
+        store.commit(batch, 1)
+        batch = store.batch()  # moved on again: its first header stays, the last one moves
+        assert batch.move(OTHER, 0, Q, 7, {"x-last": "b"}, 6, defaults={"x-first": "b"}) is True
+        store.commit(batch, 2)
+        (m,) = store.get_messages(Q, [7])
+        assert m is not None and m.headers == {"x-first": "a", "x-other": 1, "x-last": "b"}
+
     def test_move_finds_a_message_put_in_the_same_batch(self, store: Store) -> None:
         batch = store.batch()
         batch.put_messages(Q, 0, ((b"fresh", {"a": 1}),), 100, 50)

@@ -358,6 +358,7 @@ async def test_exchange_commands_need_their_rights(secured: BrokerProcess) -> No
             secured.address, username="alice", password="alice-pw"
         ) as alice:
             assert await alice.declare_exchange("ex", "direct") is False
+            assert [x["exchange"] for x in await alice.list_exchanges()] == ["ex"]
             await _refused(lambda: alice.declare_exchange("mine", "fanout"),
                            "no configure right on exchange 'mine'")
             await _refused(lambda: alice.delete_exchange("other-ex"), "no configure right")

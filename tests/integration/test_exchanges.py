@@ -78,7 +78,13 @@ async def test_a_joiner_and_a_restarted_broker_route_as_the_others(tmp_path: Pat
         await eventually(lambda: join_done(nodes[1].address), "the join update to finish",
                          timeout=60)
         b = nodes[1].address
+        async with await clients.connect(a) as conn:
+            listed = await conn.list_exchanges()
+        assert [x["exchange"] for x in listed] == [
+            "", "amq.direct", "amq.fanout", "amq.headers", "amq.match", "amq.topic", "fan", "hdr"
+        ]
         async with await clients.connect(b) as conn:
+            assert await conn.list_exchanges() == listed
             assert (await conn.publish_to("fan", "", b"via-joiner")).queues == ["q1", "q2"]
             assert (await conn.publish_to("hdr", "", b"r", {"kind": "report"})).queues == ["q3"]
             assert await conn.declare_exchange("hdr", "headers") is False

@@ -211,6 +211,20 @@ async def test_exchanges_survive_a_restart_and_dead_letters_are_copied_in_the_st
         assert m is not None and m.body == b"poison"
         assert m.headers["h"] == 1 and m.headers["x-death-exchange"] == "dlx"
     assert node.store.get_messages(node.state.queues["work"].qid, [0]) == [None]
+    # Dead-lettered again, from d1 through the default exchange: the first death stays.
+    await node.submit(DeclareQueue("final"))
+    await node.submit(DeclareQueue("hop", dead_letter_exchange="", dead_letter_routing_key="final"))
+    await ex.bind("hop", "dlx")
+    await ex.publish("", "work", b"twice")
+    await node.submit(Acquire("work", consumer, 1))
+    await node.submit(Reject("work", consumer, (1,)))
+    await node.submit(Interest("hop", True))
+    await node.submit(Acquire("hop", consumer, 1))
+    await node.submit(Reject("hop", consumer, (0,)))
+    (m,) = node.store.get_messages(node.state.queues["final"].qid, [0])
+    assert m is not None and m.body == b"twice"
+    assert (m.headers["x-first-death-queue"], m.headers["x-first-death-exchange"]) == ("work", "dlx")
+    assert (m.headers["x-last-death-queue"], m.headers["x-last-death-exchange"]) == ("hop", "")
     described = ex.exchange("dlx")
     await _close(node)
 
@@ -218,7 +232,9 @@ async def test_exchanges_survive_a_restart_and_dead_letters_are_copied_in_the_st
     again = await _node("a", url, store)
     try:
         assert ExchangeFacade(again).exchange("dlx") == described
-        assert (await ExchangeFacade(again).publish("dlx", "", b"after")).queues == ["d1", "d2"]
+        assert (await ExchangeFacade(again).publish("dlx", "", b"after")).queues == [
+            "d1", "d2", "hop"
+        ]
     finally:
         await _close(again)
 

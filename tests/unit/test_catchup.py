@@ -99,3 +99,38 @@ async def test_a_joiner_whose_join_key_was_forgotten_appends_its_join_again() ->
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await node.stop()
+
+
+async def test_a_dead_letter_routed_through_an_exchange_before_its_body_arrived() -> None:
+    from batonmq.cluster.events import Bind, DeclareExchange
+
+    donor, offset = _cluster()
+    feed = _Feed(donor, offset)
+    feed.apply(DeclareExchange("dlx", "fanout"))
+    for name in ("d1", "d2"):
+        feed.apply(DeclareQueue(name))
+        feed.apply(Bind(name, "dlx"))
+    feed.apply(DeclareQueue("q", dead_letter_exchange="dlx"))
+    feed.apply(Enqueue("q", ((b"a", {}),)))
+    feed.apply(Interest("q", True))
+
+    node = Node("n3", MemoryLog(), MemoryStore())
+    catchup = Catchup(node)
+    node.catchup = catchup
+    await node.install(donor.applied, donor.full_snapshot())
+    catchup.pending = {name: q.qid for name, q in node.state.queues.items()}
+    feed.states.append(node.state)
+    for ev in (Acquire("q", "n1/r1/1", 1), Reject("q", "n1/r1/1", (0,))):
+        out = feed.apply(ev)[1]
+        async with node.apply_lock:
+            await node.applier.persist(out, feed.offset - 1)
+    q, d1, d2 = (node.state.queues[n] for n in ("q", "d1", "d2"))
+    assert set(catchup.dst_pending) == {(d1.qid, 0), (d2.qid, 0)}
+    async with node.apply_lock:
+        catchup._take(q.qid, [[0, _raw(b"a")]])
+    # Both copies written once the body came, with the first death's headers.
+    for m in node.store.get_messages(d1.qid, [0]) + node.store.get_messages(d2.qid, [0]):
+        assert m is not None and m.body == b"a" and m.headers["k"] == 1
+        assert m.headers["x-first-death-queue"] == "q" and m.headers["x-death-exchange"] == "dlx"
+    assert node.store.get_messages(q.qid, [0]) == [None]
+    assert not catchup.dst_pending

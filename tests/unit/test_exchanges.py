@@ -363,6 +363,11 @@ def test_a_rejected_message_is_copied_to_every_routed_queue() -> None:
         "x-last-death-queue": "q",
         "x-last-death-exchange": "dlx",
     }
+    assert all(m.defaults == {  # kept where the message has them: its first death
+        "x-first-death-reason": "rejected",
+        "x-first-death-queue": "q",
+        "x-first-death-exchange": "dlx",
+    } for m in moves)
     assert (qs["d1"].ready, qs["d2"].ready, qs["q"].next_pos) == (1, 1, 1)
     assert qs["q"].dead_lettered == 1 and qs["d1"].enqueued == 1
 

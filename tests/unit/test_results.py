@@ -57,6 +57,7 @@ from batonmq.cluster.results import (
     AcceptedThrough,
     Bound,
     ExchangeDeleted,
+    ExchangeList,
     Routed,
     Cancelled,
     Candidacy,
@@ -98,6 +99,7 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
     (Purged(purged=0), {"purged": 0}),
     (Bound(changed=False), {"changed": False}),
     (ExchangeDeleted(bindings=2), {"bindings": 2}),
+    (ExchangeList([{"exchange": "x", "bindings": []}]), {"exchanges": [{"exchange": "x", "bindings": []}]}),
     (
         Routed(queues=["a", "b"], positions=[0, 7], full=["c"], missing=[]),
         {"queues": ["a", "b"], "positions": [0, 7], "full": ["c"], "missing": []},

@@ -57,6 +57,7 @@ SAMPLES: dict[type[Frame], Frame] = {
         8, "logs", "headers", {"durable": False, "arguments": {"alternate-exchange": "ae"}}
     ),
     wire.DeleteExchange: wire.DeleteExchange(8, "logs", True),
+    wire.ListExchanges: wire.ListExchanges(8),
     wire.Bind: wire.Bind(8, "orders", "amq.match", "", {"x-match": "any", "a": None}),
     wire.Unbind: wire.Unbind(8, "orders", "amq.topic", "a.#"),
     wire.PublishTo: wire.PublishTo(8, "amq.topic", "a.b", b"body", {"k": 1}, "c0ffee:3", {"priority": 2}),
