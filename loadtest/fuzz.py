@@ -89,6 +89,7 @@ from batonmq.cluster import codec
 from batonmq.cluster.codec import MalformedEvent
 from batonmq.cluster.effects import Effect
 from batonmq.cluster.errors import ProtocolError
+from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.log import UNOPENED
 from batonmq.cluster.log.memory import MemoryLog
 from batonmq.cluster.log.sealed import KeyFile, SealedLog
@@ -446,7 +447,7 @@ def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
         version="fuzz",
         node=SimpleNamespace(
             node_id="fuzz-node",
-            state=SimpleNamespace(users=_USERS, queues={"q": queue}),
+            state=SimpleNamespace(users=_USERS, queues={"q": queue}, exchanges=Exchanges()),
             submit=lambda event: loop.create_future(),  # never completes
         ),
         delivery=_StandInDelivery(loop),

@@ -65,6 +65,7 @@ def hashed_afresh(s: State) -> str:
     h = hashlib.sha256()
     packer = msgpack.Packer(use_bin_type=True)
     h.update(packer.pack(s.meta_snapshot()))
+    h.update(packer.pack(s.exchanges.snapshot()))
     h.update(packer.pack(s.publish_keys.digest_part()))
     for name in sorted(s.queues):
         h.update(packer.pack(s.queues[name].snapshot()))
