@@ -148,6 +148,15 @@ class BatonCluster:
             self._new_broker()
         if self.requested_log == "kafka":
             self._start_kafka()
+        if self.net is not None:
+            # Peers reach a broker at the address it advertises (its heartbeats carry it;
+            # a joiner asks it for an update there): a proxy of its own, apart from its
+            # clients' proxy, so that a netsplit cuts it from its peers too while a
+            # client-partition leaves them be. It listens on a port fixed now, so that the
+            # proxy's upstream holds across restarts.
+            for b in self.brokers:
+                b.address = f"127.0.0.1:{free_port()}"
+                b.extra = ["--advertise", self.net.add(f"peer-{b.node_id}", b.address)]
         for b in self.brokers:
             self._launch(b)
         for b in self.brokers:
@@ -173,6 +182,7 @@ class BatonCluster:
             "--data-dir", str(b.data_dir),
             "--log", b.log_url or self.log_url,
             "--node-id", b.node_id,
+            *b.extra,
             *self.extra_args,
         ]
         env = None
@@ -202,7 +212,9 @@ class BatonCluster:
             this_start = text.rsplit(marker, 1)[-1].decode(errors="replace").splitlines()
             address = next(filter(None, map(ready_address, this_start)), None)
             if address is not None:
-                b.address = address
+                # The ready line names the advertised address: behind the proxies that
+                # is the peer proxy, and the harness set the listen address itself.
+                b.address = b.address or address
                 return
             assert b.proc is not None
             if b.proc.poll() is not None:
@@ -420,16 +432,17 @@ class BatonCluster:
 
     def _proxies_of(self, b: Broker) -> list[str]:
         assert self.net is not None
-        return [n for n in (f"client-{b.node_id}", f"kafka-{b.node_id}") if n in self.net.proxies]
+        names = (f"client-{b.node_id}", f"peer-{b.node_id}", f"kafka-{b.node_id}")
+        return [n for n in names if n in self.net.proxies]
 
     def proxied(self, b: Broker) -> bool:
-        """Are all of the broker's links behind a proxy (its clients, and Kafka on a
-        Kafka log)? A broker a ``join`` started is not: Kafka's listeners, one per
-        proxied broker, are fixed when it starts, and the workers never learn the
+        """Are all of the broker's links behind a proxy (its clients, its peers, and
+        Kafka on a Kafka log)? A broker a ``join`` started is not: Kafka's listeners, one
+        per proxied broker, are fixed when it starts, and the workers never learn the
         joiner's address. Network faults pick among the proxied brokers only."""
         if self.net is None:
             return False
-        wanted = [f"client-{b.node_id}"]
+        wanted = [f"client-{b.node_id}", f"peer-{b.node_id}"]
         if self.requested_log == "kafka":
             wanted.append(f"kafka-{b.node_id}")
         return all(n in self.net.proxies for n in wanted)
@@ -440,7 +453,8 @@ class BatonCluster:
         return self.net
 
     def netsplit(self, b: Broker, hold: float) -> None:
-        """Cut the broker from its clients and (Kafka) from the log for ``hold`` s, then heal."""
+        """Cut the broker from its clients, from its peers' links to it (a joiner's
+        update from it) and (Kafka) from the log for ``hold`` s, then heal."""
         net = self._need_net()
         names = self._proxies_of(b)
         try:

@@ -352,3 +352,61 @@ def test_work_queue_run_keeps_delays_and_retries_across_kill9(tmp_path: Path) ->
     history = load_run(report / "baton")
     delayed = [op for op in history if op.kind == OpKind.PUBLISH_INVOKE and op.info]
     assert delayed and all(op.info == "delay_ms=500" for op in delayed)
+
+
+@pytest.mark.timeout(120)
+def test_peers_reach_a_broker_through_its_own_proxy_which_netsplit_cuts(tmp_path: Path) -> None:
+    """Behind Toxiproxy each broker advertises a peer proxy (what its heartbeats offer
+    a joiner), apart from its clients' proxy: a ``client-partition`` leaves that link
+    up, a ``netsplit`` cuts it too."""
+    _toxiproxy_or_skip()
+    import threading
+
+    from batonmq.clients import sync as client_sync
+    from batonmq.clients.errors import BatonError
+    from batonmq.loadtest.cluster import BatonCluster
+    from tests.helpers import eventually_sync
+
+    cluster = BatonCluster(2, tmp_path, net=True)
+    try:
+        cluster.start()
+        b = cluster.brokers[0]
+        assert cluster.net is not None and cluster.proxied(b)
+        peer = cluster.net.proxies[f"peer-{b.node_id}"]
+        assert peer not in (b.address, b.client_address)
+
+        def advertised() -> dict[str, str]:
+            with client_sync.connect(b.address, timeout=5.0) as conn:
+                return {i["node_id"]: i["address"] for i in conn.topology()["instances"]}
+
+        seen = eventually_sync(advertised, "both brokers in the view",
+                               until=lambda a: len(a) == 2, timeout=30.0)
+        assert seen == {x.node_id: cluster.net.proxies[f"peer-{x.node_id}"]
+                        for x in cluster.brokers}
+
+        def answers(address: str) -> bool:
+            try:
+                with client_sync.connect(address, timeout=2.0, failover=False) as conn:
+                    return bool(conn.topology())
+            except (BatonError, OSError):
+                return False
+
+        def during(fault: str) -> dict[str, bool]:
+            got: dict[str, bool] = {}
+            hold = threading.Thread(target=getattr(cluster, fault), args=(b, 4.0))
+            hold.start()
+            try:
+                # The toxics are in place once the client link stops answering.
+                eventually_sync(lambda: not answers(b.client_address), f"{fault} in place",
+                                timeout=10.0, interval=0.2)
+                got = {"peer": answers(peer), "direct": answers(b.address)}
+            finally:
+                hold.join()
+            return got
+
+        assert during("client_partition") == {"peer": True, "direct": True}
+        assert during("netsplit") == {"peer": False, "direct": True}
+        eventually_sync(lambda: answers(peer) and answers(b.client_address), "healed",
+                        timeout=10.0)
+    finally:
+        cluster.stop()

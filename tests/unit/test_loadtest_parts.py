@@ -213,13 +213,16 @@ def test_network_faults_pick_only_brokers_behind_the_proxies(tmp_path: Path) -> 
         assert cluster.net is not None
         for b in cluster.brokers[:3]:  # node-4 joined later: not proxied
             cluster.net.proxies[f"client-{b.node_id}"] = "127.0.0.1:1"
+            cluster.net.proxies[f"peer-{b.node_id}"] = "127.0.0.1:3"
             if log_url == "kafka":
                 cluster.net.proxies[f"kafka-{b.node_id}"] = "127.0.0.1:2"
         if log_url is None:
-            cluster.net.proxies["client-node-4"] = "127.0.0.1:1"  # a client proxy is enough
+            cluster.net.proxies["client-node-4"] = "127.0.0.1:1"  # not its peer link
+        assert cluster._proxies_of(cluster.brokers[0]) == (
+            ["client-node-1", "peer-node-1", "kafka-node-1"] if log_url else
+            ["client-node-1", "peer-node-1"])
         want = {b.node_id for b in cluster.brokers if cluster.proxied(b)}
-        assert want == ({"node-1", "node-2", "node-3"} if log_url else
-                        {"node-1", "node-2", "node-3", "node-4"})
+        assert want == {"node-1", "node-2", "node-3"}
         runner = FaultInjector(cluster, [], tmp_path / "faults.hist", 0.0)
         picked = {runner._pick_broker(FaultEvent(0, "netsplit", 1, pick=p), proxied=True).node_id
                   for p in range(8)}
