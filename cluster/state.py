@@ -126,7 +126,7 @@ class State:
         # The last two checkpoints applied: (offset, this replica's digest there).
         self.checkpoints: list[tuple[int, str]] = []
         # The digest's part of each queue as last computed (the queue, its packed
-        # snapshot), and the queues changed since (taken from ``dirty`` before each
+        # snapshot), and those of them changed since (taken from ``dirty`` before each
         # take_dirty() clears it): a checkpoint packs only what changed, not the state.
         self._packed: dict[str, tuple[QueueState, bytes]] = {}
         self._changed: set[str] = set()
@@ -541,7 +541,9 @@ class State:
             name: (self.queues[name].snapshot() if name in self.queues else None)
             for name in self.dirty
         }
-        self._changed |= self.dirty
+        if self._packed:  # (only what the last digest packed can be stale)
+            packed = self._packed
+            self._changed.update(name for name in self.dirty if name in packed)
         self.dirty = set()
         self._meta_dirty = False
         return meta, queues
