@@ -1,11 +1,15 @@
-"""Exchanges over AMQP, with pika against a real ``baton serve --amqp-listen``: RabbitMQ's
-publish/subscribe (fanout), routing (direct) and topics tutorials, a headers exchange,
-mandatory publishes that nothing routes, dead letters through an exchange, and the
-errors RabbitMQ gives for exchange mistakes (docs/amqp.md)."""
+"""Exchanges over AMQP, with pika against real ``baton serve --amqp-listen`` processes:
+RabbitMQ's publish/subscribe (fanout), routing (direct) and topics tutorials, a headers
+exchange, mandatory publishes that nothing routes, dead letters through an exchange, and
+the errors RabbitMQ gives for exchange mistakes (docs/amqp.md). The tutorials run on one
+broker, and on a 3-broker cluster where the exchanges are declared, bound and published
+to on one broker and the queues read on another."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -13,9 +17,33 @@ import pika.exceptions
 import pytest
 
 from tests.integration.conftest import BrokerProcess
-from tests.integration.test_amqp import amqp_broker, connect  # noqa: F401 (a fixture)
+from tests.integration.test_amqp import AMQP, amqp_broker, connect  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["one-broker", "cluster"])
+def pub_sub(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, Any]]:
+    """A channel to publish on and one to read with: on one broker, or on two brokers
+    of a 3-broker cluster (what one declares, binds and publishes the other reads)."""
+    n = 1 if request.param == "one-broker" else 3
+    brokers = [
+        BrokerProcess(tmp_path / f"node-{i}", log_url=f"file:{tmp_path / 'shared-log'}",
+                      node_id=f"node-{i}", extra=AMQP)
+        for i in range(1, n + 1)
+    ]
+    conns: list[Any] = []
+    try:
+        for b in brokers:
+            b.start()
+        conns = [connect(brokers[0]), connect(brokers[-1 if n == 1 else 1])]
+        yield conns[0].channel(), conns[1].channel()
+    finally:
+        for c in conns:
+            if c.is_open:
+                c.close()
+        for b in brokers:
+            b.stop()
 
 
 def drain(ch: Any, queue: str, want: int, timeout: float = 10.0) -> list[tuple[Any, bytes]]:
@@ -39,13 +67,18 @@ def empty(ch: Any, queue: str) -> bool:
     return ch.queue_declare(queue, passive=True).method.message_count == 0
 
 
-def test_publish_subscribe_over_a_fanout_exchange(amqp_broker: BrokerProcess) -> None:
+def declare(ch: Any, *queues: str) -> None:
+    for q in queues:
+        ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
+
+
+def test_publish_subscribe_over_a_fanout_exchange(pub_sub: tuple[Any, Any]) -> None:
     """Every queue bound to a fanout exchange gets every message, delivered with the
     exchange's name; a confirmed publish to two queues is one append."""
-    conn = connect(amqp_broker)
-    ch = conn.channel()
+    ch, sub = pub_sub
     ch.exchange_declare("logs", exchange_type="fanout")
-    queues = [ch.queue_declare("", exclusive=True).method.queue for _ in range(2)]
+    queues = ["logs-a", "logs-b"]
+    declare(ch, *queues)
     for q in queues:
         ch.queue_bind(q, "logs")
     ch.confirm_delivery()
@@ -53,18 +86,16 @@ def test_publish_subscribe_over_a_fanout_exchange(amqp_broker: BrokerProcess) ->
     for body in sent:
         ch.basic_publish("logs", "", body)
     for q in queues:
-        got = drain(ch, q, len(sent))
+        got = drain(sub, q, len(sent))
         assert sorted(b for _, b in got) == sorted(sent)
         assert {(m.exchange, m.routing_key) for m, _ in got} == {("logs", "")}
-    conn.close()
 
 
-def test_routing_over_a_direct_exchange_and_mandatory_returns(amqp_broker: BrokerProcess) -> None:
-    conn = connect(amqp_broker)
-    ch = conn.channel()
+def test_routing_over_a_direct_exchange_and_mandatory_returns(pub_sub: tuple[Any, Any]) -> None:
+    ch, sub = pub_sub
     ch.exchange_declare("direct_logs", exchange_type="direct")
-    errors = ch.queue_declare("", exclusive=True).method.queue
-    everything = ch.queue_declare("", exclusive=True).method.queue
+    errors, everything = "errors", "everything"
+    declare(ch, errors, everything)
     ch.queue_bind(errors, "direct_logs", routing_key="error")
     for key in ("info", "error"):
         ch.queue_bind(everything, "direct_logs", routing_key=key)
@@ -73,22 +104,20 @@ def test_routing_over_a_direct_exchange_and_mandatory_returns(amqp_broker: Broke
     ch.basic_publish("direct_logs", "info", b"started", mandatory=True)
     with pytest.raises(pika.exceptions.UnroutableError):  # returned, then confirmed
         ch.basic_publish("direct_logs", "warning", b"nobody listens", mandatory=True)
-    assert bodies(ch, errors, 1) == [b"disk full"]
-    assert bodies(ch, everything, 2) == [b"disk full", b"started"]
+    assert bodies(sub, errors, 1) == [b"disk full"]
+    assert bodies(sub, everything, 2) == [b"disk full", b"started"]
     # Unbound, "info" reaches nobody any more.
     ch.queue_unbind(everything, "direct_logs", routing_key="info")
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish("direct_logs", "info", b"again", mandatory=True)
-    assert empty(ch, errors) and empty(ch, everything)
-    conn.close()
+    assert empty(sub, errors) and empty(sub, everything)
 
 
-def test_topics_and_headers(amqp_broker: BrokerProcess) -> None:
-    conn = connect(amqp_broker)
-    ch = conn.channel()
+def test_topics_and_headers(pub_sub: tuple[Any, Any]) -> None:
+    ch, sub = pub_sub
     ch.exchange_declare("topic_logs", exchange_type="topic")
-    critical = ch.queue_declare("", exclusive=True).method.queue
-    kernel = ch.queue_declare("", exclusive=True).method.queue
+    critical, kernel = "critical", "kernel"
+    declare(ch, critical, kernel)
     ch.queue_bind(critical, "topic_logs", routing_key="*.critical")
     ch.queue_bind(kernel, "topic_logs", routing_key="kern.#")
     ch.confirm_delivery()
@@ -96,22 +125,21 @@ def test_topics_and_headers(amqp_broker: BrokerProcess) -> None:
         ch.basic_publish("topic_logs", key, key.encode())
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish("topic_logs", "app.info.x", b"no", mandatory=True)
-    assert bodies(ch, critical, 2) == [b"app.critical", b"kern.critical"]
-    assert bodies(ch, kernel, 3) == [b"kern", b"kern.critical", b"kern.info"]
+    assert bodies(sub, critical, 2) == [b"app.critical", b"kern.critical"]
+    assert bodies(sub, kernel, 3) == [b"kern", b"kern.critical", b"kern.info"]
 
     ch.exchange_declare("matching", exchange_type="headers")
-    both = ch.queue_declare("", exclusive=True).method.queue
-    either = ch.queue_declare("", exclusive=True).method.queue
+    both, either = "both", "either"
+    declare(ch, both, either)
     ch.queue_bind(both, "matching", arguments={"x-match": "all", "format": "pdf", "type": "report"})
     ch.queue_bind(either, "matching", arguments={"x-match": "any", "format": "pdf", "type": "log"})
     for name, headers in (("pdf-report", {"format": "pdf", "type": "report"}),
                           ("zip-log", {"format": "zip", "type": "log"}),
                           ("zip-report", {"format": "zip", "type": "report"})):
         ch.basic_publish("matching", "", name.encode(), pika.BasicProperties(headers=headers))
-    assert bodies(ch, both, 1) == [b"pdf-report"]
-    assert bodies(ch, either, 2) == [b"pdf-report", b"zip-log"]
-    assert empty(ch, both)
-    conn.close()
+    assert bodies(sub, both, 1) == [b"pdf-report"]
+    assert bodies(sub, either, 2) == [b"pdf-report", b"zip-log"]
+    assert empty(sub, both)
 
 
 def test_dead_letters_go_through_an_exchange(amqp_broker: BrokerProcess) -> None:

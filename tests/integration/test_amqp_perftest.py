@@ -8,13 +8,12 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import REPO, BrokerProcess
-from tests.integration.test_amqp import AMQP, amqp_port
+from tests.integration.test_amqp import amqp_port
+from tests.integration.test_amqp_aio import amqp_cluster  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,22 +33,6 @@ def _perftest_or_skip() -> None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"{why}: CI installs it, so this may not skip", pytrace=False)
         pytest.skip(why)
-
-
-@pytest.fixture
-def amqp_cluster(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
-    brokers = [
-        BrokerProcess(tmp_path / f"node-{i}", log_url=f"file:{tmp_path / 'shared-log'}",
-                      node_id=f"node-{i}", extra=AMQP)
-        for i in (1, 2, 3)
-    ]
-    try:
-        for b in brokers:
-            b.start()
-        yield brokers
-    finally:
-        for b in brokers:
-            b.stop()
 
 
 @pytest.mark.timeout(300)

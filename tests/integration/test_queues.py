@@ -372,6 +372,8 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "max_priority": None,
                 "single_active_consumer": False,
                 "dedupe_window_ms": 120000,
+                "dead_letter_exchange": None,
+                "dead_letter_routing_key": None,
                 "timed_out": 0,
                 "delayed": 0,
                 "consumers": 1,
