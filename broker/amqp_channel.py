@@ -574,15 +574,7 @@ class Channel:
             commands.Queue.PurgeOk(r.purged)))
 
     def _command(self, event: Any, then: Callable[[Any], None]) -> None:
-        fut = self.owner.node.submit(event)
-        self.commands_started(1)
-
-        def done(f: asyncio.Future[Any]) -> None:
-            self.commands_finished(1)
-            if not self._failed(f):
-                then(f.result())
-
-        fut.add_done_callback(done)
+        self._after(self.owner.node.submit(event), then)
 
     # -- publishing --------------------------------------------------------------------------
 

@@ -19,10 +19,8 @@ own, on one message of a real State (the tests at the end).
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-import msgpack
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -55,21 +53,10 @@ from batonmq.cluster.results import AcceptedThrough, Declared, Enqueued, Purged,
 from batonmq.cluster.effects import Acquired, CheckpointApplied, Completed, Effect, Moved
 from batonmq.cluster.queues import MessageState, QueueState, TRANSITIONS
 from batonmq.cluster.state import State
+from tests.unit.test_digest_cache import hashed_afresh
 
 CONSUMERS = ("n1/r1/1", "n1/r1/2", "n2/r9/1")
 MEMBERS = ("n1/r1", "n2/r9")
-
-
-def hashed_afresh(s: State) -> str:
-    """The state's digest as defined (docs/design.md §8), computed from nothing."""
-    h = hashlib.sha256()
-    packer = msgpack.Packer(use_bin_type=True)
-    h.update(packer.pack(s.meta_snapshot()))
-    h.update(packer.pack(s.exchanges.snapshot()))
-    h.update(packer.pack(s.publish_keys.digest_part()))
-    for name in sorted(s.queues):
-        h.update(packer.pack(s.queues[name].snapshot()))
-    return h.hexdigest()
 
 
 def runtime_of(consumer: str) -> str:
