@@ -34,7 +34,7 @@ from batonmq.loadtest.faults import NET_KINDS, FaultEvent, FaultInjector, check_
 from batonmq.loadtest.hist import LogHistogram
 from batonmq.loadtest.history import HistoryWriter, Op, OpKind, load_run
 from batonmq.loadtest.procstat import GENERATOR_SATURATED, Sampler, summarize
-from batonmq.loadtest.worker import WorkerSpec, consume_queue, worker_main
+from batonmq.loadtest.worker import DRAIN_ACTOR, WorkerSpec, drain_queues, worker_main
 from batonmq.loadtest.workloads import Workload
 
 __all__ = [
@@ -52,7 +52,6 @@ __all__ = [
     "save",
 ]
 
-DRAIN_ACTOR = "drain"
 RUNNER_ACTOR = "runner"
 SAMPLES_FILE = "samples.json"
 
@@ -105,6 +104,9 @@ class RunConfig:
     catch_up: float = 20.0
     #: Seconds without a message after which the drain of a queue ends.
     drain_idle: float = 1.0
+    #: Seconds the drain keeps coming back to a queue that still reports messages (held
+    #: by a consumer of a broker that is gone, until the cluster gives them back).
+    drain_wait: float = 30.0
     #: Seconds between CPU / RSS samples of the servers.
     sample_interval: float = 1.0
 
@@ -192,29 +194,6 @@ async def _prepare(
             w.record(OpKind.QUEUE, q, info=info)
             if purge:
                 await conn.purge(q)
-    finally:
-        await conn.close()
-
-
-async def _drain(
-    system: str, addresses: list[str], workload: Workload, w: HistoryWriter, idle: float
-) -> None:
-    queues = list(workload.queue_names())
-    # Work queues first: their poison messages may still move to the dead-letter queues.
-    dlqs = [d for q in queues if (d := workload.dead_letter_of(q)) is not None]
-    conn = await open_adapter(system, addresses, workload)
-    w.record(OpKind.CONNECTED, info=conn.address)
-    try:
-        for group in (queues, dlqs):
-            await asyncio.gather(
-                *(
-                    consume_queue(conn, q, DRAIN_ACTOR, w, workload, ack_all=True, idle_stop=idle)
-                    for q in group
-                )
-            )
-        for q in queues + dlqs:
-            left, stats = await conn.depth(q)
-            w.record(OpKind.FINAL, q, count=left, info=json.dumps(stats, default=str))
     finally:
         await conn.close()
 
@@ -423,7 +402,8 @@ def run(config: RunConfig) -> RunResult:
                 p.join(15)
         _log(config.progress, "loadtest: draining the queues ...")
         with HistoryWriter(run_dir / "drain.hist", DRAIN_ACTOR) as w:
-            uvloop.run(_drain(system.adapter, addresses, workload, w, config.drain_idle))
+            uvloop.run(drain_queues(system.adapter, addresses, workload, w, config.drain_idle,
+                                    config.drain_wait))
         failed_workers = [p.name for p in procs if p.exitcode not in (0, None)]
     finally:
         if injector is not None:

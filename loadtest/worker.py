@@ -12,6 +12,7 @@ The workers speak to the system under test through a client adapter
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 import sys
@@ -33,7 +34,13 @@ from batonmq.loadtest.history import (
 )
 from batonmq.loadtest.workloads import Workload
 
-__all__ = ["WorkerSpec", "worker_main", "consume_queue", "Counter", "StopFlag"]
+__all__ = [
+    "WorkerSpec", "worker_main", "consume_queue", "drain_queues", "Counter", "StopFlag",
+    "DRAIN_ACTOR",
+]
+
+#: The runner's final drain's actor in the history.
+DRAIN_ACTOR = "drain"
 
 #: How many confirmed ack batches one consumer keeps in flight.
 _ACKS_IN_FLIGHT = 4
@@ -288,6 +295,44 @@ async def consume_queue(
         return
     # Cancelled: the broker released whatever this consumer still held.
     record(OpKind.CONSUMER_END, queue, actor=actor)
+
+
+async def drain_queues(
+    system: str, addresses: list[str], workload: Workload, w: HistoryWriter, idle: float,
+    wait: float,
+) -> None:
+    """Accept everything left on every queue (dead-letter queues last) as actor
+    ``drain``, and record each queue's final depth."""
+    queues = list(workload.queue_names())
+    # Work queues first: their poison messages may still move to the dead-letter queues.
+    dlqs = [d for q in queues if (d := workload.dead_letter_of(q)) is not None]
+    conn = await open_adapter(system, addresses, workload)
+    w.record(OpKind.CONNECTED, info=conn.address)
+
+    async def drain(queue: str) -> None:
+        # Idle is not empty: messages a killed or cut-off broker's consumers held come
+        # back only once the cluster has noticed (its failure detector), which may take
+        # longer than the idle time. Come back while the queue still reports any.
+        deadline = time.monotonic() + wait
+        while True:
+            await consume_queue(conn, queue, DRAIN_ACTOR, w, workload, ack_all=True,
+                                idle_stop=idle)
+            try:
+                left, _ = await conn.depth(queue)
+            except conn.errors:
+                left = -1  # unknown: try again until the deadline
+            if left == 0 or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(min(idle, max(0.0, deadline - time.monotonic())))
+
+    try:
+        for group in (queues, dlqs):
+            await asyncio.gather(*(drain(q) for q in group))
+        for q in queues + dlqs:
+            left, stats = await conn.depth(q)
+            w.record(OpKind.FINAL, q, count=left, info=json.dumps(stats, default=str))
+    finally:
+        await conn.close()
 
 
 async def _consume(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:

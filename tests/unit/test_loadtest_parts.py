@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 
+from batonmq.loadtest import worker
 from batonmq.loadtest.__main__ import load_config
+from batonmq.loadtest.adapters import Delivery
 from batonmq.loadtest.faults import FaultEvent, FaultSpecError, parse_faults
-from batonmq.loadtest.history import Op, OpKind, write_ops
+from batonmq.loadtest.history import (
+    FLAG_NORMAL, HistoryWriter, Op, OpKind, load_run, make_body, write_ops,
+)
 from batonmq.loadtest.procstat import tree_usage
+from batonmq.loadtest.workloads import PRESETS
 from batonmq.loadtest.runner import analyse_dir, format_comparison, measure, timeline
 
 K = OpKind
@@ -231,3 +238,61 @@ def test_network_faults_pick_only_brokers_behind_the_proxies(tmp_path: Path) -> 
         assert picked == want
         assert "node-4" in {runner._pick_broker(FaultEvent(0, "kill9", 1, pick=p)).node_id
                             for p in range(8)}
+
+
+class _HeldBack:
+    """A stand-in adapter whose queue gives its last messages back only later, as a
+    cluster does with what a killed broker's consumer held: idle for a while, not empty."""
+
+    errors: tuple[type[BaseException], ...] = (ConnectionError,)
+    failovers = 0
+    address = "stand-in"
+
+    def __init__(self, ready: list[bytes], held: list[bytes], back_after: int) -> None:
+        self.ready, self.held, self.back_after = ready, held, back_after
+        self.polls = 0
+        self.accepted: list[bytes] = []
+
+    async def subscribe(self, queue: str, prefetch: int) -> "_HeldBack":
+        return self
+
+    async def get_many(self, max_count: int, timeout: float) -> list[Delivery]:
+        self.polls += 1
+        if self.held and self.polls > self.back_after:
+            self.ready += self.held
+            self.held = []
+        batch, self.ready = self.ready[:max_count], self.ready[max_count:]
+        if not batch:
+            await asyncio.sleep(timeout)
+        return [Delivery(len(self.accepted) + i, 0, b, None) for i, b in enumerate(batch)]
+
+    async def ack_many(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        self.accepted += [d.body for d in deliveries]
+        return [None] * len(deliveries)
+
+    async def close(self) -> None:
+        pass
+
+    async def depth(self, queue: str) -> tuple[int, dict[str, object]]:
+        n = len(self.ready) + len(self.held)
+        return n, {"ready": n}
+
+
+@pytest.mark.parametrize("wait, drained", [(0.0, False), (20.0, True)])
+def test_the_drain_comes_back_while_the_queue_still_holds_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wait: float, drained: bool
+) -> None:
+    bodies = [make_body(f"m{i}".encode(), FLAG_NORMAL, 16) for i in range(4)]
+    # Given back after ~0.5 s of 0.1 s polls: longer than the 0.2 s idle stop.
+    stand_in = _HeldBack(bodies[:2], bodies[2:], back_after=5)
+
+    async def open_stand_in(*args: object) -> _HeldBack:
+        return stand_in
+
+    monkeypatch.setattr(worker, "open_adapter", open_stand_in)
+    workload = dataclasses.replace(PRESETS["latency"], queues=1)
+    with HistoryWriter(tmp_path / "drain.hist", worker.DRAIN_ACTOR) as w:
+        asyncio.run(worker.drain_queues("baton", ["stand-in"], workload, w, 0.2, wait))
+    assert (stand_in.accepted == bodies) is drained
+    final = [op for op in load_run(tmp_path) if op.kind == OpKind.FINAL]
+    assert [op.count for op in final] == [0 if drained else 2]
