@@ -268,22 +268,31 @@ async def connect_first(
     return found
 
 
-async def test_rpc_is_answered_across_a_kill_9_of_the_servers_broker(
-    amqp_cluster: list[BrokerProcess],  # noqa: F811 (the fixture)
-) -> None:
-    """The RPC tutorial with aio-pika: the server consumes ``rpc_queue`` on node-1, the
-    client has an exclusive, server-named reply queue on node-2 and calls with
-    ``reply_to`` and ``correlation_id``. node-1 is killed -9 while the server works on a
-    call; the server reconnects to node-3 and answers that call (redelivered) and every
-    later one, each with its own correlation id. (The server confirms its answer before
-    it acks the request, so an answer a kill cut off comes again.)"""
-    b1, b2, b3 = amqp_cluster
-    ports = [amqp_port(b) for b in amqp_cluster]
-    served_on: list[int] = []
-    busy = asyncio.Event()  # the server on node-1 works on call 4 ...
-    killed = asyncio.Event()  # ... until node-1 is killed: it never answers it
+class RpcServer:
+    """The RPC tutorial's server (aio-pika): it consumes the durable ``rpc_queue`` with
+    a prefetch of 1, answers ``n`` with ``n * n`` to ``reply_to`` with the request's
+    ``correlation_id`` (and headers ``served-on``, its broker's AMQP port, and
+    ``redelivered``), confirmed before it acks the request, so an answer a kill cut off
+    comes again. It reconnects to the first of ``brokers`` that answers when its
+    connection is lost. While ``stall`` is set, it works on the request with that body
+    until ``killed`` is set, and never answers it."""
 
-    async def serve(conn: aio_pika.abc.AbstractConnection, port: int) -> None:
+    def __init__(self, brokers: list[BrokerProcess], stall: bytes = b"") -> None:
+        self.brokers = brokers
+        self.served_on: list[int] = []  # the port of each connection it consumed on
+        self.stall = stall
+        self.busy = asyncio.Event()
+        self.killed = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:  # until cancelled
+            conn, b = await connect_first(self.brokers)
+            try:
+                await self._serve(conn, amqp_port(b))
+            finally:
+                await conn.close()
+
+    async def _serve(self, conn: aio_pika.abc.AbstractConnection, port: int) -> None:
         lost = asyncio.Event()  # (closed() waits for a close, not for a lost connection)
         conn.close_callbacks.add(lambda *_: lost.set())
         ch = await conn.channel(publisher_confirms=True)
@@ -293,9 +302,9 @@ async def test_rpc_is_answered_across_a_kill_9_of_the_servers_broker(
 
         async def on_request(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             assert message.reply_to and message.correlation_id
-            if message.body == b"4" and not killed.is_set():
-                busy.set()
-                await killed.wait()
+            if message.body == self.stall and not self.killed.is_set():
+                self.busy.set()
+                await self.killed.wait()
                 return
             n = int(message.body)
             await ch.default_exchange.publish(  # returns once confirmed
@@ -307,60 +316,128 @@ async def test_rpc_is_answered_across_a_kill_9_of_the_servers_broker(
             await message.ack()
 
         await requests.consume(on_request)
-        served_on.append(port)
+        self.served_on.append(port)
         await lost.wait()
 
-    async def server() -> None:
-        while True:  # until cancelled
-            conn, b = await connect_first([b1, b3, b2])
-            try:
-                await serve(conn, amqp_port(b))
-            finally:
-                await conn.close()
 
-    serving = asyncio.create_task(server())
-    client = await aio_pika.connect(url(b2))
-    try:
-        ch = await client.channel()
-        replies = await ch.declare_queue("", exclusive=True)
+class RpcClient:
+    """The RPC tutorial's client (aio-pika): an exclusive, server-named reply queue,
+    consumed without acks; a call publishes ``n`` to ``rpc_queue`` with ``reply_to``
+    and a ``correlation_id`` of its own and waits for the answer that carries it (a
+    second answer to one call is dropped)."""
+
+    def __init__(self, conn: aio_pika.abc.AbstractConnection) -> None:
+        self.conn = conn
+        self.answers: dict[str, asyncio.Future[aio_pika.abc.AbstractIncomingMessage]] = {}
+        self.reply_queue = ""
+
+    async def open(self) -> None:
+        self.ch = await self.conn.channel()
+        replies = await self.ch.declare_queue("", exclusive=True)
         assert replies.name.startswith("amq.gen-")
-        answers: dict[str, asyncio.Future[aio_pika.abc.AbstractIncomingMessage]] = {}
+        self.reply_queue = replies.name
 
         async def on_reply(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-            waiting = answers.get(message.correlation_id or "")
-            if waiting is not None and not waiting.done():  # a second answer: dropped
+            waiting = self.answers.get(message.correlation_id or "")
+            if waiting is not None and not waiting.done():
                 waiting.set_result(message)
 
         await replies.consume(on_reply, no_ack=True)
 
-        async def call(n: int) -> tuple[int, int, bool]:
-            corr = f"call-{n}"
-            answers[corr] = asyncio.get_running_loop().create_future()
-            await ch.default_exchange.publish(
-                aio_pika.Message(str(n).encode(), correlation_id=corr, reply_to=replies.name),
-                routing_key="rpc_queue",
-            )
-            answer = await asyncio.wait_for(answers[corr], 20)
-            assert answer.correlation_id == corr and answer.headers is not None
-            headers = answer.headers
-            return int(answer.body), int(str(headers["served-on"])), headers["redelivered"] is True
+    async def call(self, n: int, timeout: float = 20) -> tuple[int, int, bool]:
+        """(the answer, the port of the server's broker, whether the request was
+        redelivered to the server)."""
+        corr = f"call-{n}"
+        self.answers[corr] = asyncio.get_running_loop().create_future()
+        await self.ch.default_exchange.publish(
+            aio_pika.Message(str(n).encode(), correlation_id=corr, reply_to=self.reply_queue),
+            routing_key="rpc_queue",
+        )
+        answer = await asyncio.wait_for(self.answers[corr], timeout)
+        assert answer.correlation_id == corr and answer.headers is not None
+        headers = answer.headers
+        return int(answer.body), int(str(headers["served-on"])), headers["redelivered"] is True
 
-        await eventually(lambda: now(served_on), "the server consuming on node-1")
-        assert [await call(n) for n in (1, 2, 3)] == [(n * n, ports[0], False) for n in (1, 2, 3)]
-        in_flight = asyncio.create_task(call(4))
-        await eventually(lambda: now(busy.is_set()), "the server busy with call 4")
+
+async def test_rpc_is_answered_across_a_kill_9_of_the_servers_broker(
+    amqp_cluster: list[BrokerProcess],  # noqa: F811 (the fixture)
+) -> None:
+    """The RPC tutorial with aio-pika: the server consumes ``rpc_queue`` on node-1, the
+    client's reply queue is on node-2. node-1 is killed -9 while the server works on a
+    call; the server reconnects to node-3 and answers that call (redelivered) and every
+    later one, each with its own correlation id."""
+    b1, b2, b3 = amqp_cluster
+    ports = [amqp_port(b) for b in amqp_cluster]
+    server = RpcServer([b1, b3, b2], stall=b"4")
+    serving = asyncio.create_task(server.run())
+    client = RpcClient(await aio_pika.connect(url(b2)))
+    try:
+        await client.open()
+        await eventually(lambda: now(server.served_on), "the server consuming on node-1")
+        assert [await client.call(n) for n in (1, 2, 3)] == [(n * n, ports[0], False)
+                                                             for n in (1, 2, 3)]
+        in_flight = asyncio.create_task(client.call(4))
+        await eventually(lambda: now(server.busy.is_set()), "the server busy with call 4")
         b1.kill9()
-        killed.set()
-        later = [await call(n) for n in (5, 6, 7, 8)]
+        server.killed.set()
+        later = [await client.call(n) for n in (5, 6, 7, 8)]
         assert later == [(n * n, ports[2], False) for n in (5, 6, 7, 8)]
         assert await in_flight == (16, ports[2], True)
-        assert served_on == [ports[0], ports[2]]
+        assert server.served_on == [ports[0], ports[2]]
     finally:
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
-        await client.close()
+        await client.conn.close()
     for b in (b2, b3):
         assert "Traceback" not in b.output()
+
+
+async def test_an_rpc_client_whose_broker_is_killed_declares_a_new_reply_queue(
+    amqp_cluster: list[BrokerProcess],  # noqa: F811 (the fixture)
+) -> None:
+    """The client's broker (node-2) is killed -9: its exclusive reply queue goes with it
+    (deleted once the view drops node-2), as RabbitMQ's does with its connection. The
+    client reconnects to node-3, declares a new reply queue and its calls are answered
+    by the server on node-1."""
+    b1, b2, b3 = amqp_cluster
+    server = RpcServer([b1])
+    serving = asyncio.create_task(server.run())
+    client = RpcClient(await aio_pika.connect(url(b2)))
+    try:
+        await client.open()
+        await eventually(lambda: now(server.served_on), "the server consuming on node-1")
+        assert await client.call(1) == (1, amqp_port(b1), False)
+        old = client.reply_queue
+        b2.kill9()
+        conn, b = await connect_first([b2, b3])
+        assert b is b3
+        await client.conn.close()
+        client = RpcClient(conn)
+        await client.open()
+        assert client.reply_queue != old
+        assert [await client.call(n) for n in (2, 3)] == [(4, amqp_port(b1), False),
+                                                          (9, amqp_port(b1), False)]
+        await eventually(lambda: declared(conn, old), "the old reply queue deleted",
+                         until=lambda found: not found, timeout=15)
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await client.conn.close()
+    for b in (b1, b3):
+        assert "Traceback" not in b.output()
+
+
+async def declared(conn: aio_pika.abc.AbstractConnection, queue: str) -> bool:
+    """Whether ``queue`` exists (a passive declare, on a channel of its own)."""
+    ch = await conn.channel()
+    try:
+        await ch.declare_queue(queue, passive=True)
+        return True
+    except aio_pika.exceptions.ChannelNotFoundEntity:
+        return False
+    finally:
+        if not ch.is_closed:
+            await ch.close()
 
 
 def test_dead_lettering_at_the_delivery_limit_counts_a_kill_9_as_a_failed_delivery(
