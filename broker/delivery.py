@@ -277,7 +277,7 @@ class Delivery:
                     else:
                         self._owned_since.pop(e.queue, None)
                 case MembersChanged():
-                    if self.node.key in e.removed:
+                    if self.node.key in e.removed and not self.node.leaving:
                         self._fenced()
                 case QueueGone():
                     self._interest.discard(e.queue)

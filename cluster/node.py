@@ -133,6 +133,9 @@ class Node:
         # Set by the broker once its client port answers (docs/design.md §8: only such a
         # runtime may be asked for a join update; Heartbeat.serving).
         self.serving = False
+        # Set once this runtime has asked to leave the view (a clean stop): the view
+        # that drops it then is its own doing, not a fencing.
+        self.leaving = False
         # Whether some voter is alive, as applied here: without one no view can change
         # and an observer is on its own (shown in the topology, logged when it flips).
         self.voter_alive = True
@@ -460,6 +463,7 @@ class Node:
     async def leave(self) -> None:
         """Tell the cluster this runtime leaves (clean shutdown): no suspicion wait."""
         if self.joined.is_set() and not self.appender.closing:
+            self.leaving = True
             try:
                 await asyncio.wait_for(self.submit(Leave()), 2)
             except (BatonError, TimeoutError):

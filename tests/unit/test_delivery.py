@@ -117,3 +117,30 @@ async def test_a_late_acquire_delivers_only_what_the_consumer_still_holds_once_c
         await a.stop()
         await a.log.close()
         a.store.close()
+
+
+async def test_a_broker_that_leaves_is_not_fenced_when_the_view_drops_it(
+    tmp_path: Path, caplog: Any,
+) -> None:
+    # A clean stop leaves the view (Leave); the view that drops the broker can be applied
+    # before its node stops. That is no fencing: nothing to close, no ERROR in the log.
+    url = f"file:{tmp_path / 'log'}"
+    a, b = await _node("a", url), await _node("b", url)
+    delivery = Delivery(a, chunk_bytes=1 << 16, time_slice_ms=60_000)
+    a.listener = delivery.on_effects
+    fenced: list[bool] = []
+    delivery.on_fenced = lambda: fenced.append(True)
+    try:
+        await _caught_up(a, b)
+        await eventually(lambda: a.key in b.state.membership.member_set, "a in b's view")
+        await a.leave()
+        await eventually(lambda: a.key not in a.state.membership.member_set,
+                         "a applied the view without it")
+        assert fenced == []
+        assert "dropped from the cluster's view" not in caplog.text
+    finally:
+        for n in (a, b):
+            await n.leave()
+            await n.stop()
+            await n.log.close()
+            n.store.close()
