@@ -9,6 +9,7 @@ import signal
 import sys
 
 from batonmq.broker import logs, settings
+from batonmq.broker.memory import return_freed_memory
 from batonmq.broker.config import (
     ADMIN_READY_PREFIX,
     AMQP_READY_PREFIX,
@@ -81,7 +82,9 @@ async def _serve_async(config: BrokerConfig) -> int:
         print(f"{AMQP_READY_PREFIX}{broker.amqp_address}", flush=True)
     # One machine-readable line so scripts and tests know we are serving.
     print(f"{READY_PREFIX}{broker.address} node {broker.node.node_id}", flush=True)
+    trimming = asyncio.create_task(return_freed_memory(), name="baton-malloc-trim")
     await stop.wait()
+    trimming.cancel()
     print("baton: shutting down", flush=True)
     await broker.stop()
     return 0
