@@ -298,13 +298,13 @@ def scenario_takeover(
         conn.declare_queue(queue)
     a = pipeline("pipeline-a", work, cluster.addresses, queue, ck, table)
     b = pipeline("pipeline-b", work, cluster.addresses, queue, ck, table)
+    g = generator(work, cluster.addresses, queue, count, rate, "to")
     a.start()
     b.start()
     try:
         wait_until(lambda: "leading" in a.text() or "leading" in b.text(), 120, "a leader", a, b)
         wait_until(lambda: "ready" in a.text() and "ready" in b.text(), 120, "both ready", a, b)
         leader, standby = (a, b) if "leading" in a.text() else (b, a)
-        g = generator(work, cluster.addresses, queue, count, rate, "to")
         g.start()
         wait_until(lambda: committed(ck) >= count * 0.3, 300, "30% committed", a, b)
         only_one = "leading" not in standby.text() and "running" not in standby.text()
@@ -321,6 +321,7 @@ def scenario_takeover(
             wait_until(lambda: conn.queue_stats(queue)["ready"] == 0, 60, "queue empty", standby)
             result = check_table(spark, table, conn, queue, expected)
     finally:
+        g.stop(5)  # (only still running if the scenario failed early)
         a.stop()
         b.stop()
     result["only_leader_ran_query"] = only_one

@@ -187,7 +187,7 @@ def test_kafka_restart_and_a_full_disk_lose_nothing_confirmed(tmp_path: Path) ->
     report = tmp_path / "report"
     out = tmp_path / "result.json"
     done = loadtest(
-        "--preset", "latency", "--rate", "500", "--duration", "30", "--brokers", "3",
+        "--preset", "latency", "--rate", "500", "--duration", "20", "--brokers", "3",
         "--log", "kafka", "--disk-limit", "256",
         "--faults", "kafka-restart:2s@at:4; diskfull:4s@at:8", "--report", str(report),
         "--json", str(out), "--quiet",

@@ -184,19 +184,19 @@ def test_pipeline_exactly_once_across_kill9_of_the_driver(
     spark: Any, brokers: list[BrokerProcess], tmp_path: Path
 ) -> None:
     queue = "entries-kill9"
-    total = 12_000
+    total = 6_000
     bodies = list(generate(total, run="k9", seed=7))
     valid = sum(ok for _, ok in bodies)
     with clients.sync.connect(addresses(brokers)) as conn:
         conn.declare_queue(queue)
-        conn.publish_batch(queue, [b for b, _ in bodies[:8000]])
+        conn.publish_batch(queue, [b for b, _ in bodies[:4000]])
         pipeline = Pipeline(tmp_path, addresses(brokers), queue, "--no-leadership")
         pipeline.start()
         try:
             ck = str(tmp_path / "ck")
-            wait_for(lambda: (committed_position(ck) or 0) >= 3000, 90, "a committed batch", pipeline)
+            wait_for(lambda: (committed_position(ck) or 0) >= 1500, 90, "a committed batch", pipeline)
             pipeline.kill9()  # between micro-batches or in the middle of one
-            conn.publish_batch(queue, [b for b, _ in bodies[8000:]])
+            conn.publish_batch(queue, [b for b, _ in bodies[4000:]])
             pipeline.start()
             wait_for(lambda: (committed_position(ck) or 0) >= total, 120, "all committed", pipeline)
             wait_for(lambda: conn.queue_stats(queue)["ready"] == 0, 30, "queue empty", pipeline)

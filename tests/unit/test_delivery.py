@@ -44,6 +44,14 @@ async def _node(name: str, url: str) -> Node:
     return node
 
 
+async def _stop(*nodes: Node) -> None:
+    for n in nodes:
+        await n.leave()
+        await n.stop()
+        await n.log.close()
+        n.store.close()
+
+
 async def _caught_up(*nodes: Node) -> None:
     end = await nodes[0].log.end_offset()
     await eventually(lambda: all(n.state.applied >= end - 1 for n in nodes), "caught up")
@@ -75,11 +83,7 @@ async def test_a_handoff_that_finds_no_one_else_interested_leaves_the_owner_deli
         await a.submit(Enqueue("q", ((b"after", {}),)))
         await eventually(lambda: session.bodies == [b"after"], "delivered after the handoff")
     finally:
-        for n in (a, b):
-            await n.leave()
-            await n.stop()
-            await n.log.close()
-            n.store.close()
+        await _stop(a, b)
 
 
 async def test_a_late_acquire_delivers_only_what_the_consumer_still_holds_once_current(
@@ -139,8 +143,4 @@ async def test_a_broker_that_leaves_is_not_fenced_when_the_view_drops_it(
         assert fenced == []
         assert "dropped from the cluster's view" not in caplog.text
     finally:
-        for n in (a, b):
-            await n.leave()
-            await n.stop()
-            await n.log.close()
-            n.store.close()
+        await _stop(a, b)
