@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 from collections.abc import Callable
 
 __all__ = ["malloc_trim", "return_freed_memory", "TRIM_INTERVAL"]
@@ -22,12 +21,12 @@ TRIM_INTERVAL = 30.0
 
 
 def malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS).
+
+    Looked up among the symbols the process already has (its C library is loaded), not
+    with ``ctypes.util.find_library``, which runs ``ldconfig`` in a child process."""
     try:
-        fn = ctypes.CDLL(name).malloc_trim
+        fn = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_size_t]
