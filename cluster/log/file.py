@@ -98,6 +98,8 @@ except ImportError:  # pragma: no cover - a platform without it
     INotify = None
 
 _WATCH_MASK = (_in.MODIFY | _in.MOVED_TO | _in.CREATE | _in.DELETE) if INotify is not None else 0
+# Events that change which segments exist (a lost event may have been one).
+_ENTRY_CHANGES = (_in.MOVED_TO | _in.CREATE | _in.DELETE | _in.Q_OVERFLOW) if INotify is not None else 0
 
 
 def _inotify(path: str) -> INotify | None:
@@ -181,6 +183,9 @@ class _Cursor:
         self.fd, self.base, self.pos, self.next = fd, base, 0, base
         self.buf, self.buf_pos = b"", 0
         self.listed = 0.0  # when a reader last listed the directory at this cursor's end
+        # The log's count of segment entries made or removed (FileLog._entries) when a
+        # reader last found no segment after this one; -1: not looked since the switch.
+        self.entries = -1
 
     def advance(self, limit: int, out: list[Record] | None, skip_below: int = 0) -> int:
         """Parse forward; returns _LIMIT, _INVALID (bad frame at pos) or _END (no whole frame left)."""
@@ -208,6 +213,7 @@ class _Cursor:
         """Move to the start of another segment (closing this one's file)."""
         self.close()
         self.fd, self.base = fd, base
+        self.entries = -1
         self.seek(0, base)
 
     def followed_by_valid(self) -> bool:
@@ -257,6 +263,10 @@ class FileLog(Log):
         # When the watch last lost events (its queue overflowed): readers list the
         # directory afresh on their next step, as after any doubt.
         self._overflowed = 0.0
+        # Segment files the watch saw made, renamed in or removed (and overflows): a
+        # reader on the watch's loop that found no next segment since this last moved
+        # need not look again (no exists() or fstat() per step at the tail).
+        self._entries = 0
 
     @classmethod
     async def open(
@@ -367,6 +377,8 @@ class FileLog(Log):
             self._unwatch()
             self._unwatchable = True
             events = []
+        if any(e.mask & _ENTRY_CHANGES for e in events):
+            self._entries += 1  # before the wake: a woken reader looks at the directory
         if any(e.mask & _in.Q_OVERFLOW for e in events):
             # Events were lost (which ones does not matter: a wake is a wake), but the
             # readers also list the directory again rather than trust their last look.
@@ -406,12 +418,17 @@ class FileLog(Log):
         try:
             while not self._closed:
                 grown = self._grown
+                # Woken by this loop's watch, a reader may trust it to tell of new and
+                # removed segments; on another loop it polls, and looks each time.
+                watched = self._watch is not None and self._watch_loop is loop
                 if behind:
-                    step = loop.run_in_executor(None, _guard, self.url, self._read_step, cursor, max_batch, start)
+                    step = loop.run_in_executor(
+                        None, _guard, self.url, self._read_step, cursor, max_batch, start, watched
+                    )
                     batch, status = await asyncio.shield(step)
                     step = None
                 else:
-                    batch, status = _guard(self.url, self._read_step, cursor, max_batch, start)
+                    batch, status = _guard(self.url, self._read_step, cursor, max_batch, start, watched)
                 behind = len(batch) >= max_batch
                 if batch:
                     suspect = 0
@@ -644,9 +661,15 @@ class FileLog(Log):
         except FileNotFoundError:
             raise LogTruncated(f"offset {start} was truncated away while opening") from None
 
-    def _read_step(self, cursor: _Cursor, max_batch: int, start: int) -> tuple[list[Record], int]:
+    def _read_step(
+        self, cursor: _Cursor, max_batch: int, start: int, watched: bool = False
+    ) -> tuple[list[Record], int]:
         """Read up to ``max_batch`` records and say what follows them: _MORE (read on),
-        _TAIL (the end of the log for now: wait) or, with no records, _SUSPECT (worry)."""
+        _TAIL (the end of the log for now: wait) or, with no records, _SUSPECT (worry).
+
+        ``watched``: the directory watch wakes this reader and counts segment entries
+        made or removed; while that count stays where it was when this cursor last found
+        no next segment, there is none still, and its own segment is still there."""
         out: list[Record] = []
         status = cursor.advance(max_batch, out, start)
         if status == _LIMIT:
@@ -662,17 +685,21 @@ class FileLog(Log):
                 return out, _SUSPECT
             # No whole record left here: the end of the log or a full segment. (An
             # empty segment's next offset is its own base: that is no other segment.)
-            nxt = self._path(cursor.next)
-            if cursor.next != cursor.base and os.path.exists(nxt):
-                try:
-                    cursor.switch(os.open(nxt, os.O_RDONLY), cursor.next)
-                except FileNotFoundError:
-                    raise LogTruncated(f"offset {cursor.next} was truncated away") from None
-                return out, _MORE
+            entries = self._entries  # read before looking: a change after it shows next time
+            if cursor.next != cursor.base and not (watched and cursor.entries == entries):
+                nxt = self._path(cursor.next)
+                if os.path.exists(nxt):
+                    try:
+                        cursor.switch(os.open(nxt, os.O_RDONLY), cursor.next)
+                    except FileNotFoundError:
+                        raise LogTruncated(f"offset {cursor.next} was truncated away") from None
+                    return out, _MORE
+                cursor.entries = entries
         # Nothing after the last record, or a batch being written.
         quiet = pending or (status == _END and at == len(cursor.buf))
         listed_lately = cursor.listed > max(time.monotonic() - _RELIST_S, self._overflowed)
-        if out or (quiet and listed_lately and os.fstat(cursor.fd).st_nlink):
+        unchanged = watched and cursor.entries == self._entries  # no segment made or removed
+        if out or (quiet and listed_lately and (unchanged or os.fstat(cursor.fd).st_nlink)):
             # A clean end of a segment still in the directory, listed lately: nothing
             # else to learn from a listing (truncation removes a segment first).
             return out, _TAIL

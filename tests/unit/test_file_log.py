@@ -428,6 +428,48 @@ async def test_a_watch_that_lost_events_wakes_the_readers_to_look_afresh(
         await log.close()
 
 
+async def test_a_watched_reader_at_the_tail_does_not_look_for_a_next_segment_each_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the tail, woken by the directory watch, a reader looks for the next segment
+    file only after the watch saw a segment made or removed, and it still follows the
+    log into each new segment (a segment truncated away under a reader:
+    test_reader_in_a_truncated_segment_gets_truncated)."""
+    monkeypatch.setattr(file_mod, "_RELIST_S", 600.0)
+    looks = 0
+    exists = os.path.exists
+
+    def counted(path: str) -> bool:
+        nonlocal looks
+        if sys._getframe(1).f_code.co_name == "_read_step":
+            looks += 1
+        return exists(path)
+
+    monkeypatch.setattr(file_mod.os.path, "exists", counted)
+    log = await filled(tmp_path, 1, segment_bytes=2000, poll_interval=600)
+    writer = await FileLog.open(str(tmp_path), segment_bytes=2000)  # another broker's appends
+    try:
+        if log._watch_dir(asyncio.get_running_loop()) is False:
+            pytest.skip("no inotify here: readers poll and look each time")
+        seen: list[Record] = []
+        reader = asyncio.create_task(collect(log, 0, 61, into=seen))
+        await eventually(lambda: now(len(seen)), "the reader at the end", until=lambda n: n == 1)
+        before = looks
+        for i in range(20):  # 20 small appends, each read at the tail
+            await writer.append([b"x" * 10])
+            await eventually(lambda: now(len(seen)), "the append read", until=lambda n, i=i: n == i + 2)
+        assert looks - before <= 2, f"{looks - before} looks for a next segment in 20 steps"
+        # Appends that fill segments: the reader follows each new one.
+        for _ in range(40):
+            await writer.append([b"y" * 200])
+        await asyncio.wait_for(reader, TIMEOUT)
+        assert [off for off, _ in seen] == list(range(61))
+        assert len(segments(tmp_path)) > 2
+    finally:
+        await writer.close()
+        await log.close()
+
+
 async def test_a_writer_stuck_in_its_sync_does_not_hold_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
