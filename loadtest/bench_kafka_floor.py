@@ -155,14 +155,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="layer to measure; repeat (default: both)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args(argv)
-    if args.rate <= 0 or args.seconds <= 0:
-        p.error("--rate and --seconds must be positive")
     count = int(args.rate * args.seconds)
+    if count < 1:
+        p.error("--rate times --seconds must be at least one record")
     runs = {"raw": _raw, "log": _log}
     out: dict[str, Any] = {"rate": args.rate, "records": count, "size": _SIZE}
     for layer in args.layer or ["raw", "log"]:
         print(f"{layer}: {count} records of {_SIZE} bytes at {args.rate:g}/s ...", flush=True)
-        out[layer] = figures = asyncio.run(runs[layer](args.bootstrap, args.rate, count))
+        try:
+            out[layer] = figures = asyncio.run(runs[layer](args.bootstrap, args.rate, count))
+        except Exception as exc:  # Kafka unreachable, a topic not made, records not read back
+            p.exit(1, f"{p.prog}: the {layer} layer failed: {type(exc).__name__}: {exc}\n")
         for what, f in figures.items():
             print(f"  {what:8} p50 {f.get('p50', 0):8.2f}  p90 {f.get('p90', 0):8.2f}  "
                   f"p99 {f.get('p99', 0):8.2f}  max {f.get('max', 0):8.2f} ms", flush=True)

@@ -27,3 +27,14 @@ def test_the_kafka_floor_benchmark_times_every_record_of_both_layers(
             assert 0 < f["p50"] <= f["p90"] <= f["p99"] <= f["max"], (layer, what, f)
     printed = capsys.readouterr().out
     assert "raw: 400 records" in printed and "log: 400 records" in printed
+
+
+def test_the_kafka_floor_benchmark_says_so_when_kafka_cannot_be_reached(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench_kafka_floor.main(["--bootstrap", "127.0.0.1:1", "--rate", "10", "--seconds", "1"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "the raw layer failed" in err and "127.0.0.1" in err
+    assert "Traceback" not in err
