@@ -32,13 +32,7 @@ from typing import Any
 
 from batonmq import clients
 from batonmq.broker.config import ready_address
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
+from batonmq.loadtest.hist import exact_percentile
 
 
 class _Broker:
@@ -147,11 +141,11 @@ class _Load:
                         self.consumed += len(batch)
 
     def window(self, t0: float, t1: float) -> dict[str, float]:
-        lat = [lat for t, lat in self.samples if t0 <= t < t1]
+        lat = sorted(lat for t, lat in self.samples if t0 <= t < t1)
         return {
             "confirms": len(lat),
-            "p50_ms": round(_pct(lat, 0.50) * 1000, 2),
-            "p99_ms": round(_pct(lat, 0.99) * 1000, 2),
+            "p50_ms": round(exact_percentile(lat, 0.50) * 1000, 2),
+            "p99_ms": round(exact_percentile(lat, 0.99) * 1000, 2),
             "max_ms": round(max(lat, default=float("nan")) * 1000, 2),
         }
 

@@ -29,6 +29,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from batonmq.loadtest.hist import exact_percentile
+
 __all__ = ["main"]
 
 _SIZE = 1024
@@ -38,11 +40,8 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}
     s = sorted(values)
-
-    def at(q: float) -> float:
-        return round(s[min(len(s) - 1, int(q * len(s)))] * 1000, 3)
-
-    return {"n": len(s), "p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "max": at(1.0)}
+    ms = {f"p{round(q * 100)}": round(exact_percentile(s, q) * 1000, 3) for q in (0.5, 0.9, 0.99)}
+    return {"n": len(s), **ms, "max": round(s[-1] * 1000, 3)}
 
 
 async def _paced(

@@ -37,12 +37,7 @@ from typing import Any
 
 from batonmq import clients
 from batonmq.broker.config import ready_address
-
-
-def _pct(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+from batonmq.loadtest.hist import exact_percentile
 
 
 async def _run(
@@ -100,8 +95,8 @@ async def _run(
         "messages": args.messages,
         "size": args.size,
         "publish_msgs_per_s": args.messages / pub_s,
-        "confirm_p50_ms": _pct(latencies, 0.5) * 1000,
-        "confirm_p99_ms": _pct(latencies, 0.99) * 1000,
+        "confirm_p50_ms": exact_percentile(latencies, 0.5) * 1000,
+        "confirm_p99_ms": exact_percentile(latencies, 0.99) * 1000,
         "consumed": got,
         "consume_ack_msgs_per_s": got / con_s,
     }
