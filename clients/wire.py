@@ -944,11 +944,18 @@ class FrameCodec:
 
 
 def encode_fields(frame: Frame) -> list[Any]:
-    """The msgpack array for a frame: ``[op, *fields]``."""
+    """The msgpack array for a frame: ``[op, *fields]``.
+
+    Trailing fields that are None (every such field defaults to None: fields added in a
+    later version) are left out, so that a peer of an older version, which refuses a
+    frame longer than it knows, reads the frame (docs/protocol.md "Versions").
+    """
     out: list[Any] = [frame.OP]
     name: str
     for name in frame.__slots__:  # slots of a slotted dataclass are its fields, in order
         out.append(getattr(frame, name))
+    while out[-1] is None and len(out) > _REQUIRED[frame.OP] + 1:
+        out.pop()
     return out
 
 

@@ -3,7 +3,8 @@
 A record is ``[node, runtime, seq, ts, op, *fields]`` in format 1 (no version mark:
 what builds before feature flags write), and ``[format, node, runtime, seq, ts, op,
 *fields]`` from format 2 on (cluster/features.py): the cluster's format decides which
-an :class:`EventEncoder` writes, and :func:`decode` reads both.
+an :class:`EventEncoder` writes (heartbeats excepted: always format 1), and
+:func:`decode` reads both.
 
 Decoding validates shapes and types, so a malformed record (a bug, a foreign
 writer, a bit flip past the CRC) becomes :class:`MalformedEvent`, which the
@@ -27,6 +28,7 @@ from batonmq.cluster.events import (
     AnyEvent,
     EnableFeatures,
     Enqueue,
+    Heartbeat,
     Origin,
     Propose,
     Reject,
@@ -65,6 +67,7 @@ _REQUIRED: Final[dict[int, int]] = {
     for op, cls in EVENT_TYPES.items()
 }
 _POSITION_EVENTS: Final = (Accept.OP, Release.OP, Reject.OP)
+_HEARTBEAT: Final = Heartbeat.OP
 
 
 class EventEncoder:
@@ -80,7 +83,11 @@ class EventEncoder:
 
     def encode(self, origin: Origin, event: AnyEvent) -> bytes:
         items: list[Any] = [origin.node, origin.runtime, origin.seq, origin.ts, event.OP]
-        if self.format > 1:
+        # Heartbeats stay in format 1 in every format: they are how a broker of any build
+        # sees who is alive, so that one of an older build started on the log finds the
+        # live members (and asks them, and is refused naming the flags it lacks) instead
+        # of taking itself for the only live broker and forming a cluster of its own.
+        if self.format > 1 and event.OP != _HEARTBEAT:
             items.insert(0, self.format)
         name: str
         for name in event.__slots__:  # a slotted dataclass's slots are its fields

@@ -184,6 +184,7 @@ class Node:
         self.on_unlocked: Callable[[str], None] | None = None
         self.on_truncated: Callable[[], None] | None = None  # the broker restarts us
         self._fresh_enabled = False  # this leader asked a new cluster to enable its flags
+        self._refusals_said: set[str] = set()  # refused runtimes the leader logged
         self._stored_format = 1  # the format the store's "format" identity value says
 
     # -- what the parts keep, under the names the broker reads ---------------------
@@ -536,6 +537,22 @@ class Node:
             except StoreError as exc:  # said again after the next batch
                 log.warning("cannot record the store's format: %s", exc)
 
+    def _say_refusals(self) -> None:
+        """The leader says once, at WARNING, each runtime the state refused from the view
+        (a duplicate node id, a build lacking an enabled feature flag): that broker may
+        be of a build that cannot say it itself."""
+        ms = self.state.membership
+        for key, why in ms.refused.items():
+            if key in self._refusals_said:
+                continue
+            self._refusals_said.add(key)
+            if ms.leader() == self.key and key != self.key:
+                m = ms.known.get(key)
+                log.warning(
+                    "runtime %s%s is refused from the cluster's view: %s", key,
+                    f" ({m.address})" if m is not None and m.address else "", why,
+                )
+
     def _enable_fresh(self) -> None:
         """A cluster this leader has just made enables every flag its build knows (its
         first view; only this build's runtimes can be in it, or the enable is refused)."""
@@ -548,6 +565,8 @@ class Node:
         self._formats()
         ms = self.state.membership
         me = self.key
+        if len(ms.refused) > len(self._refusals_said & ms.refused.keys()):
+            self._say_refusals()
         if (
             not self._fresh_enabled and ms.view_seq == 1 and not self.state.features.enabled
             and ms.leader() == me and self.state.flagless_runtime() is None
