@@ -28,6 +28,7 @@ from batonmq.cluster.effects import (
     Stored,
 )
 from batonmq.cluster.errors import LogCorrupt, LogTruncated, StoreError
+from batonmq.cluster.events import EnableFeatures
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import UNOPENED, Log
 from batonmq.cluster.state import State
@@ -246,6 +247,15 @@ class Applier:
                             unreadable = (offset, exc.message)
                             records = records[:i]  # the batch ends before it
                             break
+                        if type(event) is EnableFeatures:
+                            unknown = state.enables_unknown(event, origin)
+                            if unknown:
+                                unreadable = (offset, (
+                                    f"it enables feature flag(s) {', '.join(unknown)}, which"
+                                    " this build does not know (a newer build's cluster)"
+                                ))
+                                records = records[:i]
+                                break
                         state.apply(offset, origin, event, out)
                     if records:
                         await self.persist(out, records[-1][0])

@@ -369,12 +369,13 @@ class State:
         return next((k for k in self.live_runtimes() if self.supported(k) is None), None)
 
     def _enable_features(self, ev: EnableFeatures) -> FeaturesEnabled:
-        """Enable flags, all or none: each must be known here and supported by every live
-        runtime (a runtime that lacks one could not read what the flag changes)."""
-        for name in ev.names:
-            if name not in FEATURES:
-                self.ignore("unsupported-feature")
-                raise InvalidArgument(f"unknown feature flag {name!r}")
+        """Enable flags, all or none: each must be announced by every live runtime (a
+        runtime that lacks one could not read what the flag changes).
+
+        The rule does not depend on knowing a flag, so replicas of every build decide
+        alike; a replica whose build does not know a flag that this rule enables never
+        gets here (:meth:`enables_unknown`: its applier stops before the record).
+        """
         new = [n for n in dict.fromkeys(ev.names) if n not in self.features.enabled]
         for key in self.live_runtimes():
             lacking = [n for n in new if n not in (self.supported(key) or ())]
@@ -387,6 +388,22 @@ class State:
         for name in new:
             self.features.enabled[name] = self.applied
         return FeaturesEnabled(enabled=new, format=self.features.format)
+
+    def enables_unknown(self, ev: EnableFeatures, origin: Origin) -> list[str]:
+        """The flags unknown to this build that applying ``ev`` would enable (every live
+        runtime announces them: a newer build's cluster, which this replica cannot
+        follow); empty when it would not enable any."""
+        unknown = [n for n in ev.names if n not in FEATURES and n not in self.features.enabled]
+        if not unknown or f"{origin.node}/{origin.runtime}" not in self.membership.member_set:
+            return []
+        if origin.seq <= self.last_seq.get(f"{origin.node}/{origin.runtime}", -1):
+            return []  # a duplicate: skipped anyway
+        if self.flagless_runtime() is not None:
+            return []
+        live = self.live_runtimes()
+        if all(n in (self.supported(k) or ()) for k in live for n in ev.names):
+            return unknown
+        return []
 
     # -- users (cluster/users.py, docs/security.md) -------------------------------------------
 
