@@ -36,8 +36,10 @@ class BrokerProcess:
         node_id: str | None = None,
         extra: list[str] | None = None,
         env: dict[str, str] | None = None,
+        module: str = "batonmq.broker",
     ) -> None:
         self.data_dir = data_dir
+        self.module = module  # run as ``python -m MODULE`` (e.g. a newer build's stand-in)
         self.env = dict(env or {})  # more environment variables (e.g. libfaketime's)
         self.log_url = log_url
         self.node_id = node_id
@@ -61,7 +63,7 @@ class BrokerProcess:
             AssertionError: it did not get ready within ``timeout`` seconds.
         """
         cmd = [
-            sys.executable, "-m", "batonmq.broker", "--log-level", "INFO", "serve",
+            sys.executable, "-m", self.module, "--log-level", "INFO", "serve",
             "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir),
         ]
         if self.log_url:
