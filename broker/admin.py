@@ -4,8 +4,8 @@
 ``baton serve --admin-listen HOST:PORT`` starts it (it is off by default). It runs on the
 broker's own event loop with aiohttp and costs nothing per message: every answer is read
 from the state this broker has applied, when asked (broker/metrics.py for ``/metrics``).
-Writes (declare, delete, purge, handover, deregister) are submitted to the log like the
-native protocol's commands and answered once applied here.
+Writes (declare, delete, purge, handover, deregister, enabling feature flags) are
+submitted to the log like the native protocol's commands and answered once applied here.
 
 Access is decided in one place, :func:`access_refusal`: only peers in ``admin_allow_from``
 are served (loopback by default; anyone else gets 403). It has no login: user checks
@@ -19,7 +19,8 @@ Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
 * ``GET /healthz``, ``GET /readyz``, ``GET /metrics``;
 * ``/api/overview``, ``/api/nodes``, ``/api/queues[/{name}[/purge|/peek|
   /messages/{position}/history]]``, ``/api/connections[/{id}]``, ``/api/consumers``,
-  ``/api/services[/{name}/handover|/{name}/candidates/{candidate}]``, ``/api/log``.
+  ``/api/services[/{name}/handover|/{name}/candidates/{candidate}]``, ``/api/log``,
+  ``/api/features[/enable]``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from aiohttp import web
 
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Delivery
+from batonmq.broker.features import enable_event, feature_list
 from batonmq.broker.history import message_history
 from batonmq.broker.inspect import MAX_PEEK, ConnectionView, list_connections, peek
 from batonmq.broker.metrics import CONTENT_TYPE, BrokerMetrics
@@ -54,6 +56,7 @@ from batonmq.cluster.errors import (
     UnknownConsumer,
 )
 from batonmq.cluster.events import DeleteQueue, Event, Handover, PurgeQueue, Resign
+from batonmq.cluster.features import FEATURES
 from batonmq.cluster.node import Node
 from batonmq.cluster.queues import validate_declare
 from batonmq.cluster.results import Result
@@ -183,7 +186,9 @@ def console_file(name: str) -> bytes:
 
 def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
     """The /readyz answer: ready when this broker is a member of the view, applying
-    (healthy) and caught up with the log (at most READY_MAX_LAG records behind)."""
+    (healthy) and caught up with the log (at most READY_MAX_LAG records behind). A broker
+    that stopped applying for good (a record its build cannot read, an internal error)
+    is never ready: ``reasons`` says why."""
     member = node.joined.is_set()
     healthy = node.healthy
     applied = node.state.applied
@@ -191,8 +196,11 @@ def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
     reasons = []
     if not member:
         reasons.append("not a member of the established view (joining, or dropped)")
-    if not healthy:
-        reasons.append("cannot read or write the log, or write the store")
+    if node.applier.stopped:
+        # For good, until a restart (an upgrade, for a record this build cannot read).
+        reasons.append(node.health.problem or "stopped applying the log (see its log)")
+    elif not healthy:
+        reasons.append(node.health.problem or "cannot read or write the log, or write the store")
     if node.catchup is not None:
         reasons.append("a join update is still bringing queues here")
     if lag is None:
@@ -206,6 +214,7 @@ def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
         "applied": applied,
         "log_end": log_end,
         "lag": lag,
+        "apply_stopped": node.applier.stopped,
         "reasons": reasons,
     }
 
@@ -310,6 +319,8 @@ class AdminServer:
         r.add_post("/api/services/{name}/handover", self.handover)
         r.add_delete("/api/services/{name}/candidates/{candidate:.+}", self.deregister)
         r.add_get("/api/log", self.log_info)
+        r.add_get("/api/features", self.features)
+        r.add_post("/api/features/enable", self.enable_features)
         return app
 
     async def start(self, host: str, port: int) -> str:
@@ -563,6 +574,35 @@ class AdminServer:
                 " listener"
             )
         return json_response(await self._submit(Resign(name, candidate)))
+
+    # -- feature flags (broker/features.py, docs/operations.md "Upgrading") -----------------
+
+    async def features(self, request: web.Request) -> web.Response:
+        return json_response(feature_list(self.broker.node.state))
+
+    async def enable_features(self, request: web.Request) -> web.Response:
+        """``{"names": [...]}`` or ``{"all": true}``: the checks and the words of the
+        native ``EnableFeatures``; a live member that lacks a flag is a conflict (409),
+        a malformed body or an unknown flag a bad request (400)."""
+        body = await self._body(request)
+        if set(body) - {"names", "all"} or ("names" in body) == ("all" in body):
+            raise InvalidArgument('give {"names": [flag, ...]} or {"all": true}')
+        if "all" in body and body["all"] is not True:
+            raise InvalidArgument('"all" must be true (or name the flags in "names")')
+        names = None if "all" in body else body["names"]
+        known = names is None or (
+            isinstance(names, list) and bool(names)
+            and all(isinstance(n, str) and n in FEATURES for n in names)
+        )
+        try:
+            # Checked here first, then again by every replica in log order (a member
+            # that joined meanwhile): either refusal names the members lacking a flag.
+            result = await self._submit(enable_event(self.broker.node.state, names))
+        except InvalidArgument as exc:
+            if known:  # well-formed and known flags: refused for a member that lacks one
+                return _error(409, type(exc).__name__, exc.message, exc.code)
+            raise
+        return json_response(result)
 
     # -- the log ----------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The ``baton`` command: global options, the subcommands (from ``cli_serve``,
-``cli_client`` and ``cli_ops``), and how an error ends the command."""
+``cli_client``, ``cli_ops``, ``cli_users`` and ``cli_features``), and how an error ends
+the command."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, cast
 
-from batonmq.broker import cli_client, cli_ops, cli_serve, cli_users, logs
+from batonmq.broker import cli_client, cli_features, cli_ops, cli_serve, cli_users, logs
 from batonmq.broker.config import LOG_FORMATS, LOG_LEVELS, package_version
 from batonmq.cluster.errors import BatonError
 
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_client.add_commands(sub)
     cli_ops.add_commands(sub)
     cli_users.add_commands(sub)
+    cli_features.add_commands(sub)
 
     from batonmq.loadtest.__main__ import add_arguments
 

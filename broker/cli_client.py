@@ -7,10 +7,12 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 from batonmq.broker.cli_ops import open_broker
 from batonmq.broker.config import DEFAULT_PORT
 from batonmq.cluster.errors import InvalidArgument
+from batonmq.cluster.features import ANNOUNCE
 
 __all__ = ["add_commands"]
 
@@ -105,8 +107,8 @@ def _topology(args: argparse.Namespace) -> int:
           f"{'  (changing)' if topo['changing'] else ''}")
     for i in topo["instances"]:
         flags = ("leader " if i["leader"] else "") + ("(this broker)" if i["local"] else "")
-        props = ",".join(f"{k}={v}" for k, v in sorted(i["properties"].items()))
-        print(f"  {i['node_id']:16} {i['role']:8} {i['address']:22} {props:20} {flags}")
+        print(f"  {i['node_id']:16} {i['role']:8} {i['address']:22}"
+              f" {_announced(i['properties']):9} {_properties(i['properties']):20} {flags}")
     print(f"this broker applied offset {topo['applied']}, digest {topo['digest'][:16]}")
     join = topo.get("join")
     if join and join.get("state") == "updating":
@@ -129,6 +131,20 @@ def _topology(args: argparse.Namespace) -> int:
     if not topo.get("member", True):
         print("this broker is not a member of the established view (joining, or fenced)")
     return status
+
+
+def _announced(properties: dict[str, Any]) -> str:
+    """How many feature flags a member's build announces (``baton feature list`` names
+    them): "no flags" for a build from before feature flags."""
+    names = properties.get(ANNOUNCE)
+    if not isinstance(names, list):
+        return "no flags"
+    return f"{len(names)} flag" + ("" if len(names) == 1 else "s")
+
+
+def _properties(properties: dict[str, Any]) -> str:
+    """A member's own properties (``--property``), without the flags it announces."""
+    return ",".join(f"{k}={v}" for k, v in sorted(properties.items()) if k != ANNOUNCE)
 
 
 def _services(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from batonmq.broker.delivery import Delivery
+from batonmq.cluster.features import FEATURES
 from batonmq.cluster.node import Node
 
 __all__ = ["BrokerMetrics", "BrokerCollector", "MetricsBroker", "CONTENT_TYPE"]
@@ -204,6 +205,7 @@ class BrokerCollector(Collector):
         yield _gauge("baton_log_truncated_before",
                      "The log's start after this broker's last truncation (as leader).",
                      node.truncated_before)
+        yield from self._features(node)
         services = GaugeMetricFamily(
             "baton_service_terms", "Terms granted so far, per service.", labels=["service"]
         )
@@ -215,6 +217,37 @@ class BrokerCollector(Collector):
             leaders.add_metric([name], 1 if s.leader is not None else 0)
         yield services
         yield leaders
+
+
+    @staticmethod
+    def _features(node: Node) -> Iterator[Metric]:
+        """Feature flags and formats (cluster/features.py), and whether applying stopped
+        for good: at a record this build cannot read (a newer build wrote it: upgrade
+        this broker) or on an internal error (a bug: restart it)."""
+        flags = node.state.features
+        enabled = GaugeMetricFamily(
+            "baton_feature_enabled",
+            "1 if the feature flag is enabled in the cluster, else 0 (replicated): every"
+            " flag this build knows, and any a newer build enabled.",
+            labels=["feature"],
+        )
+        for name in [*FEATURES, *flags.unknown()]:
+            enabled.add_metric([name], 1 if name in flags.enabled else 0)
+        yield enabled
+        yield _gauge("baton_format",
+                     "The cluster's format: the highest of its enabled flags' (1: none).",
+                     flags.format)
+        applier = node.applier
+        unreadable = applier.unreadable is not None
+        stopped = GaugeMetricFamily(
+            "baton_apply_stopped",
+            "1 while applying the log has stopped for good, by reason: unreadable (a record"
+            " this build cannot read) or error (an internal error); until a restart.",
+            labels=["reason"],
+        )
+        stopped.add_metric(["unreadable"], 1 if applier.stopped and unreadable else 0)
+        stopped.add_metric(["error"], 1 if applier.stopped and not unreadable else 0)
+        yield stopped
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

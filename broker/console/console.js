@@ -25,6 +25,7 @@ const state = {
   detail: null,        // the queue whose detail panel is open
   historySeq: 0,       // the latest history asked: older answers are dropped
   peekSeq: 0,
+  features: null,      // the last /api/features answer (for "Enable all")
 };
 
 // -- small DOM helpers (text only) -------------------------------------------------
@@ -328,6 +329,79 @@ function renderLog(info) {
   }
 }
 
+// -- feature flags (docs/operations.md "Upgrading") --------------------------------------
+
+const FLAG_BADGE = { enabled: "ok", disabled: "warn", unknown: "bad" };
+const FLAG_STATE = { enabled: "enabled", disabled: "disabled", unknown: "unknown: a newer build's" };
+
+// A member key ("node/runtime") shown by its node id; its key and address in the title.
+function memberBadges(keys, kind, addresses) {
+  if (!keys || keys.length === 0) return ["–"];
+  return keys.map((k) => {
+    const addr = addresses.get(k);
+    return el("span", { class: "badge " + kind, "data-member": k,
+      title: addr ? `${k} at ${addr}` : k }, k.split("/")[0]);
+  });
+}
+
+function enabledText(res) {
+  return res.enabled.length
+    ? `Enabled ${res.enabled.join(", ")}; the cluster's format is ${res.format}.`
+    : `Nothing changed: already enabled (the cluster's format is ${res.format}).`;
+}
+
+function enableFlags(title, names, lacking) {
+  const what = names === null ? "every feature flag this broker's build knows"
+    : `feature flag “${names[0]}”`;
+  const warn = lacking.length
+    ? ` ${lacking.join(", ")} ${lacking.length > 1 ? "do" : "does"} not support it yet:` +
+      " the broker will refuse until it is upgraded."
+    : "";
+  confirmThen(title,
+    `Enable ${what} for good? A flag cannot be disabled: a broker whose build lacks it ` +
+    `can no longer join this cluster.${warn}`,
+    "Enable", () => api("POST", "/api/features/enable",
+      names === null ? { all: true } : { names }), enabledText);
+}
+
+function renderFeatures(f, nodes) {
+  state.features = f;
+  const addresses = new Map((nodes.instances || []).map(
+    (i) => [`${i.node_id}/${i.runtime}`, i.address]));
+  setText("f-format", `cluster format ${f.format}`);
+  const rows = f.features.map((flag) => {
+    const lacking = (flag.unsupported_by || []).map((k) => k.split("/")[0]);
+    return el("tr", { "data-flag": flag.name, "data-state": flag.state },
+      el("td", { class: "flag name", "data-field": "name" }, flag.name,
+        el("span", { class: "doc" }, flag.doc)),
+      el("td", { "data-field": "state" },
+        badge(FLAG_STATE[flag.state] || flag.state, FLAG_BADGE[flag.state] || "muted")),
+      numCell("format", flag.format, flag.state === "unknown" ? "?" : fmt(flag.format)),
+      el("td", { "data-field": "since" }, flag.since || "–"),
+      el("td", { class: "badges", "data-field": "supported_by" },
+        ...memberBadges(flag.supported_by, "ok", addresses)),
+      el("td", { class: "badges", "data-field": "unsupported_by" },
+        ...memberBadges(flag.unsupported_by, "bad", addresses)),
+      el("td", { class: "actions" }, flag.state !== "disabled" ? "" :
+        el("button", { class: "btn small", "data-action": "enable",
+          title: lacking.length ? `not supported by ${lacking.join(", ")} yet` : null,
+          onclick: () => enableFlags("Enable feature flag", [flag.name], lacking) },
+          "Enable")));
+  });
+  replaceRows("features", rows, "features-empty");
+  document.getElementById("f-enable-all").disabled =
+    !f.features.some((flag) => flag.state === "disabled");
+}
+
+function setUpFeatures() {
+  document.getElementById("f-enable-all").addEventListener("click", () => {
+    const flags = (state.features && state.features.features) || [];
+    const lacking = [...new Set(flags.filter((flag) => flag.state === "disabled")
+      .flatMap((flag) => flag.unsupported_by || []).map((k) => k.split("/")[0]))];
+    enableFlags("Enable all feature flags", null, lacking);
+  });
+}
+
 // -- the queue's detail panel: peek, and a message's history --------------------------
 
 function utc(ms) {
@@ -547,11 +621,12 @@ async function poll() {
   if (state.busy) return;
   state.busy = true;
   try {
-    const [ov, nodes, queues, conns, consumers, services, logInfo] = await Promise.all([
-      api("GET", "/api/overview"), api("GET", "/api/nodes"), api("GET", "/api/queues"),
-      api("GET", "/api/connections"), api("GET", "/api/consumers"),
-      api("GET", "/api/services"), api("GET", "/api/log"),
-    ]);
+    const [ov, nodes, queues, conns, consumers, services, logInfo, features] =
+      await Promise.all([
+        api("GET", "/api/overview"), api("GET", "/api/nodes"), api("GET", "/api/queues"),
+        api("GET", "/api/connections"), api("GET", "/api/consumers"),
+        api("GET", "/api/services"), api("GET", "/api/log"), api("GET", "/api/features"),
+      ]);
     clearError();
     renderHeader(ov, nodes);
     renderCluster(ov, nodes, logInfo);
@@ -560,6 +635,7 @@ async function poll() {
     renderConsumers(consumers.consumers);
     renderServices(services.services);
     renderLog(logInfo);
+    renderFeatures(features, nodes);
   } catch (e) {
     showError(`The admin API is unreachable or failing (${e.message}). ` +
       "Showing the last figures received; retrying every " + POLL_MS / 1000 + " s.");
@@ -570,6 +646,7 @@ async function poll() {
 
 document.addEventListener("DOMContentLoaded", () => {
   setUpDetail();
+  setUpFeatures();
   poll();
   state.timer = setInterval(poll, POLL_MS);
 });

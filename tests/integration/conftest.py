@@ -37,11 +37,13 @@ class BrokerProcess:
         extra: list[str] | None = None,
         env: dict[str, str] | None = None,
         baton: Path | None = None,
+        module: str = "batonmq.broker",
     ) -> None:
         self.data_dir = data_dir
         # The build to run: this checkout's (None), or another build's ``baton``
         # executable (a rolling upgrade's older build, loadtest/builds.py).
         self.baton = baton
+        self.module = module  # else run as ``python -m MODULE`` (e.g. a newer build's stand-in)
         self.env = dict(env or {})  # more environment variables (e.g. libfaketime's)
         self.log_url = log_url
         self.node_id = node_id
@@ -84,7 +86,7 @@ class BrokerProcess:
     def launch(self) -> tuple[bytes, subprocess.Popen[bytes]]:
         """Start ``baton serve`` without waiting for it (one that will be refused never
         gets ready); the marker its output starts after, and the process."""
-        prefix = [str(self.baton)] if self.baton else [sys.executable, "-m", "batonmq.broker"]
+        prefix = [str(self.baton)] if self.baton else [sys.executable, "-m", self.module]
         cmd = [
             *prefix, "--log-level", "INFO", "serve",
             "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir),

@@ -2,7 +2,8 @@
 (docs/admin.md "Console"): what a test puts in a broker shows on the page, a purge,
 a delete, a closed connection and a handover clicked and confirmed on the page take
 effect (checked through the client too), a killed broker leaves the view, a queue's
-panel peeks at its messages and shows a message's history from the log.
+panel peeks at its messages and shows a message's history from the log, and the feature
+flags panel shows a refused enable and enables a flag.
 
 Debian's ``chromium`` and ``chromium-driver`` are used as installed (.ci/run installs
 them): Selenium is given both paths, so Selenium Manager downloads nothing. Without
@@ -26,6 +27,7 @@ import pytest
 from batonmq import clients
 from tests.helpers import eventually_sync
 from tests.integration.conftest import REPO, BrokerProcess
+from tests.integration.newer_build import MODULE, NEWER_FLAG
 from tests.integration.test_admin import ADMIN, admin_broker, admin_of
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -515,3 +517,90 @@ def test_a_queue_panel_peeks_and_shows_a_message_history_from_the_log(
         wait_for(browser, lambda: history_steps(browser) == ["enqueued"], "the new history")
         assert not loading.is_displayed()
         assert browser.find_element(By.ID, "h-state").text == "ready"
+
+
+def flag_row(browser: WebDriver, name: str) -> WebElement | None:
+    for row in browser.find_elements(By.CSS_SELECTOR, "#features tbody tr"):
+        if row.get_attribute("data-flag") == name:
+            return row
+    return None
+
+
+def test_feature_flags_panel_shows_a_refusal_then_enables_a_flag(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    """A broker of this build beside one of a "newer" build (one flag more): the newer
+    one's console lists that flag disabled with the member lacking it; enabling it shows
+    the broker's refusal naming that member; once it has left, "Enable all" enables it."""
+    log_url = f"file:{tmp_path / 'shared-log'}"
+    old = BrokerProcess(tmp_path / "old", log_url=log_url, node_id="old-build")
+    new = BrokerProcess(tmp_path / "new", log_url=log_url, node_id="new-build", extra=ADMIN,
+                        module=MODULE)
+    try:
+        old.start()
+        new.start()
+        browser.get(admin_of(new) + "/")
+
+        def lacking(name: str) -> str | None:
+            row = flag_row(browser, name)
+            return None if row is None else cell(row, "unsupported_by")
+
+        wait_for(browser, lambda: lacking(NEWER_FLAG) == "old-build", "the flag old-build lacks")
+        row = flag_row(browser, NEWER_FLAG)
+        assert row is not None and row.get_attribute("data-state") == "disabled"
+        assert cell(row, "state") == "disabled" and cell(row, "supported_by") == "new-build"
+        assert (cell(row, "format"), cell(row, "since")) == ("2", "9.9.9")
+        (who,) = row.find_elements(By.CSS_SELECTOR, 'td[data-field="unsupported_by"] .badge')
+        assert old.address in str(who.get_attribute("title"))  # where it runs
+        current = flag_row(browser, "versioned_formats")
+        assert current is not None and current.get_attribute("data-state") == "enabled"
+        assert current.find_elements(By.CSS_SELECTOR, "button") == []  # nothing to enable
+        assert browser.find_element(By.ID, "f-format").text == "cluster format 2"
+        enable_all = browser.find_element(By.ID, "f-enable-all")
+        assert enable_all.is_enabled()
+
+        # Enabling it now: the confirm says who lacks it; the broker refuses, naming it.
+        dialog = browser.find_element(By.ID, "confirm-dialog")
+        row.find_element(By.CSS_SELECTOR, 'button[data-action="enable"]').click()
+        wait_for(browser, dialog.is_displayed, "the confirm dialog")
+        text = browser.find_element(By.ID, "confirm-text").text
+        assert NEWER_FLAG in text and "old-build does not support it yet" in text, text
+        browser.find_element(By.ID, "confirm-ok").click()
+        notice = browser.find_element(By.ID, "notice")
+        wait_for(browser, notice.is_displayed, "the refusal")
+        assert "bad" in str(notice.get_attribute("class"))
+        assert "cannot enable feature flags until every member supports them" in notice.text
+        assert f"({old.address}) lacks {NEWER_FLAG}" in notice.text, notice.text
+        assert "old-build/" in notice.text
+        assert lacking(NEWER_FLAG) == "old-build"
+        row = flag_row(browser, NEWER_FLAG)
+        assert row is not None and row.get_attribute("data-state") == "disabled"
+
+        # The older broker gone, every live member has it: "Enable all" enables it.
+        old.stop()
+        wait_for(browser, lambda: lacking(NEWER_FLAG) == "–", "no member lacking it",
+                 timeout=30)
+        enable_all.click()
+        wait_for(browser, dialog.is_displayed, "the confirm dialog")
+        assert "every feature flag" in browser.find_element(By.ID, "confirm-text").text
+        browser.find_element(By.ID, "confirm-ok").click()
+        wait_for(browser, lambda: "Enabled" in notice.text, "the enable's notice")
+        assert notice.text == f"Enabled {NEWER_FLAG}; the cluster's format is 2."
+
+        def enabled() -> bool:
+            r = flag_row(browser, NEWER_FLAG)
+            return r is not None and r.get_attribute("data-state") == "enabled"
+
+        wait_for(browser, enabled, "the flag enabled")
+        row = flag_row(browser, NEWER_FLAG)
+        assert row is not None and row.find_elements(By.CSS_SELECTOR, "button") == []
+        assert not enable_all.is_enabled()
+        with clients.sync.connect(new.address) as conn:
+            states = {f["name"]: f["state"] for f in conn.list_features()}
+        assert states == {"versioned_formats": "enabled", NEWER_FLAG: "enabled"}
+        # The refused request is the only error the page logged (the browser logs it).
+        logged = page_errors(browser)
+        assert all("/api/features/enable" in e and "409" in e for e in logged), logged
+    finally:
+        new.stop()
+        old.stop()

@@ -18,6 +18,7 @@ import pytest
 
 from batonmq import clients
 from batonmq.broker.config import ready_address
+from batonmq.cluster.features import FEATURES
 from tests.helpers import eventually_sync
 from tests.integration.conftest import REPO, BrokerProcess
 from tests.integration.test_cli import baton
@@ -153,7 +154,9 @@ def test_serve_from_a_config_file_and_the_environment(tmp_path: Path) -> None:
         addr = _ready(proc)
         with clients.sync.connect(addr) as conn:
             (me,) = conn.topology()["instances"]
-        assert (me["node_id"], me["properties"]) == ("from-file", {"zone": "env", "rack": "r1"})
+        # Its properties, and the feature flags its build announces (cluster/features.py).
+        assert (me["node_id"], me["properties"]) == (
+            "from-file", {"zone": "env", "rack": "r1", "features": sorted(FEATURES)})
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=20)
@@ -315,6 +318,13 @@ MISTAKES = [
      "is not a regular expression"),
     (["permissions", "set", "nobody", "--read", ".*", "--broker", "{running}"], "no user 'nobody'"),
     (["--user", "nobody", "queues", "--broker", "{running}"], "user 'nobody' needs a password"),
+    (["feature", "list", "--broker", "{refused}"], "could not connect"),
+    (["feature", "enable", "--broker", "{running}"],
+     "name the feature flag(s) to enable, or give --all (not both)"),
+    (["feature", "enable", "x", "--all", "--broker", "{running}"], "(not both)"),
+    (["feature", "enable", "no_such_flag", "--broker", "{running}"],
+     "unknown feature flag(s) no_such_flag; this broker's build knows versioned_formats"),
+    (["feature", "frobnicate"], "invalid choice: 'frobnicate'"),
 ]
 
 
