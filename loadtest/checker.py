@@ -46,7 +46,7 @@ What it counts (each a guarantee of docs/design.md §5):
   bounds what ``lost`` can prove).
 
 Faults: a ``fault`` record of a broker going down (``kill9``, ``sigstop``, ``stop``,
-``bitflip``, ``truncate``), or of
+``bitflip``, ``truncate``, ``upgrade``), or of
 its clients cut from it (``netsplit``, ``client-partition``: the broker gives their
 messages back when it finds their connections closed), ends
 the holds of every consumer whose worker was connected to that broker (``connected``
@@ -101,7 +101,8 @@ DELAY_SLACK_NS = 5_000_000
 
 #: Fault kinds after which a broker no longer holds its consumers' messages.
 BROKER_DOWN_FAULTS = frozenset(
-    {"kill9", "sigstop", "stop", "netsplit", "client-partition", "bitflip", "truncate"}
+    {"kill9", "sigstop", "stop", "netsplit", "client-partition", "bitflip", "truncate",
+     "upgrade"}
 )
 
 def _fault_address(op: Op) -> str:
