@@ -43,7 +43,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
 }
 #: Workload overrides on the command line (None: the preset's value).
 _WORKLOAD_OPTIONS = ("messages", "producers", "consumers", "size", "rate", "queues", "window",
-                     "prefetch", "ack_batch")
+                     "prefetch", "ack_batch", "leaders")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=None, help="unconfirmed publishes per producer")
     p.add_argument("--prefetch", type=int, default=None, help="consumer prefetch")
     p.add_argument("--ack-batch", type=int, default=None, help="messages per ack batch")
+    p.add_argument("--leaders", type=int, default=None, metavar="N",
+                   help="also run N candidates for the service lt-leader, each taking the "
+                   "term in turn (Baton only; the checker proves one leader at a time)")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress lines")
     p.add_argument("--check", default=None, metavar="DIR",
                    help="do not run: check and measure the histories in DIR (a run dir, "

@@ -185,6 +185,9 @@ async def _prepare(
     if workload.work_queue and not isinstance(conn, BatonAdapter):
         await conn.close()
         raise RuntimeError(f"the {workload.name} workload uses delays and retries: Baton only")
+    if workload.leaders and not isinstance(conn, BatonAdapter):
+        await conn.close()
+        raise RuntimeError("--leaders runs candidates for a Baton service: Baton only")
     try:
         for q in workload.queue_names():
             dlq = workload.dead_letter_of(q)
@@ -338,9 +341,15 @@ def run(config: RunConfig) -> RunResult:
             )
             proc = ctx.Process(target=worker_main, args=(spec, counter, stop), name=spec.actor)
             producers.append((proc, counter))
+        # Service candidates (--leaders): one more worker, for the duration.
+        leaders = [ctx.Process(target=worker_main, name="l1", args=(WorkerSpec(
+            "leader", "l1", tuple(addresses), (), (), workload, str(run_dir / "l1.hist"),
+            config.duration, None, None, config.seed * 1000 + 900, system.adapter,
+        ), ctx.RawValue("q", 0), stop))] if workload.leaders else []
         # backlog-drain: the consumers start only once the producers are done.
-        first = producers if workload.backlog else consumers + producers
-        for p, _ in first:
+        first = [p for p, _ in (producers if workload.backlog else consumers + producers)]
+        first += leaders
+        for p in first:
             p.start()
             procs.append(p)
         t0 = time.monotonic()
@@ -378,6 +387,11 @@ def run(config: RunConfig) -> RunResult:
             p.join(5)
             if p.is_alive():
                 p.terminate()
+        for p in leaders:  # they stop at the end of the duration by themselves
+            p.join(15)
+            if p.is_alive():
+                p.terminate()  # the worker then still flushes its history (worker.py)
+                p.join(15)
         load_end = time.monotonic() - t0
         if injector is not None:
             injector.stop()  # skip faults not yet due; wait for a running one to end
