@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batonmq.cluster.errors import BatonError, InvalidArgument
-from batonmq.loadtest.builds import DONE_FILE, BuildError, build_commit, resolve_build
+from batonmq.loadtest.builds import DONE_FILE, BuildError, NoHistory, build_commit, resolve_build
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -77,7 +77,7 @@ def test_a_missing_path_is_refused_as_a_path_not_as_a_commit(tmp_path: Path) -> 
 def test_a_commit_not_in_the_history_is_a_one_line_error(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     make_repo(repo, {"a.txt": "a"})
-    with pytest.raises(BuildError, match=r"commit 0123abc is not in the history of") as err:
+    with pytest.raises(NoHistory, match=r"commit 0123abc is not in the history of") as err:
         resolve_build("0123abc", repo=repo, cache=tmp_path / "cache")
     assert "\n" not in err.value.message
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("venv-*"))
@@ -89,14 +89,14 @@ def test_a_shallow_clone_says_that_it_is_shallow(tmp_path: Path) -> None:
     shallow = tmp_path / "shallow"
     subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path / 'origin'}",
                     str(shallow)], check=True, capture_output=True)
-    with pytest.raises(BuildError, match="shallow.*git fetch --unshallow"):
+    with pytest.raises(NoHistory, match="shallow.*git fetch --unshallow"):
         build_commit(first[:10], repo=shallow, cache=tmp_path / "cache")
 
 
 def test_without_git_a_commit_cannot_be_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "empty-path").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
-    with pytest.raises(BuildError, match="needs git, which is not installed"):
+    with pytest.raises(NoHistory, match="needs git, which is not installed"):
         resolve_build("8c400b8", cache=tmp_path / "cache")
 
 
