@@ -65,6 +65,14 @@ class UpdateDonor:
             member_proof.check(
                 node.state.membership.join_keys, member, f.member, f.proof, node.node_id
             )
+            # A joiner whose build lacks an enabled flag could not read the state, nor
+            # the log from there (cluster/features.py): refused, with the flags named.
+            why = node.state.features.refusal(
+                None if not isinstance(f.features, list)
+                else frozenset(x for x in f.features if isinstance(x, str))
+            )
+            if why is not None:
+                raise AccessRefused(f"the joining broker cannot be served: {why}")
             cap = await update.capture(node, f.since, f.queues, f.state)
         except AccessRefused as exc:
             log.warning("refused a join update to %s: %s", conn.peer, exc.message)

@@ -24,6 +24,7 @@ from batonmq.broker.networks import parse_networks
 from batonmq.broker.session import Session
 from batonmq.clients import scram
 from batonmq.clients.tls import client_context, server_context
+from batonmq.cluster.features import ANNOUNCE, announced
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound
 from batonmq.cluster.events import PutUser
 from batonmq.cluster.log import Log, open_log
@@ -414,7 +415,10 @@ class Broker:
                     "address": m.address,
                     "leader": key == leader,
                     "local": key == node.key,
-                    "properties": dict(m.properties),
+                    # The operator's properties; the flags the build announces in the same
+                    # heartbeats apart (None: a build from before feature flags).
+                    "properties": {k: v for k, v in m.properties.items() if k != ANNOUNCE},
+                    "features": _sorted_or_none(announced(m.properties)),
                 }
             )
         return {
@@ -527,3 +531,7 @@ def admin_password(cfg: BrokerConfig) -> str | None:
             raise InvalidArgument(f"admin_password_file {cfg.admin_password_file} is empty")
         return password
     return os.environ.get("BATON_ADMIN_PASSWORD") or None
+
+
+def _sorted_or_none(names: frozenset[str] | None) -> list[str] | None:
+    return None if names is None else sorted(names)

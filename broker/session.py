@@ -35,6 +35,8 @@ from typing import Any, Protocol, TypeVar
 import msgpack
 
 from batonmq.broker.access import Login, Rights, list_users, user_event
+from batonmq.broker.features import enable_event, feature_list
+from batonmq.cluster.features import FEATURES
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.connection import MAX_IN_FLIGHT, ClientConnection
 from batonmq.broker.delivery import Consumer, Delivery
@@ -191,6 +193,7 @@ class Session(ClientConnection):
         self.broker = broker
         self.client_name = ""
         self.greeted = False
+        self.protocol_version = wire.PROTOCOL_VERSION  # negotiated by Hello
         self._login: Login | None = None  # a login under way
         self._hello_frame: wire.Hello | None = None
         # What the user may do; none until it logs in (a member link has no user).
@@ -448,6 +451,11 @@ class Session(ClientConnection):
             case wire.ListUsers():
                 self.rights.check_admin("list users")
                 self.send(wire.ok(f.corr, list_users(self.broker.node.state.users)))
+            case wire.ListFeatures():
+                self.send(wire.ok(f.corr, feature_list(self.broker.node.state)))
+            case wire.EnableFeatures():
+                self.rights.check_admin("enable feature flags")
+                self._submit(f.corr, enable_event(self.broker.node.state, f.names), as_is)
             case wire.Hello():
                 raise ProtocolError("Hello was already sent on this connection")
             case _:
@@ -536,17 +544,23 @@ class Session(ClientConnection):
             self.fail(AccessRefused(why))
             return
         self._member = (member, member_proof.new_nonce())
-        self._greet(f.corr, {"nonce": self._member[1]})
+        # The flags this build supports: a joiner of this version then says its own in
+        # its UpdateRequest (cluster/features.py); an older joiner ignores the key.
+        self._greet(f.corr, {"nonce": self._member[1], "features": sorted(FEATURES)})
 
     def _hello(self, f: wire.Hello) -> None:
-        if f.version != wire.PROTOCOL_VERSION:
+        # The client says the newest version it speaks; the session speaks the lower of
+        # that and this broker's newest (answered in HelloOk), so a newer client works
+        # with this broker and an older one too, down to MIN_PROTOCOL_VERSION.
+        if f.version < wire.MIN_PROTOCOL_VERSION:
             self.fail(
                 UnsupportedVersion(
                     f"protocol version {f.version} is not supported (this broker speaks "
-                    f"{wire.PROTOCOL_VERSION})"
+                    f"{wire.MIN_PROTOCOL_VERSION} to {wire.PROTOCOL_VERSION})"
                 )
             )
             return
+        self.protocol_version = min(f.version, wire.PROTOCOL_VERSION)
         self._hello_frame = f
         self.client_name = f.client_name
         if f.auth.get("mechanism") == member_proof.MECHANISM:
@@ -579,7 +593,7 @@ class Session(ClientConnection):
         self.send(
             wire.HelloOk(
                 corr,
-                wire.PROTOCOL_VERSION,
+                self.protocol_version,
                 f"baton/{self.broker.version}",
                 self.broker.node.node_id,
                 cfg.max_frame,

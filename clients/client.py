@@ -59,6 +59,8 @@ from batonmq.clients.wire import (
     DeleteUser,
     ListQueues,
     ListUsers,
+    ListFeatures,
+    EnableFeatures,
     MessageHistory,
     Peek,
     Ping,
@@ -92,6 +94,8 @@ from batonmq.cluster.results import (
     ServiceList,
     UserChanged,
     UserList,
+    FeatureList,
+    FeaturesEnabled,
 )
 
 __all__ = [
@@ -754,6 +758,27 @@ class Connection:
         corr = self._next_corr()
         result = await self._request(ListUsers(corr), corr, retry=True)
         return read_result(UserList, result).users
+
+    async def list_features(self) -> list[dict[str, Any]]:
+        """The feature flags (docs/operations.md "Upgrading"): per flag ``name``,
+        ``state`` ("enabled", "disabled", or "unknown": enabled by a newer build),
+        ``format``, ``since``, ``doc``, ``enabled_at`` (log offset, -1) and the live
+        members that support it (``supported_by``) and do not (``unsupported_by``)."""
+        corr = self._next_corr()
+        result = await self._request(ListFeatures(corr), corr, retry=True)
+        return read_result(FeatureList, result).features
+
+    async def enable_features(self, names: list[str] | None = None) -> list[str]:
+        """Enable feature flags for good (admin): ``names``, or None for every flag the
+        broker's build knows. Returns the flags newly enabled.
+
+        Raises:
+            InvalidArgument: an unknown flag, or a live member whose build lacks one
+                (named in the message): upgrade it first.
+        """
+        corr = self._next_corr()
+        result = await self._request(EnableFeatures(corr, names), corr, retry=True)
+        return read_result(FeaturesEnabled, result).enabled
 
     async def set_permissions(
         self,

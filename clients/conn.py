@@ -37,6 +37,7 @@ from batonmq.clients.results import consume_result
 from batonmq.clients.tls import NOT_TLS_HINT
 from batonmq.clients.wire import (
     DEFAULT_MAX_FRAME,
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     ConsumerCancelled,
     Expired,
@@ -202,6 +203,7 @@ class Channel:
         self.address = ""
         self.server = ""
         self.node_id = ""
+        self.protocol_version = PROTOCOL_VERSION  # the session's, from HelloOk
         self.max_frame = DEFAULT_MAX_FRAME
         self.max_message = DEFAULT_MAX_FRAME
         self.loop = asyncio.get_running_loop()
@@ -267,10 +269,14 @@ class Channel:
         exchange.verify(outcome if isinstance(outcome, bytes) else b"")
         self.user = str(hello.auth.get("user", ""))
         self.admin = hello.auth.get("admin") is True
-        if hello.version != PROTOCOL_VERSION:
+        # The broker answers with the version the session speaks: the lower of its own
+        # newest and ours (docs/protocol.md "Versions").
+        if not MIN_PROTOCOL_VERSION <= hello.version <= PROTOCOL_VERSION:
             raise UnsupportedVersion(
-                f"broker speaks protocol {hello.version}, this client {PROTOCOL_VERSION}"
+                f"broker speaks protocol {hello.version}, this client {MIN_PROTOCOL_VERSION}"
+                f" to {PROTOCOL_VERSION}"
             )
+        self.protocol_version = hello.version
         self.server = hello.server
         self.node_id = hello.node_id
         self.max_frame = hello.max_frame

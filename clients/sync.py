@@ -336,6 +336,14 @@ class SyncConnection:
         """Every user and its rights."""
         return self.run(self._conn.list_users())
 
+    def list_features(self) -> list[dict[str, Any]]:
+        """The feature flags (see :meth:`Connection.list_features`)."""
+        return self.run(self._conn.list_features())
+
+    def enable_features(self, names: list[str] | None = None) -> list[str]:
+        """Enable feature flags (see :meth:`Connection.enable_features`)."""
+        return self.run(self._conn.enable_features(names))
+
     def set_permissions(
         self,
         name: str,

@@ -30,6 +30,7 @@ from batonmq.cluster.results import RESULT_TYPES, Result
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "MIN_PROTOCOL_VERSION",
     "DEFAULT_MAX_FRAME",
     "NEED_DATA",
     "Frame",
@@ -43,6 +44,8 @@ __all__ = [
     "PutUser",
     "DeleteUser",
     "ListUsers",
+    "ListFeatures",
+    "EnableFeatures",
     "SetRights",
     "DeclareQueue",
     "DeleteQueue",
@@ -91,7 +94,12 @@ __all__ = [
     "read_result",
 ]
 
+#: The newest wire protocol version this side speaks. A client's Hello says its newest;
+#: the broker answers HelloOk with the version the session speaks, the lower of the two
+#: (docs/protocol.md "Versions"), so either side may be the newer one.
 PROTOCOL_VERSION: Final = 1
+#: The oldest version this side still speaks.
+MIN_PROTOCOL_VERSION: Final = 1
 #: Default cap on one frame (and on an incomplete frame held in the buffer).
 DEFAULT_MAX_FRAME: Final = 16 * 1024 * 1024
 
@@ -543,6 +551,10 @@ class UpdateRequest(Frame):
     state: bool
     member: str = ""
     proof: bytes = b""
+    #: The feature flags the joiner's build supports (cluster/features.py); None: it
+    #: says none (a build from before them). Sent only to a member whose HelloOk listed
+    #: its own, so that older members, which refuse a longer frame, can serve it too.
+    features: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -760,6 +772,26 @@ class SetRights(Frame):
     rights: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class ListFeatures(Frame):
+    """C->S: the feature flags (cluster/features.py), Ok({"features": [{"name", "state",
+    "format", "since", "doc", "supported_by", "unsupported_by"}, ...], "format": n})."""
+
+    OP: ClassVar[int] = 94
+    corr: int
+
+
+@dataclass(frozen=True, slots=True)
+class EnableFeatures(Frame):
+    """C->S (admin): enable these feature flags (``names``: a list; None: every flag the
+    broker's build knows). Refused while a live member does not support one.
+    Ok({"enabled": [names newly enabled], "format": n})."""
+
+    OP: ClassVar[int] = 95
+    corr: int
+    names: Any = None
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -813,6 +845,8 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         DeleteUser,
         ListUsers,
         SetRights,
+        ListFeatures,
+        EnableFeatures,
     )
 }
 
@@ -910,11 +944,18 @@ class FrameCodec:
 
 
 def encode_fields(frame: Frame) -> list[Any]:
-    """The msgpack array for a frame: ``[op, *fields]``."""
+    """The msgpack array for a frame: ``[op, *fields]``.
+
+    Trailing fields that are None (every such field defaults to None: fields added in a
+    later version) are left out, so that a peer of an older version, which refuses a
+    frame longer than it knows, reads the frame (docs/protocol.md "Versions").
+    """
     out: list[Any] = [frame.OP]
     name: str
     for name in frame.__slots__:  # slots of a slotted dataclass are its fields, in order
         out.append(getattr(frame, name))
+    while out[-1] is None and len(out) > _REQUIRED[frame.OP] + 1:
+        out.pop()
     return out
 
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from batonmq.cluster.codec import EventEncoder, MalformedEvent, decode
+from batonmq.cluster.codec import EventEncoder, MalformedEvent, UnreadableRecord, decode
 from batonmq.cluster.effects import Completed
 from batonmq.cluster.errors import (
     BatonError, LogCorrupt, LogUnavailable, MessageTooLarge, ShuttingDown, StoreError,
@@ -110,6 +110,17 @@ class Appender:
     def outbox_depth(self) -> int:
         """Events waiting for their log append to start (the metrics' outbox depth)."""
         return len(self._outbox)
+
+    @property
+    def format(self) -> int:
+        """The format records are written in (cluster/features.py)."""
+        return self._encoder.format
+
+    @format.setter
+    def format(self, fmt: int) -> None:
+        # Only ever raised, once the cluster has applied the flag that brings it: every
+        # live runtime reads it by then. Records already stamped keep their format.
+        self._encoder.format = fmt
 
     def stamp(self, event: AnyEvent) -> bytes:
         """The record of ``event`` with this runtime's next origin sequence number."""
@@ -305,7 +316,7 @@ class Appender:
             by_runtime.setdefault(runtime, []).append(seq)
             try:
                 _, event = decode(record)
-            except MalformedEvent as exc:
+            except (MalformedEvent, UnreadableRecord) as exc:
                 log.warning("outbox entry %s/%d unreadable, dropped: %s", runtime, seq, exc)
                 continue
             if type(event) in _PUBLISHES:
@@ -345,15 +356,15 @@ class Appender:
         while self._outbox and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
-    def halt(self, batch: int) -> None:
+    def halt(self, batch: int, why: str = "an internal error") -> None:
         """Applying stopped for good at the batch from offset ``batch``: refuse new
         events at once and fail the waiting ones, instead of letting their callers wait
         for an apply that will not come before a restart. A waiting event may already be
         on the log (the other brokers apply it), so its caller is told the outcome is
         unknown."""
         self.halted = (
-            f"this broker stopped applying the log at offset {batch} (an internal error,"
-            " see its log) and takes no commands until it is restarted; use another broker"
+            f"this broker stopped applying the log at offset {batch} ({why}, see its log)"
+            " and takes no commands until it is restarted; use another broker"
         )
         for fut in self._waiting.values():
             if not fut.done():

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from batonmq.cluster.codec import MalformedEvent, decode
+from batonmq.cluster.codec import MalformedEvent, UnreadableRecord, decode
 from batonmq.cluster.effects import (
     CheckpointApplied,
     Completed,
@@ -40,6 +40,11 @@ __all__ = ["Applier", "EffectListener", "Tracker"]
 CORRUPT_RECHECK_S = 30
 
 log = logging.getLogger("baton.node")
+
+
+class _Unreadable(Exception):
+    """A record this build cannot read (``args``: its offset, why): applying stops
+    before it, for good."""
 
 
 class _ApplyFailed(Exception):
@@ -98,7 +103,7 @@ class Applier:
         after_batch: Callable[[], None],
         truncated: Callable[[], None],
         joining: Callable[[], Tracker | None],
-        halted: Callable[[int], None],
+        halted: Callable[[int, str], None],
     ) -> None:
         self.node_id = node_id
         self.runtime_id = runtime_id
@@ -112,6 +117,8 @@ class Applier:
         self.lock = asyncio.Lock()
         self.keys_forgotten = 0  # publish keys below this seq are deleted from the store
         self.stopped = False  # applying stopped on an unexpected exception (see run)
+        #: Set when applying stopped at a record this build cannot read: (offset, why).
+        self.unreadable: tuple[int, str] | None = None
         self._completed = completed
         self._checkpointed = checkpointed
         self._after_batch = after_batch
@@ -129,6 +136,12 @@ class Applier:
         the broker says so once (CRITICAL, naming the segment and offset, and the
         tools: docs/operations.md), reports it in ``health``, and looks again only
         every :data:`CORRUPT_RECHECK_S` seconds, quietly (no busy retry loop).
+
+        A record this build cannot read (a format above its own or an unknown event
+        type: a newer build wrote it, ``UnreadableRecord``) is never skipped either:
+        skipping it would leave this replica unlike its peers. Applying stops before it
+        for good (CRITICAL, ``health`` false with the reason, ``unreadable`` set for the
+        metrics), the records before it applied and stored, and commands fail fast.
 
         An unexpected exception while applying a batch (a bug in the state machine or
         a store backend) stops applying for good, with a CRITICAL log and ``health``
@@ -158,6 +171,23 @@ class Applier:
                         self.state.applied, exc, self.log.url, self.log.url, CORRUPT_RECHECK_S,
                     )
                 await asyncio.sleep(CORRUPT_RECHECK_S)
+            except _Unreadable as exc:
+                offset, why = exc.args
+                self.health.ok = False
+                self.stopped = True
+                self.unreadable = (offset, why)
+                self.health.problem = (
+                    f"stopped applying at log offset {offset}: a record this build cannot"
+                    f" read ({why}); upgrade this broker"
+                )
+                log.critical(
+                    "UNREADABLE RECORD at log offset %d: %s. This broker stops applying"
+                    " there (such a record is never skipped: its peers apply it) and takes"
+                    " no commands; upgrade it to the build the other brokers run and start"
+                    " it again (it resumes from offset %d).", offset, why, self.state.applied,
+                )
+                self._halted(offset, "a record this build cannot read")
+                return
             except _ApplyFailed as exc:
                 self.health.ok = False
                 self.stopped = True
@@ -166,7 +196,7 @@ class Applier:
                     " applies nothing more until it is restarted (it resumes from the last"
                     " stored batch)", exc.args[0], exc.__cause__, exc_info=exc.__cause__,
                 )
-                self._halted(exc.args[0])
+                self._halted(exc.args[0], "an internal error")
                 return
             except LogTruncated as exc:
                 # Paused or cut off while the others truncated the log past us: this
@@ -195,9 +225,10 @@ class Applier:
         async for records in self.log.read(start):
             out: list[Effect] = []
             unopened: list[int] = []
+            unreadable: tuple[int, str] | None = None
             async with self.lock:
                 try:
-                    for offset, record in records:
+                    for i, (offset, record) in enumerate(records):
                         if record == UNOPENED:
                             # A sealed record this broker's keys do not open (a foreign
                             # writer, a retired key): skipped at its offset like every
@@ -211,25 +242,38 @@ class Applier:
                             log.warning("log offset %d: malformed record ignored: %s", offset, exc)
                             state.skip_malformed(offset)
                             continue
+                        except UnreadableRecord as exc:
+                            unreadable = (offset, exc.message)
+                            records = records[:i]  # the batch ends before it
+                            break
                         state.apply(offset, origin, event, out)
-                    await self.persist(out, records[-1][0])
+                    if records:
+                        await self.persist(out, records[-1][0])
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     raise _ApplyFailed(records[0][0]) from exc
-            if unopened:
-                # One line a batch: a writer without the key must not flood the log.
-                log.warning(
-                    "%d log records between offsets %d and %d do not open with this"
-                    " broker's keys: ignored (a writer without the key, or a retired key)",
-                    len(unopened), unopened[0], unopened[-1],
-                )
-            self.health.ok = True
-            self.health.problem = ""
-            self._dispatch(out)
-            self._after_batch()
-            self.applied_event.set()
-            self.applied_event.clear()
+            if records:
+                self._after(out, unopened)
+            if unreadable is not None:
+                raise _Unreadable(*unreadable)
+
+    def _after(self, out: list[Effect], unopened: list[int]) -> None:
+        """What follows a stored batch: the log line about unopened records, health,
+        the effects out to their listeners."""
+        if unopened:
+            # One line a batch: a writer without the key must not flood the log.
+            log.warning(
+                "%d log records between offsets %d and %d do not open with this"
+                " broker's keys: ignored (a writer without the key, or a retired key)",
+                len(unopened), unopened[0], unopened[-1],
+            )
+        self.health.ok = True
+        self.health.problem = ""
+        self._dispatch(out)
+        self._after_batch()
+        self.applied_event.set()
+        self.applied_event.clear()
 
     async def persist(self, effects: list[Effect], offset: int) -> None:
         """Write the batch's effects and snapshots atomically with ``offset`` (the

@@ -1,8 +1,17 @@
-"""The msgpack codec for log records: ``[node, runtime, seq, ts, op, *fields]``.
+"""The msgpack codec for log records (docs/events.md "Records").
+
+A record is ``[node, runtime, seq, ts, op, *fields]`` in format 1 (no version mark:
+what builds before feature flags write), and ``[format, node, runtime, seq, ts, op,
+*fields]`` from format 2 on (cluster/features.py): the cluster's format decides which
+an :class:`EventEncoder` writes (heartbeats excepted: always format 1), and
+:func:`decode` reads both.
 
 Decoding validates shapes and types, so a malformed record (a bug, a foreign
 writer, a bit flip past the CRC) becomes :class:`MalformedEvent`, which the
-applier counts and skips — the same way on every replica.
+applier counts and skips — the same way on every replica. A well-formed record of a
+format above this build's, or of an op-code this build does not know, is
+:class:`UnreadableRecord` instead: a newer build wrote it, and the applier stops
+there, loudly, rather than skip what its peers apply.
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ from batonmq.cluster.events import (
     EVENT_TYPES,
     Accept,
     AnyEvent,
+    EnableFeatures,
     Enqueue,
+    Heartbeat,
     Origin,
     Propose,
     Reject,
@@ -27,11 +38,21 @@ from batonmq.cluster.events import (
     SetRights,
 )
 
-__all__ = ["MalformedEvent", "encode", "decode", "EventEncoder"]
+from batonmq.cluster.features import MAX_FORMAT, VERSION
+
+__all__ = ["MalformedEvent", "UnreadableRecord", "encode", "decode", "EventEncoder"]
 
 
 class MalformedEvent(BatonError):
     """A log record is not a well-formed event."""
+
+    code = 1
+
+
+class UnreadableRecord(BatonError):
+    """A well-formed log record that this build cannot read: a format above
+    :data:`~batonmq.cluster.features.MAX_FORMAT` or an unknown op-code (a newer build
+    wrote it). Never skipped: the applier stops there."""
 
     code = 1
 
@@ -46,18 +67,28 @@ _REQUIRED: Final[dict[int, int]] = {
     for op, cls in EVENT_TYPES.items()
 }
 _POSITION_EVENTS: Final = (Accept.OP, Release.OP, Reject.OP)
+_HEARTBEAT: Final = Heartbeat.OP
 
 
 class EventEncoder:
     """Encodes events with one reused msgpack Packer (cheaper than packb per call)."""
 
-    __slots__ = ("_packer",)
+    __slots__ = ("_packer", "format")
 
-    def __init__(self) -> None:
+    def __init__(self, format: int = 1) -> None:
         self._packer = msgpack.Packer(use_bin_type=True)
+        #: The format records are written in: the cluster's (cluster/features.py); 1
+        #: writes no version mark, so that builds before feature flags read them.
+        self.format = format
 
     def encode(self, origin: Origin, event: AnyEvent) -> bytes:
         items: list[Any] = [origin.node, origin.runtime, origin.seq, origin.ts, event.OP]
+        # Heartbeats stay in format 1 in every format: they are how a broker of any build
+        # sees who is alive, so that one of an older build started on the log finds the
+        # live members (and asks them, and is refused naming the flags it lacks) instead
+        # of taking itself for the only live broker and forming a cluster of its own.
+        if self.format > 1 and event.OP != _HEARTBEAT:
+            items.insert(0, self.format)
         name: str
         for name in event.__slots__:  # a slotted dataclass's slots are its fields
             items.append(getattr(event, name))
@@ -76,7 +107,8 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
     """Decode one log record.
 
     Raises:
-        MalformedEvent: not msgpack, unknown op-code, wrong arity or field types.
+        MalformedEvent: not msgpack, wrong arity or field types.
+        UnreadableRecord: a format or an op-code this build does not know.
     """
     try:
         items = msgpack.unpackb(record, raw=False, use_list=True, strict_map_key=True)
@@ -84,6 +116,16 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         raise MalformedEvent(f"record is not msgpack: {exc}") from exc
     if not isinstance(items, list) or len(items) < 5:
         raise MalformedEvent("record is not an event array")
+    if type(items[0]) is int:  # format 2 on: the version mark first
+        fmt = items[0]
+        if fmt > MAX_FORMAT:
+            raise UnreadableRecord(
+                f"record of format {fmt}; this build (Baton {VERSION}) reads formats up to"
+                f" {MAX_FORMAT}"
+            )
+        if fmt < 2 or len(items) < 6:
+            raise MalformedEvent(f"bad record format mark {fmt}")
+        del items[0]
     node, runtime, seq, ts, op = items[:5]
     if not (
         isinstance(node, str)
@@ -95,7 +137,10 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         raise MalformedEvent("bad event envelope")
     names = _FIELDS.get(op)
     if names is None:
-        raise MalformedEvent(f"unknown event op-code {op}")
+        raise UnreadableRecord(
+            f"event op-code {op} is unknown to this build (Baton {VERSION}): a newer build"
+            " wrote it"
+        )
     values = items[5:]
     if not _REQUIRED[op] <= len(values) <= len(names):
         raise MalformedEvent(
@@ -130,6 +175,10 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         ):
             raise MalformedEvent("SetRights.rights must be [[right, pattern], ...]")
         values[1] = tuple((r[0], r[1]) for r in raw)
+    elif op == EnableFeatures.OP:
+        if not isinstance(values[0], list) or not all(isinstance(n, str) for n in values[0]):
+            raise MalformedEvent("EnableFeatures.names must be a list of strings")
+        values[0] = tuple(values[0])
     elif op == Propose.OP:
         if not isinstance(values[1], list) or not all(isinstance(m, str) for m in values[1]):
             raise MalformedEvent("Propose.members must be a list of strings")

@@ -28,6 +28,7 @@ from batonmq.cluster.results import (
     Deleted,
     Enqueued,
     ExchangeDeleted,
+    FeaturesEnabled,
     HandoverAsked,
     Owner,
     Purged,
@@ -67,6 +68,7 @@ __all__ = [
     "Leave",
     "Join",
     "Checkpoint",
+    "EnableFeatures",
     "Candidate",
     "Resign",
     "Handover",
@@ -514,6 +516,20 @@ class Join(Event[None]):
     member_key: bytes = b""
 
 
+@dataclass(frozen=True, slots=True)
+class EnableFeatures(Event[FeaturesEnabled]):
+    """Enable these feature flags (cluster/features.py) for good.
+
+    Applied only if every live runtime supports every one of them (its heartbeats
+    announce them); else refused, and nothing is enabled. While a runtime of a build
+    from before feature flags is live, the record is skipped as such a build skips it,
+    as ``malformed`` (it cannot decode it), so every replica counts it alike.
+    """
+
+    OP: ClassVar[int] = 72
+    names: tuple[str, ...]
+
+
 # --- retention and cross-replica checks (docs/design.md §8) -----------------------------------
 
 
@@ -635,6 +651,7 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         Leave,
         Join,
         Checkpoint,
+        EnableFeatures,
         Candidate,
         Resign,
         Handover,

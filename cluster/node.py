@@ -44,12 +44,14 @@ from batonmq.cluster.errors import (
     StoreError,
 )
 from batonmq.cluster.effects import Effect
-from batonmq.cluster.events import Event, Heartbeat, Join, Leave, Propose, Vote
+from batonmq.cluster.events import EnableFeatures, Event, Heartbeat, Join, Leave, Propose, Vote
+from batonmq.cluster.features import ANNOUNCE, FEATURES, MAX_FORMAT, VERSION
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import Log
 from batonmq.cluster.member_proof import MemberKey
 from batonmq.cluster.membership import OBSERVER, Ballot, duties
 from batonmq.cluster.queues import QueueState
+from batonmq.cluster.snapshot import FormatUnsupported
 from batonmq.cluster.state import State
 from batonmq.cluster.update import Catchup, Progress, find_donors
 from batonmq.store import Batch, Loaded, Store
@@ -129,6 +131,9 @@ class Node:
         self.tls = tls
         self.role = role
         self.properties = dict(properties or {})
+        # The feature flags this build supports, announced in every heartbeat
+        # (cluster/features.py): a flag is enabled only once every live runtime has them.
+        self.properties[ANNOUNCE] = sorted(FEATURES)
         self.address = ""
         # Set by the broker once its client port answers (docs/design.md §8: only such a
         # runtime may be asked for a join update; Heartbeat.serving).
@@ -178,6 +183,9 @@ class Node:
         self.join_report: dict[str, Any] | None = None
         self.on_unlocked: Callable[[str], None] | None = None
         self.on_truncated: Callable[[], None] | None = None  # the broker restarts us
+        self._fresh_enabled = False  # this leader asked a new cluster to enable its flags
+        self._refusals_said: set[str] = set()  # refused runtimes the leader logged
+        self._stored_format = 1  # the format the store's "format" identity value says
 
     # -- what the parts keep, under the names the broker reads ---------------------
 
@@ -251,6 +259,7 @@ class Node:
         end = await self.log.end_offset()
         first = await self.log.start_offset()
         have = loaded.meta is not None or loaded.applied >= 0
+        self._stored_format = self._check_store_format(loaded)
         if have and loaded.applied >= end:
             raise LogTruncated(
                 f"this broker's store has applied {self.log.url} up to offset {loaded.applied},"
@@ -261,6 +270,14 @@ class Node:
         why = None
         if have and self.store.get_ident("update") == "incomplete":
             why = "its last join did not finish"
+        elif have and self._stored_format > 1 and (loaded.meta is None or len(loaded.meta) <= 10):
+            # A build from before feature flags ran on this data dir after a flag was
+            # enabled: it skipped the records it could not read, so its state is not
+            # the cluster's (docs/operations.md "Upgrading").
+            why = (
+                f"its store was last written by a build that cannot read format"
+                f" {self._stored_format} (a downgrade after a feature flag was enabled)"
+            )
         elif have and loaded.applied + 1 < first:
             why = f"the log was truncated past its applied offset {loaded.applied} (it starts at {first})"
         if why is not None:
@@ -268,9 +285,11 @@ class Node:
             log.warning("node %s starts again as a new broker: %s", self.node_id, why)
             self.store.reset()
             self.store.put_ident("update", "")  # set again if an update is installed
+            self.store.put_ident("format", "")  # said again once a flag is applied
+            self._stored_format = 1
             loaded, have = Loaded(), False
         if loaded.meta is not None:
-            self.state.restore_meta(loaded.meta)
+            self.state.restore_meta(loaded.meta)  # FormatUnsupported: a downgrade
             self.state.restore_keys(loaded.keys)
             self.applier.keys_forgotten = loaded.keys[0][0] if loaded.keys else 0
         # Apart from the meta snapshot (None: a store from before exchanges: the built-ins).
@@ -278,6 +297,7 @@ class Node:
         for name, snap in loaded.queues.items():
             self.state.queues[name] = QueueState.restore(snap)
         self.state.applied = loaded.applied
+        self.appender.format = self.state.features.format
         if not have and end > first and self.join_mode != "replay":
             await self._join(first, timeout)
         elif not have and first > 0:
@@ -303,6 +323,8 @@ class Node:
         await self._admitted(timeout)
         if self.refused is not None:
             raise InvalidArgument(self.refused)
+        if self.applier.unreadable is not None:
+            raise InvalidArgument(self.health.problem)
         self.appender.resubmit_leftover()
         log.info(
             "node %s joined view %d of cluster %s as %s",
@@ -325,7 +347,7 @@ class Node:
         deadline = time.monotonic() + timeout
         alone_since: float | None = None
         said = False
-        while not self.joined.is_set():
+        while not self.joined.is_set() and self.applier.unreadable is None:
             now = time.monotonic()
             if self.role == OBSERVER and not self.state.membership.voter_alive():
                 if alone_since is None:
@@ -377,6 +399,8 @@ class Node:
                 try:
                     await catchup.begin(donors, at)
                     return
+                except FormatUnsupported:
+                    raise  # a newer build's cluster: no other member helps
                 except BatonError as exc:
                     self.catchup = None
                     log.warning("join: %s", exc)
@@ -482,11 +506,72 @@ class Node:
                 beat.add_done_callback(ignore_outcome)
             await asyncio.sleep(self.heartbeat_ms / 1000)
 
+    def _check_store_format(self, loaded: Loaded) -> int:
+        """The format the store says it holds (1: none said, an older build's store).
+
+        Raises:
+            FormatUnsupported: a newer build's store (a downgrade).
+        """
+        raw = self.store.get_ident("format")
+        fmt = int(raw) if raw and raw.isdigit() else 1
+        if fmt > MAX_FORMAT:
+            raise FormatUnsupported(
+                f"this data dir holds state of format {fmt}, which this build (Baton"
+                f" {VERSION}, formats up to {MAX_FORMAT}) cannot read: a newer build wrote"
+                " it, and a downgrade after a feature flag was enabled is not possible;"
+                " run the newer build"
+            )
+        return fmt
+
+    def _formats(self) -> None:
+        """After each applied batch: write records in the cluster's format, and say in the
+        store which format its state is in once a flag raised it."""
+        fmt = self.state.features.format
+        if fmt != self.appender.format:
+            self.appender.format = fmt
+            log.info("records are written in format %d from now on", fmt)
+        if fmt > self._stored_format:
+            try:
+                self.store.put_ident("format", str(fmt))
+                self._stored_format = fmt
+            except StoreError as exc:  # said again after the next batch
+                log.warning("cannot record the store's format: %s", exc)
+
+    def _say_refusals(self) -> None:
+        """The leader says once, at WARNING, each runtime the state refused from the view
+        (a duplicate node id, a build lacking an enabled feature flag): that broker may
+        be of a build that cannot say it itself."""
+        ms = self.state.membership
+        for key, why in ms.refused.items():
+            if key in self._refusals_said:
+                continue
+            self._refusals_said.add(key)
+            if ms.leader() == self.key and key != self.key:
+                m = ms.known.get(key)
+                log.warning(
+                    "runtime %s%s is refused from the cluster's view: %s", key,
+                    f" ({m.address})" if m is not None and m.address else "", why,
+                )
+
+    def _enable_fresh(self) -> None:
+        """A cluster this leader has just made enables every flag its build knows (its
+        first view; only this build's runtimes can be in it, or the enable is refused)."""
+        self._fresh_enabled = True
+        self.submit(EnableFeatures(tuple(FEATURES))).add_done_callback(ignore_outcome)
+
     def _membership_duties(self) -> None:
         """After each applied batch: track our own membership, and propose and vote as
         the policy says (cluster/membership.py)."""
+        self._formats()
         ms = self.state.membership
         me = self.key
+        if len(ms.refused) > len(self._refusals_said & ms.refused.keys()):
+            self._say_refusals()
+        if (
+            not self._fresh_enabled and ms.view_seq == 1 and not self.state.features.enabled
+            and ms.leader() == me and self.state.flagless_runtime() is None
+        ):
+            self._enable_fresh()
         if me in ms.refused:
             self.refused = ms.refused[me]
             self.joined.set()  # wakes start(), which raises

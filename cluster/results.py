@@ -36,6 +36,8 @@ __all__ = [
     "Routed",
     "UserChanged",
     "UserList",
+    "FeaturesEnabled",
+    "FeatureList",
     "Enqueued",
     "Counted",
     "Settled",
@@ -120,6 +122,27 @@ class UserChanged(Result):
     (DeleteUser); True for SetRights."""
 
     changed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FeaturesEnabled(Result):
+    """EnableFeatures: the flags this event enabled (those already enabled are left
+    out) and the cluster's format after it."""
+
+    enabled: list[str]
+    format: int
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureList(Result):
+    """ListFeatures: every feature flag known to the broker asked or enabled in the
+    cluster, a map each: ``name``, ``state`` ("enabled" / "disabled" / "unknown": enabled
+    by a build this broker is not), ``format``, ``since``, ``doc``, the live members
+    that support it (``supported_by``) and those that do not (``unsupported_by``);
+    and the cluster's ``format``."""
+
+    features: list[dict[str, Any]]
+    format: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +391,8 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     Routed,
     UserChanged,
     UserList,
+    FeaturesEnabled,
+    FeatureList,
     Enqueued,
     Counted,
     Settled,

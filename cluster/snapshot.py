@@ -11,6 +11,13 @@ the *digest* is a SHA-256 over all of it that checkpoints compare across replica
 Snapshots written by older versions (without services, checkpoints, a queue's
 reservation, the membership's join keys or exchanges) are still read: the missing parts
 restore empty (exchanges: the built-in ones).
+
+Formats (cluster/features.py): while no feature flag is enabled the meta snapshot is the
+format-1 list that builds before flags write and read (nine parts; a full snapshot adds
+the exchanges as a tenth). Once one is, it has an eleventh part, the feature-flag state
+``[format, [[flag, offset], ...]]``, which says the snapshot's format (the tenth is then
+None in the stored meta snapshot, which keeps the exchanges apart). A reader that finds
+a format above its own, or a flag it does not know, refuses it (:func:`check_format`).
 """
 
 from __future__ import annotations
@@ -21,14 +28,24 @@ from typing import Any, Protocol
 
 import msgpack
 
+from batonmq.cluster.errors import InvalidArgument
 from batonmq.cluster.exchanges import Exchanges
+from batonmq.cluster.features import MAX_FORMAT, VERSION, Features, snapshot_format
 from batonmq.cluster.keys import PublishKeys
 from batonmq.cluster.membership import Membership
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.services import Services
 from batonmq.cluster.users import Users
 
-__all__ = ["Replicated", "meta_snapshot", "restore_meta", "full_snapshot", "digest", "packed_queue"]
+__all__ = [
+    "Replicated", "meta_snapshot", "restore_meta", "full_snapshot", "digest", "packed_queue",
+    "check_format", "FormatUnsupported",
+]
+
+
+class FormatUnsupported(InvalidArgument):
+    """A snapshot or a store of a format, or with a feature flag enabled, that this build
+    cannot read (a newer build wrote it): refused, never half-read."""
 
 
 class Replicated(Protocol):
@@ -57,12 +74,15 @@ class Replicated(Protocol):
     def exchanges(self) -> Exchanges: ...
 
     @property
+    def features(self) -> Features: ...
+
+    @property
     def queues(self) -> dict[str, QueueState]: ...
 
 
 def meta_snapshot(r: Replicated) -> list[Any]:
     """The non-queue part of the state, canonical."""
-    return [
+    snap = [
         r.applied,
         r.clock,
         sorted(r.last_seq.items()),
@@ -75,10 +95,36 @@ def meta_snapshot(r: Replicated) -> list[Any]:
         [list(c) for c in r.checkpoints],
         r.users.snapshot(),
     ]
+    if r.features.enabled:  # format 2 on (module docstring)
+        snap += [None, r.features.snapshot()]
+    return snap
+
+
+def check_format(snap: list[Any]) -> None:
+    """Refuse a meta snapshot this build cannot read.
+
+    Raises:
+        FormatUnsupported: its format is above this build's, or it has a feature flag
+            enabled that this build does not know (a downgrade after enabling it).
+    """
+    part = snap[10] if len(snap) > 10 else None
+    fmt = snapshot_format(part)
+    probe = Features()
+    probe.restore(part)
+    unknown = probe.unknown()
+    if fmt > MAX_FORMAT or unknown:
+        what = (f"feature flag(s) {', '.join(unknown)} enabled" if unknown
+                else f"state of format {fmt}")
+        raise FormatUnsupported(
+            f"this cluster's state has {what}, which this build (Baton {VERSION}, formats up"
+            f" to {MAX_FORMAT}) cannot read: a newer build wrote it, and a downgrade after a"
+            " feature flag was enabled is not possible; run the newer build"
+        )
 
 
 def restore_meta(r: Replicated, snap: list[Any]) -> None:
     """Restore the non-queue part of ``r`` from :func:`meta_snapshot`."""
+    check_format(snap)
     r.applied, r.clock = snap[0], snap[1]
     r.last_seq = {k: v for k, v in snap[2]}
     r.ignored = {k: v for k, v in snap[3]}
@@ -92,8 +138,9 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
     r.users.restore(snap[8] if len(snap) > 8 else None)
     # A full snapshot's meta part carries the exchanges (the stored meta snapshot does
     # not: the store keeps them apart, written only when they change).
-    if len(snap) > 9:
+    if len(snap) > 9 and snap[9] is not None:
         r.exchanges.restore(snap[9])
+    r.features.restore(snap[10] if len(snap) > 10 else None)
 
 
 def full_snapshot(r: Replicated) -> list[Any]:
@@ -102,10 +149,16 @@ def full_snapshot(r: Replicated) -> list[Any]:
     return [
         # The exchanges ride in the meta part, so that the snapshot keeps its shape
         # (and a joiner from before exchanges reads it, leaving them out).
-        meta_snapshot(r) + [r.exchanges.snapshot()],
+        _with_exchanges(meta_snapshot(r), r.exchanges.snapshot()),
         [list(e) for e in r.publish_keys.entries()],
         [r.queues[name].snapshot() for name in sorted(r.queues)],
     ]
+
+
+def _with_exchanges(meta: list[Any], exchanges: list[Any]) -> list[Any]:
+    """The meta snapshot with the exchanges as its tenth part (before the feature flags'
+    from format 2 on)."""
+    return meta[:9] + [exchanges] + meta[10:]
 
 
 def packed_queue(q: QueueState) -> bytes:

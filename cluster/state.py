@@ -59,6 +59,7 @@ from batonmq.cluster.events import (
     DeleteExchange,
     DeleteQueue,
     DeleteUser,
+    EnableFeatures,
     Enqueue,
     Expire,
     Handoff,
@@ -82,6 +83,7 @@ from batonmq.cluster.events import (
     Vote,
 )
 from batonmq.cluster.exchanges import Exchanges
+from batonmq.cluster.features import FEATURES, Features, announced
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import JOIN_KEY_BYTES, VOTER, Membership
 from batonmq.cluster.queues import QueueIndex, QueueState
@@ -89,6 +91,7 @@ from batonmq.cluster.results import (
     Candidacy,
     Checkpointed,
     Deleted,
+    FeaturesEnabled,
     HandoverAsked,
     Owner,
     Result,
@@ -118,6 +121,7 @@ class State:
         self.membership = Membership(suspect_beats)
         self.services = Services()  # service leadership (cluster/services.py)
         self.users = Users()  # users and their rights (cluster/users.py)
+        self.features = Features()  # enabled feature flags (cluster/features.py)
         self.clock = 0  # largest envelope time applied, ms
         self.applied = -1  # offset of the last applied record
         self.last_seq: dict[str, int] = {}  # "node/runtime" -> last applied origin seq
@@ -168,6 +172,16 @@ class State:
 
     def apply(self, offset: int, origin: Origin, event: AnyEvent, out: list[Effect]) -> None:
         """Apply one event at log ``offset``, appending its effects to ``out``."""
+        if type(event) is EnableFeatures and self.flagless_runtime() is not None:
+            # A live runtime of a build from before feature flags cannot decode this
+            # record and skips it as malformed: every replica does the same, so that
+            # the replicas' states stay equal (cluster/features.py).
+            self.skip_malformed(offset)
+            out.append(Completed(origin.node, origin.runtime, origin.seq, None, InvalidArgument(
+                f"runtime {self.flagless_runtime()} of a build from before feature flags is"
+                " live: no flag can be enabled until it is upgraded"
+            )))
+            return
         self.applied = offset
         self._meta_dirty = True
         key = f"{origin.node}/{origin.runtime}"
@@ -265,6 +279,8 @@ class State:
                 return self._handover(ev, out)
             case PutUser() | DeleteUser() | SetRights():
                 return self._user_event(ev)
+            case EnableFeatures():
+                return self._enable_features(ev)
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
 
     def _delete_queue(self, name: str, out: list[Effect]) -> Deleted:
@@ -330,6 +346,47 @@ class State:
         if to is not None:
             self._set_owner(q, to, out)
         return Owner(q.owner)
+
+    # -- feature flags (cluster/features.py, docs/design.md §15) --------------------------------
+
+    def live_runtimes(self) -> list[str]:
+        """The runtimes a flag must be supported by: the view's members and every
+        runtime that beats and is neither suspected nor refused, in a stable order."""
+        ms = self.membership
+        out = list(ms.members)
+        out += [k for k in ms.beat_order
+                if k not in ms.member_set and k not in ms.refused and not ms.suspected(k)]
+        return out
+
+    def supported(self, key: str) -> frozenset[str] | None:
+        """The flags a runtime announces in its heartbeats (None: none, an older build;
+        or no heartbeat of it applied yet)."""
+        m = self.membership.known.get(key)
+        return None if m is None else announced(m.properties)
+
+    def flagless_runtime(self) -> str | None:
+        """A live runtime that announces no feature flags at all, if there is one."""
+        return next((k for k in self.live_runtimes() if self.supported(k) is None), None)
+
+    def _enable_features(self, ev: EnableFeatures) -> FeaturesEnabled:
+        """Enable flags, all or none: each must be known here and supported by every live
+        runtime (a runtime that lacks one could not read what the flag changes)."""
+        for name in ev.names:
+            if name not in FEATURES:
+                self.ignore("unsupported-feature")
+                raise InvalidArgument(f"unknown feature flag {name!r}")
+        new = [n for n in dict.fromkeys(ev.names) if n not in self.features.enabled]
+        for key in self.live_runtimes():
+            lacking = [n for n in new if n not in (self.supported(key) or ())]
+            if lacking:
+                self.ignore("unsupported-feature")
+                raise InvalidArgument(
+                    f"member {key} does not support feature flag(s) {', '.join(lacking)}:"
+                    " upgrade it first"
+                )
+        for name in new:
+            self.features.enabled[name] = self.applied
+        return FeaturesEnabled(enabled=new, format=self.features.format)
 
     # -- users (cluster/users.py, docs/security.md) -------------------------------------------
 
@@ -418,6 +475,12 @@ class State:
                     key, origin.node, origin.runtime, ev.role, ev.address, ev.properties, ev.hold
                 ):
                     out.append(MembersChanged(ms.view_seq, list(ms.members), [], properties=True))
+                if self.features.enabled and key not in ms.refused and key not in ms.member_set:
+                    # A build that lacks an enabled flag cannot read what it changed: it
+                    # never becomes a member (cluster/features.py).
+                    why = self.features.refusal(announced(ev.properties))
+                    if why is not None:
+                        ms.refused[key] = why
             case Leave():
                 ms.leave(key)
             case Join():

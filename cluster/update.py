@@ -49,7 +49,8 @@ from typing import Any, Protocol
 
 from batonmq.clients import wire
 from batonmq.cluster.errors import BatonError, InvalidArgument, Timeout, JoinFailed
-from batonmq.cluster.codec import MalformedEvent, decode
+from batonmq.cluster.codec import MalformedEvent, UnreadableRecord, decode
+from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import Heartbeat
 from batonmq.cluster.log import Log
 from batonmq.cluster.member_proof import MECHANISM, NONCE_BYTES, MemberKey
@@ -317,8 +318,8 @@ async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[
             for _, record in records:
                 try:
                     origin, event = decode(record)
-                except MalformedEvent:
-                    continue
+                except (MalformedEvent, UnreadableRecord):
+                    continue  # only heartbeats matter here; the applier judges the rest
                 if not isinstance(event, Heartbeat) or origin.node == node_id:
                     continue
                 if not event.serving or not event.address:
@@ -346,6 +347,9 @@ class _Link:
         self.codec = wire.FrameCodec(MAX_UPDATE_FRAME)
         self.member = member
         self.proof = b""  # the signed challenge of this connection's member
+        # Whether the member listed its feature flags in HelloOk (a build with flags):
+        # only such a member reads an UpdateRequest that lists this build's.
+        self.flags = False
 
     @classmethod
     async def open(cls, address: str, node: Joiner, timeout: float = 5.0) -> "_Link":
@@ -383,11 +387,17 @@ class _Link:
             link.close()
             raise
         link.proof = node.join_key.prove(nonce, frame.node_id)
+        link.flags = isinstance(frame.auth.get("features"), list)
         return link
 
     def request(self, corr: int, since: int, queues: list[str] | None, state: bool) -> None:
         """Send the UpdateRequest, with this connection's member proof."""
-        self.send(wire.UpdateRequest(corr, since, queues, state, self.member, self.proof))
+        if self.flags:
+            self.send(wire.UpdateRequest(
+                corr, since, queues, state, self.member, self.proof, sorted(FEATURES)
+            ))
+        else:
+            self.send(wire.UpdateRequest(corr, since, queues, state, self.member, self.proof))
 
     def send(self, frame: wire.Frame) -> None:
         self.writer.write(self.codec.send(frame))

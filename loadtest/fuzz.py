@@ -86,7 +86,7 @@ from batonmq.broker.delivery import Consumer
 from batonmq.broker.session import Session, SessionBroker
 from batonmq.clients import scram, wire
 from batonmq.cluster import codec
-from batonmq.cluster.codec import MalformedEvent
+from batonmq.cluster.codec import MalformedEvent, UnreadableRecord
 from batonmq.cluster.effects import Effect
 from batonmq.cluster.errors import ProtocolError
 from batonmq.cluster.exchanges import Exchanges
@@ -197,7 +197,7 @@ def one_events(data: bytes) -> None:
     global _TEMPLATE
     try:
         origin, event = codec.decode(data)
-    except MalformedEvent:
+    except (MalformedEvent, UnreadableRecord):
         return
     encoded = codec.encode(origin, event)
     again = codec.decode(encoded)

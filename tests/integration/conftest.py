@@ -36,8 +36,12 @@ class BrokerProcess:
         node_id: str | None = None,
         extra: list[str] | None = None,
         env: dict[str, str] | None = None,
+        baton: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # The build to run: this checkout's (None), or another build's ``baton``
+        # executable (a rolling upgrade's older build, loadtest/builds.py).
+        self.baton = baton
         self.env = dict(env or {})  # more environment variables (e.g. libfaketime's)
         self.log_url = log_url
         self.node_id = node_id
@@ -60,23 +64,7 @@ class BrokerProcess:
             RuntimeError: the broker exited before it was ready.
             AssertionError: it did not get ready within ``timeout`` seconds.
         """
-        cmd = [
-            sys.executable, "-m", "batonmq.broker", "--log-level", "INFO", "serve",
-            "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir),
-        ]
-        if self.log_url:
-            cmd += ["--log", self.log_url]
-        if self.node_id:
-            cmd += ["--node-id", self.node_id]
-        cmd += self.extra
-        env = {**os.environ, **self.env}
-        self.starts += 1
-        marker = f"== test: start {self.starts}\n".encode()
-        with open(self.log_path, "ab") as out:
-            out.write(marker)  # earlier starts' ready lines are above it
-            out.flush()
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        proc = self.proc
+        marker, proc = self.launch()
 
         def ready() -> str | None:
             text = self.log_path.read_bytes().rsplit(marker, 1)[-1].decode(errors="replace")
@@ -92,6 +80,32 @@ class BrokerProcess:
         port = int(address.rpartition(":")[2])
         assert self.port in (0, port), f"restarted on port {port}, not {self.port}"
         self.port = port
+
+    def launch(self) -> tuple[bytes, subprocess.Popen[bytes]]:
+        """Start ``baton serve`` without waiting for it (one that will be refused never
+        gets ready); the marker its output starts after, and the process."""
+        prefix = [str(self.baton)] if self.baton else [sys.executable, "-m", "batonmq.broker"]
+        cmd = [
+            *prefix, "--log-level", "INFO", "serve",
+            "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir),
+        ]
+        if self.log_url:
+            cmd += ["--log", self.log_url]
+        if self.node_id:
+            cmd += ["--node-id", self.node_id]
+        cmd += self.extra
+        env = {**os.environ, **self.env}
+        self.starts += 1
+        marker = f"== test: start {self.starts}\n".encode()
+        with open(self.log_path, "ab") as out:
+            out.write(marker)  # earlier starts' ready lines are above it
+            out.flush()
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        return marker, self.proc
+
+    def output_since(self, marker: bytes) -> str:
+        """What the broker printed since ``marker`` (its last :meth:`launch`)."""
+        return self.log_path.read_bytes().rsplit(marker, 1)[-1].decode(errors="replace")
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from batonmq.clients import wire
+from batonmq.cluster.features import FEATURES
 from batonmq.cluster import codec
 from batonmq.cluster.errors import AccessRefused
 from batonmq.cluster.events import Join, Origin
@@ -108,8 +109,13 @@ async def test_a_join_update_is_served_only_to_a_proven_member(
     with member_session(donor.address, member) as (raw, nonce, node_id):
         refused(raw, wire.UpdateRequest(raw.next_corr(), since, None, True, member, old_proof),
                 "does not verify")  # replayed on another connection: another nonce
+        proof = key.prove(nonce, node_id)
+        # A joiner that lists no feature flags (a build from before them) is refused: this
+        # cluster enabled every flag at its start.
+        refused(raw, wire.UpdateRequest(raw.next_corr(), since, None, True, member, proof),
+                f"feature flag(s) {', '.join(FEATURES)} enabled")
         corr = raw.next_corr()
-        raw.send(wire.UpdateRequest(corr, since, None, True, member, key.prove(nonce, node_id)))
+        raw.send(wire.UpdateRequest(corr, since, None, True, member, proof, sorted(FEATURES)))
         served = raw.read()
         assert isinstance(served, wire.UpdateState) and served.corr == corr, served
         assert served.applied >= since and served.snapshot is not None

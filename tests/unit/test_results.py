@@ -17,7 +17,9 @@ import pytest
 from batonmq.clients import wire
 from batonmq.clients.wire import FrameCodec, read_result, result_map
 from batonmq.cluster.errors import ProtocolError
+from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import (
+    EnableFeatures,
     EVENT_TYPES,
     Accept,
     AcceptThrough,
@@ -53,6 +55,8 @@ from batonmq.cluster.events import (
     SetRights,
 )
 from batonmq.cluster.results import (
+    FeatureList,
+    FeaturesEnabled,
     RESULT_TYPES,
     AcceptedThrough,
     Bound,
@@ -105,6 +109,11 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
         {"queues": ["a", "b"], "positions": [0, 7], "full": ["c"], "missing": []},
     ),
     (UserChanged(changed=True), {"changed": True}),
+    (FeaturesEnabled(enabled=["versioned_formats"], format=2), {"enabled": ["versioned_formats"], "format": 2}),
+    (
+        FeatureList([{"name": "versioned_formats", "state": "enabled"}], 2),
+        {"features": [{"name": "versioned_formats", "state": "enabled"}], "format": 2},
+    ),
     (UserList([{"name": "alice", "admin": False}]), {"users": [{"name": "alice", "admin": False}]}),
     (Enqueued(7, 2), {"first_position": 7, "count": 2}),
     (Enqueued(7, 2, [7, 3]), {"first_position": 7, "count": 2, "positions": [7, 3]}),
@@ -297,6 +306,10 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, Resign("svc", f"{a}/s1"))
     apply(a, Checkpoint())
     apply(a, Heartbeat("voter", "addr", {}))
+    flags = {"features": sorted(FEATURES)}
+    apply(a, Heartbeat("voter", "addr", flags))
+    apply(b, Heartbeat("voter", "addr", flags))
+    apply(a, EnableFeatures(tuple(FEATURES)))
     creds = (GUEST_SALT, GUEST_COST, GUEST_STORED_KEY, GUEST_SERVER_KEY)
     apply(a, PutUser("alice", *creds, False))
     apply(a, SetRights("alice", (("read", "q.*"),)))

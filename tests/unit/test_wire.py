@@ -33,6 +33,8 @@ SAMPLES: dict[type[Frame], Frame] = {
                                            "stored_key": b"k" * 32, "server_key": b"v" * 32}, False),
     wire.DeleteUser: wire.DeleteUser(4, "alice"),
     wire.ListUsers: wire.ListUsers(5),
+    wire.ListFeatures: wire.ListFeatures(7),
+    wire.EnableFeatures: wire.EnableFeatures(8, ["versioned_formats"]),
     wire.SetRights: wire.SetRights(6, "alice", {"read": "jobs\\..*", "write": ""}),
     wire.Ok: wire.Ok(7, {"position": 42, "nested": {"a": [1, 2.5, None, True]}}),
     wire.Error: wire.Error(0, errors.ShuttingDown.code, "bye"),
