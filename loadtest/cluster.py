@@ -26,10 +26,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
-
 from batonmq.broker.config import amqp_ready_address, ready_address
 from batonmq.clients import sync as client_sync
+from batonmq.cluster.errors import BatonError
 from batonmq.loadtest.netfaults import Toxiproxy
 
 __all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIPT", "LIBFAKETIME"]
@@ -480,51 +479,48 @@ class BatonCluster:
         self.wait_member(b, timeout)
         return victim.name
 
-    def enable_features(self, b: Broker, timeout: float = 60.0) -> list[str]:
-        """Enable every feature flag through one broker (the client's
-        ``Connection.enable_features()``, no names: all of them), then wait until every
-        running broker lists each of them enabled (``Connection.list_features()``).
+    def enable_features(self, b: Broker, timeout: float = 60.0) -> tuple[list[str], list[str]]:
+        """Enable every feature flag through one broker (``await
+        conn.enable_features()``, no names: all its build knows), then wait until every
+        running broker lists each of them enabled (``conn.list_features()``).
 
         Returns:
-            The features' names, as the broker answered the call.
+            The flags the call newly enabled, and every flag the broker knows.
 
         Raises:
-            RuntimeError: the client has no feature-flag calls (a build before them), a
-                feature could not be enabled (the members that do not support it are
-                named), or a broker did not list them all enabled within ``timeout``.
+            RuntimeError: the call was refused (a live member whose build lacks a flag
+                is named), or a broker did not list every flag enabled within
+                ``timeout``.
         """
         deadline = time.monotonic() + timeout
-        with client_sync.connect(b.address, timeout=30.0) as conn:
-            answer = conn.run(_feature_call(conn.connection, "enable_features")())
-        refused = [f for f in answer if f.get("state") != "enabled"]
-        if refused:
-            raise RuntimeError("not enabled: " + "; ".join(
-                f"{f.get('name')} ({f.get('state')}, unsupported by"
-                f" {','.join(map(str, f.get('unsupported_by') or [])) or 'nobody'})"
-                for f in refused))
-        names = sorted(str(f.get("name")) for f in answer)
-        last: dict[str, str] = {}
+        try:
+            with client_sync.connect(b.address, timeout=30.0) as conn:
+                newly = conn.run(conn.connection.enable_features())
+                names = sorted(str(f["name"]) for f in conn.run(conn.connection.list_features()))
+        except BatonError as exc:
+            raise RuntimeError(f"enable_features through {b.node_id}: {exc.message}") from exc
         while True:
-            last = {}
+            last: dict[str, str] = {}
             for other in self.running():
                 try:
                     with client_sync.connect(other.address, timeout=5.0,
                                              failover=False) as conn:
-                        listing = conn.run(_feature_call(conn.connection, "list_features")())
-                except Exception as exc:  # noqa: BLE001 - reported if it never gets there
-                    last[other.node_id] = f"{type(exc).__name__}: {exc}"
+                        listing = conn.run(conn.connection.list_features())
+                except BatonError as exc:
+                    last[other.node_id] = f"{type(exc).__name__}: {exc.message}"
                     continue
-                off = sorted(str(f.get("name")) for f in listing if f.get("state") != "enabled")
-                missing = sorted(set(names) - {str(f.get("name")) for f in listing})
-                if off or missing:
-                    last[other.node_id] = f"disabled {off}, unknown {missing}"
+                states = {str(f["name"]): str(f["state"]) for f in listing}
+                off = {n: states.get(n, "missing") for n in names if states.get(n) != "enabled"}
+                if off:
+                    last[other.node_id] = ", ".join(f"{n} {state}" for n, state in off.items())
             if not last:
-                return names
+                return sorted(newly), names
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"features {names} not enabled on every broker after {timeout:g}s: {last}"
+                    f"the feature flags {names} are not enabled on every broker after"
+                    f" {timeout:g}s: {last}"
                 )
-            time.sleep(0.25)
+            time.sleep(0.25)  # polling the brokers: the EnableFeatures event is applied
 
     def view_of(self, b: Broker) -> str:
         """The established view a broker reports (``?`` if it does not answer in 5 s)."""
@@ -683,22 +679,6 @@ class ExternalSystem:
     def processes(self) -> dict[str, int]:
         """No processes of ours to sample."""
         return {}
-
-
-def _feature_call(conn: object, name: str) -> Any:
-    """``conn.<name>`` of the client's feature-flag calls (``enable_features``,
-    ``list_features``: each answers ``[{"name", "state", "supported_by",
-    "unsupported_by"}, ...]``).
-
-    Raises:
-        RuntimeError: this client has no such call (a build before feature flags).
-    """
-    call = getattr(conn, name, None)
-    if call is None:
-        raise RuntimeError(
-            f"this build's client has no Connection.{name}(): it predates feature flags"
-        )
-    return cast(Any, call)
 
 
 def _kafka(*args: str, timeout: float, env: dict[str, str] | None = None) -> str:

@@ -408,8 +408,9 @@ class FaultInjector(threading.Thread):
             b = self._pick_broker(ev)
             detail = f"node={b.node_id} address={b.client_address or b.address}"
             self._note(w, ev.kind, 0, detail)
-            names = s.enable_features(b)
-            self._note(w, ev.kind, 1, f"{detail} enabled={','.join(names) or '-'}")
+            newly, names = s.enable_features(b)
+            self._note(w, ev.kind, 1, f"{detail} enabled={','.join(newly) or '-'}"
+                                      f" features={','.join(names) or '-'}")
         elif ev.kind == "kafka-restart":
             self._note(w, ev.kind, 0, "")
             s.kafka_restart(ev.duration)
