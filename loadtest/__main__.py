@@ -4,6 +4,7 @@
     python -m batonmq.loadtest --system baton --system rabbitmq --system nats --report DIR
     python -m batonmq.loadtest --system nats --system nats-sync --peer-nodes 1
     python -m batonmq.loadtest --preset latency --faults "kill9,sigstop,join@30s" --duration 300
+    python -m batonmq.loadtest --old-build 8c400b8 --faults "upgrade@5s" --duration 30
     python -m batonmq.loadtest --config run.toml
     python -m batonmq.loadtest --check DIR     # re-check a kept run (or report) directory
 
@@ -34,6 +35,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "log": None,
     "faults": None,
     "disk_limit": None,
+    "old_build": None,
     "json": None,
     "report": None,
     "seed": 1,
@@ -41,7 +43,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
 }
 #: Workload overrides on the command line (None: the preset's value).
 _WORKLOAD_OPTIONS = ("messages", "producers", "consumers", "size", "rate", "queues", "window",
-                     "prefetch", "ack_batch")
+                     "prefetch", "ack_batch", "leaders")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk-limit", type=int, default=None, metavar="MB",
                    help="put the brokers' data dirs and file log on a tmpfs of MB MiB "
                    "(needed by the diskfull fault; root)")
+    p.add_argument("--old-build", default=None, metavar="DIR|COMMIT",
+                   help="start the brokers on another build of Baton: a venv dir, a baton "
+                   "executable, or a commit of this repository (built once into a cached "
+                   "venv); the 'upgrade' fault restarts them on this build")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
     p.add_argument("--report", default=None, metavar="DIR",
                    help="keep the runs (one sub-dir per system) and write DIR/report.html "
@@ -88,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=None, help="unconfirmed publishes per producer")
     p.add_argument("--prefetch", type=int, default=None, help="consumer prefetch")
     p.add_argument("--ack-batch", type=int, default=None, help="messages per ack batch")
+    p.add_argument("--leaders", type=int, default=None, metavar="N",
+                   help="also run N candidates for the service lt-leader, each taking the "
+                   "term in turn (Baton only; the checker proves one leader at a time)")
     p.add_argument("--quiet", action="store_true", default=None, help="no progress lines")
     p.add_argument("--check", default=None, metavar="DIR",
                    help="do not run: check and measure the histories in DIR (a run dir, "
@@ -235,6 +244,19 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (RuntimeError, ImportError) as exc:
         print(f"loadtest: {exc}", file=sys.stderr)
         return 2
+    old_build: str | None = None
+    if opts["old_build"]:
+        from batonmq.cluster.errors import BatonError
+        from batonmq.loadtest.builds import resolve_build
+
+        try:
+            old_build = str(resolve_build(
+                str(opts["old_build"]),
+                progress=lambda line: print(f"loadtest: {line}", file=sys.stderr, flush=True),
+            ))
+        except BatonError as exc:
+            print(f"loadtest: --old-build: {exc.message}", file=sys.stderr)
+            return 2
     disk_limit = opts["disk_limit"]
     if disk_limit is None and any(f.kind == "diskfull" for f in faults):
         disk_limit = 1024  # diskfull needs a size-limited data dir: a 1 GiB tmpfs
@@ -256,6 +278,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             faults=tuple(faults) if system == "baton" else (),
             faults_spec=(opts["faults"] or "") if system == "baton" else "",
             disk_limit_mb=disk_limit if system == "baton" else None,
+            old_build=old_build if system in ("baton", "baton-amqp") else None,
         )
         try:
             result = run(config)

@@ -197,6 +197,17 @@ class BatonAdapter:
         await consumer.start()
         return _BatonSubscription(consumer)
 
+    # -- service leadership (Baton only) ---------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """The connection ended (failover gave up, or it was closed)."""
+        return self.conn.closed
+
+    def lead(self, service: str, timeout: float | None) -> clients.Term:
+        """Run for leader of ``service``: ``async with adapter.lead(...) as term``."""
+        return self.conn.lead(service, timeout=timeout)
+
     async def depth(self, queue: str) -> tuple[int, dict[str, Any]]:
         stats = await self.conn.queue_stats(queue)
         held = int(stats.get("ready", 0)) + int(stats.get("acquired", 0))

@@ -21,8 +21,9 @@ short (killed, a full disk) is made again from scratch. A lock file per commit
 (``lock-<sha>``, ``fcntl.flock``) keeps two processes from building one commit at
 once: the second waits, then finds the build done.
 
-Errors are :class:`BuildError` (git missing, not a git checkout, a commit not in the
-history, e.g. of a shallow clone, a failed pip install with pip's last lines) or
+Errors are :class:`BuildError` (a failed pip install, with pip's last lines), its
+subclass :class:`NoHistory` (git missing, not a git checkout, a commit not in the
+history, e.g. of a shallow clone: nothing to build from) or
 :class:`~batonmq.cluster.errors.InvalidArgument` (a path that is no venv or executable):
 one line for a command line, no traceback.
 """
@@ -43,6 +44,7 @@ from batonmq.cluster.errors import BatonError, InvalidArgument
 __all__ = [
     "BuildError",
     "DONE_FILE",
+    "NoHistory",
     "build_commit",
     "cache_root",
     "repo_root",
@@ -67,7 +69,12 @@ class BuildError(BatonError):
     """Another build of Baton could not be found or made (the message says why)."""
 
 
-class _NoSuchCommit(BuildError):
+class NoHistory(BuildError):
+    """There is no history to build a commit from: git is missing, the code is not in a
+    git checkout, or the checkout does not have the commit (a shallow clone)."""
+
+
+class _NoSuchCommit(NoHistory):
     """The revision names no commit of the repository's history."""
 
 
@@ -85,7 +92,7 @@ def _git(args: list[str], cwd: Path, timeout: float = 120.0) -> subprocess.Compl
             stdin=subprocess.DEVNULL,
         )
     except FileNotFoundError as exc:
-        raise BuildError(
+        raise NoHistory(
             "building Baton from a commit needs git, which is not installed (or not on PATH);"
             " give a venv dir or a baton executable instead"
         ) from exc
@@ -102,13 +109,13 @@ def repo_root(start: Path | None = None) -> Path:
     """The top of the git checkout holding ``start`` (default: this module's folder).
 
     Raises:
-        BuildError: git is missing, or ``start`` is not inside a git checkout (Baton
+        NoHistory: git is missing, or ``start`` is not inside a git checkout (Baton
             installed from a wheel: give a venv or an executable instead of a commit).
     """
     where = start if start is not None else Path(__file__).resolve().parent
     done = _git(["rev-parse", "--show-toplevel"], cwd=where)
     if done.returncode != 0:
-        raise BuildError(
+        raise NoHistory(
             f"{where} is not in a git checkout ({_last_lines(done.stderr, 1)}), so it cannot"
             " build another commit of Baton; give a venv dir or a baton executable instead"
         )
@@ -119,11 +126,11 @@ def _full_commit(commit: str, repo: Path) -> str:
     """The full hash of ``commit`` in ``repo``.
 
     Raises:
-        BuildError: it names no commit of the repository's history (saying so when the
+        NoHistory: it names no commit of the repository's history (saying so when the
             clone is shallow).
     """
     if not commit or commit.startswith("-"):
-        raise BuildError(f"{commit!r} is not a commit")
+        raise InvalidArgument(f"{commit!r} is not a commit")
     done = _git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], cwd=repo)
     if done.returncode == 0 and done.stdout.strip():
         return done.stdout.strip()
@@ -160,7 +167,8 @@ def resolve_build(
     Raises:
         InvalidArgument: ``spec`` is a directory without ``bin/baton``, or a file that
             is not executable.
-        BuildError: ``spec`` is no path, and no commit could be built from it.
+        BuildError: ``spec`` is no path, and no commit could be built from it
+            (:class:`NoHistory`: there is no such commit here to build).
     """
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -209,8 +217,9 @@ def build_commit(
         ``<cache>/venv-<sha>/bin/baton``.
 
     Raises:
-        BuildError: git is missing, ``repo`` is no checkout, ``commit`` is not in its
-            history, another process held the build's lock over ``lock_timeout``, or a
+        NoHistory: git is missing, ``repo`` is no checkout, or ``commit`` is not in its
+            history.
+        BuildError: another process held the build's lock over ``lock_timeout``, or a
             step failed (pip's last lines are in the message).
     """
     root = repo if repo is not None else repo_root()

@@ -44,9 +44,16 @@ What it counts (each a guarantee of docs/design.md §5):
 - ``poison_loop`` (§5.5): a delivery whose delivery count reached the queue's limit.
 - ``pending``: messages still ready or acquired after the drain (not a violation; it
   bounds what ``lost`` can prove).
+- ``two_leaders`` (§7): a candidate's term of a service began (its ``lead`` record)
+  while another candidate's term of that service had not ended (its ``lead-end``
+  record, or a fault of the broker its connection was on, as for holds below): one
+  leader at a time. A candidate records the end of its term before it resigns, and the
+  next term is granted only after the resign is applied.
+- ``token_order`` (§7): a term whose fencing token is not larger than an earlier term's
+  token of the same service.
 
 Faults: a ``fault`` record of a broker going down (``kill9``, ``sigstop``, ``stop``,
-``bitflip``, ``truncate``), or of
+``bitflip``, ``truncate``, ``upgrade``), or of
 its clients cut from it (``netsplit``, ``client-partition``: the broker gives their
 messages back when it finds their connections closed), ends
 the holds of every consumer whose worker was connected to that broker (``connected``
@@ -58,6 +65,8 @@ A delivery that reaches a worker through that broker while the fault lasts, on t
 connection it had when the fault began, was sent before the fault (a paused, killed or
 cut-off broker sends nothing): it starts no hold either. One after the fault's end
 does: a broker resumed after a pause must not hand out what the cluster gave others.
+Service terms follow the same rules: a fault of a candidate's broker ends its term, and
+a term granted through that broker while the fault lasts starts none.
 
 Systems without queue positions (RabbitMQ) record position -1: their holds and accepts
 are keyed by message id instead, and their order is not checked.
@@ -87,6 +96,8 @@ VIOLATIONS = (
     "split_brain",
     "early_delivery",
     "early_retry",
+    "two_leaders",
+    "token_order",
 )
 
 #: Where the lost messages were in their queues (they sum to ``lost``; see module doc).
@@ -101,7 +112,8 @@ DELAY_SLACK_NS = 5_000_000
 
 #: Fault kinds after which a broker no longer holds its consumers' messages.
 BROKER_DOWN_FAULTS = frozenset(
-    {"kill9", "sigstop", "stop", "netsplit", "client-partition", "bitflip", "truncate"}
+    {"kill9", "sigstop", "stop", "netsplit", "client-partition", "bitflip", "truncate",
+     "upgrade"}
 )
 
 def _fault_address(op: Op) -> str:
@@ -228,6 +240,11 @@ class _Checker:
         self.retry_after: dict[tuple[str, str], int] = {}
         self.retry_ns: dict[str, int] = {}
 
+        # Service leadership: service -> candidate actor -> its open term's lead record;
+        # service -> the largest fencing token granted so far, with its record.
+        self.terms: dict[str, dict[str, Op]] = defaultdict(dict)
+        self.top_token: dict[str, Op] = {}
+
     def broker_of(self, actor: str) -> str:
         """The broker an actor's worker is connected to now (from ``connected`` records)."""
         return self.worker_address.get(actor.split("/", 1)[0], UNKNOWN_BROKER)
@@ -272,6 +289,37 @@ class _Checker:
                 if self.held_by[consumer]:
                     self.stats["holds_ended_by_faults"] += len(self.held_by[consumer])
                 self.end_consumer(consumer, "")
+        for terms in self.terms.values():
+            for candidate in [c for c in terms if c.split("/", 1)[0] in workers]:
+                del terms[candidate]
+                self.stats["terms_ended_by_faults"] += 1
+
+    def lead(self, op: Op) -> None:
+        """A candidate leads ``op.queue`` with fencing token ``op.count`` from now on."""
+        self.stats["terms"] += 1
+        if self.cut_workers.get(op.actor.split("/", 1)[0]):
+            # Granted through a broker that is down: the fault ended it (module doc).
+            self.stats["terms_from_down_brokers"] += 1
+            return
+        service = op.queue
+        top = self.top_token.get(service)
+        if top is not None and op.count <= top.count:
+            self.flag(
+                "token_order",
+                f"{service}: {op.actor} leads with token {op.count} at t={op.t}, not above"
+                f" {top.actor}'s token {top.count} at t={top.t}",
+            )
+        if top is None or op.count > top.count:
+            self.top_token[service] = op
+        terms = self.terms[service]
+        for other, began in terms.items():
+            if other != op.actor:
+                self.flag(
+                    "two_leaders",
+                    f"{service}: {op.actor} leads (token {op.count}) at t={op.t} while"
+                    f" {other} leads (token {began.count}) since t={began.t}",
+                )
+        terms[op.actor] = op
 
     def broker_up(self, op: Op) -> None:
         """The fault that took a broker away is over: deliveries through it start holds
@@ -458,6 +506,10 @@ class _Checker:
                     self.dlq[op.queue] = settings["dead_letter"]
                 if settings.get("retry_ms", "").isdigit():
                     self.retry_ns[op.queue] = int(settings["retry_ms"]) * 1_000_000
+            elif kind == OpKind.LEAD:
+                self.lead(op)
+            elif kind == OpKind.LEAD_END:
+                self.terms[op.queue].pop(op.actor, None)
             elif kind == OpKind.FINAL:
                 self.counts["pending"] += max(0, op.count)
             elif kind == OpKind.CONNECTED:

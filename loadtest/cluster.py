@@ -6,6 +6,11 @@ SIGSTOP / SIGCONT, join a new broker on a fresh data dir, restart the Kafka brok
 harness started (``--log kafka``), fill the size-limited filesystem under the
 brokers' data dirs and the file log (``--disk-limit``), and, with ``net=True``, cut or
 slow network links through Toxiproxy (:mod:`batonmq.loadtest.netfaults`).
+
+With ``old_baton`` (``--old-build``: another build's ``baton`` executable, made by
+:mod:`batonmq.loadtest.builds`) the brokers start on that build, and :meth:`BatonCluster.upgrade`
+restarts one at a time on the running build (``python -m batonmq.broker`` of this
+interpreter) on the same data dir, log and ports: a rolling upgrade.
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from batonmq.broker.config import amqp_ready_address, ready_address
 from batonmq.clients import sync as client_sync
+from batonmq.cluster.errors import BatonError
 from batonmq.loadtest.netfaults import Toxiproxy
 
 __all__ = ["Broker", "BatonCluster", "ExternalSystem", "free_port", "KAFKA_SCRIPT", "LIBFAKETIME"]
@@ -61,6 +66,8 @@ class Broker:
             cluster's).
         amqp_address: its AMQP listener's ``127.0.0.1:PORT`` (a cluster started with
             ``amqp=True``), from its first start.
+        build: ``old`` while it runs on the cluster's ``old_baton``, else ``new`` (the
+            running build); every (re)start uses it.
     """
 
     node_id: str
@@ -74,6 +81,7 @@ class Broker:
     client_address: str = ""
     log_url: str | None = None
     amqp_address: str = ""
+    build: str = "new"
 
 
 class BatonCluster:
@@ -97,6 +105,10 @@ class BatonCluster:
             cluster's addresses are those listeners: the ``baton-amqp`` system, which the
             workers drive with the RabbitMQ adapter (aio-pika), the very client the
             ``rabbitmq`` system is driven with.
+        old_baton: another build's ``baton`` executable
+            (:func:`batonmq.loadtest.builds.resolve_build`): every broker the cluster
+            starts (joiners too) runs on it until :meth:`upgrade` restarts it on the
+            running build. None: every broker runs on the running build.
     """
 
     name = "baton"
@@ -112,6 +124,7 @@ class BatonCluster:
         net: bool = False,
         fake_clock: bool = False,
         amqp: bool = False,
+        old_baton: Path | None = None,
     ) -> None:
         self.nodes = nodes
         self.amqp = amqp
@@ -129,6 +142,7 @@ class BatonCluster:
         self.mounted = False
         self.net: Toxiproxy | None = Toxiproxy(free_port(), base_dir / "toxiproxy.out") if net else None
         self.fake_clock = fake_clock
+        self.old_baton = old_baton
         if fake_clock and not LIBFAKETIME.exists():
             raise RuntimeError(
                 f"clock faults need libfaketime ({LIBFAKETIME}): apt-get install faketime"
@@ -186,13 +200,21 @@ class BatonCluster:
             node_id=f"node-{n}",
             data_dir=self.data_root / f"node-{n}",
             out=self.base_dir / f"node-{n}.out",
+            build="old" if self.old_baton is not None else "new",
         )
         self.brokers.append(b)
         return b
 
+    def _program(self, b: Broker) -> list[str]:
+        """The command that runs the broker's build (before its arguments)."""
+        if b.build == "old":
+            assert self.old_baton is not None
+            return [str(self.old_baton)]
+        return [sys.executable, "-m", "batonmq.broker"]
+
     def _launch(self, b: Broker) -> None:
         cmd = [
-            sys.executable, "-m", "batonmq.broker", "--log-level", "WARNING", "serve",
+            *self._program(b), "--log-level", "WARNING", "serve",
             "--listen", b.address or "127.0.0.1:0",
             "--data-dir", str(b.data_dir),
             "--log", b.log_url or self.log_url,
@@ -201,18 +223,23 @@ class BatonCluster:
             *(["--amqp-listen", b.amqp_address or "127.0.0.1:0"] if self.amqp else []),
             *self.extra_args,
         ]
-        env = None
+        env: dict[str, str] | None = None
+        if b.build == "old":
+            # The old build's venv holds all of it; a PYTHONPATH of the harness's could
+            # put the running build's modules before it (batonmq is a namespace package).
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         if self.fake_clock:
             stamp = self._stamp(b)
             if not stamp.exists():
                 stamp.write_text("+0\n")
             # The wall clock only: an NTP step or slew does not move CLOCK_MONOTONIC,
             # and asyncio's timers run on it. The stamp file is re-read every second.
-            env = {**os.environ, "LD_PRELOAD": str(LIBFAKETIME),
+            env = {**(env or os.environ), "LD_PRELOAD": str(LIBFAKETIME),
                    "FAKETIME_TIMESTAMP_FILE": str(stamp), "FAKETIME_CACHE_DURATION": "1",
                    "DONT_FAKE_MONOTONIC": "1"}
         with open(b.out, "ab") as out:
-            out.write(f"\n== harness: start {b.starts + 1} of {b.node_id}\n".encode())
+            out.write(f"\n== harness: start {b.starts + 1} of {b.node_id} ({b.build} build:"
+                      f" {' '.join(self._program(b))})\n".encode())
             out.flush()
             b.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         b.starts += 1
@@ -222,7 +249,7 @@ class BatonCluster:
         """Wait for this start's ready line (the file holds earlier starts' lines too) and
         take the broker's address from it."""
         deadline = time.monotonic() + timeout
-        marker = f"== harness: start {b.starts} of {b.node_id}".encode()
+        marker = f"== harness: start {b.starts} of {b.node_id} (".encode()
         while True:
             text = b.out.read_bytes()
             this_start = text.rsplit(marker, 1)[-1].decode(errors="replace").splitlines()
@@ -307,16 +334,47 @@ class BatonCluster:
         b.proc.send_signal(signal.SIGCONT)
         b.state = "running"
 
-    def terminate(self, b: Broker) -> None:
-        """Stop one broker cleanly (SIGTERM)."""
+    def terminate(self, b: Broker, timeout: float = 20.0) -> int:
+        """Stop one broker cleanly (SIGTERM); ``kill -9`` it if it has not exited
+        within ``timeout`` s.
+
+        Returns:
+            Its exit status (0 after a clean stop; -9 when it had to be killed).
+        """
         assert b.proc is not None
         b.proc.send_signal(signal.SIGTERM)
         try:
-            b.proc.wait(20)
+            code = b.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             b.proc.kill()
-            b.proc.wait(5)
+            code = b.proc.wait(5)
         b.state = "stopped"
+        return code
+
+    def old_brokers(self) -> list[Broker]:
+        """Running brokers still on the old build (``old_baton``), in start order."""
+        return [b for b in self.running() if b.build == "old"]
+
+    def upgrade(self, b: Broker, timeout: float = 90.0) -> int:
+        """Rolling-upgrade one broker: stop it cleanly (SIGTERM, and wait for its exit),
+        start it on the running build on the same data dir, log and ports, and wait
+        until it is a member of the view again.
+
+        Returns:
+            The old process's exit status (0: it stopped cleanly).
+
+        Raises:
+            RuntimeError: it is not on the old build, or did not come back within
+                ``timeout``.
+        """
+        if b.build != "old":
+            raise RuntimeError(f"{b.node_id} is not on the old build")
+        code = self.terminate(b, timeout=30.0)
+        b.build = "new"
+        deadline = time.monotonic() + timeout
+        self.restart(b, timeout)
+        self.wait_member(b, max(1.0, deadline - time.monotonic()))
+        return code
 
     def join(self, timeout: float = 90.0) -> Broker:
         """Start a new broker with a fresh data dir on the same log; wait until it is a member.
@@ -420,6 +478,49 @@ class BatonCluster:
         self.restart(b, timeout)
         self.wait_member(b, timeout)
         return victim.name
+
+    def enable_features(self, b: Broker, timeout: float = 60.0) -> tuple[list[str], list[str]]:
+        """Enable every feature flag through one broker (``await
+        conn.enable_features()``, no names: all its build knows), then wait until every
+        running broker lists each of them enabled (``conn.list_features()``).
+
+        Returns:
+            The flags the call newly enabled, and every flag the broker knows.
+
+        Raises:
+            RuntimeError: the call was refused (a live member whose build lacks a flag
+                is named), or a broker did not list every flag enabled within
+                ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            with client_sync.connect(b.address, timeout=30.0) as conn:
+                newly = conn.run(conn.connection.enable_features())
+                names = sorted(str(f["name"]) for f in conn.run(conn.connection.list_features()))
+        except BatonError as exc:
+            raise RuntimeError(f"enable_features through {b.node_id}: {exc.message}") from exc
+        while True:
+            last: dict[str, str] = {}
+            for other in self.running():
+                try:
+                    with client_sync.connect(other.address, timeout=5.0,
+                                             failover=False) as conn:
+                        listing = conn.run(conn.connection.list_features())
+                except BatonError as exc:
+                    last[other.node_id] = f"{type(exc).__name__}: {exc.message}"
+                    continue
+                states = {str(f["name"]): str(f["state"]) for f in listing}
+                off = {n: states.get(n, "missing") for n in names if states.get(n) != "enabled"}
+                if off:
+                    last[other.node_id] = ", ".join(f"{n} {state}" for n, state in off.items())
+            if not last:
+                return sorted(newly), names
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the feature flags {names} are not enabled on every broker after"
+                    f" {timeout:g}s: {last}"
+                )
+            time.sleep(0.25)  # polling the brokers: the EnableFeatures event is applied
 
     def view_of(self, b: Broker) -> str:
         """The established view a broker reports (``?`` if it does not answer in 5 s)."""

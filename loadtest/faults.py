@@ -38,7 +38,15 @@ Kinds:
   right (libfaketime; the monotonic clock is left alone, as by NTP);
 - ``bitflip`` / ``truncate``: stop a broker cleanly, flip bytes in / cut its newest store
   file (an SST), start it again: it must set the damaged store aside and join afresh
-  (the fault ends when it is a member again).
+  (the fault ends when it is a member again);
+- ``upgrade`` (needs ``--old-build``, which starts the brokers on another build): stop
+  the next broker still on the old build cleanly (SIGTERM, and wait for its exit),
+  start it on the running build on the same data dir, log and ports; the fault ends
+  when it is a member of the view again. With no old broker left it does nothing (its
+  records say ``none left``);
+- ``enable-features``: enable every feature flag through a running broker (the
+  client's ``enable_features()``); the fault ends when every running broker lists them
+  all enabled.
 
 Composite kinds (their parts are recorded as the parts' own faults, so the checker
 treats them as it treats those):
@@ -53,7 +61,8 @@ brokers' Kafka clients) through it (:data:`NET_KINDS`).
 
 Every fault writes two ``fault`` records to ``faults.hist`` (count 0 when it starts,
 1 when it is over; ``info`` names the broker); the checker ends the holds of consumers
-connected to a broker that a ``kill9`` or ``sigstop`` took away.
+connected to a broker that a fault took away (``kill9``, ``sigstop``, a cut, a clean stop
+as in ``bitflip``, ``truncate`` and ``upgrade``: :data:`batonmq.loadtest.checker.BROKER_DOWN_FAULTS`).
 """
 
 from __future__ import annotations
@@ -95,6 +104,8 @@ KINDS: dict[str, float] = {
     "clockjump": 9.0,  # +5 min, -5 min, 3x speed: a third each
     "kill9-while-paused": 4.0,  # the killed one down, the paused one paused longer
     "netsplit-during-join": 6.0,  # the member cut
+    "upgrade": 0.0,
+    "enable-features": 0.0,
 }
 
 #: The wall-clock settings of a ``clockjump``, in turn (libfaketime's syntax).
@@ -376,6 +387,30 @@ class FaultInjector(threading.Thread):
             b = s.join()
             self._joined = b
             self._note(w, "join", 1, f"node={b.node_id} address={b.address}")
+        elif ev.kind == "upgrade":
+            on_old = s.old_brokers()
+            if not on_old:
+                # Every broker runs the new build already: nothing to do, said so.
+                self._note(w, ev.kind, 0, "none left")
+                self._note(w, ev.kind, 1, "none left")
+                return
+            b = on_old[0] if ev.pick is None else on_old[ev.pick % len(on_old)]
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
+            # The record goes first: the checker ends the holds of the broker's
+            # consumers at this time, before the cluster can give them back.
+            self._note(w, ev.kind, 0, detail)
+            code = s.upgrade(b)
+            self._note(w, ev.kind, 1, f"{detail} exit={code} old_left={len(s.old_brokers())}")
+            if code != 0:
+                raise RuntimeError(f"{b.node_id} on the old build did not stop cleanly"
+                                   f" (exit status {code})")
+        elif ev.kind == "enable-features":
+            b = self._pick_broker(ev)
+            detail = f"node={b.node_id} address={b.client_address or b.address}"
+            self._note(w, ev.kind, 0, detail)
+            newly, names = s.enable_features(b)
+            self._note(w, ev.kind, 1, f"{detail} enabled={','.join(newly) or '-'}"
+                                      f" features={','.join(names) or '-'}")
         elif ev.kind == "kafka-restart":
             self._note(w, ev.kind, 0, "")
             s.kafka_restart(ev.duration)
@@ -423,6 +458,8 @@ def check_supported(events: list[FaultEvent], system: object) -> None:
         raise RuntimeError("the kafka-restart fault needs --log kafka (a Kafka the harness starts)")
     if "diskfull" in kinds and not system.disk_limit_mb:
         raise RuntimeError("the diskfull fault needs --disk-limit MB (a size-limited data dir)")
+    if "upgrade" in kinds and system.old_baton is None:
+        raise RuntimeError("the upgrade fault needs --old-build (brokers started on an older build)")
     if kinds & NET_KINDS and system.net is None:
         raise RuntimeError("network faults need the cluster behind Toxiproxy (BatonCluster(net=True))")
 

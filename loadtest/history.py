@@ -84,6 +84,12 @@ class OpKind(enum.IntEnum):
     #: A worker's connection is now to the broker at ``info`` (at connect and after each
     #: failover), so that a fault of that broker ends its consumers' holds.
     CONNECTED = 15
+    #: A candidate (``actor``) leads service ``queue`` with fencing token ``count``
+    #: (``info``: its candidate key), from now on.
+    LEAD = 16
+    #: That candidate no longer acts as the service's leader (``info``: ``resigned``,
+    #: ``lost`` or ``done``), recorded before it resigns.
+    LEAD_END = 17
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,10 @@ class RunConfig:
     faults_spec: str = ""
     #: Put the Baton data dirs and file log on a tmpfs of this many MiB (diskfull).
     disk_limit_mb: int | None = None
+    #: Another build's ``baton`` executable (``--old-build``, resolved by
+    #: :func:`batonmq.loadtest.builds.resolve_build`): the brokers start on it, and
+    #: ``upgrade`` faults move them to the running build.
+    old_build: str | None = None
     #: Seconds the consumers get to catch up after the producers finish.
     catch_up: float = 20.0
     #: Seconds without a message after which the drain of a queue ends.
@@ -147,16 +151,20 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
     Raises:
         RuntimeError: an unknown system, or options that do not fit it.
     """
+    old = Path(config.old_build) if config.old_build else None
+    if old is not None and (config.brokers_at or config.system not in ("baton", "baton-amqp")):
+        raise RuntimeError("--old-build is for Baton brokers the harness starts")
     if config.system == "baton":
         if config.brokers_at:
             return ExternalSystem(list(config.brokers_at))
         return BatonCluster(config.brokers, base_dir, config.log_url, config.disk_limit_mb,
                             net=any(e.kind in NET_KINDS for e in config.faults),
-                            fake_clock=any(e.kind == "clockjump" for e in config.faults))
+                            fake_clock=any(e.kind == "clockjump" for e in config.faults),
+                            old_baton=old)
     if config.brokers_at:
         raise RuntimeError("--brokers-at is for Baton only: the harness runs the peers itself")
     if config.system == "baton-amqp":
-        return BatonCluster(config.brokers, base_dir, config.log_url, amqp=True)
+        return BatonCluster(config.brokers, base_dir, config.log_url, amqp=True, old_baton=old)
     if config.system == "rabbitmq":
         from batonmq.loadtest.peers.rabbitmq import RabbitSystem
 
@@ -177,6 +185,9 @@ async def _prepare(
     if workload.work_queue and not isinstance(conn, BatonAdapter):
         await conn.close()
         raise RuntimeError(f"the {workload.name} workload uses delays and retries: Baton only")
+    if workload.leaders and not isinstance(conn, BatonAdapter):
+        await conn.close()
+        raise RuntimeError("--leaders runs candidates for a Baton service: Baton only")
     try:
         for q in workload.queue_names():
             dlq = workload.dead_letter_of(q)
@@ -330,9 +341,15 @@ def run(config: RunConfig) -> RunResult:
             )
             proc = ctx.Process(target=worker_main, args=(spec, counter, stop), name=spec.actor)
             producers.append((proc, counter))
+        # Service candidates (--leaders): one more worker, for the duration.
+        leaders = [ctx.Process(target=worker_main, name="l1", args=(WorkerSpec(
+            "leader", "l1", tuple(addresses), (), (), workload, str(run_dir / "l1.hist"),
+            config.duration, None, None, config.seed * 1000 + 900, system.adapter,
+        ), ctx.RawValue("q", 0), stop))] if workload.leaders else []
         # backlog-drain: the consumers start only once the producers are done.
-        first = producers if workload.backlog else consumers + producers
-        for p, _ in first:
+        first = [p for p, _ in (producers if workload.backlog else consumers + producers)]
+        first += leaders
+        for p in first:
             p.start()
             procs.append(p)
         t0 = time.monotonic()
@@ -370,6 +387,11 @@ def run(config: RunConfig) -> RunResult:
             p.join(5)
             if p.is_alive():
                 p.terminate()
+        for p in leaders:  # they stop at the end of the duration by themselves
+            p.join(15)
+            if p.is_alive():
+                p.terminate()  # the worker then still flushes its history (worker.py)
+                p.join(15)
         load_end = time.monotonic() - t0
         if injector is not None:
             injector.stop()  # skip faults not yet due; wait for a running one to end
@@ -435,6 +457,7 @@ def run(config: RunConfig) -> RunResult:
         if config.system in ("baton", "baton-amqp") else "",
         "seed": config.seed,
         "faults": config.faults_spec,
+        "old_build": config.old_build or "",
         "workload": asdict(workload),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "cpus": os.cpu_count(),
@@ -658,6 +681,7 @@ def format_report(result: RunResult) -> str:
         lines.append(
             f"{cfg.get('system', 'baton')}: preset {cfg.get('preset')}  {cfg.get('duration')}s"
             + where + (f"  faults {cfg['faults']}" if cfg.get("faults") else "")
+            + (f"  old build {cfg['old_build']}" if cfg.get("old_build") else "")
             + (f"  (machine load {load[0]:.1f} -> {load[1]:.1f} on {cfg.get('cpus')} cpus)"
                if load else "")
         )

@@ -7,6 +7,8 @@ counter and a stop event.
 
 The workers speak to the system under test through a client adapter
 (:mod:`batonmq.loadtest.adapters`): Baton, RabbitMQ or NATS JetStream, the same loop for each.
+A third kind of worker, Baton only, runs candidates for a service's leadership
+(``Workload.leaders``).
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from batonmq.loadtest.history import (
     make_body,
     parse_body,
 )
+from batonmq.cluster.errors import BatonError, Timeout
 from batonmq.loadtest.workloads import Workload
 
 __all__ = [
     "WorkerSpec", "worker_main", "consume_queue", "drain_queues", "Counter", "StopFlag",
-    "DRAIN_ACTOR",
+    "DRAIN_ACTOR", "LEADER_SERVICE", "LEAD_HOLD",
 ]
 
 #: The runner's final drain's actor in the history.
@@ -44,6 +47,12 @@ DRAIN_ACTOR = "drain"
 
 #: How many confirmed ack batches one consumer keeps in flight.
 _ACKS_IN_FLIGHT = 4
+
+#: The service the ``leaders`` workload's candidates run for.
+LEADER_SERVICE = "lt-leader"
+
+#: Seconds a candidate keeps its term before it resigns (unless it loses it first).
+LEAD_HOLD = 1.0
 
 
 class Counter(Protocol):
@@ -63,7 +72,8 @@ class WorkerSpec:
     """Everything one worker process needs (picklable).
 
     Attributes:
-        role: ``"producer"`` or ``"consumer"``.
+        role: ``"producer"``, ``"consumer"`` or ``"leader"`` (the service candidates of
+            ``workload.leaders``; Baton only).
         actor: the worker's id in the history (``p1``, ``c2``).
         addresses: broker addresses (the worker's preferred broker first).
         queues: the queues it publishes to / consumes from.
@@ -364,6 +374,79 @@ async def _consume(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:
             w.close()
 
 
+async def _lead(spec: WorkerSpec, counter: Counter) -> None:
+    """Run ``workload.leaders`` candidates for :data:`LEADER_SERVICE` until the duration
+    is over, each on its own connection (actor ``<worker>.<n>``, its first broker in
+    turn): take the term, keep it :data:`LEAD_HOLD` s or until it is lost, resign, run
+    again. A term is recorded (``lead``, with its fencing token) once the client knows
+    it leads, and its end (``lead-end``) as soon as the candidate stops acting as the
+    leader: before it resigns, or when the client learns it lost the term.
+    """
+    w = HistoryWriter(spec.history, spec.actor)
+    record = w.record
+    deadline = time.monotonic() + spec.duration
+    addresses = list(spec.addresses)
+
+    async def candidate(i: int) -> None:
+        actor = f"{spec.actor}.{i + 1}"
+        k = i % len(addresses)
+        conn: BatonAdapter | None = None
+        failovers = 0
+        try:
+            while time.monotonic() < deadline:
+                if conn is None or conn.closed:
+                    if conn is not None:
+                        await conn.close()
+                    try:
+                        conn = await BatonAdapter.open(addresses[k:] + addresses[:k])
+                    except BatonError:
+                        conn = None
+                        await asyncio.sleep(0.5)  # pacing: no broker answers right now
+                        continue
+                    failovers = conn.failovers
+                    record(OpKind.CONNECTED, actor=actor, info=conn.address)
+                try:
+                    wait = max(0.1, deadline - time.monotonic())
+                    async with conn.lead(LEADER_SERVICE, timeout=wait) as term:
+                        if conn.failovers != failovers:  # granted to a new session
+                            failovers = conn.failovers
+                            record(OpKind.CONNECTED, actor=actor, info=conn.address)
+                        record(OpKind.LEAD, LEADER_SERVICE, actor=actor, count=term.token,
+                               info=term.candidate)
+                        counter.value += 1
+                        hold = min(LEAD_HOLD, deadline - time.monotonic())
+                        why = "done" if hold <= 0 else "resigned"
+                        if hold > 0:
+                            try:
+                                await asyncio.wait_for(term.lost.wait(), hold)
+                                why = "lost"
+                            except TimeoutError:
+                                pass
+                        # Before the block resigns: from here on it acts as leader no more.
+                        record(OpKind.LEAD_END, LEADER_SERVICE, actor=actor, count=term.token,
+                               info=why)
+                except Timeout:
+                    pass  # the duration ended while it waited for the term
+                except BatonError as exc:
+                    record(OpKind.LEAD_END, LEADER_SERVICE, actor=actor,
+                           info=f"error {type(exc).__name__}: {exc}")
+                    await asyncio.sleep(0.1)  # pacing after a failed run for the term
+                if conn is not None and conn.failovers != failovers:
+                    failovers = conn.failovers
+                    record(OpKind.CONNECTED, actor=actor, info=conn.address)
+        finally:
+            if conn is not None:
+                try:
+                    await asyncio.wait_for(conn.close(), 10)
+                except (TimeoutError, BatonError):
+                    pass  # closing is best effort: the history must still be written
+
+    try:
+        await asyncio.gather(*(candidate(i) for i in range(max(1, spec.workload.leaders))))
+    finally:
+        w.close()
+
+
 async def _main(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:
     # SIGTERM (the runner gave up waiting) cancels the work, so that the finally blocks
     # still close the connection and flush the history: a worker killed with its
@@ -373,6 +456,8 @@ async def _main(spec: WorkerSpec, counter: Counter, stop: StopFlag) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     if spec.role == "producer":
         await _produce(spec, counter)
+    elif spec.role == "leader":
+        await _lead(spec, counter)
     else:
         await _consume(spec, counter, stop)
 

@@ -42,6 +42,11 @@ class Workload:
         retry_delay: the work queues' retry policy (Baton only, fixed, seconds; 0: none):
             the poison messages' failed releases come back no sooner, which the
             checker proves.
+        leaders: candidates for the service ``lt-leader`` (Baton only; 0: none), each on
+            a connection of its own, in one more worker process (``l1``): each takes
+            the term in turn, keeps it a second (or until it is lost), resigns and runs
+            again, for the duration; the checker proves one leader at a time and
+            growing fencing tokens.
     """
 
     name: str
@@ -62,6 +67,7 @@ class Workload:
     delay_share: float = 0.0
     delay: float = 0.0
     retry_delay: float = 0.0
+    leaders: int = 0
 
     @property
     def work_queue(self) -> bool:

@@ -476,3 +476,45 @@ def test_a_worker_that_reconnects_during_a_fault_gets_holds_at_once() -> None:
     h.deliver("c1/q", "p1:0", 0)
     h.deliver("c2/q", "p1:0", 0)
     assert check(h.final(0).ops).counts["double_delivery"] == 1
+
+
+def lead(h: History, candidate: str, token: int, end: str = "") -> History:
+    h.add(K.LEAD, candidate, "svc", count=token, info=f"n/r/{candidate}")
+    return h.add(K.LEAD_END, candidate, "svc", count=token, info=end) if end else h
+
+
+def test_service_terms_in_turn_pass_and_two_at_once_or_a_smaller_token_are_caught() -> None:
+    in_turn = History()
+    for i, c in enumerate(["l1.1", "l1.2", "l1.3", "l1.1"]):
+        lead(in_turn, c, 10 * (i + 1), end="resigned")
+    result = check(in_turn.final(0).ops)
+    assert result.ok, result.summary()
+    assert result.stats["terms"] == 4
+
+    overlap = lead(lead(History(), "l1.1", 10), "l1.2", 20, end="resigned")
+    counts = check(overlap.final(0).ops).counts
+    assert (counts["two_leaders"], counts["token_order"]) == (1, 0)
+
+    stale = lead(lead(History(), "l1.1", 20, end="resigned"), "l1.2", 20, end="resigned")
+    counts = check(stale.final(0).ops).counts
+    assert (counts["two_leaders"], counts["token_order"]) == (0, 1)
+
+
+def test_a_fault_of_the_leader_s_broker_ends_its_term_and_grants_through_it_start_none() -> None:
+    # The leader's broker is stopped for an upgrade: the cluster grants the next term
+    # before the old leader's client notices (its lead-end comes later).
+    h = History().add(K.CONNECTED, "l1.1", info="127.0.0.1:1")
+    h.add(K.CONNECTED, "l1.2", info="127.0.0.1:2").add(K.CONNECTED, "l1.3", info="127.0.0.1:1")
+    lead(h, "l1.1", 10)
+    fault(h, "upgrade", "127.0.0.1:1")
+    lead(h, "l1.3", 15)  # pushed by the stopping broker before it left: no term
+    lead(h, "l1.2", 20)
+    h.add(K.LEAD_END, "l1.1", "svc", count=10, info="lost")
+    h.add(K.LEAD_END, "l1.3", "svc", count=15, info="lost")
+    fault(h, "upgrade", "127.0.0.1:1", phase=1)
+    result = check(h.final(0).ops)
+    assert result.ok, result.summary()
+    assert (result.stats["terms_ended_by_faults"], result.stats["terms_from_down_brokers"]) == (1, 1)
+    # Without the fault record the same history has two leaders at once.
+    unfaulted = [op for op in h.ops if op.kind != K.FAULT]
+    assert check(unfaulted).counts["two_leaders"] == 3  # l1.3 over l1.1; l1.2 over both

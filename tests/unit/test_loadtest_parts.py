@@ -296,3 +296,36 @@ def test_the_drain_comes_back_while_the_queue_still_holds_messages(
     assert (stand_in.accepted == bodies) is drained
     final = [op for op in load_run(tmp_path) if op.kind == OpKind.FINAL]
     assert [op.count for op in final] == [0 if drained else 2]
+
+
+def test_upgrade_faults_need_an_old_build_and_one_with_no_old_broker_left_is_recorded(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    from batonmq.loadtest.cluster import BatonCluster
+    from batonmq.loadtest.faults import FaultInjector, check_supported
+
+    events = parse_faults("upgrade,upgrade,enable-features@5s", 16)
+    assert [e.kind for e in events] == ["upgrade", "upgrade", "enable-features"]
+    with pytest.raises(RuntimeError, match="--old-build"):
+        check_supported(events, BatonCluster(3, tmp_path))
+    old = tmp_path / "old-venv" / "bin" / "baton"
+    cluster = BatonCluster(3, tmp_path, old_baton=old)
+    check_supported(events, cluster)
+    for _ in range(3):
+        cluster._new_broker().state = "running"
+    # Brokers start on the old build; an upgraded one runs this interpreter's build.
+    assert [b.build for b in cluster.brokers] == ["old"] * 3
+    assert cluster._program(cluster.brokers[0]) == [str(old)]
+    cluster.brokers[0].build = "new"
+    assert cluster._program(cluster.brokers[0]) == [sys.executable, "-m", "batonmq.broker"]
+    assert [b.node_id for b in cluster.old_brokers()] == ["node-2", "node-3"]
+
+    for b in cluster.brokers:
+        b.build = "new"
+    injector = FaultInjector(cluster, [], tmp_path / "faults.hist", 0.0)
+    with HistoryWriter(tmp_path / "faults.hist", "faults") as w:
+        injector._apply(FaultEvent(0, "upgrade", 0.0), w)
+    records = [(op.msg, op.count, op.info) for op in load_run(tmp_path)]
+    assert records == [("upgrade", 0, "none left"), ("upgrade", 1, "none left")]
