@@ -237,6 +237,34 @@ async def test_a_record_this_build_cannot_read_stops_applying_loudly(
         await log.close()
 
 
+async def test_a_flag_this_build_does_not_know_enabled_by_the_rule_stops_applying(
+    tmp_path: Path,
+) -> None:
+    """Every live runtime announces a flag this build lacks (here, this node itself claims
+    a newer build's flag): the rule enables it on every replica that knows it, so one that
+    does not must stop before the record, not go on without it."""
+    log = await open_log(f"file:{tmp_path / 'log'}")
+    node = Node("a", log, MemoryStore())
+    node.properties[ANNOUNCE] = sorted(FEATURES) + ["from_a_newer_build"]
+    await node.start()
+    try:
+        await _until(lambda: bool(node.state.features.enabled), "this build's flags enabled")
+        await _until(
+            lambda: "from_a_newer_build" in (node.state.supported(node.key) or ()),
+            "the newer flag announced",
+        )
+        fut = node.submit(EnableFeatures(("from_a_newer_build",)))
+        await _until(lambda: node.applier.unreadable is not None, "applying stopped")
+        assert node.applier.unreadable is not None
+        assert "from_a_newer_build" in node.applier.unreadable[1]
+        assert "from_a_newer_build" not in node.state.features.enabled
+        with pytest.raises(ShuttingDown):
+            await fut
+    finally:
+        await node.stop()
+        await log.close()
+
+
 async def test_a_restart_on_a_store_an_older_build_wrote_after_a_flag_starts_again_as_new(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
