@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
 from pathlib import Path
 
 import msgpack
@@ -77,6 +78,18 @@ async def test_old_and_new_brokers_share_a_cluster_until_a_flag_is_enabled(
         assert len(set(got)) == 100
         await _publish(old3.address, "q", 40, "c")  # left in the queue across the upgrade
         await equal_digests([old1, new2, old3])
+        # The previous build's client (its CLI) against a broker of this build, and back.
+        for target in (new2, old1):
+            sent = subprocess.run(
+                [str(previous_build), "publish", "--broker", target.address, "--declare",
+                 "oldq", "m1", "m2"], capture_output=True, text=True, timeout=60,
+            )
+            assert sent.returncode == 0, sent.stdout + sent.stderr
+        took = subprocess.run(
+            [str(previous_build), "consume", "oldq", "--count", "4", "--broker", new2.address],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert took.returncode == 0 and took.stdout.count("m1") == 2, took.stdout + took.stderr
         # Nothing is enabled while old members are live; enabling names them.
         async with await clients.connect(new2.address) as conn:
             rows = {r["name"]: r for r in await conn.list_features()}
