@@ -108,7 +108,7 @@ def _topology(args: argparse.Namespace) -> int:
     for i in topo["instances"]:
         flags = ("leader " if i["leader"] else "") + ("(this broker)" if i["local"] else "")
         print(f"  {i['node_id']:16} {i['role']:8} {i['address']:22}"
-              f" {_announced(i['properties']):9} {_properties(i['properties']):20} {flags}")
+              f" {_announced(i):9} {_properties(i['properties']):20} {flags}")
     print(f"this broker applied offset {topo['applied']}, digest {topo['digest'][:16]}")
     join = topo.get("join")
     if join and join.get("state") == "updating":
@@ -133,10 +133,11 @@ def _topology(args: argparse.Namespace) -> int:
     return status
 
 
-def _announced(properties: dict[str, Any]) -> str:
+def _announced(instance: dict[str, Any]) -> str:
     """How many feature flags a member's build announces (``baton feature list`` names
-    them): "no flags" for a build from before feature flags."""
-    names = properties.get(ANNOUNCE)
+    them): "no flags" for a build from before feature flags. A broker of this version
+    lists them apart from the properties; one of 0.1.0 shows them among the properties."""
+    names = instance.get("features", instance["properties"].get(ANNOUNCE))
     if not isinstance(names, list):
         return "no flags"
     return f"{len(names)} flag" + ("" if len(names) == 1 else "s")
