@@ -11,6 +11,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from batonmq.broker import logs
+from batonmq.broker.admission import LoginGate
 from batonmq.broker.config import (
     BrokerConfig,
     package_version,
@@ -84,6 +85,8 @@ class Broker:
         self.auth_secret = os.urandom(32)
         self.allow_from = parse_networks(config.allow_from) if config.allow_from else None
         self.refusals: dict[str, int] = {}
+        # Connections not logged in yet, native and AMQP (docs/security.md).
+        self.logins = LoginGate(config.max_unauthenticated, config.max_unauthenticated_per_host)
 
     @property
     def node(self) -> Node:

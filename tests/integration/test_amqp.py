@@ -320,6 +320,51 @@ def test_a_bad_password_is_refused_cleanly(amqp_broker: BrokerProcess) -> None:
     assert "Traceback" not in amqp_broker.output()
 
 
+def test_refused_logins_are_logged_at_most_once_a_second(amqp_broker: BrokerProcess) -> None:
+    """A flood of bad logins does not flood the log (docs/security.md): the lines say
+    how many more were refused."""
+    for _ in range(12):
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            connect(amqp_broker, user="nobody", password="x")
+    # The last line may still be due; the counter has them all.
+    lines = [l for l in amqp_broker.output().splitlines() if "AMQP login refused" in l]
+    assert 1 <= len(lines) < 12, lines
+
+
+def test_connections_still_logging_in_have_their_own_limit(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b", extra=[*AMQP, "--max-unauthenticated-per-host", "3",
+                                             "--hello-timeout", "30"])
+    b.start()
+    socks = []
+    try:
+        for _ in range(3):  # connected, and silent: still logging in
+            socks.append(socket.create_connection(("127.0.0.1", amqp_port(b)), timeout=10))
+        late = socket.create_connection(("127.0.0.1", amqp_port(b)), timeout=10)
+        socks.append(late)
+        late.sendall(b"AMQP\x00\x00\x09\x01")
+        try:
+            assert late.recv(100) == b""  # closed, unanswered
+        except ConnectionResetError:
+            pass
+        eventually_sync(lambda: "max_unauthenticated_per_host" in b.output(), "the refusal line")
+        for s in socks[:3]:
+            s.close()
+        # The broker counts them out as they close; then a client logs in again.
+        conn = eventually_sync(lambda: _connects(b), "an AMQP login is accepted")
+        conn.close()
+    finally:
+        for s in socks:
+            s.close()
+        b.stop()
+
+
+def _connects(b: BrokerProcess) -> pika.BlockingConnection | None:
+    try:
+        return connect(b)
+    except pika.exceptions.AMQPConnectionError:
+        return None
+
+
 def test_unsupported_methods_close_with_540_and_a_wrong_vhost_with_530(
     amqp_broker: BrokerProcess,
 ) -> None:
