@@ -403,6 +403,43 @@ def test_access_refused_by_rights(amqp_broker: BrokerProcess) -> None:
     conn.close()
 
 
+def test_a_mandatory_publish_does_not_tell_which_queues_exist(
+    amqp_broker: BrokerProcess,
+) -> None:
+    """Through the default exchange, a user who may not write a queue gets 403 whether
+    it exists or not; one who may gets Basic.Return for a missing queue (docs/amqp.md)."""
+    r = baton("user", "add", "erin", "--password-stdin", "--broker", amqp_broker.address,
+              stdin=b"erin-pw\n")
+    assert r.returncode == 0, r.stderr
+    r = baton("permissions", "set", "erin", "--configure", "eq.*", "--write", "eq.*",
+              "--read", "eq.*", "--broker", amqp_broker.address)
+    assert r.returncode == 0, r.stderr
+    admin = connect(amqp_broker)
+    admin.channel().queue_declare("secret-exists")
+    admin.close()
+    conn = connect(amqp_broker, user="erin", password="erin-pw")
+    answers = {}
+    for queue in ("secret-exists", "secret-missing"):
+        ch = conn.channel()
+        ch.confirm_delivery()
+        try:
+            ch.basic_publish("", queue, b"probe", mandatory=True)
+            answers[queue] = "published"
+        except pika.exceptions.UnroutableError:
+            answers[queue] = "returned"
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            answers[queue] = str(exc.reply_code)
+    assert answers == {"secret-exists": "403", "secret-missing": "403"}, answers
+    # Her own names: a missing queue is returned, an existing one takes the message.
+    ch = conn.channel()
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("", "eq.missing", b"m", mandatory=True)
+    ch.queue_declare("eq.mine")
+    ch.basic_publish("", "eq.mine", b"m", mandatory=True)
+    conn.close()
+
+
 def _frames(sock: socket.socket, timeout: float) -> list[Any]:
     """Frames read until the broker closes the socket (or ``timeout``)."""
     sock.settimeout(timeout)
