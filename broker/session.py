@@ -176,7 +176,8 @@ class SessionBroker(Protocol):
 
     @property
     def auth_secret(self) -> bytes:
-        """This broker's random secret (an unknown user's SCRAM salt is made from it)."""
+        """What an unknown user's SCRAM salt is made from: the same on every broker of
+        the cluster."""
         ...
 
     def refused(self, what: str) -> None:
