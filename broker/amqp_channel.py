@@ -601,12 +601,16 @@ class Channel:
         if content.properties.headers:
             # Before anything walks them recursively: deep nesting is refused here.
             check_headers(content.properties.headers)
+        if m.exchange == routes.DEFAULT_EXCHANGE:
+            # Write on the queue the routing key names, whether it exists or not, before
+            # routing: a user without the right gets 403 for a queue that exists and for
+            # one that does not alike, so a (mandatory) publish cannot tell which queues
+            # exist (docs/amqp.md).
+            self.owner.rights.check("write", m.routing_key)
         queues = routes.route(self.owner.node.state, m.exchange, m.routing_key,
                               content.properties.headers or {})
-        if m.exchange == routes.DEFAULT_EXCHANGE:
-            for q in queues:
-                self.owner.rights.check("write", q)
-        else:  # (as RabbitMQ: write on the exchange, whatever queues it routes to)
+        if m.exchange != routes.DEFAULT_EXCHANGE:
+            # (as RabbitMQ: write on the exchange, whatever queues it routes to)
             self.owner.rights.check("write", m.exchange, "exchange")
         seq = 0
         if self.confirming:

@@ -25,6 +25,7 @@ from pamqp import base, commands
 from pamqp import decode as pamqp_decode
 
 from batonmq.broker.access import Rights
+from batonmq.broker.admission import LoginGate, QuietLog
 from batonmq.broker.amqp_channel import Channel
 from batonmq.broker.amqp_codec import (
     HEARTBEAT,
@@ -65,6 +66,12 @@ _MECHANISMS: Final = "PLAIN AMQPLAIN"
 # A fixed credential checked for an unknown user, so that a refusal takes as long
 # whether the user exists or not.
 _NOBODY = scram.Credentials(b"baton-amqp-nobody", scram.DEFAULT_COST, b"\0" * 32, b"\0" * 32)
+#: The most bytes a connection may send before its login is decided (the protocol
+#: header, StartOk and what a client pipelines after it are far less).
+MAX_BEFORE_LOGIN: Final = 64 * 1024
+# Refused logins are logged at most once a second, as the native port's are.
+_log_refusal = QuietLog(log, "AMQP login refused")
+_log_limited = QuietLog(log, "refused an AMQP connection")
 
 
 class AmqpBroker(Protocol):
@@ -91,6 +98,11 @@ class AmqpBroker(Protocol):
         ...
 
     def refused(self, what: str) -> None: ...
+
+    @property
+    def logins(self) -> LoginGate:
+        """The connections still logging in, native and AMQP (broker/admission.py)."""
+        ...
 
 
 def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
@@ -184,6 +196,8 @@ class AmqpConnection(asyncio.Protocol):
         self._key_counter = 0
         self.exclusive: set[str] = set()  # queues this connection declared exclusive
         self._auto_delete: set[str] = set()
+        self._host = ""
+        self._gated = False  # counted in the broker's LoginGate until it logs in or closes
 
     # -- what the listing of connections reads (broker/inspect.py ConnectionView) ----------
 
@@ -286,6 +300,15 @@ class AmqpConnection(asyncio.Protocol):
             log.warning("refused an AMQP connection from %s: max_connections", self.peer)
             self._abort()
             return
+        # Until it logs in, it counts against the smaller limit of those that have not
+        # (docs/security.md): strangers never fill max_connections.
+        full = self.broker.logins.admit(host)
+        if full is not None:
+            _log_limited(self.peer, full)
+            self.broker.refused("unauthenticated")
+            self._abort()
+            return
+        self._host, self._gated = host, True
         self.broker.amqp_connections.add(self)
         self._deadline = loop.time() + self.config.hello_timeout
         self._timer = loop.call_later(self.config.hello_timeout, self._tick)
@@ -293,6 +316,14 @@ class AmqpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_read = asyncio.get_running_loop().time()
         self.codec.receive_data(data)
+        if self._stage == "login" and self.codec.buffered > MAX_BEFORE_LOGIN:
+            # Before its login is decided a client may not make the broker buffer more
+            # (reading stops while the password is checked; this bounds what was in
+            # flight then).
+            log.info("closing AMQP connection from %s: more than %d bytes before the"
+                     " login was decided", self.peer, MAX_BEFORE_LOGIN)
+            self._abort()
+            return
         self._read()
 
     def _read(self) -> None:
@@ -312,7 +343,7 @@ class AmqpConnection(asyncio.Protocol):
             except Exception:  # a bug: logged with its traceback, the broker goes on
                 log.exception("error handling an AMQP frame from %s", self.peer)
                 self._fail(ConnectionFault(541, "internal error"))
-        if self._stage in ("header", "start") and codec.buffered > 65536:
+        if self._stage in ("header", "start") and codec.buffered > MAX_BEFORE_LOGIN:
             self._fail(ConnectionFault(501, "more than 64 KiB before the login"))
             return
         for ch in list(self.channels.values()):
@@ -325,11 +356,18 @@ class AmqpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._authenticated()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._release()
         self.broker.amqp_connections.discard(self)
+
+    def _authenticated(self) -> None:
+        """It logged in (or closed): it no longer counts against max_unauthenticated."""
+        if self._gated:
+            self._gated = False
+            self.broker.logins.done(self._host)
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -480,6 +518,9 @@ class AmqpConnection(asyncio.Protocol):
         caps = self.client_properties.get("capabilities")
         self.cancel_notify = isinstance(caps, dict) and bool(caps.get("consumer_cancel_notify"))
         self._stage = "login"
+        # Nothing more is read until the login is decided: a client that streams data
+        # meanwhile (publishes it may never be allowed to make) is not buffered.
+        self._block("login")
         users = self.node.state.users
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(
@@ -495,15 +536,17 @@ class AmqpConnection(asyncio.Protocol):
             if not isinstance(exc, PermissionError):
                 log.error("AMQP login from %s failed: %r", self.peer, exc)
             self.broker.refused("login")
-            log.warning("AMQP login refused from %s: %s", self.peer, exc)
+            _log_refusal(self.peer, str(exc))
             # authentication_failure_close: Close 403, then the socket.
             self._send(0, commands.Connection.Close(403, reply_text(403, str(exc)), 0, 0))
             self._close_transport()
             return
         self.user = fut.result()
         self.rights = Rights(lambda: self.node.state.users, self.user, self.broker.refused)
+        self._authenticated()
         self._stage = "tune"
         self._send(0, commands.Connection.Tune(CHANNEL_MAX, FRAME_MAX, HEARTBEAT_S))
+        self._unblock("login")
         self._read()  # what the client sent meanwhile
 
     def _tuned(self, m: commands.Connection.TuneOk) -> None:

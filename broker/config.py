@@ -179,6 +179,9 @@ class BrokerConfig:
             of the join update (docs/security.md).
         max_connections, max_consumers, max_connection_prefetch: limits per broker
             and per connection.
+        max_unauthenticated, max_unauthenticated_per_host: connections not logged in
+            yet (a joining broker's before its member proof), in all and per source
+            address (broker/admission.py).
         max_output, output_grace: the bytes queued for a client that does not read,
             and how long it may stay above them before it is closed.
         hello_timeout, idle_timeout: how long a new connection has for Hello, and
@@ -260,6 +263,13 @@ class BrokerConfig:
     max_connections: int = _opt(10_000, least=1,
                                 help="client connections this broker keeps open at once; more"
                                      " are refused")
+    max_unauthenticated: int = _opt(1_000, least=1,
+                                    help="connections (native and AMQP together) that have"
+                                         " not logged in yet; more are refused, so they never"
+                                         " fill max_connections")
+    max_unauthenticated_per_host: int = _opt(100, least=1,
+                                             help="connections from one address that have not"
+                                                  " logged in yet; more are refused")
     max_consumers: int = _opt(1_000, least=1, help="consumers one connection may have at once")
     max_connection_prefetch: int = _opt(100_000, least=1,
                                         help="sum of the prefetch of one connection's consumers")
@@ -268,7 +278,8 @@ class BrokerConfig:
                                 " above it for output_grace seconds the connection is closed"
                                 " (reading it stops well before)")
     output_grace: float = _opt(10.0, help="seconds a connection may stay above max_output")
-    hello_timeout: float = _opt(10.0, help="seconds a new connection has to send Hello")
+    hello_timeout: float = _opt(10.0, help="seconds a new connection has to log in (a joining"
+                                           " broker: to send its member proof)")
     idle_timeout: float = _opt(0.0, help="close a connection that sent nothing for this many"
                                         " seconds (0: never; the client pings while idle)")
     log_level: str = _opt("INFO", choices=LOG_LEVELS, help="least level logged")

@@ -87,6 +87,11 @@ class ClientConnection(asyncio.Protocol):
         """
         raise NotImplementedError
 
+    def logged_in(self) -> bool:
+        """True once the peer has proved who it is (the hello timeout no longer runs);
+        by default, once greeted."""
+        return self.greeted
+
     def busy(self) -> bool:
         """True while the connection waits for the broker (not idle, whatever it sends)."""
         return False
@@ -150,9 +155,9 @@ class ClientConnection(asyncio.Protocol):
             self._over_since = None
 
     def watch_timeouts(self, hello: float, idle: float) -> None:
-        """Close this connection if it sends no Hello within ``hello`` seconds, or (once
-        greeted) nothing at all for ``idle`` seconds (0: never). Time spent with
-        reading paused by the broker does not count as idle."""
+        """Close this connection if it has not logged in (:meth:`logged_in`) within
+        ``hello`` seconds, or (once it has) sent nothing at all for ``idle`` seconds
+        (0: never). Time spent with reading paused by the broker does not count as idle."""
         loop = asyncio.get_running_loop()
         opened = self.last_read = loop.time()
 
@@ -163,11 +168,15 @@ class ClientConnection(asyncio.Protocol):
             now = loop.time()
             if self._read_blocks or self.busy():
                 self.last_read = now  # we do not read it, or it waits for us: not idle
-            if not self.greeted:
-                if now - opened >= hello:
-                    self.fail(ProtocolError(f"no Hello within {hello:g}s (hello_timeout)"))
+            if not self.logged_in():
+                if now - opened < hello:
+                    wait = opened + hello - now
+                elif self.busy():
+                    wait = 0.25  # its login is being checked (a member proof): not yet
+                else:
+                    what = "member proof (UpdateRequest)" if self.greeted else "Hello"
+                    self.fail(ProtocolError(f"no {what} within {hello:g}s (hello_timeout)"))
                     return
-                wait = opened + hello - now
             elif idle:
                 if now - self.last_read >= idle:
                     self.fail(ProtocolError(f"idle for {idle:g}s (idle_timeout): closed"))

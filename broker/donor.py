@@ -47,7 +47,12 @@ class UpdateDonor:
         self._rate = max_rate
         self._big = wire.FrameCodec(update.MAX_UPDATE_FRAME)  # encodes update frames
 
-    async def serve(self, f: wire.UpdateRequest, member: tuple[str, bytes] | None) -> None:
+    async def serve(
+        self,
+        f: wire.UpdateRequest,
+        member: tuple[str, bytes] | None,
+        proven: Callable[[], None] = lambda: None,
+    ) -> None:
         """Stream this broker's state to a joining broker (docs/design.md §8, cluster/update.py),
         chunk by chunk, waiting whenever the joiner's socket is full, so the clients of
         this broker keep being served in between.
@@ -55,8 +60,8 @@ class UpdateDonor:
         Only to a proven member: ``member`` is the session's (member, challenge) from its
         MEMBER Hello (None: it said no such Hello). Once this broker has applied the log
         up to ``since`` (so the joiner's Join), the request's proof must verify against
-        the key that Join recorded; else it is answered with AccessRefused and nothing
-        is sent."""
+        the key that Join recorded (then ``proven`` is called: the session has logged
+        in); else it is answered with AccessRefused and nothing is sent."""
         conn = self._conn
         node = self._node
         try:
@@ -65,6 +70,7 @@ class UpdateDonor:
             member_proof.check(
                 node.state.membership.join_keys, member, f.member, f.proof, node.node_id
             )
+            proven()
             # A joiner whose build lacks an enabled flag could not read the state, nor
             # the log from there (cluster/features.py): refused, with the flags named.
             why = node.state.features.refusal(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import ssl
@@ -11,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from batonmq.broker import logs
+from batonmq.broker.admission import LoginGate
 from batonmq.broker.config import (
     BrokerConfig,
     package_version,
@@ -79,11 +81,13 @@ class Broker:
         # the replica digest until the state moves, instead of packing every queue's
         # index on each request.
         self._digest_at: tuple[object, int, str] | None = None
-        # docs/security.md: an unknown user's SCRAM salt is made from this, so a login
-        # attempt does not tell which users exist; refusals counted by what was missing.
-        self.auth_secret = os.urandom(32)
+        # Until this broker knows its cluster's id: an unknown user's SCRAM salt is made
+        # from this (see auth_secret); refusals counted by what was missing.
+        self._local_secret = os.urandom(32)
         self.allow_from = parse_networks(config.allow_from) if config.allow_from else None
         self.refusals: dict[str, int] = {}
+        # Connections not logged in yet, native and AMQP (docs/security.md).
+        self.logins = LoginGate(config.max_unauthenticated, config.max_unauthenticated_per_host)
 
     @property
     def node(self) -> Node:
@@ -467,6 +471,19 @@ class Broker:
         if isinstance(self._log, SealedLog):
             return self._log.keys.reload()
         return False
+
+    @property
+    def auth_secret(self) -> bytes:
+        """What an unknown user's SCRAM salt is made from (docs/security.md): derived
+        from the cluster's id, which every replica applied from the log, so every broker
+        of the cluster answers the same salt for the same unknown name, as it does for a
+        known user's, and comparing brokers does not tell which users exist. Before
+        this broker knows the id (not a member yet): a random secret of its own."""
+        node = self._node
+        cluster_id = node.state.membership.cluster_id if node is not None else ""
+        if not cluster_id:
+            return self._local_secret
+        return hashlib.sha256(b"baton-unknown-user-salt\0" + cluster_id.encode()).digest()
 
     def refused(self, what: str) -> None:
         """Count one refusal (``what``: "login", "member", "admin" or a right)."""

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 import msgpack
 
 from batonmq.broker.access import Login, Rights, list_users, user_event
+from batonmq.broker.admission import LoginGate, QuietLog
 from batonmq.broker.features import enable_event, feature_list
 from batonmq.cluster.features import FEATURES
 from batonmq.broker.config import BrokerConfig
@@ -176,11 +176,17 @@ class SessionBroker(Protocol):
 
     @property
     def auth_secret(self) -> bytes:
-        """This broker's random secret (an unknown user's SCRAM salt is made from it)."""
+        """What an unknown user's SCRAM salt is made from: the same on every broker of
+        the cluster."""
         ...
 
     def refused(self, what: str) -> None:
         """Count one refusal: ``what`` is "login" or the right that was missing."""
+        ...
+
+    @property
+    def logins(self) -> LoginGate:
+        """The connections still logging in (broker/admission.py)."""
         ...
 
 
@@ -210,6 +216,9 @@ class Session(ClientConnection):
         # Service leadership (broker/leadership.py): "node/runtime/s<n>", made at the
         # first Lead.
         self.candidate = ""
+        # Counted in the broker's LoginGate until it logs in or closes.
+        self._gated = False
+        self._member_proven = False
 
     @property
     def user(self) -> str:
@@ -233,11 +242,21 @@ class Session(ClientConnection):
                 f"this broker has {cfg.max_connections} connections open (max_connections)"
             ))
             return
+        # Until it logs in, it counts against the smaller limit of those that have not
+        # (docs/security.md): strangers never fill max_connections.
+        full = self.broker.logins.admit(self.peer_host)
+        if full is not None:
+            _log_limited(self.peer, full)
+            self.broker.refused("unauthenticated")
+            self.fail(LimitExceeded(full))
+            return
+        self._gated = True
         self.broker.sessions.add(self)
         self.watch_timeouts(cfg.hello_timeout, cfg.idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self._authenticated()
         if self._update is not None:
             self._update.cancel()
         self.broker.sessions.discard(self)
@@ -254,6 +273,24 @@ class Session(ClientConnection):
 
     def frames_handled(self) -> None:
         self._flush_publishes()
+
+    def logged_in(self) -> bool:
+        # A joining broker's session is greeted at its MEMBER Hello, but has proved
+        # nothing until the proof of its UpdateRequest verifies. While the donor checks
+        # it (once it has applied the log up to the Join: busy) the hello timeout
+        # waits; a refused proof leaves the session to it.
+        return self.greeted and (self._member is None or self._member_proven)
+
+    def _proven(self) -> None:
+        """The donor verified this member session's proof: it has logged in."""
+        self._member_proven = True
+        self._authenticated()
+
+    def _authenticated(self) -> None:
+        """It logged in (or closed): it no longer counts against max_unauthenticated."""
+        if self._gated:
+            self._gated = False
+            self.broker.logins.done(self.peer_host)
 
     def busy(self) -> bool:
         # A joining broker only reads while its update streams: it is not idle.
@@ -424,7 +461,7 @@ class Session(ClientConnection):
                 donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate,
                                     self.broker.refused)
                 self._update = asyncio.create_task(
-                    donor.serve(f, self._member), name="baton-update"
+                    donor.serve(f, self._member, self._proven), name="baton-update"
                 )
             case wire.ReadRange():
                 self.rights.check("read", f.queue)
@@ -585,6 +622,7 @@ class Session(ClientConnection):
             self._refuse(exc.message)
             return
         self.rights = Rights(lambda: self.broker.node.state.users, user.name, self.broker.refused)
+        self._authenticated()
         self._greet(f.corr, {"message": outcome, "user": user.name, "admin": user.admin})
 
     def _greet(self, corr: int, auth: dict[str, Any]) -> None:
@@ -806,20 +844,10 @@ def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
     )
 
 
-# Refused logins are logged at most once a second (a flood of bad logins must not
-# flood the log); the counter (access_refused, metrics) has them all.
-_REFUSALS = {"logged_at": -1.0, "quiet": 0}
-
-
-def _log_refusal(peer: str, why: str) -> None:
-    now = time.monotonic()
-    if now - _REFUSALS["logged_at"] < 1.0:
-        _REFUSALS["quiet"] += 1
-        return
-    quiet = int(_REFUSALS["quiet"])
-    more = f" ({quiet} more refused since the last such line)" if quiet else ""
-    log.warning("login refused from %s: %s%s", peer, why, more)
-    _REFUSALS["logged_at"], _REFUSALS["quiet"] = now, 0
+# Refused logins, and connections refused by a limit, are logged at most once a second
+# each (docs/security.md).
+_log_refusal = QuietLog(log, "login refused")
+_log_limited = QuietLog(log, "refused a connection")
 
 
 def _check_fence(service: str, token: int) -> None:

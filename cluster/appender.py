@@ -96,6 +96,9 @@ class Appender:
         self._leftover: list[tuple[str, int, bytes]] = []
         self._outbox_failures = 0  # publish batches the store's outbox refused in a row
         self._outbox_ready = asyncio.Event()
+        #: The offset applied here (the node sets it): an append that lands at or
+        #: below it means records were cut from the log's end.
+        self.applied_offset: Callable[[], int] = lambda: -1
         # seq -> the future submit() returned: each of its event's result type.
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._durable_seq = 0  # every own seq <= this is durable on the log
@@ -217,8 +220,11 @@ class Appender:
         delay = 0.05
         while True:
             started = time.perf_counter()
+            # Read before the append: the log's end is above it then, unless records
+            # were cut from it (a join update may raise it meanwhile).
+            applied = self.applied_offset()
             try:
-                await self.log.append(records)
+                first = await self.log.append(records)
             except LogUnavailable as exc:
                 # Kafka down, disk full: the events wait in order; appliers drop the
                 # duplicates a retry of an append with an unknown outcome may make.
@@ -253,12 +259,38 @@ class Appender:
                 log.exception("log append failed")
                 self._fail_batch(batch, LogUnavailable(f"log append failed: {exc}"))
                 return False
+            if first <= applied:
+                self._log_cut(first, applied, batch)
+                return False
             if self.append_observer is not None:
                 self.append_observer(time.perf_counter() - started)
             if self._append_error is not None:
                 log.warning("appending to the log works again")
                 self._append_error = None
             return True
+
+    def _log_cut(self, end_before: int, applied: int, batch: list[tuple[int, bytes, bool]]) -> None:
+        """The batch landed at offsets this broker has applied already: records were
+        cut from the log's end (a segment truncated, or restored from an older copy).
+        Nothing appended now is ever applied here, so the broker says so loudly, once,
+        reports it in its health for good, and fails the commands at once instead of
+        letting them time out."""
+        problem = (
+            f"the log ends at offset {end_before}, below offset {applied} applied here:"
+            " records were cut from its end; run `baton log verify`"
+        )
+        if self.health.log_cut is None:
+            log.error(
+                "LOG CUT: the log %s ends at offset %d, below offset %d that this broker has"
+                " applied: records were removed from its end (a truncated or older segment"
+                " file). What is appended now lands at offsets already applied and is never"
+                " applied: commands fail. Run `baton log verify --log %s` to see the"
+                " damage; stop every broker on this log, put the missing records back (the"
+                " segment from a backup), or start the brokers on new data dirs and a new"
+                " log.", self.log.url, end_before, applied, self.log.url,
+            )
+        self.health.cut(end_before, applied, problem)
+        self._fail_batch(batch, LogCorrupt(problem), quiet=True)
 
     def _fail_batch(
         self, batch: list[tuple[int, bytes, bool]], exc: BatonError, quiet: bool = False

@@ -278,8 +278,7 @@ class Applier:
                 " broker's keys: ignored (a writer without the key, or a retired key)",
                 len(unopened), unopened[0], unopened[-1],
             )
-        self.health.ok = True
-        self.health.problem = ""
+        self.health.recovered()
         self._dispatch(out)
         self._after_batch()
         self.applied_event.set()
@@ -351,7 +350,7 @@ class Applier:
             self.keys_forgotten = forget_below
             if not self.health.ok:
                 log.warning("store writes work again")
-            self.health.ok = True
+            self.health.ok = self.health.log_cut is None
             return
 
     def _dispatch(self, effects: list[Effect]) -> None:

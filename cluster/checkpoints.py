@@ -89,7 +89,11 @@ class Checkpoints:
                 await asyncio.wait_for(self.submit(Checkpoint(prev[0], prev[1])), 30)
                 await self._truncate()
             except (BatonError, TimeoutError) as exc:
-                log.warning("checkpoint failed: %s", exc)
+                # A timeout has no message: say what it was.
+                why = str(exc) or (
+                    "not applied within 30 s" if isinstance(exc, TimeoutError) else ""
+                )
+                log.warning("checkpoint failed: %s: %s", type(exc).__name__, why)
 
     async def _truncate(self) -> None:
         """Drop the log below the checkpoint ``retain`` back, once every live runtime

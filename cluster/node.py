@@ -161,6 +161,7 @@ class Node:
             max_append=max_append,
             max_outbox=max_outbox,
         )
+        self.appender.applied_offset = lambda: self.state.applied
         self.checkpoints = Checkpoints(
             self.key, self.state, log, self.health, self.joined, self.submit, checkpoint_ms
         )

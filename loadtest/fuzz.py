@@ -74,6 +74,7 @@ from pamqp import base as pamqp_base
 from pamqp import commands as pamqp_commands
 from pamqp import frame as pamqp_frame
 
+from batonmq.broker.admission import LoginGate
 from batonmq.broker.amqp_codec import HEARTBEAT as AMQP_HEARTBEAT
 from batonmq.broker.amqp_codec import PROTOCOL_HEADER as AMQP_HEADER
 from batonmq.broker.amqp_codec import AmqpCodec, FrameError
@@ -275,6 +276,7 @@ def _fake_broker() -> SessionBroker:
         auth_secret=b"fuzz" * 8,
         allow_from=None,
         refused=lambda what: None,
+        logins=LoginGate(1 << 30, 1 << 30),  # every fuzzed connection is admitted
     )
     return cast(SessionBroker, broker)
 
@@ -454,6 +456,7 @@ def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
         allow_from=None,
         amqp_connections=set(),
         refused=lambda what: None,
+        logins=LoginGate(1 << 30, 1 << 30),
     )
     return cast(AmqpBroker, broker)
 

@@ -59,6 +59,8 @@ _SALT: Final = b"baton-log-seal-v1"
 OVERHEAD: Final = 2 + 1 + 1 + 64 + _NONCE + _TAG
 #: Least seconds between two looks at the key file's mtime.
 POLL_SECONDS: Final = 1.0
+#: Unknown key ids remembered (each looked for once until the file changes).
+MAX_MISSING: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,15 +234,23 @@ class KeyFile:
         return True
 
     def look_for(self, key_id: str) -> None:
-        """Read the file again if ``key_id`` is unknown: another broker's key file may
-        have got a new key first (docs/log-sealing.md: add keys before they seal). Once
-        per unknown id until the file changes, so records of a foreign key cannot make
-        a broker read the file per record."""
+        """Read the file again if ``key_id`` is unknown and the file changed since it was
+        read: another broker's key file may have got a new key first
+        (docs/log-sealing.md: add keys before they seal). An unknown id is looked for
+        once until the file changes (the first :data:`MAX_MISSING` of them are
+        remembered; past them each look is one ``stat``), so records naming ever new
+        foreign ids make a broker neither read the file nor log a line per record: it
+        is read again, with its one INFO line, only when it changed."""
         if self.ring.knows(key_id) or key_id in self._missing:
             return
-        if len(self._missing) < 1024:
+        if len(self._missing) < MAX_MISSING:
             self._missing.add(key_id)
-        self.reload()
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            return  # gone for now: the keys read before stay
+        if mtime != self._mtime:
+            self.reload()
 
     def poll(self) -> None:
         """Reload if the file's mtime changed (at most one look per POLL_SECONDS)."""

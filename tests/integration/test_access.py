@@ -377,3 +377,49 @@ async def test_exchange_commands_need_their_rights(secured: BrokerProcess) -> No
             assert await alice.declare_queue("tmp", dead_letter_exchange="ex")
         assert (await admin.queue_stats("other"))["ready"] == 0  # nothing went there
         assert (await admin.queue_stats("jobs"))["ready"] == 1
+
+
+def _server_salt(address: str, user: str) -> str:
+    """The salt a broker's SCRAM challenge gives ``user`` (``s=`` of server-first)."""
+    from batonmq.clients import scram, wire
+    from tests.integration.test_bad_clients import RawClient
+
+    raw = RawClient(address, hello=False)
+    try:
+        exchange = scram.ClientExchange(user, "any-password")
+        raw.send(wire.Hello(raw.next_corr(), wire.PROTOCOL_VERSION, "probe",
+                            {"mechanism": scram.MECHANISM, "message": exchange.first()}))
+        challenge = raw.read()
+        assert isinstance(challenge, wire.AuthChallenge), challenge
+        message = challenge.data["message"]
+        text = message.decode() if isinstance(message, bytes) else str(message)
+        return dict(part.split("=", 1) for part in text.split(","))["s"]
+    finally:
+        raw.close()
+
+
+def test_every_broker_gives_an_unknown_user_the_same_salt(tmp_path: Path) -> None:
+    """A known user's salt is the same on every broker (it is replicated); an unknown
+    user's must be too, or comparing two brokers tells which users exist."""
+    log_url = f"file:{tmp_path / 'shared-log'}"
+    brokers = [
+        BrokerProcess(tmp_path / f"n{i}", log_url=log_url, node_id=f"n{i}") for i in (1, 2)
+    ]
+    try:
+        for b in brokers:
+            b.start()
+        for name in ("guest", "nobody-here", "mallory"):
+            salts = {_server_salt(b.address, name) for b in brokers}
+            assert len(salts) == 1, (name, salts)
+        # And unknown names still get salts of their own.
+        assert _server_salt(brokers[0].address, "nobody-here") != _server_salt(
+            brokers[0].address, "mallory"
+        )
+        # A restarted broker (a new runtime) answers the same.
+        before = _server_salt(brokers[1].address, "nobody-here")
+        brokers[1].stop()
+        brokers[1].restart()
+        assert _server_salt(brokers[1].address, "nobody-here") == before
+    finally:
+        for b in brokers:
+            b.stop()

@@ -320,6 +320,51 @@ def test_a_bad_password_is_refused_cleanly(amqp_broker: BrokerProcess) -> None:
     assert "Traceback" not in amqp_broker.output()
 
 
+def test_refused_logins_are_logged_at_most_once_a_second(amqp_broker: BrokerProcess) -> None:
+    """A flood of bad logins does not flood the log (docs/security.md): the lines say
+    how many more were refused."""
+    for _ in range(12):
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            connect(amqp_broker, user="nobody", password="x")
+    # The last line may still be due; the counter has them all.
+    lines = [l for l in amqp_broker.output().splitlines() if "AMQP login refused" in l]
+    assert 1 <= len(lines) < 12, lines
+
+
+def test_connections_still_logging_in_have_their_own_limit(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b", extra=[*AMQP, "--max-unauthenticated-per-host", "3",
+                                             "--hello-timeout", "30"])
+    b.start()
+    socks = []
+    try:
+        for _ in range(3):  # connected, and silent: still logging in
+            socks.append(socket.create_connection(("127.0.0.1", amqp_port(b)), timeout=10))
+        late = socket.create_connection(("127.0.0.1", amqp_port(b)), timeout=10)
+        socks.append(late)
+        late.sendall(b"AMQP\x00\x00\x09\x01")
+        try:
+            assert late.recv(100) == b""  # closed, unanswered
+        except ConnectionResetError:
+            pass
+        eventually_sync(lambda: "max_unauthenticated_per_host" in b.output(), "the refusal line")
+        for s in socks[:3]:
+            s.close()
+        # The broker counts them out as they close; then a client logs in again.
+        conn = eventually_sync(lambda: _connects(b), "an AMQP login is accepted")
+        conn.close()
+    finally:
+        for s in socks:
+            s.close()
+        b.stop()
+
+
+def _connects(b: BrokerProcess) -> pika.BlockingConnection | None:
+    try:
+        return connect(b)
+    except pika.exceptions.AMQPConnectionError:
+        return None
+
+
 def test_unsupported_methods_close_with_540_and_a_wrong_vhost_with_530(
     amqp_broker: BrokerProcess,
 ) -> None:
@@ -355,6 +400,43 @@ def test_access_refused_by_rights(amqp_broker: BrokerProcess) -> None:
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
         conn.channel().queue_declare("other")
     assert info.value.reply_code == 403
+    conn.close()
+
+
+def test_a_mandatory_publish_does_not_tell_which_queues_exist(
+    amqp_broker: BrokerProcess,
+) -> None:
+    """Through the default exchange, a user who may not write a queue gets 403 whether
+    it exists or not; one who may gets Basic.Return for a missing queue (docs/amqp.md)."""
+    r = baton("user", "add", "erin", "--password-stdin", "--broker", amqp_broker.address,
+              stdin=b"erin-pw\n")
+    assert r.returncode == 0, r.stderr
+    r = baton("permissions", "set", "erin", "--configure", "eq.*", "--write", "eq.*",
+              "--read", "eq.*", "--broker", amqp_broker.address)
+    assert r.returncode == 0, r.stderr
+    admin = connect(amqp_broker)
+    admin.channel().queue_declare("secret-exists")
+    admin.close()
+    conn = connect(amqp_broker, user="erin", password="erin-pw")
+    answers = {}
+    for queue in ("secret-exists", "secret-missing"):
+        ch = conn.channel()
+        ch.confirm_delivery()
+        try:
+            ch.basic_publish("", queue, b"probe", mandatory=True)
+            answers[queue] = "published"
+        except pika.exceptions.UnroutableError:
+            answers[queue] = "returned"
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            answers[queue] = str(exc.reply_code)
+    assert answers == {"secret-exists": "403", "secret-missing": "403"}, answers
+    # Her own names: a missing queue is returned, an existing one takes the message.
+    ch = conn.channel()
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("", "eq.missing", b"m", mandatory=True)
+    ch.queue_declare("eq.mine")
+    ch.basic_publish("", "eq.mine", b"m", mandatory=True)
     conn.close()
 
 

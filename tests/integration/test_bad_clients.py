@@ -25,9 +25,11 @@ class RawClient:
     """A client on a plain socket: frames are built by hand, so it can send what the
     client library refuses to (and never read, when a test wants that)."""
 
-    def __init__(self, address: str, hello: bool = True) -> None:
+    def __init__(self, address: str, hello: bool = True, source: str | None = None) -> None:
         host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock = socket.create_connection(
+            (host, int(port)), timeout=10, source_address=(source, 0) if source else None
+        )
         self.codec = wire.FrameCodec(64 * 1024 * 1024)
         self.corr = 0
         if hello:

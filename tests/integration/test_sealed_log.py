@@ -174,3 +174,34 @@ async def test_rotation_under_load_loses_no_confirmed_message(tmp_path: Path) ->
     finally:
         for b in brokers:
             b.stop()
+
+
+async def test_records_of_many_unknown_key_ids_do_not_flood_the_broker(tmp_path: Path) -> None:
+    """Records naming 3,000 distinct key ids the broker does not have: it skips them
+    without reading its key file again (the file did not change) and without a log
+    line per record (docs/log-sealing.md)."""
+    keys, wrong = tmp_path / "keys.toml", tmp_path / "wrong.toml"
+    write(keys, key_entry("k1", b"a"))
+    write(wrong, key_entry("k1", b"b"))
+    log_dir = tmp_path / "log"
+    b = BrokerProcess(tmp_path / "b", log_url=f"file:{log_dir}",
+                      extra=["--log-key-file", str(keys)])
+    b.start()
+    try:
+        before = await unopened(b.address)
+        foreign = SealedLog(await open_log(f"file:{log_dir}"), KeyFile(str(wrong)))
+        record = foreign.seal([b"forged"])[0]
+        assert record[3] == 2 and record[4:6] == b"k1"
+        forged = [b"\xc1S\x01\x05" + f"x{i:04x}".encode() + record[6:] for i in range(3000)]
+        for i in range(0, len(forged), 500):
+            await foreign.inner.append(forged[i:i + 500])
+        await foreign.close()
+        await eventually(lambda: unopened(b.address), "the foreign records skipped",
+                         until=lambda n: n >= before + 3000, timeout=30)
+        out = b.output_since(b"== test: start 1")
+        reads = [line for line in out.splitlines() if "read: keys" in line]
+        assert len(reads) <= 1, reads[:5]
+        async with await clients.connect(b.address) as conn:  # still serving
+            await conn.declare_queue("q")
+    finally:
+        b.stop()

@@ -5,6 +5,7 @@ records the same way."""
 from __future__ import annotations
 
 import base64
+import logging
 import os
 from pathlib import Path
 
@@ -186,3 +187,28 @@ async def test_nodes_skip_a_foreign_writers_records_alike(tmp_path: Path) -> Non
             await node.stop()
             node.store.close()
         await shared.close()
+
+
+def test_records_of_ever_new_foreign_key_ids_do_not_reread_the_key_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records naming thousands of key ids this broker does not have: the key file is
+    read again (with its INFO line) only when it changed, not per record past the first
+    1,024 ids; a key added to the file is still found at its first record."""
+    path = write_keys(tmp_path / "k", key("k1", b"a"))
+    mine = sealed(MemoryLog("orders"), path)
+    record = mine.seal([b"body"])[0]
+    assert record[3] == 2 and record[4:6] == b"k1"
+    caplog.set_level(logging.INFO, logger="batonmq.cluster.log.sealed")
+    rings = {id(mine.keys.ring)}
+    for i in range(3000):
+        foreign = b"\xc1S\x01\x05" + f"x{i:04x}".encode() + record[6:]
+        assert mine.open(foreign) == UNOPENED
+        rings.add(id(mine.keys.ring))
+    assert len(rings) == 1  # never read again: the file did not change
+    assert not [r for r in caplog.records if "read: keys" in r.getMessage()]
+    # A key another broker's file got first: added here, found at its first record.
+    write_keys(tmp_path / "k", key("k1", b"a"), key("k2", b"b"))
+    theirs = sealed(MemoryLog("orders"), write_keys(tmp_path / "t", key("k2", b"b")))
+    assert mine.open(theirs.seal([b"new key"])[0]) == b"new key"
+    assert len([r for r in caplog.records if "read: keys" in r.getMessage()]) == 1
