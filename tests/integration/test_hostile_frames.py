@@ -230,3 +230,170 @@ def test_a_decode_bomb_from_a_user_without_rights_harms_no_one(
         assert isinstance(err, wire.Error) and err.corr == 0, err
         assert "PublishBatch" in err.message and "max_array_len" in err.message, err
     assert "PublishBatch frame is above the decoding limits" in pair[0].output()
+
+
+# --- AMQP: half-sent bodies on many channels -------------------------------------------
+
+_AMQP_BODY = 8 * 1024 * 1024  # what each attacking publish announces (max_message)
+
+
+class RawAmqp:
+    """An AMQP 0-9-1 client on a plain socket, frames written with pamqp, so that it
+    can start publishes and never finish them."""
+
+    def __init__(self, address: str, user: str, password: str) -> None:
+        from pamqp import commands
+
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.buf = b""
+        self.sock.sendall(b"AMQP\x00\x00\x09\x01")
+        assert isinstance(self.read()[1], commands.Connection.Start)
+        self.send(0, commands.Connection.StartOk(mechanism="PLAIN",
+                                                  response=f"\0{user}\0{password}"))
+        tune = self.read()[1]
+        assert isinstance(tune, commands.Connection.Tune), tune
+        self.frame_max = tune.frame_max
+        self.send(0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0))
+        self.send(0, commands.Connection.Open("/"))
+        assert isinstance(self.read()[1], commands.Connection.OpenOk)
+
+    def send(self, channel: int, frame: object) -> None:
+        from pamqp import frame as pframe
+
+        self.sock.sendall(pframe.marshal(frame, channel))  # type: ignore[arg-type]
+
+    def read(self) -> tuple[int, object]:
+        from pamqp import frame as pframe
+
+        while True:
+            if len(self.buf) >= 7:
+                size = struct.unpack(">I", self.buf[3:7])[0]
+                if len(self.buf) >= 8 + size:
+                    used, channel, frame = pframe.unmarshal(self.buf[: 8 + size])
+                    self.buf = self.buf[used:]
+                    return channel, frame
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the broker closed the connection")
+            self.buf += data
+
+    def open_channel(self, number: int) -> None:
+        from pamqp import commands
+
+        self.send(number, commands.Channel.Open())
+
+    def start_publish(self, channel: int, queue: str, body: int) -> None:
+        """Basic.Publish to ``queue``, a content header announcing ``_AMQP_BODY`` bytes,
+        and ``body`` bytes of it (never all of them)."""
+        from pamqp import body as pbody, commands, header
+
+        self.send(channel, commands.Basic.Publish(exchange="", routing_key=queue))
+        self.send(channel, header.ContentHeader(0, _AMQP_BODY, commands.Basic.Properties()))
+        step = self.frame_max - 8
+        chunk = b"x" * step
+        sent = 0
+        while sent < body:
+            part = chunk[: min(step, body - sent)]
+            self.send(channel, pbody.ContentBody(part))
+            sent += len(part)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _amqp_address(target: BrokerProcess) -> str:
+    lines = target.log_path.read_text(errors="replace").splitlines()
+    found = next(filter(None, map(amqp_ready_address, lines)), None)
+    assert found is not None, target.output()
+    return found
+
+
+def test_half_sent_amqp_bodies_harm_no_one(pair: list[BrokerProcess]) -> None:
+    from pamqp import commands
+
+    closes: dict[str, object] = {}
+
+    def attack(target: BrokerProcess) -> None:
+        address = _amqp_address(target)
+        with clients.sync.connect(target.address, failover=False) as admin:
+            admin.declare_queue("target")
+        # A user without rights: each publish is refused at its content header (403),
+        # and what comes of its body is dropped.
+        nobody = RawAmqp(address, "nobody", "nobody-password")
+        try:
+            refused = 0
+            for n in range(1, 251):
+                nobody.open_channel(n)
+                assert isinstance(nobody.read()[1], commands.Channel.OpenOk)
+                nobody.start_publish(n, "target", nobody.frame_max * 2)
+                channel, frame = nobody.read()
+                if isinstance(frame, commands.Channel.Close) and frame.reply_code == 403:
+                    refused += 1
+                    nobody.send(channel, commands.Channel.CloseOk())
+            closes["nobody refused"] = refused
+        finally:
+            nobody.close()
+        # A user with the right, 250 channels each with 8 MiB - 1 of an 8 MiB body:
+        # the connection is closed once it has more under way than amqp_body_buffer.
+        hog = RawAmqp(address, "guest", "guest")
+        try:
+            hog.sock.settimeout(10)
+            for n in range(1, 251):
+                hog.open_channel(n)
+                hog.start_publish(n, "target", _AMQP_BODY - 1)
+        except OSError as exc:
+            closes["hog send"] = repr(exc)
+        try:
+            while True:
+                channel, frame = hog.read()
+                if isinstance(frame, commands.Connection.Close):
+                    closes["hog"] = frame
+                    break
+        except (OSError, ConnectionError) as exc:
+            closes["hog read"] = repr(exc)
+        finally:
+            hog.close()
+        # Several connections, each within its own budget, together above the broker's:
+        # the bodies past it wait (their connections are not read).
+        many = [RawAmqp(address, "guest", "guest") for _ in range(6)]
+        stalled = []
+
+        def fill(conn: RawAmqp) -> None:
+            conn.sock.settimeout(5)
+            try:
+                for n in (1, 2):
+                    conn.open_channel(n)
+                    conn.start_publish(n, "target", _AMQP_BODY - 1)
+            except OSError:
+                stalled.append(conn)  # the broker stopped reading it
+
+        threads = [threading.Thread(target=fill, args=(c,)) for c in many]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        closes["stalled"] = len(stalled)
+        for c in many:
+            c.close()
+
+    watch = _under_attack(pair, attack)
+    print(closes)
+    _check(watch, pair[0])
+    assert closes.get("nobody refused") == 250, closes
+    hog_close = closes.get("hog")
+    assert isinstance(hog_close, commands.Connection.Close), closes
+    assert hog_close.reply_code == 506 and "amqp_body_buffer" in hog_close.reply_text, closes
+    assert "amqp_body_buffer" in pair[0].output()
+    assert closes["stalled"], f"no connection waited for the broker's body budget: {closes}"
+    # Once the attackers are gone, AMQP publishes go through again.
+    import pika
+
+    host, _, port = _amqp_address(pair[0]).rpartition(":")
+    conn = pika.BlockingConnection(pika.ConnectionParameters(host, int(port)))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", "target", b"y" * (4 * 1024 * 1024))
+    finally:
+        conn.close()
