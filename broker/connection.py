@@ -38,7 +38,7 @@ _FLUSH_AT: Final = 256 * 1024
 _MAX_BEFORE_HELLO: Final = 64 * 1024
 # A frame at least this large is decoded on a worker thread, not on the event loop:
 # within the decode limits a hostile frame costs up to ~150 ns a byte to decode, so a
-# frame below this holds the loop for a few ms at most (docs/security.md "Decoding").
+# frame below this holds the loop for a few ms at most (docs/security.md "Bad input harms no one else").
 DECODE_AWAY_AT: Final = 32 * 1024
 
 _decoder: ThreadPoolExecutor | None = None

@@ -114,7 +114,7 @@ MAX_BATCH_MESSAGES: Final = 32_768
 #: The most msgpack values (array items, and keys and values of maps) one frame a broker
 #: reads may decode to. Decoded, a value costs up to ~72 bytes of memory for its one
 #: byte on the wire (an empty array or map): this bound, not the frame's size, is what
-#: keeps a hostile frame's decoding to tens of MiB (docs/security.md "Decoding").
+#: keeps a hostile frame's decoding to tens of MiB (docs/security.md "Bad input harms no one else").
 MAX_FRAME_ELEMENTS: Final = 524_288
 
 _LEN = struct.Struct(">I")
@@ -896,7 +896,7 @@ class DecodeLimits:
     msgpack's decoder checks every array's and map's announced length before it
     allocates it, and hooks count the values decoded so far, so a frame that would
     decode to more is refused part-way, at a cost bounded by these numbers, never by
-    what the frame claims (docs/security.md "Decoding").
+    what the frame claims (docs/security.md "Bad input harms no one else").
 
     Attributes:
         max_array: longest array in a frame, unless the frame's op allows more.

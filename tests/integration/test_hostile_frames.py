@@ -1,4 +1,4 @@
-"""Hostile frames against a live cluster (docs/security.md "Decoding" and "AMQP bodies"):
+"""Hostile frames against a live cluster (docs/security.md "Bad input harms no one else", docs/amqp.md "Limits"):
 a decode bomb on the native port and half-sent AMQP bodies on many channels. Through
 each, the attacked broker stays in the view, its memory stays within 150 MiB of where
 it was, and a healthy client publishing and consuming on it sees no error."""
