@@ -1,7 +1,8 @@
-"""Hostile frames against a live cluster (docs/security.md "Bad input harms no one else", docs/amqp.md "Limits"):
-a decode bomb on the native port and half-sent AMQP bodies on many channels. Through
-each, the attacked broker stays in the view, its memory stays within 150 MiB of where
-it was, and a healthy client publishing and consuming on it sees no error."""
+"""Hostile frames against a live cluster: a decode bomb on the native port and
+half-sent AMQP bodies on many channels (docs/security.md "Bad input harms no one
+else", docs/amqp.md "Limits"). Through each, the attacked broker stays in the view,
+its memory stays within 150 MiB of where it was, and a healthy client publishing and
+consuming on it sees no error."""
 
 from __future__ import annotations
 
