@@ -971,8 +971,8 @@ class FrameCodec:
 
     __slots__ = ("_buf", "_max_frame", "_packer", "_limits")
 
-    #: A payload at least this large is handed out without a copy by
-    #: :meth:`next_payload`: the buffer holding it is given up and a new one kept.
+    #: A payload at least this large, and most of the buffer, is handed out without a
+    #: copy by :meth:`next_payload`: the buffer holding it is given up, a new one kept.
     _DETACH_AT: ClassVar[int] = 64 * 1024
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, limits: DecodeLimits | None = None) -> None:
@@ -1010,10 +1010,32 @@ class FrameCodec:
             ProtocolError: the payload is not a well-formed frame, or breaks the
                 codec's decode limits.
         """
-        payload = self.next_payload()
-        if isinstance(payload, _NeedData):
-            return payload
-        return self.decode(payload)
+        buf = self._buf
+        length = self._complete()
+        if length is None:
+            return NEED_DATA
+        end = 4 + length
+        payload = memoryview(buf)[4:end]  # decoded in place: no copy
+        try:
+            return decode_payload(payload, self._limits)
+        finally:
+            payload.release()  # the buffer cannot be resized while a view exists
+            del buf[:end]
+
+    def _complete(self) -> int | None:
+        """The length of the next frame's payload once the buffer holds all of it.
+
+        Raises:
+            FrameTooLarge: the next frame's length is above ``max_frame``.
+        """
+        length = self.next_length()
+        if length is None:
+            return None
+        if length > self._max_frame:
+            raise FrameTooLarge(
+                f"frame of {length} bytes is above the maximum of {self._max_frame}"
+            )
+        return length if len(self._buf) >= 4 + length else None
 
     def next_payload(self) -> bytes | memoryview | _NeedData:
         """Take the next complete frame's payload out of the buffer, undecoded (to be
@@ -1023,18 +1045,14 @@ class FrameCodec:
             FrameTooLarge: the next frame's length is above ``max_frame``.
         """
         buf = self._buf
-        length = self.next_length()
+        length = self._complete()
         if length is None:
             return NEED_DATA
-        if length > self._max_frame:
-            raise FrameTooLarge(
-                f"frame of {length} bytes is above the maximum of {self._max_frame}"
-            )
         end = 4 + length
-        if len(buf) < end:
-            return NEED_DATA
-        if length >= self._DETACH_AT:
-            # A large frame is not copied: its buffer goes with it, the rest stays.
+        if length >= self._DETACH_AT and len(buf) - end <= length:
+            # A large frame that is most of the buffer is not copied: the buffer goes
+            # with it and what follows it is copied into a new one (never more than
+            # the frame itself, so that many large frames read at once cost linear time).
             self._buf = buf[end:]
             return memoryview(buf)[4:end]
         payload = bytes(buf[4:end])

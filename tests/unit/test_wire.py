@@ -423,3 +423,13 @@ def test_a_large_payload_is_handed_out_without_a_copy_and_the_rest_kept() -> Non
     assert codec.buffered == 3 and codec.next_payload() is wire.NEED_DATA
     codec.receive_data(codec.send(wire.Ping(2))[3:])
     assert codec.next_frame() == wire.Ping(2)
+
+
+def test_many_large_payloads_read_at_once_come_out_in_order() -> None:
+    codec = FrameCodec()
+    frames = [wire.Publish(i, "q", bytes([i]) * 70_000, {}) for i in range(1, 5)]
+    codec.receive_data(b"".join(codec.send(f) for f in frames))
+    got = []
+    while not isinstance(payload := codec.next_payload(), type(wire.NEED_DATA)):
+        got.append(codec.decode(payload))
+    assert got == frames and codec.buffered == 0
