@@ -589,18 +589,30 @@ class Channel:
         except BatonError as exc:
             raise ChannelError(error_code(exc), exc.message) from None
 
-    def _publish(self, content: Content | Oversized) -> None:
-        m = content.method
-        if isinstance(content, Oversized):
-            raise ChannelError(
-                406, f"message size {content.size} is larger than configured max size"
-                f" {self.owner.config.max_message}"
-            )
+    def check_publish(
+        self, method: commands.Basic.Publish, properties: commands.Basic.Properties
+    ) -> None:
+        """Check a publish at its content header, before its body comes: the user's
+        write right on where it goes (docs/amqp.md "Limits").
+
+        Raises:
+            ChannelError: the channel closes (403 without the right).
+            ConnectionFault: the connection closes.
+        """
+        try:
+            self._route(method, properties)
+        except BatonError as exc:
+            raise ChannelError(error_code(exc), exc.message) from None
+
+    def _route(
+        self, m: commands.Basic.Publish, properties: commands.Basic.Properties
+    ) -> list[str]:
+        """The queues a publish goes to, once the user's rights allow it."""
         if m.immediate:
             raise ConnectionFault(540, "immediate=true", (60, 40))  # (as RabbitMQ)
-        if content.properties.headers:
+        if properties.headers:
             # Before anything walks them recursively: deep nesting is refused here.
-            check_headers(content.properties.headers)
+            check_headers(properties.headers)
         if m.exchange == routes.DEFAULT_EXCHANGE:
             # Write on the queue the routing key names, whether it exists or not, before
             # routing: a user without the right gets 403 for a queue that exists and for
@@ -608,10 +620,20 @@ class Channel:
             # exist (docs/amqp.md).
             self.owner.rights.check("write", m.routing_key)
         queues = routes.route(self.owner.node.state, m.exchange, m.routing_key,
-                              content.properties.headers or {})
+                              properties.headers or {})
         if m.exchange != routes.DEFAULT_EXCHANGE:
             # (as RabbitMQ: write on the exchange, whatever queues it routes to)
             self.owner.rights.check("write", m.exchange, "exchange")
+        return queues
+
+    def _publish(self, content: Content | Oversized) -> None:
+        m = content.method
+        if isinstance(content, Oversized):
+            raise ChannelError(
+                406, f"message size {content.size} is larger than configured max size"
+                f" {self.owner.config.max_message}"
+            )
+        queues = self._route(m, content.properties)
         seq = 0
         if self.confirming:
             self._seq += 1

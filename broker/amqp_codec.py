@@ -27,6 +27,7 @@ from pamqp import encode as pamqp_encode
 
 __all__ = [
     "AmqpCodec",
+    "BodyStart",
     "ChannelError",
     "ConnectionFault",
     "Content",
@@ -87,6 +88,18 @@ class Content:
 
 
 @dataclass(frozen=True, slots=True)
+class BodyStart:
+    """A publish's content header announced a body of ``size`` bytes (1..limit) that is
+    still to come: the broker checks the publish (rights, its body buffer) before any
+    of it is held (docs/amqp.md "Limits"). Its :class:`Content` follows once whole."""
+
+    channel: int
+    method: commands.Basic.Publish
+    properties: commands.Basic.Properties
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class Oversized:
     """A publish whose content header announces a body above the limit: its body
     frames are skipped as they come, and the broker refuses the message."""
@@ -101,13 +114,13 @@ class Heartbeat:
     """A heartbeat frame (channel 0)."""
 
 
-Event = ProtocolHeader | Method | Content | Oversized | Heartbeat
+Event = ProtocolHeader | Method | BodyStart | Content | Oversized | Heartbeat
 
 
 class _Partial:
     """One channel's message being assembled."""
 
-    __slots__ = ("method", "properties", "size", "parts", "got", "skip")
+    __slots__ = ("method", "properties", "size", "parts", "got", "skip", "dropped")
 
     def __init__(self, method: commands.Basic.Publish) -> None:
         self.method = method
@@ -115,7 +128,8 @@ class _Partial:
         self.size = 0
         self.parts: list[bytes] = []
         self.got = 0
-        self.skip = False  # oversized: the body frames are dropped
+        self.skip = False  # oversized or refused: the body frames are dropped
+        self.dropped = False  # forgotten (see AmqpCodec.forget)
 
 
 class AmqpCodec:
@@ -133,6 +147,7 @@ class AmqpCodec:
         self._buf = bytearray()
         self._greeted = False  # the protocol header is read
         self._content: dict[int, _Partial] = {}
+        self._dropping = False  # drop_content() was called
 
     @property
     def buffered(self) -> int:
@@ -152,9 +167,26 @@ class AmqpCodec:
         """Whether a message's content is still to come on ``channel``."""
         return channel in self._content
 
+    def drop_content(self) -> None:
+        """Hold no more message content: every message half read, and every one that
+        starts from now, is dropped as its frames come (the connection is closing)."""
+        self._dropping = True
+        for channel in list(self._content):
+            self.forget(channel)
+
     def forget(self, channel: int) -> None:
-        """Drop a message half read on ``channel`` (the channel closed)."""
-        self._content.pop(channel, None)
+        """Drop a message half read on ``channel`` (the channel closed, or the message
+        was refused at its header): what was held of its body goes, and the body frames
+        still to come are skipped as they arrive (a client sends them before it reads
+        the Channel.Close); a method frame on the channel ends the skipping."""
+        partial = self._content.get(channel)
+        if partial is None:
+            return
+        partial.parts = []
+        partial.skip = True
+        partial.dropped = True
+        if partial.properties is not None and partial.got >= partial.size:
+            del self._content[channel]
 
     def next_event(self) -> Event | None:
         """The next event of the bytes received, or None until more bytes come.
@@ -192,11 +224,16 @@ class AmqpCodec:
 
     def _frame(self, kind: int, channel: int, payload: bytes) -> Event | None:
         if kind == FRAME_METHOD:
+            dropped = self._content.get(channel)
+            if dropped is not None and dropped.dropped:
+                del self._content[channel]  # the client gave up the message it was sending
             if channel in self._content:
                 raise FrameError(505, f"a method frame on channel {channel} while its message's content is still to come")
             method = _method(payload)
             if isinstance(method, commands.Basic.Publish):
-                self._content[channel] = _Partial(method)
+                started = self._content[channel] = _Partial(method)
+                if self._dropping:
+                    started.skip = started.dropped = True
                 return None
             return Method(channel, method)
         if kind == FRAME_HEADER:
@@ -212,9 +249,15 @@ class AmqpCodec:
                 raise FrameError(505, f"a content header of class {ch.class_id}, not Basic")
             partial.properties = ch.properties
             partial.size = ch.body_size
+            if partial.dropped:
+                if partial.size == 0:
+                    del self._content[channel]
+                return None
             if ch.body_size > self.max_body:
                 partial.skip = True  # (above max_body, so at least one body frame comes)
                 return Oversized(channel, partial.method, ch.body_size)
+            if partial.size:
+                return BodyStart(channel, partial.method, ch.properties, partial.size)
             return self._complete(channel, partial)
         if kind == FRAME_BODY:
             partial = self._content.get(channel)

@@ -28,6 +28,7 @@ from batonmq.broker.access import Rights
 from batonmq.broker.admission import LoginGate, QuietLog
 from batonmq.broker.amqp_channel import Channel
 from batonmq.broker.amqp_codec import (
+    BodyStart,
     HEARTBEAT,
     PROTOCOL_HEADER,
     AmqpCodec,
@@ -43,6 +44,7 @@ from batonmq.broker.amqp_codec import (
 )
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
+from batonmq.broker.memory import BodyBudget
 from batonmq.broker.networks import LOOPBACK, Networks, allows
 from batonmq.clients import scram
 from batonmq.cluster.events import DeleteQueue
@@ -95,6 +97,11 @@ class AmqpBroker(Protocol):
     @property
     def amqp_connections(self) -> set[AmqpConnection]:
         """The open AMQP connections: one adds itself when connected, leaves when lost."""
+        ...
+
+    @property
+    def amqp_bodies(self) -> BodyBudget:
+        """The bytes of half-sent bodies the broker may hold over all connections."""
         ...
 
     def refused(self, what: str) -> None: ...
@@ -198,6 +205,11 @@ class AmqpConnection(asyncio.Protocol):
         self._auto_delete: set[str] = set()
         self._host = ""
         self._gated = False  # counted in the broker's LoginGate until it logs in or closes
+        # Bodies announced by a content header and not yet whole: channel -> size
+        # reserved in the broker's budget (docs/amqp.md "Limits").
+        self._bodies: dict[int, int] = {}
+        self._body_limit = max(cfg.amqp_body_buffer, cfg.max_message)
+        self._body_wait: BodyStart | None = None  # waiting for the broker's budget
 
     # -- what the listing of connections reads (broker/inspect.py ConnectionView) ----------
 
@@ -278,6 +290,7 @@ class AmqpConnection(asyncio.Protocol):
         channel.release_all()
         self.channels.pop(channel.number, None)
         self.codec.forget(channel.number)
+        self._body_done(channel.number)
         self._closing_channels.add(channel.number)
         self.write(method_frame(channel.number, commands.Channel.Close(code, reply_text(code, text), 0, 0)))
 
@@ -361,6 +374,7 @@ class AmqpConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self._release()
+        self._bodies_done()
         self.broker.amqp_connections.discard(self)
 
     def _authenticated(self) -> None:
@@ -395,9 +409,24 @@ class AmqpConnection(asyncio.Protocol):
                 pass
             case Method():
                 self._method(event.channel, event.method)
+            case BodyStart():
+                if self._stage != "ready":
+                    raise ConnectionFault(504, "a publish before the connection is open")
+                ch = self._channel(event.channel, event.method)
+                if ch is None:
+                    self.codec.forget(event.channel)  # closing: its body is dropped
+                    return
+                try:
+                    # Rights before any of the body is held (as RabbitMQ: 403).
+                    ch.check_publish(event.method, event.properties)
+                except ChannelError as exc:
+                    self.close_channel(ch, exc.code, exc.text)
+                    return
+                self._body_start(event)
             case Content() | Oversized():
                 if self._stage != "ready":
                     raise ConnectionFault(504, "a publish before the connection is open")
+                self._body_done(event.channel)
                 ch = self._channel(event.channel, event.method)
                 if ch is None:
                     return
@@ -626,6 +655,61 @@ class AmqpConnection(asyncio.Protocol):
             self.transport.write(data)
             self._last_write = asyncio.get_running_loop().time()
 
+    # -- half-sent bodies (docs/amqp.md "Limits") -------------------------------------------------
+
+    def _body_start(self, event: BodyStart) -> None:
+        """Reserve a body's announced size: over this connection's budget the
+        connection closes; over the broker's, reading stops until it fits.
+
+        Raises:
+            ConnectionFault: 506, above this connection's budget.
+        """
+        held = sum(self._bodies.values())
+        if held + event.size > self._body_limit:
+            log.warning(
+                "closing AMQP connection from %s: %d bytes of bodies half-sent on %d"
+                " channels, and %d more announced on channel %d (amqp_body_buffer %d)",
+                self.peer, held, len(self._bodies), event.size, event.channel, self._body_limit,
+            )
+            raise ConnectionFault(
+                506, f"{held + event.size} bytes of message bodies under way on this"
+                f" connection, above amqp_body_buffer {self._body_limit}",
+            )
+        if self.broker.amqp_bodies.reserve(event.size):
+            self._bodies[event.channel] = event.size
+            return
+        # The broker holds all it may of half-sent bodies: this one waits its turn.
+        self._body_wait = event
+        self._block("bodies")
+        self.broker.amqp_bodies.wait(event.size, self._body_granted)
+
+    def _body_granted(self) -> None:
+        event = self._body_wait
+        self._body_wait = None
+        if event is None or self.closed:
+            if event is not None:
+                self.broker.amqp_bodies.release(event.size)
+            return
+        self._bodies[event.channel] = event.size
+        self._unblock("bodies")
+
+    def _body_done(self, channel: int) -> None:
+        """The body on ``channel`` is whole, or dropped: give its bytes back."""
+        size = self._bodies.pop(channel, None)
+        if size is not None:
+            self.broker.amqp_bodies.release(size)
+        elif self._body_wait is not None and self._body_wait.channel == channel:
+            self.broker.amqp_bodies.cancel(self._body_granted)
+            self._body_wait = None
+            self._unblock("bodies")
+
+    def _bodies_done(self) -> None:
+        if self._body_wait is not None:
+            self.broker.amqp_bodies.cancel(self._body_granted)
+            self._body_wait = None
+        for channel in list(self._bodies):
+            self._body_done(channel)
+
     def _block(self, why: str) -> None:
         if not self._read_blocks and self.transport is not None and not self.closed:
             self.transport.pause_reading()
@@ -648,6 +732,8 @@ class AmqpConnection(asyncio.Protocol):
             return
         log.info("closing AMQP connection from %s: %d %s", self.peer, exc.code, exc.text)
         self._release()
+        self.codec.drop_content()  # until Close-Ok only frames are read, no bodies kept
+        self._bodies_done()
         if self._stage == "header":
             self._close_transport()
             return

@@ -200,6 +200,9 @@ class BrokerConfig:
         amqp_listen: ``HOST:PORT`` of the AMQP 0-9-1 listener (docs/amqp.md); not set:
             none (the default). Port 0 picks a free port. With tls_cert it speaks TLS
             too, with the client port's certificate.
+        amqp_body_buffer, amqp_body_buffer_total: the AMQP message bodies announced by
+            their content header and not yet whole, per connection (above: closed) and
+            per broker (above: the next body waits); each at least ``max_message``.
     """
 
     data_dir: str = _opt(help="the broker's own directory: store, identity, default log")
@@ -310,6 +313,16 @@ class BrokerConfig:
                                    help="serve AMQP 0-9-1 clients (pika, aio-pika, RabbitMQ's"
                                         " clients) here too (docs/amqp.md; not set: off;"
                                         " 5672 is the usual port, 0 picks one)")
+    amqp_body_buffer: int = _opt(16 * 1024 * 1024, least=1,
+                                 help="bytes of AMQP message bodies one connection may have"
+                                      " announced and not yet sent whole, over all its"
+                                      " channels (at least max_message); above: the"
+                                      " connection is closed (506)")
+    amqp_body_buffer_total: int = _opt(64 * 1024 * 1024, least=1,
+                                       help="bytes of AMQP message bodies the broker holds"
+                                            " half-sent over all connections (at least"
+                                            " max_message); a body that would go above waits"
+                                            " (its connection is not read) until others end")
 
     def __post_init__(self) -> None:
         if isinstance(self.log_level, str):

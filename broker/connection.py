@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar, cast
 
 from batonmq.broker.config import MAX_IN_FLIGHT
@@ -34,6 +36,23 @@ R = TypeVar("R")
 _FLUSH_AT: Final = 256 * 1024
 # The most bytes a connection may send before its Hello is handled.
 _MAX_BEFORE_HELLO: Final = 64 * 1024
+# A frame at least this large is decoded on a worker thread, not on the event loop:
+# within the decode limits a hostile frame costs up to ~150 ns a byte to decode, so a
+# frame below this holds the loop for a few ms at most (docs/security.md "Bad input harms no one else").
+DECODE_AWAY_AT: Final = 32 * 1024
+
+_decoder: ThreadPoolExecutor | None = None
+_decoder_lock = threading.Lock()
+
+
+def _decode_pool() -> ThreadPoolExecutor:
+    """The broker's frame-decoding threads (two: a connection decodes one frame at a
+    time, and msgpack holds the GIL while it builds one container)."""
+    global _decoder
+    with _decoder_lock:
+        if _decoder is None:
+            _decoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="baton-decode")
+        return _decoder
 
 
 class ClientConnection(asyncio.Protocol):
@@ -45,6 +64,8 @@ class ClientConnection(asyncio.Protocol):
             (``BrokerConfig.max_in_flight``).
         max_output, output_grace: close the connection when the bytes written to
             it and not yet sent stay above ``max_output`` for ``output_grace`` seconds.
+        limits: the bounds that hold while a frame is decoded (default:
+            ``wire.DecodeLimits()``).
     """
 
     def __init__(
@@ -53,8 +74,9 @@ class ClientConnection(asyncio.Protocol):
         max_in_flight: int = MAX_IN_FLIGHT,
         max_output: int = 64 * 1024 * 1024,
         output_grace: float = 10.0,
+        limits: wire.DecodeLimits | None = None,
     ) -> None:
-        self.codec = wire.FrameCodec(max_frame)
+        self.codec = wire.FrameCodec(max_frame, limits or wire.DecodeLimits())
         self.max_in_flight = max_in_flight
         self.max_output = max_output
         self.output_grace = output_grace
@@ -124,25 +146,62 @@ class ClientConnection(asyncio.Protocol):
         # reading resumes.
         while not self.closed and not self._read_blocks:
             try:
-                frame = codec.next_frame()
+                length = codec.next_length()
+                if not self.greeted and length is not None and length > _MAX_BEFORE_HELLO:
+                    raise ProtocolError(f"a frame of more than {_MAX_BEFORE_HELLO} bytes before Hello")
+                payload = codec.next_payload()
+                if not isinstance(payload, (bytes, memoryview)):
+                    break  # NEED_DATA: the rest of the frame is still to come
+                if len(payload) >= DECODE_AWAY_AT:
+                    self._decode_away(payload)
+                    break
+                frame = codec.decode(payload)
             except ProtocolError as exc:
                 self.fail(exc)
                 return
-            if not isinstance(frame, wire.Frame):
-                break  # NEED_DATA: the rest of the frame is still to come
-            try:
-                self.handle_frame(frame)
-            except BatonError as exc:
-                self.error(getattr(frame, "corr", 0), exc)
-            except Exception as exc:  # a bug: answer, log, keep the broker alive
-                log.exception("error handling %s from %s", type(frame).__name__, self.peer)
-                self.error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
+            self._handle(frame)
         if not self.greeted and not self.closed and codec.buffered > _MAX_BEFORE_HELLO:
             # Hello is small: a client that is not greeted yet may not make the broker
             # buffer up to max_frame for it.
             self.fail(ProtocolError(f"more than {_MAX_BEFORE_HELLO} bytes before Hello"))
             return
         self.frames_handled()
+
+    def _handle(self, frame: wire.Frame) -> None:
+        try:
+            self.handle_frame(frame)
+        except BatonError as exc:
+            self.error(getattr(frame, "corr", 0), exc)
+        except Exception as exc:  # a bug: answer, log, keep the broker alive
+            log.exception("error handling %s from %s", type(frame).__name__, self.peer)
+            self.error(getattr(frame, "corr", 0), InternalError(f"internal error: {exc!r}"))
+
+    def _decode_away(self, payload: bytes | memoryview) -> None:
+        """Decode a large frame on a worker thread; reading stops until it is handled,
+        so frames are still handled in the order they came."""
+        self._block_reading("decoding")
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(_decode_pool(), self.codec.decode, payload)
+        fut.add_done_callback(self._decoded)
+
+    def _decoded(self, fut: asyncio.Future[wire.Frame]) -> None:
+        if self.closed:
+            return
+        if fut.cancelled():
+            self.fail(InternalError("frame decoding cancelled"))
+            return
+        exc = fut.exception()
+        if isinstance(exc, ProtocolError):
+            self.fail(exc)
+            return
+        if exc is not None:
+            log.error("decoding a frame from %s failed: %r", self.peer, exc)
+            self.fail(InternalError(f"internal error: {exc!r}"))
+            return
+        self._handle(fut.result())
+        if not self.closed:
+            self.frames_handled()
+        self._unblock_reading("decoding")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

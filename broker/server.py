@@ -29,6 +29,7 @@ from batonmq.clients.tls import client_context, server_context
 from batonmq.cluster.features import ANNOUNCE, announced
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound
 from batonmq.cluster.events import PutUser
+from batonmq.broker.memory import BodyBudget
 from batonmq.cluster.log import Log, open_log
 from batonmq.cluster.node import Node
 from batonmq.cluster.effects import Effect
@@ -72,6 +73,8 @@ class Broker:
         self.admin_address = ""  # the admin listener's HOST:PORT, if it runs (docs/admin.md)
         self.amqp_address = ""  # the AMQP listener's HOST:PORT, if it runs (docs/amqp.md)
         self.amqp_connections: set[AmqpConnection] = set()
+        # Half-sent AMQP bodies of every connection (docs/amqp.md "Limits").
+        self.amqp_bodies = BodyBudget(max(config.amqp_body_buffer_total, config.max_message))
         self._amqp: asyncio.base_events.Server | None = None
         self._admin: AdminServer | None = None
         self._tls_on = False

@@ -195,7 +195,13 @@ class Session(ClientConnection):
 
     def __init__(self, broker: SessionBroker) -> None:
         cfg = broker.config
-        super().__init__(cfg.max_frame, cfg.max_in_flight, cfg.max_output, cfg.output_grace)
+        super().__init__(
+            cfg.max_frame,
+            cfg.max_in_flight,
+            cfg.max_output,
+            cfg.output_grace,
+            wire.DecodeLimits.for_broker(cfg.max_headers, cfg.max_connection_prefetch),
+        )
         self.broker = broker
         self.client_name = ""
         self.greeted = False

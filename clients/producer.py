@@ -17,7 +17,20 @@ from typing import Any, Final, Protocol
 from batonmq.cluster.errors import InvalidArgument, MessageTooLarge
 from batonmq.cluster.results import Enqueued, Published, Routed
 from batonmq.clients.results import consume_result
-from batonmq.clients.wire import Frame, Publish, PublishBatch, PublishTo, read_result
+from batonmq.clients.wire import (
+    MAX_BATCH_MESSAGES,
+    MAX_FRAME_ELEMENTS,
+    Frame,
+    Publish,
+    PublishBatch,
+    PublishTo,
+    frame_elements,
+    read_result,
+)
+
+# The values of one batch frame's messages at most: the broker's bound, less room for
+# the frame's other fields (its options).
+_BATCH_ELEMENTS = MAX_FRAME_ELEMENTS - 1024
 
 __all__ = ["ProducerChannel", "Producer", "publish_options"]
 
@@ -205,7 +218,7 @@ class Producer:
         max_message = channel.max_message
         chunks: list[list[list[Any]]] = []
         chunk: list[list[Any]] = []
-        size = 0
+        size = elements = 0
         for item in messages:
             if isinstance(item, tuple):
                 if len(item) != 2:
@@ -218,11 +231,19 @@ class Producer:
                     f"body of {len(data)} bytes is above the broker's maximum of {max_message}"
                 )
             cost = len(data) + (16 + 64 * len(hdrs) if hdrs else 8)
-            if chunk and size + cost > limit:
+            # The broker refuses a frame of more messages or msgpack values than
+            # these while it decodes it (docs/protocol.md "Limits").
+            values = 3 + (frame_elements(hdrs) if hdrs else 0)
+            if chunk and (
+                size + cost > limit
+                or len(chunk) >= MAX_BATCH_MESSAGES
+                or elements + values > _BATCH_ELEMENTS
+            ):
                 chunks.append(chunk)
-                chunk, size = [], 0
+                chunk, size, elements = [], 0, 0
             chunk.append([data, hdrs])
             size += cost
+            elements += values
         if chunk:
             chunks.append(chunk)
         if not chunks:

@@ -89,6 +89,11 @@ __all__ = [
     "LEADER_EVENTS",
     "FRAME_TYPES",
     "FrameCodec",
+    "DecodeLimits",
+    "MAX_BATCH_MESSAGES",
+    "MAX_FRAME_ELEMENTS",
+    "decode_payload",
+    "frame_elements",
     "ok",
     "result_map",
     "read_result",
@@ -102,6 +107,15 @@ PROTOCOL_VERSION: Final = 1
 MIN_PROTOCOL_VERSION: Final = 1
 #: Default cap on one frame (and on an incomplete frame held in the buffer).
 DEFAULT_MAX_FRAME: Final = 16 * 1024 * 1024
+
+#: The most messages one PublishBatch may hold (a broker refuses a longer one while it
+#: decodes it; the client splits a batch into frames of at most this many).
+MAX_BATCH_MESSAGES: Final = 32_768
+#: The most msgpack values (array items, and keys and values of maps) one frame a broker
+#: reads may decode to. Decoded, a value costs up to ~72 bytes of memory for its one
+#: byte on the wire (an empty array or map): this bound, not the frame's size, is what
+#: keeps a hostile frame's decoding to tens of MiB (docs/security.md "Bad input harms no one else").
+MAX_FRAME_ELEMENTS: Final = 524_288
 
 _LEN = struct.Struct(">I")
 
@@ -874,6 +888,76 @@ _REQUIRED: Final[dict[int, int]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """Bounds that hold *while* a frame is decoded (the broker's side; a client trusts
+    its broker and decodes without them).
+
+    msgpack's decoder checks every array's and map's announced length before it
+    allocates it, and hooks count the values decoded so far, so a frame that would
+    decode to more is refused part-way, at a cost bounded by these numbers, never by
+    what the frame claims (docs/security.md "Bad input harms no one else").
+
+    Attributes:
+        max_array: longest array in a frame, unless the frame's op allows more.
+        max_map: most entries of one map (headers, options, arguments...).
+        max_batch: most messages of one PublishBatch.
+        max_positions: longest list of positions (Ack, Release, Reject, Touch, Cancel).
+        max_elements: most values one frame decodes to, in all.
+    """
+
+    max_array: int = 65_536
+    max_map: int = 65_536
+    max_batch: int = MAX_BATCH_MESSAGES
+    max_positions: int = 100_000
+    max_elements: int = MAX_FRAME_ELEMENTS
+
+    @classmethod
+    def for_broker(cls, max_headers: int, max_positions: int) -> DecodeLimits:
+        """The limits of a broker with these settings.
+
+        Args:
+            max_headers: ``max_message_headers``: an array or map inside headers has at
+                most one value per byte of them (and a command's maps are smaller).
+            max_positions: the most unsettled messages a connection may hold
+                (``max_connection_prefetch``): a settle names no more.
+        """
+        wide = max(max_headers, 4096)
+        return cls(max_array=wide, max_map=wide, max_positions=max(max_positions, 1))
+
+
+#: Frames whose list of positions may be as long as a connection's unsettled messages.
+_POSITION_OPS: Final = frozenset({32, 33, 34, 35, 38})  # Ack Release Reject Cancel Touch
+#: Frames that carry lists of names (a join's queues, feature flags): bounded by
+#: ``max_elements`` only.
+_NAME_LIST_OPS: Final = frozenset({80, 95})  # UpdateRequest EnableFeatures
+_PUBLISH_BATCH_OP: Final = 21
+
+
+def _peek_op(payload: bytes | memoryview) -> int | None:
+    """The op-code of a frame's payload, read from its first bytes without decoding
+    the rest (None: not an array that starts with a small int)."""
+    if not payload:
+        return None
+    first = payload[0]
+    if 0x90 <= first <= 0x9F:
+        at = 1
+    elif first == 0xDC:
+        at = 3
+    elif first == 0xDD:
+        at = 5
+    else:
+        return None
+    if len(payload) <= at:
+        return None
+    op = payload[at]
+    if op < 0x80:
+        return int(op)
+    if op == 0xCC and len(payload) > at + 1:
+        return int(payload[at + 1])
+    return None
+
+
 class FrameCodec:
     """Sans-IO framing: bytes in, frames out; frames in, bytes out.
 
@@ -881,14 +965,21 @@ class FrameCodec:
         max_frame: the largest frame accepted or sent. A length prefix above it
             raises FrameTooLarge at once, so an incomplete frame never holds more
             than ``max_frame`` bytes of buffer.
+        limits: bounds that hold while a frame is decoded (the broker's side);
+            None: none beyond ``max_frame`` (a client reading its broker).
     """
 
-    __slots__ = ("_buf", "_max_frame", "_packer")
+    __slots__ = ("_buf", "_max_frame", "_packer", "_limits")
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    #: A payload at least this large, and most of the buffer, is handed out without a
+    #: copy by :meth:`next_payload`: the buffer holding it is given up, a new one kept.
+    _DETACH_AT: ClassVar[int] = 64 * 1024
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, limits: DecodeLimits | None = None) -> None:
         self._buf = bytearray()
         self._max_frame = max_frame
         self._packer = msgpack.Packer(use_bin_type=True)
+        self._limits = limits
 
     @property
     def max_frame(self) -> int:
@@ -903,31 +994,80 @@ class FrameCodec:
         """Add bytes read from the transport."""
         self._buf += data
 
+    def next_length(self) -> int | None:
+        """The payload length the next frame announces (None: not 4 bytes yet)."""
+        if len(self._buf) < 4:
+            return None
+        (length,) = _LEN.unpack_from(self._buf, 0)
+        return int(length)
+
     def next_frame(self) -> Frame | _NeedData:
         """Return the next complete frame, or NEED_DATA.
 
         Raises:
             FrameTooLarge: the next frame's length is above ``max_frame``.
             UnknownCommand: the op-code is not in the table.
-            ProtocolError: the payload is not a well-formed frame.
+            ProtocolError: the payload is not a well-formed frame, or breaks the
+                codec's decode limits.
         """
         buf = self._buf
-        if len(buf) < 4:
+        length = self._complete()
+        if length is None:
             return NEED_DATA
-        (length,) = _LEN.unpack_from(buf, 0)
+        end = 4 + length
+        payload = memoryview(buf)[4:end]  # decoded in place: no copy
+        try:
+            return decode_payload(payload, self._limits)
+        finally:
+            payload.release()  # the buffer cannot be resized while a view exists
+            del buf[:end]
+
+    def _complete(self) -> int | None:
+        """The length of the next frame's payload once the buffer holds all of it.
+
+        Raises:
+            FrameTooLarge: the next frame's length is above ``max_frame``.
+        """
+        length = self.next_length()
+        if length is None:
+            return None
         if length > self._max_frame:
             raise FrameTooLarge(
                 f"frame of {length} bytes is above the maximum of {self._max_frame}"
             )
-        end = 4 + length
-        if len(buf) < end:
+        return length if len(self._buf) >= 4 + length else None
+
+    def next_payload(self) -> bytes | memoryview | _NeedData:
+        """Take the next complete frame's payload out of the buffer, undecoded (to be
+        decoded with :meth:`decode`, e.g. on another thread), or NEED_DATA.
+
+        Raises:
+            FrameTooLarge: the next frame's length is above ``max_frame``.
+        """
+        buf = self._buf
+        length = self._complete()
+        if length is None:
             return NEED_DATA
-        payload = memoryview(buf)[4:end]
-        try:
-            return decode_payload(payload)
-        finally:
-            payload.release()  # the buffer cannot be resized while a view exists
-            del buf[:end]
+        end = 4 + length
+        if length >= self._DETACH_AT and len(buf) - end <= length:
+            # A large frame that is most of the buffer is not copied: the buffer goes
+            # with it and what follows it is copied into a new one (never more than
+            # the frame itself, so that many large frames read at once cost linear time).
+            self._buf = buf[end:]
+            return memoryview(buf)[4:end]
+        payload = bytes(buf[4:end])
+        del buf[:end]
+        return payload
+
+    def decode(self, payload: bytes | memoryview) -> Frame:
+        """Decode a payload :meth:`next_payload` returned, within the codec's limits.
+        Pure: safe to call on another thread.
+
+        Raises:
+            UnknownCommand: the op-code is not in the table.
+            ProtocolError: the payload is not a well-formed frame, or breaks the limits.
+        """
+        return decode_payload(payload, self._limits)
 
     def send(self, frame: Frame) -> bytes:
         """Encode one frame to bytes (length prefix included).
@@ -959,17 +1099,23 @@ def encode_fields(frame: Frame) -> list[Any]:
     return out
 
 
-def decode_payload(payload: bytes | memoryview) -> Frame:
+def decode_payload(payload: bytes | memoryview, limits: DecodeLimits | None = None) -> Frame:
     """Decode one frame's msgpack payload (without the length prefix).
+
+    Args:
+        limits: bounds that hold while decoding (None: none but the payload's size).
 
     Raises:
         UnknownCommand: the op-code is not in the table.
-        ProtocolError: anything else malformed.
+        ProtocolError: anything else malformed, or above ``limits``.
     """
-    try:
-        items = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
+    if limits is None:
+        try:
+            items = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
+    else:
+        items = _bounded_unpack(payload, limits)
     if not isinstance(items, list) or not items or type(items[0]) is not int:
         raise ProtocolError("frame must be a msgpack array starting with an op-code")
     op = items[0]
@@ -991,7 +1137,88 @@ def decode_payload(payload: bytes | memoryview) -> Frame:
                 f"{FRAME_TYPES[op].__name__}.{name} must be {getattr(typ, '__name__', typ)},"
                 f" got {type(value).__name__}"
             )
+    if (
+        limits is not None
+        and op == _PUBLISH_BATCH_OP
+        and len(values) > 2
+        and len(values[2]) > limits.max_batch
+    ):
+        raise ProtocolError(
+            f"PublishBatch of {len(values[2])} messages is above the maximum of"
+            f" {limits.max_batch}"
+        )
     return FRAME_TYPES[op](*values)
+
+
+class _TooMany(ValueError):
+    """A frame decodes to more values than its limit (raised from a decode hook)."""
+
+
+def _bounded_unpack(payload: bytes | memoryview, limits: DecodeLimits) -> Any:
+    """msgpack-decode ``payload`` so that no array, map or total count of values can
+    exceed ``limits``: msgpack refuses an array or map whose announced length is above
+    its cap *before* it allocates it, and the hooks count what was decoded so far."""
+    op = _peek_op(payload)
+    max_array = limits.max_array
+    if op == _PUBLISH_BATCH_OP:
+        max_array = max(max_array, limits.max_batch)
+    elif op in _POSITION_OPS:
+        max_array = max(max_array, limits.max_positions)
+    elif op in _NAME_LIST_OPS:
+        max_array = max(max_array, limits.max_elements)
+    max_array = min(max_array, limits.max_elements)
+    left = limits.max_elements
+
+    def on_list(value: list[Any]) -> list[Any]:
+        nonlocal left
+        left -= len(value)
+        if left < 0:
+            raise _TooMany(f"more than {limits.max_elements} values")
+        return value
+
+    def on_map(value: dict[str, Any]) -> dict[str, Any]:
+        nonlocal left
+        left -= 2 * len(value)
+        if left < 0:
+            raise _TooMany(f"more than {limits.max_elements} values")
+        return value
+
+    name = FRAME_TYPES[op].__name__ if op in FRAME_TYPES else "frame"
+    try:
+        return msgpack.unpackb(
+            payload,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            list_hook=on_list,
+            object_hook=on_map,
+            max_array_len=max_array,
+            max_map_len=min(limits.max_map, limits.max_elements // 2),
+        )
+    except _TooMany as exc:
+        raise ProtocolError(f"{name} frame decodes to {exc}: refused") from exc
+    except ValueError as exc:
+        if "exceeds max_" in str(exc):
+            raise ProtocolError(f"{name} frame is above the decoding limits: {exc}") from exc
+        raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
+
+
+def frame_elements(value: Any) -> int:
+    """How many values ``value`` adds to a frame's count (:data:`MAX_FRAME_ELEMENTS`):
+    the items of its arrays, and the keys and values of its maps, all the way down."""
+    count = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            count += 2 * len(v)
+            stack.extend(x for x in v.values() if isinstance(x, (dict, list, tuple)))
+        elif isinstance(v, (list, tuple)):
+            count += len(v)
+            stack.extend(x for x in v if isinstance(x, (dict, list, tuple)))
+    return count
 
 
 # --- command results in Ok frames (cluster/results.py) -------------------------------

@@ -84,6 +84,7 @@ from batonmq.broker.amqp_codec import method_frame as amqp_method_frame
 from batonmq.broker.amqp_connection import AmqpBroker, AmqpConnection
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer
+from batonmq.broker.memory import BodyBudget
 from batonmq.broker.session import Session, SessionBroker
 from batonmq.clients import scram, wire
 from batonmq.cluster import codec
@@ -131,8 +132,9 @@ def _chunks(data: bytes) -> Iterator[bytes]:
 
 
 def one_frames(data: bytes) -> None:
-    """Decode every frame of ``data``; check each encodes again stably."""
-    codec_in = wire.FrameCodec(MAX_FRAME)
+    """Decode every frame of ``data`` as a broker does (within its decode limits); check
+    each encodes again stably."""
+    codec_in = wire.FrameCodec(MAX_FRAME, wire.DecodeLimits())
     for chunk in _chunks(data):
         codec_in.receive_data(chunk)
         while True:
@@ -455,6 +457,7 @@ def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
         delivery=_StandInDelivery(loop),
         allow_from=None,
         amqp_connections=set(),
+        amqp_bodies=BodyBudget(config.amqp_body_buffer_total),
         refused=lambda what: None,
         logins=LoginGate(1 << 30, 1 << 30),
     )

@@ -21,6 +21,7 @@ from batonmq.broker.amqp_codec import (
     FrameError,
     Heartbeat,
     Method,
+    BodyStart,
     Oversized,
     ProtocolHeader,
     content_frames,
@@ -103,8 +104,10 @@ def test_publish_is_put_together_across_frames_and_channels() -> None:
     first_method = len(pamqp_frame.marshal(commands.Basic.Publish(exchange="", routing_key="q"), 1))
     codec.receive_data(one[:first_method] + two + one[first_method:])
     got = events(codec)
-    assert [type(e) for e in got] == [Content, Content]
-    small, big = got
+    # Each body is announced at its header, before any of it is held.
+    assert [type(e) for e in got] == [BodyStart, Content, BodyStart, Content]
+    assert [(e.channel, e.size) for e in got if isinstance(e, BodyStart)] == [(2, 5), (1, len(body))]
+    small, big = got[1], got[3]
     assert isinstance(small, Content) and small.channel == 2 and small.body == b"small"
     assert small.properties.reply_to == "r"
     assert isinstance(big, Content) and big.channel == 1 and big.body == body
@@ -123,9 +126,35 @@ def test_oversized_body_is_skipped_and_reported() -> None:
     codec = greeted(max_body=100)
     codec.receive_data(publish_bytes(1, b"x" * 5000) + publish_bytes(1, b"fits"))
     got = events(codec)
-    assert [type(e) for e in got] == [Oversized, Content]
+    assert [type(e) for e in got] == [Oversized, BodyStart, Content]
     assert isinstance(got[0], Oversized) and got[0].size == 5000
-    assert isinstance(got[1], Content) and got[1].body == b"fits"
+    assert isinstance(got[2], Content) and got[2].body == b"fits"
+
+
+def test_a_forgotten_body_is_dropped_as_it_comes() -> None:
+    """A publish refused at its header (or its channel closed): the body frames the
+    client still sends are skipped, nothing of them is held, and the channel's next
+    publish is read as usual."""
+    codec = greeted()
+    whole = publish_bytes(1, b"x" * 10_000)
+    header_end = whole.index(b"\xce", whole.index(b"\xce") + 1) + 1  # after the header frame
+    codec.receive_data(whole[:header_end])
+    (start,) = events(codec)
+    assert isinstance(start, BodyStart) and start.size == 10_000
+    codec.forget(1)
+    codec.receive_data(whole[header_end:] + publish_bytes(1, b"next"))
+    got = events(codec)
+    assert [type(e) for e in got] == [BodyStart, Content]
+    assert isinstance(got[1], Content) and got[1].body == b"next"
+
+
+def test_drop_content_holds_no_body_any_more() -> None:
+    codec = greeted()
+    data = publish_bytes(1, b"a" * 9000) + publish_bytes(2, b"b" * 9000)
+    codec.drop_content()
+    codec.receive_data(data)
+    assert events(codec) == []
+    assert not codec.assembling(1) and not codec.assembling(2)
 
 
 @pytest.mark.parametrize(

@@ -43,3 +43,21 @@ def test_the_store_keeps_small_memtables_and_block_cache(tmp_path: Path) -> None
         assert 0 < used["memtables"] < 4 << 20
     finally:
         store.close()
+
+
+def test_the_body_budget_grants_waiters_in_order_once_they_fit() -> None:
+    from batonmq.broker.memory import BodyBudget
+
+    budget = BodyBudget(100)
+    granted: list[str] = []
+    assert budget.reserve(60) and not budget.reserve(50)
+    budget.wait(50, lambda: granted.append("a"))
+    budget.wait(10, lambda: granted.append("b"))
+    assert not budget.reserve(10)  # fits, but others wait before it
+    budget.release(20)  # 40 used: a's 50 fits, then b's 10
+    assert granted == ["a", "b"] and budget.used == 100
+    cancelled = lambda: granted.append("c")  # noqa: E731
+    budget.wait(30, cancelled)
+    budget.cancel(cancelled)
+    budget.release(100)
+    assert granted == ["a", "b"] and budget.used == 0

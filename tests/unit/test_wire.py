@@ -362,3 +362,74 @@ def test_publish_round_trips_any_body_and_headers(
     frame = wire.Publish(corr, queue, body, headers)
     codec.receive_data(codec.send(frame))
     assert codec.next_frame() == frame
+
+
+# --- decode limits (docs/security.md "Bad input harms no one else") ------------------------
+
+_LIMITS = wire.DecodeLimits.for_broker(max_headers=65536, max_positions=100_000)
+
+
+def test_a_decode_bomb_is_refused_at_its_array_header() -> None:
+    """30 million empty arrays in a PublishBatch: refused before any is allocated."""
+    n = 30_000_000
+    payload = b"\x94\x15\x07\xa5app.a\xdd" + struct.pack(">I", n) + b"\x90" * n
+    with pytest.raises(errors.ProtocolError, match="PublishBatch.*max_array_len"):
+        wire.decode_payload(payload, _LIMITS)
+    # Without limits (a client reading its broker) the same bytes would decode.
+    small = b"\x94\x15\x07\xa5app.a\xdd" + struct.pack(">I", 3) + b"\x90" * 3
+    assert wire.decode_payload(small) == wire.PublishBatch(7, "app.a", [[], [], []])
+
+
+def test_a_batch_of_more_than_max_batch_messages_is_refused() -> None:
+    frame = wire.PublishBatch(1, "q", [[b"", {}]] * (wire.MAX_BATCH_MESSAGES + 1))
+    payload = FrameCodec(64 << 20).send(frame)[4:]
+    with pytest.raises(errors.ProtocolError, match="PublishBatch of 32769 messages"):
+        wire.decode_payload(payload, _LIMITS)
+    fits = wire.PublishBatch(1, "q", [[b"", {}]] * wire.MAX_BATCH_MESSAGES)
+    assert wire.decode_payload(FrameCodec(64 << 20).send(fits)[4:], _LIMITS) == fits
+
+
+def test_values_are_counted_at_any_depth() -> None:
+    """Many small arrays, each within max_array: the total count refuses the frame."""
+    inner = [[]] * 60_000
+    too_many = wire.Publish(1, "q", b"", {"a": [inner] * 9})  # 540 000 values
+    payload = FrameCodec(64 << 20).send(too_many)[4:]
+    with pytest.raises(errors.ProtocolError, match="more than 524288 values"):
+        wire.decode_payload(payload, _LIMITS)
+    fits = wire.Publish(1, "q", b"", {"a": [inner] * 8})
+    assert wire.decode_payload(FrameCodec(64 << 20).send(fits)[4:], _LIMITS) == fits
+
+
+def test_positions_may_be_as_many_as_a_connection_holds_unsettled() -> None:
+    codec = FrameCodec(limits=_LIMITS)
+    ack = wire.Ack(1, 2, list(range(100_000)))
+    codec.receive_data(codec.send(ack))
+    assert codec.next_frame() == ack
+    codec.receive_data(codec.send(wire.Ack(1, 2, list(range(100_001)))))
+    with pytest.raises(errors.ProtocolError, match="max_array_len"):
+        codec.next_frame()
+    # Another frame's list may not be that long.
+    codec.receive_data(codec.send(wire.Publish(1, "q", b"", {"h": list(range(70_000))})))
+    with pytest.raises(errors.ProtocolError, match="max_array_len"):
+        codec.next_frame()
+
+
+def test_a_large_payload_is_handed_out_without_a_copy_and_the_rest_kept() -> None:
+    codec = FrameCodec()
+    big = wire.Publish(1, "q", b"x" * 100_000, {})
+    codec.receive_data(codec.send(big) + codec.send(wire.Ping(2))[:3])
+    payload = codec.next_payload()
+    assert isinstance(payload, memoryview) and codec.decode(payload) == big
+    assert codec.buffered == 3 and codec.next_payload() is wire.NEED_DATA
+    codec.receive_data(codec.send(wire.Ping(2))[3:])
+    assert codec.next_frame() == wire.Ping(2)
+
+
+def test_many_large_payloads_read_at_once_come_out_in_order() -> None:
+    codec = FrameCodec()
+    frames = [wire.Publish(i, "q", bytes([i]) * 70_000, {}) for i in range(1, 5)]
+    codec.receive_data(b"".join(codec.send(f) for f in frames))
+    got = []
+    while not isinstance(payload := codec.next_payload(), type(wire.NEED_DATA)):
+        got.append(codec.decode(payload))
+    assert got == frames and codec.buffered == 0
