@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar, cast
@@ -318,3 +319,28 @@ def login_frames(
         exchange.verify(ok.auth["message"])
 
     return hello, respond, check
+
+
+def rss_mib(pid: int) -> float:
+    """The resident memory of process ``pid`` in MiB (Linux: /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def read_frame(sock: socket.socket, codec: FrameCodec) -> Frame:
+    """The next frame on a blocking socket.
+
+    Raises:
+        ConnectionError: the broker closed the connection first.
+    """
+    while True:
+        frame = codec.next_frame()
+        if isinstance(frame, Frame):
+            return frame
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed by the broker")
+        codec.receive_data(data)

@@ -14,7 +14,7 @@ from batonmq import clients
 from batonmq.broker.config import ADMIN_READY_PREFIX
 from batonmq.clients import wire
 from batonmq.cluster.errors import AccessRefused, InvalidArgument
-from tests.helpers import eventually, login_frames
+from tests.helpers import eventually, login_frames, read_frame
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_cli import baton
 
@@ -41,17 +41,6 @@ def _raw(address: str) -> tuple[socket.socket, wire.FrameCodec]:
     return socket.create_connection((host, int(port)), timeout=10), wire.FrameCodec()
 
 
-def _read(sock: socket.socket, codec: wire.FrameCodec) -> wire.Frame:
-    while True:
-        frame = codec.next_frame()
-        if isinstance(frame, wire.Frame):
-            return frame
-        data = sock.recv(65536)
-        if not data:
-            raise ConnectionError("closed by the broker")
-        codec.receive_data(data)
-
-
 def _closed(sock: socket.socket) -> bool:
     try:
         return sock.recv(65536) == b""
@@ -63,7 +52,7 @@ def test_a_hello_without_a_login_is_refused_and_closed(broker: BrokerProcess) ->
     sock, codec = _raw(broker.address)
     with sock:
         sock.sendall(codec.send(wire.Hello(1, wire.PROTOCOL_VERSION, "anonymous")))
-        err = _read(sock, codec)
+        err = read_frame(sock, codec)
         assert isinstance(err, wire.Error) and err.code == AccessRefused.code, err
         assert "needs a login" in err.message
         assert _closed(sock)
@@ -74,8 +63,8 @@ def test_a_wrong_proof_is_refused_and_closed(broker: BrokerProcess) -> None:
     with sock:
         hello, respond, _ = login_frames("guest", "not-guest")
         sock.sendall(codec.send(hello))
-        sock.sendall(codec.send(respond(_read(sock, codec))))
-        err = _read(sock, codec)
+        sock.sendall(codec.send(respond(read_frame(sock, codec))))
+        err = read_frame(sock, codec)
         assert isinstance(err, wire.Error) and err.code == AccessRefused.code, err
         assert "wrong user name or password" in err.message
         assert _closed(sock)
@@ -177,7 +166,7 @@ async def test_each_frame_family_needs_its_right(secured: BrokerProcess, family:
     sock, codec = _raw(secured.address)
     with sock:
         sock.sendall(codec.send(first_frame))
-        err = _read(sock, codec)
+        err = read_frame(sock, codec)
         assert isinstance(err, wire.Error) and err.code != 0, err
         assert _closed(sock)
     admin = await clients.connect(secured.address, username="admin", password=ADMIN_PASSWORD)
@@ -243,10 +232,10 @@ async def test_a_deleted_user_can_do_nothing_more_and_a_user_cannot_ask_for_a_jo
         with sock:
             hello, respond, check = login_frames("bob", "bob-pw")
             sock.sendall(codec.send(hello))
-            sock.sendall(codec.send(respond(_read(sock, codec))))
-            check(_read(sock, codec))
+            sock.sendall(codec.send(respond(read_frame(sock, codec))))
+            check(read_frame(sock, codec))
             sock.sendall(codec.send(wire.UpdateRequest(2, 0, None, True)))
-            err = _read(sock, codec)
+            err = read_frame(sock, codec)
             assert isinstance(err, wire.Error) and err.code == AccessRefused.code, err
             assert "joining broker" in err.message
         assert await admin.delete_user("bob") is True

@@ -17,7 +17,7 @@ import pytest
 from batonmq import clients
 from batonmq.clients import wire
 from batonmq.cluster.errors import InvalidArgument
-from tests.helpers import eventually_sync, login_frames
+from tests.helpers import eventually_sync, login_frames, rss_mib
 from tests.integration.conftest import BrokerProcess
 
 
@@ -134,14 +134,6 @@ def test_deeply_nested_headers_get_an_error_frame(
         assert conn.queue_stats("q")["ready"] == 0
 
 
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_a_client_that_never_reads_cannot_grow_the_broker(broker: BrokerProcess) -> None:
     """Commands answered at once (Topology, ListQueues), pipelined without reading a
     reply: the broker stops reading that connection, its memory stays bounded, and
@@ -151,7 +143,7 @@ def test_a_client_that_never_reads_cannot_grow_the_broker(broker: BrokerProcess)
     with clients.sync.connect(broker.address) as conn:
         for i in range(50):
             conn.declare_queue(f"queue-{i:03d}-" + "n" * 200)  # a large ListQueues answer
-    before = _rss_mib(pid)
+    before = rss_mib(pid)
     hog = RawClient(broker.address)
     try:
         hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -170,7 +162,7 @@ def test_a_client_that_never_reads_cannot_grow_the_broker(broker: BrokerProcess)
                 sent += 1
         except (TimeoutError, OSError):
             pass  # the broker stopped reading (or closed the hog): what the test wants
-        grown = _rss_mib(pid) - before
+        grown = rss_mib(pid) - before
         assert grown < 40, f"the broker grew by {grown:.0f} MiB for a client that never reads"
         # Another client is served while the hog is stuck.
         with clients.sync.connect(broker.address, timeout=10) as other:

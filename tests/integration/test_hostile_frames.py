@@ -19,21 +19,13 @@ import pytest
 from batonmq import clients
 from batonmq.broker.config import amqp_ready_address
 from batonmq.clients import wire
-from tests.helpers import eventually_sync, login_frames
+from tests.helpers import eventually_sync, login_frames, read_frame, rss_mib
 from tests.integration.conftest import BrokerProcess
 
 pytestmark = pytest.mark.integration
 
 #: How far the attacked broker's RSS may rise above its level before the attack.
 RSS_BUDGET_MIB = 150
-
-
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 @dataclass
@@ -120,7 +112,7 @@ def _under_attack(pair: list[BrokerProcess], attack: Callable[[BrokerProcess], N
 
     def sample() -> None:
         while not stop.is_set():
-            watch.rss_max = max(watch.rss_max, _rss_mib(pid))
+            watch.rss_max = max(watch.rss_max, rss_mib(pid))
             stop.wait(0.02)
 
     # Settle the broker first: its level before is the one a busy client keeps.
@@ -129,7 +121,7 @@ def _under_attack(pair: list[BrokerProcess], attack: Callable[[BrokerProcess], N
     ready.wait(20)
     eventually_sync(lambda: watch.rounds, "the healthy client runs", until=lambda n: n >= 20,
                     timeout=20, context=lambda: repr(watch.errors))
-    watch.rss_before = watch.rss_max = _rss_mib(pid)
+    watch.rss_before = watch.rss_max = rss_mib(pid)
     sampler = threading.Thread(target=sample, name="rss-sampler")
     sampler.start()
     try:
@@ -142,7 +134,7 @@ def _under_attack(pair: list[BrokerProcess], attack: Callable[[BrokerProcess], N
         stop.set()
         client.join(30)
         sampler.join(5)
-    watch.rss_after = _rss_mib(pid)
+    watch.rss_after = rss_mib(pid)
     view, ids = _view(other.address)
     watch.view_after = view
     print(watch.figures())
@@ -177,14 +169,7 @@ def _login(address: str, user: str, password: str) -> socket.socket:
     codec = wire.FrameCodec(64 * 1024 * 1024)
 
     def read() -> wire.Frame:
-        while True:
-            frame = codec.next_frame()
-            if isinstance(frame, wire.Frame):
-                return frame
-            data = sock.recv(65536)
-            if not data:
-                raise ConnectionError("closed by the broker")
-            codec.receive_data(data)
+        return read_frame(sock, codec)
 
     hello, respond, check = login_frames(user, password)
     sock.sendall(codec.send(hello))
