@@ -990,6 +990,29 @@ class Channel:
 
     # -- closing -----------------------------------------------------------------------------
 
+    def rights_changed(self) -> None:
+        """The connection's user may have lost its read right on some of this
+        channel's queues: those consumers end at once (what they held goes back to the
+        queue, not as a failed delivery; acks of it are ignored), and a client that
+        takes a server's Basic.Cancel (consumer_cancel_notify) is told, as RabbitMQ
+        tells of a consumer whose queue went. A Basic.Get checks the right itself."""
+        rights = self.owner.rights
+        ended = False
+        for number, sub in list(self._by_int.items()):
+            c = sub.consumer
+            if sub.getter or c.closed or rights.allowed("read", c.queue):
+                continue
+            del self._by_int[number]
+            self._subs.pop(sub.tag, None)
+            self.owner.delivery.remove(c, received=0)
+            self.owner.consumer_gone(c.queue)
+            ended = True
+            if self.open and self.owner.cancel_notify and not sub.cancelled:
+                self._method(commands.Basic.Cancel(sub.tag, nowait=True))
+        if ended:
+            self._share()
+            self.pump()
+
     def release_all(self) -> None:
         """The channel closes (or its connection ends): every consumer ends and what
         it held goes back (a failed delivery for what the client had)."""

@@ -47,6 +47,7 @@ from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.memory import BodyBudget
 from batonmq.broker.networks import LOOPBACK, Networks, allows
 from batonmq.clients import scram
+from batonmq.cluster.errors import AccessRefused
 from batonmq.cluster.events import DeleteQueue
 from batonmq.cluster.node import Node
 from batonmq.cluster.users import GUEST, Users
@@ -754,6 +755,21 @@ class AmqpConnection(asyncio.Protocol):
         for queue in sorted(self.exclusive):
             self.node.submit(DeleteQueue(queue)).add_done_callback(_quiet)
         self.exclusive.clear()
+
+    def rights_changed(self) -> None:
+        """The user was deleted or its rights changed (applied from the log): a
+        deleted user's connection closes (Connection.Close 320 CONNECTION_FORCED, as
+        RabbitMQ closes a deleted user's connections); otherwise every channel cancels
+        its consumers of queues the user may no longer read (docs/amqp.md)."""
+        if self.closed or self._stage == "closing" or not self.user:
+            return
+        try:
+            self.rights.user()
+        except AccessRefused:
+            self._fail(ConnectionFault(320, f"user '{self.user}' was deleted"))
+            return
+        for ch in list(self.channels.values()):
+            ch.rights_changed()
 
     def close(self, why: str = "broker shutdown") -> None:
         """Close the connection (the broker stops, an operator closes it): Close 320

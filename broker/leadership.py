@@ -162,6 +162,16 @@ class Leadership:
         for w in [w for w in self._waiters if w.session is session]:
             self._drop_waiter(w)
 
+    def rights_changed(self, session: Replier, may_lead: Callable[[str], bool]) -> None:
+        """The session's user had its rights changed: resign its candidacies for the
+        services ``may_lead`` no longer allows (a leader among them loses its term)."""
+        mine = self._candidacies.get(session)
+        if not mine or not session.candidate:
+            return
+        for name in sorted(n for n in mine if not may_lead(n)):
+            mine.discard(name)
+            self.node.submit(Resign(name, session.candidate)).add_done_callback(_quiet)
+
     def describe(self) -> ServiceList:
         """The Services frame's answer."""
         return ServiceList(self.node.state.services.describe())

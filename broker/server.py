@@ -32,7 +32,7 @@ from batonmq.cluster.events import PutUser
 from batonmq.broker.memory import BodyBudget
 from batonmq.cluster.log import Log, open_log
 from batonmq.cluster.node import Node
-from batonmq.cluster.effects import Effect
+from batonmq.cluster.effects import Effect, RightsChanged
 from batonmq.store.rocks import RocksStore
 
 if TYPE_CHECKING:
@@ -288,12 +288,33 @@ class Broker:
             self._handshake_logged = now
 
     def _on_effects(self, effects: list[Effect]) -> None:
-        """Every applied batch's effects: to delivery, then to service leadership."""
+        """Every applied batch's effects: to delivery, then to service leadership, then
+        a changed user's sessions look again at what they may keep."""
         self.delivery.on_effects(effects)
         try:
             self.leadership.on_effects(effects)
         except Exception:  # a bug here: logged as such; delivery had its effects already
             log.exception("leadership effect handling failed")
+        users = {e.user for e in effects if isinstance(e, RightsChanged)}
+        if users:
+            self._rights_changed(users)
+
+    def _rights_changed(self, users: set[str]) -> None:
+        """A user was deleted or its rights changed (applied here from the log, as on
+        every broker): its connections end what it may no longer do: consumers of
+        queues it may no longer read are cancelled, candidacies for services it may no
+        longer lead resign, and a deleted user's connections close
+        (docs/security.md, revoking)."""
+        for s in [s for s in self.sessions if s.user in users and not s.closed]:
+            try:
+                s.rights_changed()
+            except Exception:  # a bug: never let one session stop the others
+                log.exception("revoking rights on a session failed")
+        for a in [a for a in self.amqp_connections if a.user in users and not a.closed]:
+            try:
+                a.rights_changed()
+            except Exception:
+                log.exception("revoking rights on an AMQP connection failed")
 
     def _node_id(self, store: RocksStore) -> str:
         """The persistent node id: kept in the store, made at first start (docs/design.md §7)."""

@@ -317,6 +317,29 @@ class Session(ClientConnection):
         self.consumers.pop(tag, None)
         self.send(wire.ConsumerCancelled(tag, exc.code, exc.message))
 
+    def rights_changed(self) -> None:
+        """This session's user was deleted or its rights changed (applied from the
+        log): a deleted user's session closes (Error corr 0 AccessRefused); a consumer
+        of a queue the user may no longer read is cancelled (ConsumerCancelled
+        AccessRefused; what it held goes back to the queue, not as a failed delivery);
+        a candidacy for a service it may no longer lead resigns (docs/security.md)."""
+        try:
+            self.rights.user()
+        except AccessRefused:
+            self.fail(AccessRefused(f"user {self.user!r} was deleted"))
+            return
+        for tag, c in list(self.consumers.items()):
+            if self.rights.allowed("read", c.queue):
+                continue
+            del self.consumers[tag]
+            # received=0: the client did nothing wrong, nothing it had counts as failed.
+            self.broker.delivery.remove(c, received=0)
+            self.consumer_cancelled(tag, AccessRefused(
+                f"user {self.user!r} may no longer read queue {c.queue!r}: its read right"
+                f" was revoked"
+            ))
+        self.broker.leadership.rights_changed(self, lambda s: self.rights.allowed("lead", s))
+
     def _submit(self, corr: int, event: Event[R], shape: Shape[R]) -> None:
         check_event(event)  # before the log: an invalid command never grows it
         self.reply(corr, self.broker.node.submit(event), shape)

@@ -30,6 +30,7 @@ __all__ = [
     "CheckpointApplied",
     "LeaderChanged",
     "HandoverRequested",
+    "RightsChanged",
 ]
 
 
@@ -176,3 +177,12 @@ class HandoverRequested(Effect):
     leader: str
     token: int
     to: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RightsChanged(Effect):
+    """User ``user`` was added, deleted, or had its rights or admin flag changed: every
+    broker looks again at what that user's sessions hold (its consumers, its service
+    candidacies) and ends what the user may no longer have (docs/security.md)."""
+
+    user: str

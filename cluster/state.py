@@ -37,6 +37,7 @@ from batonmq.cluster.effects import (
     LeaderChanged,
     MembersChanged,
     OwnerChanged,
+    RightsChanged,
 )
 from batonmq.cluster.errors import (
     BatonError,
@@ -278,7 +279,7 @@ class State:
             case Handover():
                 return self._handover(ev, out)
             case PutUser() | DeleteUser() | SetRights():
-                return self._user_event(ev)
+                return self._user_event(ev, out)
             case EnableFeatures():
                 return self._enable_features(ev)
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
@@ -407,7 +408,7 @@ class State:
 
     # -- users (cluster/users.py, docs/security.md) -------------------------------------------
 
-    def _user_event(self, ev: PutUser | DeleteUser | SetRights) -> UserChanged:
+    def _user_event(self, ev: PutUser | DeleteUser | SetRights, out: list[Effect]) -> UserChanged:
         users = self.users
         match ev:
             case PutUser():
@@ -419,12 +420,16 @@ class State:
                     raise
                 if ev.initial:
                     user = replace(user, admin=True)
-                return UserChanged(users.put(user, initial=ev.initial))
+                changed = users.put(user, initial=ev.initial)
             case DeleteUser():
-                return UserChanged(users.delete(ev.name))
+                changed = users.delete(ev.name)
             case SetRights():
                 users.set_rights(ev.name, dict(ev.rights))
-                return UserChanged(True)
+                changed = True
+        # Every broker then ends what the user may no longer have: its consumers, its
+        # candidacies, its connections once deleted (docs/security.md, revoking).
+        out.append(RightsChanged(ev.name))
+        return UserChanged(changed)
 
     # -- service leadership (docs/design.md §7, cluster/services.py) ----------------------------
 
