@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batonmq.clients import scram
+from batonmq.cluster.effects import RightsChanged
 from batonmq.cluster.errors import AccessRefused, InvalidArgument
 from batonmq.cluster.events import DeleteUser, PutUser, SetRights
 from batonmq.cluster.results import UserChanged
@@ -166,3 +167,23 @@ def test_the_url_form_names_the_user_and_the_spark_source_takes_it() -> None:
     assert _options({"brokers": url, "queue": "q"}).brokers == url  # connect() reads it
     with pytest.raises(InvalidArgument, match="bad address"):
         _options({"brokers": "baton://alice:pw@nonsense:abc", "queue": "q"})
+
+
+def test_every_applied_user_change_asks_the_brokers_to_look_again_at_its_sessions() -> None:
+    """A RightsChanged effect per applied user event (the brokers then cancel what the
+    user may no longer have, docs/security.md); none for a refused one."""
+    c, a, _ = _cluster()
+
+    def changed() -> list[str]:
+        out = [e.user for e in c.effects if isinstance(e, RightsChanged)]
+        c.effects.clear()
+        return out
+
+    c.apply(a, PutUser("bob", *_creds("pw"), False))
+    assert changed() == ["bob"]
+    c.apply(a, SetRights("bob", (("read", ""),)))
+    assert changed() == ["bob"]
+    c.apply(a, SetRights("bob", (("read", "("),)))  # refused: nothing changed
+    assert changed() == []
+    c.apply(a, DeleteUser("bob"))
+    assert changed() == ["bob"]
