@@ -5,7 +5,9 @@
 ``guest`` connects from loopback only. :class:`Rights` answers, for the logged-in
 user, whether it may do a command: it reads the user from the state at each check
 (cached until the user table changes), so a change of rights or a deleted user
-applies at once to connections already open. Every refusal raises
+applies at once to connections already open; what a right let a session start (a
+consumer, a candidacy) ends when the broker applies its revocation (broker/server.py
+``_rights_changed``). Every refusal raises
 :class:`~batonmq.cluster.errors.AccessRefused` and is counted by the broker.
 """
 
