@@ -169,8 +169,11 @@ class Leadership:
         if not mine or not session.candidate:
             return
         for name in sorted(n for n in mine if not may_lead(n)):
-            mine.discard(name)
-            self.node.submit(Resign(name, session.candidate)).add_done_callback(_quiet)
+            # Still its candidacy until the Resign is applied: the session is then
+            # told it lost the term (LeaderEvent "lost"), as when a term ends otherwise.
+            self.node.submit(Resign(name, session.candidate)).add_done_callback(
+                _discard_when_done(mine, name)
+            )
 
     def describe(self) -> ServiceList:
         """The Services frame's answer."""
@@ -287,6 +290,14 @@ class Leadership:
 def _check_name(name: str) -> None:
     if not name or len(name) > MAX_SERVICE_NAME or not name.isprintable():
         raise InvalidArgument(f"service name must be 1..{MAX_SERVICE_NAME} printable characters")
+
+
+def _discard_when_done(names: set[str], name: str) -> Callable[[asyncio.Future[Any]], None]:
+    def done(fut: asyncio.Future[Any]) -> None:
+        _quiet(fut)
+        names.discard(name)
+
+    return done
 
 
 def _quiet(fut: asyncio.Future[Any]) -> None:
