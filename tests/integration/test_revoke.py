@@ -207,3 +207,28 @@ def test_over_amqp_a_revoke_sends_basic_cancel_and_a_delete_closes_the_connectio
             conn.process_data_events(time_limit=0.1)
     assert closed.value.reply_code == 320 and "deleted" in closed.value.reply_text
     assert "Traceback" not in two.output()
+
+
+async def test_a_revoked_lead_right_resigns_the_users_candidacy(
+    pair: tuple[BrokerProcess, BrokerProcess],
+) -> None:
+    one, two = pair
+    async with await clients.connect(one.address) as admin:
+        await admin.put_user("leo", "leo-pw")
+        await admin.set_permissions("leo", lead="svc")
+        leo = await _logged_in(two, "leo")
+        try:
+            async with leo.lead("svc", timeout=10) as term:
+                assert term.leading
+                await admin.set_permissions("leo", lead="")
+                # The broker resigned its candidacy: the term is lost, nobody leads.
+                async with asyncio.timeout(10):
+                    await term.lost.wait()
+
+                async def leader() -> str | None:
+                    infos = {i.service: i for i in await admin.services()}
+                    return infos["svc"].leader if "svc" in infos else None
+
+                await eventually(leader, "svc has no leader", until=lambda x: x is None)
+        finally:
+            await leo.close()
