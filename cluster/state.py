@@ -173,14 +173,15 @@ class State:
 
     def apply(self, offset: int, origin: Origin, event: AnyEvent, out: list[Effect]) -> None:
         """Apply one event at log ``offset``, appending its effects to ``out``."""
-        if type(event) is EnableFeatures and self.flagless_runtime() is not None:
+        flagless = self.flagless_runtime() if type(event) is EnableFeatures else None
+        if flagless is not None:
             # A live runtime of a build from before feature flags cannot decode this
             # record and skips it as malformed: every replica does the same, so that
             # the replicas' states stay equal (cluster/features.py).
             self.skip_malformed(offset)
             out.append(Completed(origin.node, origin.runtime, origin.seq, None, InvalidArgument(
-                f"runtime {self.flagless_runtime()} of a build from before feature flags is"
-                " live: no flag can be enabled until it is upgraded"
+                f"runtime {flagless} of a build from before feature flags is live: no flag"
+                " can be enabled until it is upgraded"
             )))
             return
         self.applied = offset

@@ -6,8 +6,10 @@ loudly instead of being skipped."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -182,11 +184,25 @@ async def _until(check: Any, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.005)
 
 
-async def test_a_new_cluster_enables_every_flag_and_writes_the_new_format(tmp_path: Path) -> None:
-    log = await open_log(f"file:{tmp_path / 'log'}")
+@contextlib.asynccontextmanager
+async def _started(url: str, announce: list[str] | None = None) -> AsyncIterator[Node]:
+    """A started node on the file log at ``url`` (announcing ``announce``, if given, as
+    its build's flags); stopped, with its log closed, at the end."""
+    log = await open_log(url)
     node = Node("a", log, MemoryStore())
-    await node.start()
+    if announce is not None:
+        node.properties[ANNOUNCE] = announce
     try:
+        await node.start()
+        yield node
+    finally:
+        await node.stop()
+        await log.close()
+
+
+async def test_a_new_cluster_enables_every_flag_and_writes_the_new_format(tmp_path: Path) -> None:
+    async with _started(f"file:{tmp_path / 'log'}") as node:
+        log = node.log
         await _until(lambda: set(node.state.features.enabled) == set(ALL), "flags enabled")
         await node.submit(DeclareQueue("q"))
         end = await log.end_offset()
@@ -200,19 +216,13 @@ async def test_a_new_cluster_enables_every_flag_and_writes_the_new_format(tmp_pa
         # Heartbeats stay in format 1, so that a broker of any build sees who is alive.
         assert firsts["Heartbeat"] == "a"
         assert node.store.get_ident("format") == str(MAX_FORMAT)
-    finally:
-        await node.stop()
-        await log.close()
 
 
 async def test_a_record_this_build_cannot_read_stops_applying_loudly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = f"file:{tmp_path / 'log'}"
-    log = await open_log(url)
-    node = Node("a", log, MemoryStore())
-    await node.start()
-    try:
+    async with _started(url) as node:
         await node.submit(DeclareQueue("q"))
         writer = await open_log(url)
         bad = msgpack.packb([MAX_FORMAT, "z", "r", 1, 0, 99, "from a newer build"])
@@ -232,9 +242,6 @@ async def test_a_record_this_build_cannot_read_stops_applying_loudly(
         assert "malformed" not in node.state.ignored  # never skipped
         with pytest.raises(ShuttingDown, match="cannot read"):
             await node.submit(Enqueue("q", ((b"x", {}),)))
-    finally:
-        await node.stop()
-        await log.close()
 
 
 async def test_a_flag_this_build_does_not_know_enabled_by_the_rule_stops_applying(
@@ -243,11 +250,8 @@ async def test_a_flag_this_build_does_not_know_enabled_by_the_rule_stops_applyin
     """Every live runtime announces a flag this build lacks (here, this node itself claims
     a newer build's flag): the rule enables it on every replica that knows it, so one that
     does not must stop before the record, not go on without it."""
-    log = await open_log(f"file:{tmp_path / 'log'}")
-    node = Node("a", log, MemoryStore())
-    node.properties[ANNOUNCE] = sorted(FEATURES) + ["from_a_newer_build"]
-    await node.start()
-    try:
+    newer = sorted(FEATURES) + ["from_a_newer_build"]
+    async with _started(f"file:{tmp_path / 'log'}", announce=newer) as node:
         await _until(lambda: bool(node.state.features.enabled), "this build's flags enabled")
         await _until(
             lambda: "from_a_newer_build" in (node.state.supported(node.key) or ()),
@@ -260,9 +264,6 @@ async def test_a_flag_this_build_does_not_know_enabled_by_the_rule_stops_applyin
         assert "from_a_newer_build" not in node.state.features.enabled
         with pytest.raises(ShuttingDown):
             await fut
-    finally:
-        await node.stop()
-        await log.close()
 
 
 async def test_a_restart_on_a_store_an_older_build_wrote_after_a_flag_starts_again_as_new(
