@@ -9,7 +9,15 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, cast
 
-from batonmq.broker import cli_client, cli_features, cli_ops, cli_serve, cli_users, logs
+from batonmq.broker import (
+    cli_client,
+    cli_context,
+    cli_features,
+    cli_ops,
+    cli_serve,
+    cli_users,
+    logs,
+)
 from batonmq.broker.config import LOG_FORMATS, LOG_LEVELS, package_version
 from batonmq.cluster.errors import BatonError
 
@@ -32,8 +40,25 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose mistakes end the command with one line on stderr
     (not the usage block): what is wrong, and where to look."""
 
+    _intermixing = False
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """A command's options and arguments may come in any order (``publish work
+        --count 3 x``): a parser without subcommands of its own parses intermixed."""
+        if self._subparsers is not None or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # parse_known_intermixed_args calls back in here
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        except TypeError:  # a parser argparse cannot intermix (a REMAINDER argument)
+            return super().parse_known_args(args, namespace)
+        finally:
+            self._intermixing = False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", default=None, metavar="NAME",
                    help="log in to the broker as NAME (or BATON_USER; its password from"
                         " BATON_PASSWORD or the terminal; default guest: docs/security.md)")
+    p.add_argument("--context", default=None, metavar="NAME",
+                   help="the client commands use this context's brokers and login (or"
+                        " BATON_CONTEXT; default: the one in use, see baton context)")
     # The subcommands' parsers are _Parsers too (add_subparsers uses the parent's class).
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]",
@@ -61,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_ops.add_commands(sub)
     cli_users.add_commands(sub)
     cli_features.add_commands(sub)
+    cli_context.add_commands(sub)
 
     from batonmq.loadtest.__main__ import add_arguments
 
@@ -92,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.setup(args.log_level or "INFO", args.log_format or "text")
     try:
+        cli_context.apply_context(args)
         return int(args.func(args))
     except BatonError as exc:
         print(f"baton: {exc.message}", file=sys.stderr)

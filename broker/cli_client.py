@@ -9,8 +9,7 @@ import sys
 import time
 from typing import Any
 
-from batonmq.broker.cli_ops import open_broker
-from batonmq.broker.config import DEFAULT_PORT
+from batonmq.broker.cli_ops import BROKER_HELP, open_broker
 from batonmq.cluster.errors import InvalidArgument
 from batonmq.cluster.features import ANNOUNCE
 
@@ -185,11 +184,10 @@ def _handover(args: argparse.Namespace) -> int:
 
 def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Add the client commands to the ``baton`` parser's subcommands."""
-    broker_help = "broker address(es), HOST:PORT[,HOST:PORT]"
     pub = sub.add_parser("publish", help="publish messages (arguments, or stdin lines)")
     pub.add_argument("queue")
     pub.add_argument("message", nargs="*")
-    pub.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    pub.add_argument("--broker", default=None, help=BROKER_HELP)
     pub.add_argument("--header", action="append", default=[], help="KEY=VALUE, repeatable")
     pub.add_argument("--count", type=int, default=1, help="repeat a single message N times")
     pub.add_argument("--declare", action="store_true", help="declare the queue first")
@@ -201,7 +199,7 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
 
     con = sub.add_parser("consume", help="print and ack messages")
     con.add_argument("queue")
-    con.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    con.add_argument("--broker", default=None, help=BROKER_HELP)
     con.add_argument("--count", type=int, default=0, help="stop after N (0: no limit)")
     con.add_argument("--timeout", type=float, default=5.0, help="stop after idle seconds (0: never)")
     con.add_argument("--prefetch", type=int, default=100)
@@ -215,17 +213,17 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     con.set_defaults(func=_consume)
 
     t = sub.add_parser("topology", help="show the cluster's view as a broker applied it")
-    t.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    t.add_argument("--broker", default=None, help=BROKER_HELP)
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=_topology)
 
     q = sub.add_parser("queues", help="list queues and their counters")
-    q.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    q.add_argument("--broker", default=None, help=BROKER_HELP)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_queues)
 
     sv = sub.add_parser("services", help="list services: leader, fencing token, candidates")
-    sv.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    sv.add_argument("--broker", default=None, help=BROKER_HELP)
     sv.add_argument("--json", action="store_true")
     sv.add_argument("-v", "--verbose", action="store_true", help="list every candidate")
     sv.set_defaults(func=_services)
@@ -234,7 +232,7 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     ho.add_argument("service")
     ho.add_argument("--to", default=None,
                     help="candidate key or node id to lead next (default: the next in line)")
-    ho.add_argument("--broker", default=f"127.0.0.1:{DEFAULT_PORT}", help=broker_help)
+    ho.add_argument("--broker", default=None, help=BROKER_HELP)
     ho.add_argument("--timeout", type=float, default=30.0,
                     help="seconds to wait for the leader to finish its work")
     ho.set_defaults(func=_handover)

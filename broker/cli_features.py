@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from batonmq.broker.cli_ops import BROKER_HELP, open_broker
-from batonmq.broker.config import DEFAULT_PORT
 from batonmq.cluster.errors import InvalidArgument
 
 __all__ = ["add_commands", "cluster_format", "feature_table", "member_names"]
@@ -122,12 +121,11 @@ def _addresses(topology: Mapping[str, Any]) -> dict[str, str]:
 
 def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Add ``feature list`` and ``feature enable`` to the ``baton`` parser's subcommands."""
-    default = f"127.0.0.1:{DEFAULT_PORT}"
     f = sub.add_parser("feature", help="list or enable the cluster's feature flags")
     fs = f.add_subparsers(dest="feature_command", required=True)
     ls = fs.add_parser("list", help="each flag: enabled or not, its format, which live"
                                     " members support it")
-    ls.add_argument("--broker", default=default, help=BROKER_HELP)
+    ls.add_argument("--broker", default=None, help=BROKER_HELP)
     ls.add_argument("--json", action="store_true", help="the broker's rows as JSON")
     ls.set_defaults(func=_list)
     en = fs.add_parser("enable", help="enable flags for good (admin); refused while a live"
@@ -135,5 +133,5 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     en.add_argument("names", nargs="*", metavar="NAME", help="the flag(s) to enable")
     en.add_argument("--all", action="store_true",
                     help="every flag the broker's build knows")
-    en.add_argument("--broker", default=default, help=BROKER_HELP)
+    en.add_argument("--broker", default=None, help=BROKER_HELP)
     en.set_defaults(func=_enable)

@@ -14,7 +14,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from batonmq.broker.config import DEFAULT_PORT
 from batonmq.cluster.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -22,7 +21,10 @@ if TYPE_CHECKING:
 
 __all__ = ["BROKER_HELP", "add_commands", "login_of", "not_ready", "open_broker", "tls_of"]
 
-BROKER_HELP = "broker address(es), HOST:PORT[,HOST:PORT]"
+BROKER_HELP = (
+    "broker address(es), HOST:PORT[,HOST:PORT] or a bare PORT on this host; tried in turn"
+    " (default: BATON_BROKER, the context in use, or 127.0.0.1:5671)"
+)
 
 
 def tls_of(args: argparse.Namespace) -> ssl.SSLContext | None:
@@ -41,7 +43,8 @@ def tls_of(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 def login_of(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """The user and password a command logs in with: the global ``--user`` (or
-    ``BATON_USER``), its password from ``BATON_PASSWORD`` or asked on the terminal.
+    ``BATON_USER``, or the context's user), its password from ``BATON_PASSWORD``, the
+    context's password, or asked on the terminal.
     No user named: (None, None), the client's default: guest/guest (docs/security.md).
 
     Raises:
@@ -49,6 +52,8 @@ def login_of(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """
     user = getattr(args, "user", None) or os.environ.get("BATON_USER") or None
     password = os.environ.get("BATON_PASSWORD")
+    if password is None:
+        password = getattr(args, "context_password", None)  # the context's (cli_context)
     if user is None:
         return (None, None) if password is None else ("guest", password)
     if password is None:
@@ -206,12 +211,11 @@ def _message_history(args: argparse.Namespace) -> int:
 def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Add ``health``, ``queue``, ``connections`` and ``message`` to the ``baton``
     parser's subcommands."""
-    default = f"127.0.0.1:{DEFAULT_PORT}"
     h = sub.add_parser(
         "health",
         help="exit 0 if a broker is ready (member, healthy, caught up), 1 and why if not",
     )
-    h.add_argument("--broker", default=default, help="the broker asked (HOST:PORT)")
+    h.add_argument("--broker", default=None, help=BROKER_HELP)
     h.set_defaults(func=_health)
 
     q = sub.add_parser("queue", help="declare, delete, purge or peek at a queue")
@@ -252,18 +256,18 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     ):
         c = qs.add_parser(name, help=what)
         c.add_argument("queue")
-        c.add_argument("--broker", default=default, help=BROKER_HELP)
+        c.add_argument("--broker", default=None, help=BROKER_HELP)
         c.set_defaults(func=func)
-    d.add_argument("--broker", default=default, help=BROKER_HELP)
+    d.add_argument("--broker", default=None, help=BROKER_HELP)
     pk = qs.add_parser("peek", help="show ready messages without acquiring them")
     pk.add_argument("queue")
     pk.add_argument("--count", type=int, default=10, help="how many (1..1000)")
-    pk.add_argument("--broker", default=default, help=BROKER_HELP)
+    pk.add_argument("--broker", default=None, help=BROKER_HELP)
     pk.add_argument("--json", action="store_true")
     pk.set_defaults(func=_queue_peek)
 
     cn = sub.add_parser("connections", help="list a broker's client connections and consumers")
-    cn.add_argument("--broker", default=default, help=BROKER_HELP)
+    cn.add_argument("--broker", default=None, help=BROKER_HELP)
     cn.add_argument("--json", action="store_true")
     cn.set_defaults(func=_connections)
 
@@ -273,7 +277,7 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
                                          " released, accepted or dead-lettered")
     mh.add_argument("queue")
     mh.add_argument("position", type=int)
-    mh.add_argument("--broker", default=default, help=BROKER_HELP)
+    mh.add_argument("--broker", default=None, help=BROKER_HELP)
     mh.add_argument("--max-records", type=int, default=0,
                     help="read at most this many log records (0: the broker's bound)")
     mh.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it")

@@ -9,7 +9,6 @@ import json
 import sys
 
 from batonmq.broker.cli_ops import BROKER_HELP, open_broker
-from batonmq.broker.config import DEFAULT_PORT
 from batonmq.cluster.errors import InvalidArgument
 
 __all__ = ["add_commands", "read_new_password"]
@@ -95,7 +94,6 @@ def _permissions_set(args: argparse.Namespace) -> int:
 
 def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Add ``user`` and ``permissions`` to the ``baton`` parser's subcommands."""
-    default = f"127.0.0.1:{DEFAULT_PORT}"
     u = sub.add_parser("user", help="add, delete, list users or change a password (admin)")
     us = u.add_subparsers(dest="user_command", required=True)
     for name, func, what in (
@@ -109,14 +107,14 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
         if name == "add":
             c.add_argument("--admin", action="store_true",
                            help="an admin: every right, and manages users")
-        c.add_argument("--broker", default=default, help=BROKER_HELP)
+        c.add_argument("--broker", default=None, help=BROKER_HELP)
         c.set_defaults(func=func)
     d = us.add_parser("delete", help="delete a user (not the last admin)")
     d.add_argument("name")
-    d.add_argument("--broker", default=default, help=BROKER_HELP)
+    d.add_argument("--broker", default=None, help=BROKER_HELP)
     d.set_defaults(func=_user_delete)
     ls = us.add_parser("list", help="list users and their rights")
-    ls.add_argument("--broker", default=default, help=BROKER_HELP)
+    ls.add_argument("--broker", default=None, help=BROKER_HELP)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_user_list)
 
@@ -129,5 +127,5 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     s.add_argument("--write", metavar="RE", help="publish to these queues")
     s.add_argument("--read", metavar="RE", help="consume, get, peek, range-read these queues")
     s.add_argument("--lead", metavar="RE", help="run for and hand over these services")
-    s.add_argument("--broker", default=default, help=BROKER_HELP)
+    s.add_argument("--broker", default=None, help=BROKER_HELP)
     s.set_defaults(func=_permissions_set)

@@ -20,15 +20,28 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, TypeVar, cast
 
+from pamqp import commands
+
+from batonmq.broker.admission import QuietLog
+from batonmq.broker.amqp_codec import method_frame
 from batonmq.broker.config import MAX_IN_FLIGHT
 from batonmq.broker.networks import LOOPBACK, allows
 from batonmq.broker.reply import Shape
 from batonmq.clients import wire
+from batonmq.clients.foreign import HTTP_REPLY, foreign_protocol
 from batonmq.cluster.errors import BatonError, InternalError, ProtocolError
 
 __all__ = ["ClientConnection", "MAX_IN_FLIGHT"]
 
 log = logging.getLogger("baton.session")
+#: Clients of another protocol on the native port: a line a second at most.
+_foreign_log = QuietLog(log, "connection of another protocol closed")
+_AMQP_HERE = (
+    "NOT_ALLOWED - this is the native client port of a Baton broker: AMQP 0-9-1 clients"
+    " connect to the port of its --amqp-listen"
+)
+#: Seconds an answer to a foreign client has to be read before the connection closes.
+_FOREIGN_CLOSE_S = 2.0
 
 R = TypeVar("R")
 
@@ -87,6 +100,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         self.paused = False  # the client is not reading: stop delivering
         self.greeted = False  # Hello done (set by the subclass that handles it)
+        self._foreign = False  # a client of another protocol was answered; closing
         self.last_read = 0.0  # loop time of the last bytes read
         self._watch: asyncio.TimerHandle | None = None
         self.in_flight = 0
@@ -133,12 +147,21 @@ class ClientConnection(asyncio.Protocol):
         self.loopback = bool(peer) and allows(LOOPBACK, str(peer[0]))
 
     def data_received(self, data: bytes) -> None:
+        if self._foreign:
+            if self.transport is not None:
+                self.transport.close()  # the foreign client read the answer
+            return
         if data:
             self.last_read = asyncio.get_running_loop().time()
-            if not self.greeted and not self.codec.buffered and data[:2] == b"\x16\x03":
-                # A TLS ClientHello where Hello's length should be.
-                self.fail(ProtocolError("a TLS client on a port without TLS"))
-                return
+            if not self.greeted and not self.codec.buffered:
+                foreign = foreign_protocol(data[:8])
+                if foreign == "TLS":
+                    # A TLS ClientHello where Hello's length should be.
+                    self.fail(ProtocolError("a TLS client on a port without TLS"))
+                    return
+                if foreign is not None:
+                    self._refuse_foreign(foreign)
+                    return
         codec = self.codec
         codec.receive_data(data)
         # While reading is blocked the rest of a read stays in the codec's buffer
@@ -348,6 +371,31 @@ class ClientConnection(asyncio.Protocol):
     def error(self, corr: int, exc: BatonError) -> None:
         """Answer ``corr`` with an Error frame."""
         self.send(wire.Error(corr, exc.code, exc.message))
+
+    def _refuse_foreign(self, protocol: str) -> None:
+        """An AMQP or HTTP client on the native port: answer in its own protocol and
+        close, with a line in the log (at most one a second). An AMQP client gets
+        ``Connection.Start`` and then ``Connection.Close`` 530 saying where its port is
+        (pika shows that text); an HTTP client a 400 that says where the admin API is."""
+        if protocol == "AMQP":
+            why = "an AMQP 0-9-1 client (the --amqp-listen port is for those)"
+            reply = method_frame(
+                0, commands.Connection.Start(0, 9, {"product": "Baton"}, "PLAIN", "en_US")
+            ) + method_frame(0, commands.Connection.Close(530, _AMQP_HERE, 0, 0))
+        else:
+            why = "an HTTP client (the admin API is on the --admin-listen port)"
+            reply = HTTP_REPLY
+        _foreign_log(self.peer, why)
+        self.closed = True
+        self.connection_lost(None)
+        transport = self.transport
+        if transport is None:
+            return
+        transport.write(reply)
+        # Closed once the client answers (an AMQP client's StartOk) or after a moment, so
+        # that the answer is read before the connection ends.
+        self._foreign = True
+        asyncio.get_running_loop().call_later(_FOREIGN_CLOSE_S, transport.close)
 
     def fail(self, exc: BatonError) -> None:
         """Close this connection after telling the client why."""

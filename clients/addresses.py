@@ -20,7 +20,8 @@ def parse_addresses(addresses: str | Sequence[str]) -> list[tuple[str, int]]:
     Args:
         addresses: one address, a comma-separated list, or a sequence of either.
             IPv6 hosts are written in brackets: ``"[::1]:5671"``. A missing port
-            means :data:`DEFAULT_PORT`.
+            means :data:`DEFAULT_PORT`; a bare port (``"5671"``) a broker on this
+            host (127.0.0.1).
 
     Returns:
         The addresses in the order given.
@@ -38,7 +39,10 @@ def parse_addresses(addresses: str | Sequence[str]) -> list[tuple[str, int]]:
             if not part:
                 continue
             host, port = part, DEFAULT_PORT
-            if part.startswith("["):
+            if part.isdigit():
+                # A bare port: a broker on this host.
+                host, port = "127.0.0.1", _parse_port(part, part)
+            elif part.startswith("["):
                 end = part.find("]")
                 if end < 0:
                     raise InvalidArgument(f"bad address {part!r}: missing ']'")

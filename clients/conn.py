@@ -34,6 +34,7 @@ from batonmq.clients.scram import DEFAULT_USER
 from batonmq.clients.failover import Failover
 from batonmq.clients.leadership import Term
 from batonmq.clients.results import consume_result
+from batonmq.clients.foreign import client_hint, foreign_protocol
 from batonmq.clients.tls import NOT_TLS_HINT
 from batonmq.clients.wire import (
     DEFAULT_MAX_FRAME,
@@ -110,8 +111,13 @@ class BatonProtocol(asyncio.Protocol):
             self._first = False
             # A TLS record (alert 0x15 or handshake 0x16, version 3.x) where a frame's
             # length should be: the broker speaks TLS and this client does not.
-            if data[:1] in (b"\x15", b"\x16") and data[1:2] == b"\x03" and not conn.tls:
+            foreign = foreign_protocol(data[:8])
+            if foreign == "TLS" and not conn.tls:
                 conn.abort(ProtocolError(NOT_TLS_HINT))
+                return
+            if foreign in ("HTTP", "AMQP"):
+                # The address is another listener (the admin API, AMQP) or not Baton.
+                conn.abort(ProtocolError(client_hint(foreign)))
                 return
         try:
             self.codec.receive_data(data)

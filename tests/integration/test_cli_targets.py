@@ -1,0 +1,181 @@
+"""Where the ``baton`` command connects, run as a user would: arguments in any order, a
+wrong port told apart (HTTP, AMQP), a bare port, a list of brokers, ``BATON_BROKER``,
+and named contexts (``baton context``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+from batonmq.broker.config import admin_ready_address, amqp_ready_address
+from tests.helpers import eventually_sync
+from tests.integration.conftest import BrokerProcess
+from tests.integration.test_cli import _queues, baton
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def contexts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A contexts file of this test's own (the user's is never read)."""
+    path = tmp_path / "contexts.json"
+    monkeypatch.setenv("BATON_CONTEXTS", str(path))
+    return path
+
+
+@pytest.fixture
+def listeners(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker with its AMQP and admin listeners on too."""
+    b = BrokerProcess(
+        tmp_path / "b", extra=["--amqp-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]
+    )
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _port_of(b: BrokerProcess, ready: object) -> int:
+    found = [a for a in map(ready, b.output().splitlines()) if a is not None]  # type: ignore[operator]
+    assert found, b.output()
+    return int(str(found[-1]).rpartition(":")[2])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_arguments_may_follow_options(broker: BrokerProcess, contexts: Path) -> None:
+    addr = broker.address
+    for args in (
+        ["publish", "work", "--count", "3", "x", "--broker", addr, "--declare"],
+        ["publish", "--declare", "work2", "--broker", addr, "m1", "m2"],
+        ["publish", "work3", "a", "--header", "k=v", "b", "--declare", "--broker", addr],
+    ):
+        r = baton(*args)
+        assert r.returncode == 0, (args, r.stderr)
+    q = _queues(addr)
+    assert (q["work"]["ready"], q["work2"]["ready"], q["work3"]["ready"]) == (3, 2, 2)
+    r = baton("consume", "work3", "--count", "2", "-v", "--broker", addr)
+    assert r.returncode == 0, r.stderr
+    lines = [line.split("\t") for line in r.stdout.splitlines()]
+    assert [(json.loads(f[3]), f[4]) for f in lines] == [({"k": "v"}, "a"), ({"k": "v"}, "b")]
+    # What is still wrong is still refused, in one line.
+    r = baton("publish", "work", "x", "--no-such-option", "--broker", addr)
+    assert r.returncode == 2
+    assert "unrecognized arguments: --no-such-option" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_wrong_port_is_named(listeners: BrokerProcess, contexts: Path) -> None:
+    admin = _port_of(listeners, admin_ready_address)
+    amqp = _port_of(listeners, amqp_ready_address)
+    r = baton("queues", "--broker", f"127.0.0.1:{admin}")
+    assert r.returncode == 1
+    assert "this port speaks HTTP (the admin listener" in r.stderr, r.stderr
+    assert "frame of" not in r.stderr
+    r = baton("queues", "--broker", f"127.0.0.1:{amqp}")
+    assert r.returncode == 1
+    assert "this port speaks AMQP 0-9-1" in r.stderr, r.stderr
+
+    # pika at the native port hears an AMQP answer that says where to go, not silence,
+    # and the broker says so in its log.
+    params = pika.ConnectionParameters(
+        "127.0.0.1", listeners.port, connection_attempts=1, socket_timeout=5
+    )
+    with pytest.raises(pika.exceptions.AMQPConnectionError) as caught:
+        pika.BlockingConnection(params)
+    assert "connect to the port of its --amqp-listen" in repr(caught.value), repr(caught.value)
+    eventually_sync(
+        lambda: "an AMQP 0-9-1 client (the --amqp-listen port is for those)" in listeners.output(),
+        "the broker's line about the AMQP client",
+    )
+    # A browser (or curl) at the native port gets an HTTP answer that says where to go.
+    with socket.create_connection(("127.0.0.1", listeners.port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
+    assert b"--admin-listen" in reply
+    # The broker still serves its own clients.
+    assert baton("queues", "--broker", listeners.address).returncode == 0
+
+
+def test_bare_port_list_and_environment(broker: BrokerProcess, contexts: Path) -> None:
+    r = baton("publish", "q", "m", "--declare", "--broker", str(broker.port))
+    assert r.returncode == 0, r.stderr
+    # A list: the first broker is down, the next one answers.
+    dead = f"127.0.0.1:{_free_port()}"
+    r = baton("queues", "--json", "--broker", f"{dead},{broker.address}")
+    assert r.returncode == 0, r.stderr
+    assert [q["queue"] for q in json.loads(r.stdout)] == ["q"]
+    # BATON_BROKER when --broker is not given; --broker wins over it.
+    r = baton("queues", "--json", env={"BATON_BROKER": broker.address})
+    assert r.returncode == 0, r.stderr
+    r = baton("queues", "--json", "--broker", dead, env={"BATON_BROKER": broker.address})
+    assert r.returncode == 1
+
+
+def test_contexts(broker: BrokerProcess, contexts: Path, tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{_free_port()}"
+    r = baton("context", "add", "local", "--broker", broker.address)
+    assert r.returncode == 0, r.stderr
+    assert "(in use)" in r.stderr  # the first one added
+    assert stat.S_IMODE(os.stat(contexts).st_mode) == 0o600
+    r = baton("context", "add", "other", "--broker", dead)
+    assert r.returncode == 0, r.stderr
+    r = baton("context", "list")
+    assert r.stdout.splitlines() == [f"* local\t{broker.address}\tguest", f"  other\t{dead}\tguest"]
+
+    r = baton("publish", "--declare", "viactx", "m")  # no --broker: the context in use
+    assert r.returncode == 0, r.stderr
+    assert "viactx" in _queues(broker.address)
+    r = baton("--context", "other", "queues")
+    assert r.returncode == 1  # other's broker is down
+    r = baton("context", "use", "other")
+    assert r.returncode == 0
+    assert baton("queues").returncode == 1
+    assert baton("queues", env={"BATON_CONTEXT": "local"}).returncode == 0
+    assert baton("queues", env={"BATON_BROKER": broker.address}).returncode == 0
+
+    r = baton("--context", "nope", "queues")
+    assert r.returncode == 1
+    assert "no context 'nope' (known: local, other)" in r.stderr
+
+    # A password from a file is named, not stored; a saved one only when asked, and
+    # never shown.
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    r = baton("context", "add", "fromfile", "--broker", dead, "--user", "u",
+              "--password-file", str(pw))
+    assert r.returncode == 0, r.stderr
+    assert "s3cret" not in contexts.read_text()
+    r = baton("context", "add", "saved", "--broker", dead, "--user", "u", "--save-password",
+              env={"BATON_PASSWORD": "hunter2"})
+    assert r.returncode == 0, r.stderr
+    assert "hunter2" in contexts.read_text()
+    r = baton("context", "show", "saved")
+    assert json.loads(r.stdout)["password"] == "(saved)"
+    assert "hunter2" not in r.stdout
+    r = baton("context", "remove", "other")
+    assert r.returncode == 0
+    r = baton("context", "list", "--json")
+    listed = json.loads(r.stdout)
+    assert listed["current"] is None and sorted(listed["contexts"]) == ["fromfile", "local", "saved"]
+
+    contexts.write_text("{not json")
+    r = baton("queues", "--broker", broker.address)
+    assert r.returncode == 1
+    assert "contexts file" in r.stderr and "damaged" in r.stderr
