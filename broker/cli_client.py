@@ -105,7 +105,11 @@ def _topology(args: argparse.Namespace) -> int:
     print(f"cluster {topo['cluster_id']}  view {topo['view']}"
           f"{'  (changing)' if topo['changing'] else ''}")
     for i in topo["instances"]:
-        flags = ("leader " if i["leader"] else "") + ("(this broker)" if i["local"] else "")
+        flags = (
+            _silence(i)
+            + ("leader " if i["leader"] else "")
+            + ("(this broker)" if i["local"] else "")
+        )
         print(f"  {i['node_id']:16} {i['role']:8} {i['address']:22}"
               f" {_announced(i):9} {_properties(i['properties']):20} {flags}")
     print(f"this broker applied offset {topo['applied']}, digest {topo['digest'][:16]}")
@@ -130,6 +134,15 @@ def _topology(args: argparse.Namespace) -> int:
     if not topo.get("member", True):
         print("this broker is not a member of the established view (joining, or fenced)")
     return status
+
+
+def _silence(instance: dict[str, Any]) -> str:
+    """``SUSPECTED`` for a member silent past its beats (the next view drops it), ``silent
+    N beats`` for one that missed two or more (a member that beats misses none or one)."""
+    if instance.get("suspected"):
+        return "SUSPECTED "
+    beats = instance.get("silent_beats", 0)
+    return f"silent {beats} beats " if beats >= 2 else ""
 
 
 def _announced(instance: dict[str, Any]) -> str:

@@ -277,9 +277,19 @@ class Delivery:
                     else:
                         self._owned_since.pop(e.queue, None)
                 case MembersChanged():
+                    if not e.properties:
+                        log.info(
+                            "view %d established: %d member(s)%s", e.view_seq, len(e.members),
+                            f"; left it: {', '.join(e.removed)}" if e.removed else "",
+                        )
                     if self.node.key in e.removed and not self.node.leaving:
                         self._fenced()
                 case QueueGone():
+                    if e.declarer_left is not None:
+                        log.info(
+                            "non-durable queue %r deleted: %s, which declared it, left the view",
+                            e.queue, e.declarer_left,
+                        )
                     self._interest.discard(e.queue)
                     self._deferred.discard(e.queue)
                     self._owned_since.pop(e.queue, None)

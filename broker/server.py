@@ -447,6 +447,10 @@ class Broker:
                     # heartbeats apart (None: a build from before feature flags).
                     "properties": {k: v for k, v in m.properties.items() if k != ANNOUNCE},
                     "features": _sorted_or_none(announced(m.properties)),
+                    # Silent past its beats, on every replica alike (docs/design.md §7):
+                    # the next view will drop it unless it beats again.
+                    "suspected": ms.suspected(key),
+                    "silent_beats": ms.silent_beats(key),
                 }
             )
         return {

@@ -120,10 +120,12 @@ class ReadyMore(Effect):
 
 @dataclass(frozen=True, slots=True)
 class QueueGone(Effect):
-    """The queue was deleted; its consumers end."""
+    """The queue was deleted; its consumers end. ``declarer_left``: the runtime whose
+    leaving the view deleted it (a non-durable queue it declared), None for a delete."""
 
     queue: str
     qid: int
+    declarer_left: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,12 @@ class Membership:
     def is_member(self, key: str) -> bool:
         return key in self.member_set
 
+    def silent_beats(self, key: str) -> int:
+        """How many heartbeats another member appended since ``key``'s last one (the
+        most of any): about 1 for a member that beats, growing for a silent one."""
+        quiet = self.silence.get(key)
+        return max(quiet.values()) if quiet else 0
+
     def suspected(self, key: str) -> bool:
         if key in self.left:
             return True

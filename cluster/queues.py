@@ -222,11 +222,12 @@ class QueueIndex:
         self.dirty.add(ev.queue)
         return Declared(created=True)
 
-    def delete(self, name: str, out: list[Effect]) -> Deleted:
-        """Delete queue ``name`` with its messages; its consumers end."""
+    def delete(self, name: str, out: list[Effect], declarer_left: str | None = None) -> Deleted:
+        """Delete queue ``name`` with its messages; its consumers end (``declarer_left``:
+        deleted because that runtime, its declarer, left the view)."""
         q = self.queue(name)
         del self.queues[name]
-        out.append(QueueGone(name, q.qid))
+        out.append(QueueGone(name, q.qid, declarer_left))
         return Deleted(deleted=q.length)
 
     def purge(self, ev: PurgeQueue, out: list[Effect]) -> Purged:

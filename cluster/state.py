@@ -285,9 +285,11 @@ class State:
                 return self._enable_features(ev)
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
 
-    def _delete_queue(self, name: str, out: list[Effect]) -> Deleted:
+    def _delete_queue(
+        self, name: str, out: list[Effect], declarer_left: str | None = None
+    ) -> Deleted:
         """Delete a queue, and its bindings with it."""
-        done = self.index.delete(name, out)
+        done = self.index.delete(name, out, declarer_left)
         self.exchanges.queue_deleted(name)
         return done
 
@@ -536,7 +538,7 @@ class State:
         for name in sorted(self.queues):
             q = self.queues[name]
             if not q.durable and q.declared_by == key:
-                self._delete_queue(name, out)
+                self._delete_queue(name, out, declarer_left=key)
                 continue
             by_consumer: dict[str, list[int]] = {}
             for p, c in q.acquired.items():

@@ -179,3 +179,36 @@ def test_contexts(broker: BrokerProcess, contexts: Path, tmp_path: Path) -> None
     r = baton("queues", "--broker", broker.address)
     assert r.returncode == 1
     assert "contexts file" in r.stderr and "damaged" in r.stderr
+
+
+def test_topology_shows_a_dead_member_and_survivors_say_what_changed(
+    cluster: list[BrokerProcess], contexts: Path
+) -> None:
+    from batonmq import clients
+
+    n1, n2, n3 = cluster
+    with clients.sync.connect(n3.address) as conn:
+        conn.declare_queue("scratch", durable=False)  # goes with its declarer
+    eventually_sync(
+        lambda: "scratch" in _queues(n1.address), "n1 applied the declare of scratch"
+    )
+    n3.kill9()
+
+    def n3_row() -> str | None:
+        r = baton("topology", "--broker", n1.address)
+        row = next((line for line in r.stdout.splitlines() if "node-3" in line), None)
+        return row if row is not None and ("silent" in row or "SUSPECTED" in row) else None
+
+    # Shown silent (then suspected) until the next view drops it: never as a normal voter
+    # for long. (The view may drop it before a poll sees "SUSPECTED".)
+    eventually_sync(n3_row, "node-3 shown silent by baton topology", timeout=20)
+    r = baton("topology", "--json", "--broker", n2.address)
+    rows = {i["node_id"]: i for i in json.loads(r.stdout)["instances"]}
+    assert rows["node-2"]["suspected"] is False and "silent_beats" in rows["node-2"]
+    eventually_sync(
+        lambda: "left it: node-3/" in n1.output() or None,
+        "node-1's INFO line about the view without node-3", timeout=20,
+    )
+    out = n1.output()
+    assert "non-durable queue 'scratch' deleted: node-3/" in out, out
+    assert "scratch" not in _queues(n1.address)
