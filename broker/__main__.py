@@ -2,6 +2,6 @@
 
 import sys
 
-from batonmq.broker.cli import main
+from batonmq.broker.entry import main
 
 sys.exit(main())

@@ -36,6 +36,15 @@ def _import_entries(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+#: The optional dependencies a command may need, by top-level module: the extra that
+#: installs each (pyproject.toml).
+_EXTRAS = {
+    "pyspark": "spark", "pyarrow": "spark", "pandas": "spark",
+    "nats": "loadtest", "matplotlib": "loadtest", "aio_pika": "loadtest",
+    "atheris": "fuzz",
+}
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose mistakes end the command with one line on stderr
     (not the usage block): what is wrong, and where to look."""
@@ -131,6 +140,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        module = (exc.name or "").partition(".")[0]
+        extra = _EXTRAS.get(module)
+        if extra is None:
+            raise  # not an optional dependency: a broken install, shown as it is
+        print(
+            f"baton: this command needs {module}, which is not installed:"
+            f" pip install 'batonmq[{extra}]'",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -74,7 +74,13 @@ def _consume(args: argparse.Namespace) -> int:
                 else:
                     msg.ack()
                 got += 1
-    print(f"consumed {got} message(s) from {args.queue}", file=sys.stderr)
+    if args.fail:
+        done = "released as failed"
+    elif args.no_ack:
+        done = "released"
+    else:
+        done = "consumed"
+    print(f"{done} {got} message(s) from {args.queue}", file=sys.stderr)
     return 0
 
 

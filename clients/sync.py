@@ -65,6 +65,15 @@ class _LoopThread:
             self.loop.run_forever()
         finally:
             try:
+                # What a call left running (an interrupted connect) ends here, not
+                # as a "Task was destroyed" line and a traceback at exit.
+                pending = asyncio.all_tasks(self.loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    self.loop.run_until_complete(
+                        asyncio.gather(*pending, return_exceptions=True)
+                    )
                 self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             finally:
                 self.loop.close()
@@ -89,6 +98,9 @@ class _LoopThread:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise Timeout(f"no answer within {timeout} s; the outcome is unknown") from None
+        except BaseException:
+            future.cancel()  # interrupted (Ctrl-C): the call ends with the caller
+            raise
 
     def stop(self) -> None:
         if self._thread.is_alive():

@@ -1,13 +1,17 @@
-"""Where the ``baton`` command connects, run as a user would: arguments in any order, a
-wrong port told apart (HTTP, AMQP), a bare port, a list of brokers, ``BATON_BROKER``,
-and named contexts (``baton context``)."""
+"""The ``baton`` command as a new user meets it, run as they would: arguments in any
+order, a wrong port told apart (HTTP, AMQP), a bare port, a list of brokers,
+``BATON_BROKER``, named contexts (``baton context``), a dead member in the topology, and
+no traceback for an interrupt or a missing extra."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +21,7 @@ import pytest
 
 from batonmq.broker.config import admin_ready_address, amqp_ready_address
 from tests.helpers import eventually_sync
-from tests.integration.conftest import BrokerProcess
+from tests.integration.conftest import REPO, BrokerProcess
 from tests.integration.test_cli import _queues, baton
 
 pytestmark = pytest.mark.integration
@@ -212,3 +216,48 @@ def test_topology_shows_a_dead_member_and_survivors_say_what_changed(
     out = n1.output()
     assert "non-durable queue 'scratch' deleted: node-3/" in out, out
     assert "scratch" not in _queues(n1.address)
+
+
+def test_consume_says_what_it_did(broker: BrokerProcess, contexts: Path) -> None:
+    addr = broker.address
+    assert baton("publish", "--declare", "q", "a", "b", "--broker", addr).returncode == 0
+    r = baton("consume", "q", "--count", "1", "--fail", "--broker", addr)
+    assert "released as failed 1 message(s) from q" in r.stderr, r.stderr
+    r = baton("consume", "q", "--count", "1", "--no-ack", "--broker", addr)
+    assert "released 1 message(s) from q" in r.stderr, r.stderr
+
+
+def test_a_missing_extra_is_named_not_a_traceback(tmp_path: Path, contexts: Path) -> None:
+    # As on an install without the spark extra: importing pyspark fails.
+    r = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; sys.modules['pyspark'] = None; from batonmq.broker.entry import main;"
+         " sys.exit(main())",
+         "import-entries", "run", "--brokers", "127.0.0.1:1", "--table", str(tmp_path / "t"),
+         "--checkpoint", str(tmp_path / "c")],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "needs pyspark, which is not installed: pip install 'batonmq[spark]'" in r.stderr
+
+
+@pytest.mark.parametrize("after", [0.05, 0.15, 0.3, 0.6, 1.0])
+def test_ctrl_c_at_any_moment_is_quiet(after: float, contexts: Path) -> None:
+    # A broker that never answers: the command is still starting, or waiting for it.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "batonmq.broker", "queues", "--broker",
+             f"127.0.0.1:{silent.getsockname()[1]}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        )
+        try:
+            proc.wait(after)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    # 130 once Python handles Ctrl-C (-2: interrupted before the interpreter did).
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
+    assert "Traceback" not in err, err
