@@ -127,7 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code: 0, 1 when the command failed (one line on stderr says why),
         2 for a usage or configuration mistake, 130 when interrupted.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if getattr(args, "command", None) != "dev":
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.serve_args = rest  # baton dev passes serve's settings on to each broker
     logs.setup(args.log_level or "INFO", args.log_format or "text")
     try:
         cli_context.apply_context(args)

@@ -93,8 +93,13 @@ async def _serve_async(config: BrokerConfig) -> int:
 def _dev(args: argparse.Namespace) -> int:
     from batonmq.broker.dev import run_dev
 
-    host, port = parse_address(args.listen)
-    return run_dev(args.nodes, args.data_dir, host, port, [])
+    listen = parse_address(args.listen)
+    amqp = parse_address(args.amqp_listen) if args.amqp_listen else None
+    admin = parse_address(args.admin_listen) if args.admin_listen else None
+    return run_dev(
+        args.nodes, args.data_dir, listen, list(getattr(args, "serve_args", [])),
+        amqp=amqp, admin=admin, restart=args.restart,
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -132,11 +137,23 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     settings.add_flags(s)
     s.set_defaults(func=_serve)
 
-    dv = sub.add_parser("dev", help="run a local cluster on one shared file: log")
+    dv = sub.add_parser(
+        "dev", help="run a local cluster on one shared file: log",
+        description="Run a local cluster on one shared file: log. Any other baton serve"
+        " setting given (e.g. --heartbeat-ms 200) is passed to every broker. A broker that"
+        " exits is reported and the others keep running; Enter (or --restart) restarts it.",
+    )
     dv.add_argument("--nodes", type=int, default=3)
     dv.add_argument("--data-dir", default="./baton-dev", help="one sub-dir per broker")
     dv.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}",
-                    help="HOST:PORT of the first broker; the others take the next ports")
+                    help="HOST:PORT of the first broker; the others take the next ports"
+                         " (port 0: each a free one)")
+    dv.add_argument("--amqp-listen", default=None, metavar="HOST:PORT",
+                    help="AMQP 0-9-1 listeners too, from this port on")
+    dv.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
+                    help="admin HTTP listeners (metrics, API, console) too, from this port on")
+    dv.add_argument("--restart", action="store_true",
+                    help="restart a broker that exits, at once (default: on Enter)")
     dv.set_defaults(func=_dev)
 
     d = sub.add_parser("demo", help="start a broker, round-trip messages, stop it")
