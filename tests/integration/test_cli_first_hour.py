@@ -261,3 +261,29 @@ def test_ctrl_c_at_any_moment_is_quiet(after: float, contexts: Path) -> None:
     # 130 once Python handles Ctrl-C (-2: interrupted before the interpreter did).
     assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
     assert "Traceback" not in err, err
+
+
+def test_a_missing_dead_letter_queue_is_declared_with_the_queue(
+    broker: BrokerProcess, contexts: Path
+) -> None:
+    addr = broker.address
+    r = baton("queue", "declare", "jobs", "--max-length", "1000", "--dead-letter", "jobs.dlq",
+              "--broker", addr)
+    assert r.returncode == 0, r.stderr
+    queues = _queues(addr)
+    assert "jobs.dlq" in queues  # declared with it (it was not dropped on the floor)
+    assert baton("publish", "jobs", "bad", "--broker", addr).returncode == 0
+    from batonmq import clients
+
+    with clients.sync.connect(addr) as conn:
+        with conn.consume("jobs", prefetch=1) as consumer:
+            consumer.next(timeout=10).reject()
+        eventually_sync(
+            lambda: conn.queue_stats("jobs.dlq")["ready"] == 1, "the reject in jobs.dlq"
+        )
+        # A transient queue's dead-letter queue is transient too; one that exists is
+        # left as it is.
+        conn.declare_queue("t", durable=False, dead_letter="t.dlq")
+        assert conn.queue_stats("t.dlq")["durable"] is False
+        conn.declare_queue("u", dead_letter="jobs")
+        assert conn.queue_stats("jobs")["max_length"] == 1000
