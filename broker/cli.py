@@ -12,6 +12,7 @@ from typing import NoReturn, cast
 from batonmq.broker import (
     cli_client,
     cli_context,
+    cli_exchanges,
     cli_features,
     cli_ops,
     cli_serve,
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_users.add_commands(sub)
     cli_features.add_commands(sub)
     cli_context.add_commands(sub)
+    cli_exchanges.add_commands(sub)
 
     from batonmq.loadtest.__main__ import add_arguments
 

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from batonmq.broker.cli_exchanges import key_values
 from batonmq.broker.cli_ops import BROKER_HELP, open_broker
 from batonmq.cluster.errors import InvalidArgument
 from batonmq.cluster.features import ANNOUNCE
@@ -17,17 +18,24 @@ __all__ = ["add_commands"]
 
 
 def _publish(args: argparse.Namespace) -> int:
+    messages = list(args.message)
+    if args.exchange is not None:
+        # Through an exchange: every argument is a message (no queue is named).
+        messages = ([args.queue] if args.queue is not None else []) + messages
+        if args.declare:
+            raise InvalidArgument("--declare declares a queue: not with --exchange")
+    elif args.queue is None:
+        raise InvalidArgument("name the queue to publish to (or give --exchange)")
+    elif args.routing_key is not None:
+        raise InvalidArgument("--routing-key goes with --exchange")
     bodies: list[bytes]
-    if args.message:
-        bodies = [m.encode() for m in args.message]
+    if messages:
+        bodies = [m.encode() for m in messages]
     else:
         bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
-    headers = {}
-    for item in args.header:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidArgument(f"--header needs KEY=VALUE, got {item!r}")
-        headers[key] = value
+    headers = key_values(args.header, "--header")
+    if args.exchange is not None:
+        return _publish_to(args, bodies, headers)
     with open_broker(args) as conn:
         if args.declare:
             conn.declare_queue(args.queue)
@@ -40,6 +48,33 @@ def _publish(args: argparse.Namespace) -> int:
             priority=args.priority or None,
         )
     print(f"published {len(positions)} message(s) to {args.queue}", file=sys.stderr)
+    return 0
+
+
+def _publish_to(args: argparse.Namespace, bodies: list[bytes], headers: dict[str, str]) -> int:
+    """``publish --exchange``: each message routed by the broker (docs/design.md §14)."""
+    if args.count > 1 and len(bodies) == 1:
+        bodies = bodies * args.count
+    reached: dict[str, int] = {}
+    unrouted = 0
+    with open_broker(args) as conn:
+        for body in bodies:
+            routed = conn.publish_to(
+                args.exchange, args.routing_key or "", body, headers,
+                delay=args.delay or None, priority=args.priority or None,
+            )
+            if not routed.queues:
+                unrouted += 1
+            for q in routed.queues:
+                reached[q] = reached.get(q, 0) + 1
+            if routed.full:
+                print(f"queue(s) full, message refused there: {', '.join(routed.full)}",
+                      file=sys.stderr)
+    where = ", ".join(f"{q} ({n})" for q, n in sorted(reached.items())) or "no queue"
+    name = args.exchange or '""'  # the default exchange
+    print(f"published {len(bodies)} message(s) through exchange {name}:"
+          f" reached {where}" + (f"; {unrouted} reached no queue" if unrouted else ""),
+          file=sys.stderr)
     return 0
 
 
@@ -203,9 +238,18 @@ def _handover(args: argparse.Namespace) -> int:
 
 def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Add the client commands to the ``baton`` parser's subcommands."""
-    pub = sub.add_parser("publish", help="publish messages (arguments, or stdin lines)")
-    pub.add_argument("queue")
+    pub = sub.add_parser(
+        "publish", help="publish messages (arguments, or stdin lines)",
+        usage="baton publish [options] QUEUE [MESSAGE ...]\n"
+              "       baton publish --exchange X [--routing-key K] [options] [MESSAGE ...]",
+    )
+    pub.add_argument("queue", nargs="?", help="the queue (not with --exchange)")
     pub.add_argument("message", nargs="*")
+    pub.add_argument("--exchange", default=None, metavar="X",
+                     help='publish through this exchange ("" the default one), routed by'
+                          " the broker")
+    pub.add_argument("--routing-key", default=None, metavar="K",
+                     help="the routing key, with --exchange")
     pub.add_argument("--broker", default=None, help=BROKER_HELP)
     pub.add_argument("--header", action="append", default=[], help="KEY=VALUE, repeatable")
     pub.add_argument("--count", type=int, default=1, help="repeat a single message N times")

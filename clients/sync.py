@@ -300,6 +300,11 @@ class SyncConnection:
         (keyword settings as :meth:`Connection.declare_exchange`)."""
         return self.run(self._conn.declare_exchange(name, type, **settings))
 
+    def list_exchanges(self) -> list[dict[str, Any]]:
+        """Every exchange you have a right on, with its settings and bindings (see
+        :meth:`Connection.list_exchanges`)."""
+        return self.run(self._conn.list_exchanges())
+
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> int:
         """Delete an exchange; returns how many bindings went with it."""
         return self.run(self._conn.delete_exchange(name, if_unused=if_unused))

@@ -287,3 +287,42 @@ def test_a_missing_dead_letter_queue_is_declared_with_the_queue(
         assert conn.queue_stats("t.dlq")["durable"] is False
         conn.declare_queue("u", dead_letter="jobs")
         assert conn.queue_stats("jobs")["max_length"] == 1000
+
+
+def test_exchanges_and_bindings_on_the_command_line(broker: BrokerProcess, contexts: Path) -> None:
+    addr = broker.address
+    ok = lambda *args: baton(*args, "--broker", addr)  # noqa: E731
+    for q in ("eu", "all"):
+        assert ok("queue", "declare", q).returncode == 0
+    r = ok("exchange", "declare", "orders", "--type", "topic")
+    assert r.returncode == 0 and "exchange orders declared" in r.stderr, r.stderr
+    assert ok("binding", "add", "eu", "orders", "--routing-key", "eu.*").returncode == 0
+    assert ok("binding", "add", "all", "orders", "--routing-key", "#").returncode == 0
+
+    r = ok("publish", "--exchange", "orders", "--routing-key", "eu.paris", "m1", "m2")
+    assert r.returncode == 0, r.stderr
+    assert "reached all (2), eu (2)" in r.stderr, r.stderr
+    r = ok("publish", "--exchange", "orders", "--routing-key", "us.nyc", "m3")
+    assert "reached all (1)" in r.stderr, r.stderr
+    q = _queues(addr)
+    assert (q["eu"]["ready"], q["all"]["ready"]) == (2, 3)
+
+    r = ok("exchange", "list", "--json")
+    by_name = {e["exchange"]: e for e in json.loads(r.stdout)}
+    assert by_name["orders"]["type"] == "topic" and len(by_name["orders"]["bindings"]) == 2
+    r = ok("exchange", "list")
+    assert any(line.split()[:2] == ["orders", "topic"] for line in r.stdout.splitlines())
+    r = ok("binding", "list", "--exchange", "orders", "--json")
+    assert sorted((b["queue"], b["routing_key"]) for b in json.loads(r.stdout)) == [
+        ("all", "#"), ("eu", "eu.*")]
+
+    r = ok("binding", "remove", "eu", "orders", "--routing-key", "eu.*")
+    assert r.returncode == 0 and "removed" in r.stderr
+    r = ok("exchange", "delete", "orders", "--if-unused")
+    assert r.returncode == 1  # "all" is still bound
+    r = ok("exchange", "delete", "orders")
+    assert r.returncode == 0 and "with 1 binding(s)" in r.stderr, r.stderr
+    r = ok("publish", "--exchange", "orders", "x")
+    assert r.returncode == 1 and "orders" in r.stderr
+    r = ok("publish", "--declare", "--exchange", "", "x")
+    assert r.returncode == 1 and "not with --exchange" in r.stderr
