@@ -25,12 +25,12 @@ __all__ = ["add_commands"]
 
 def _serve(args: argparse.Namespace) -> int:
     env = os.environ
-    flags = settings.flag_values(args)
-    # The global --log-level / --log-format (before "serve") count as flags too.
-    for name in ("log_level", "log_format"):
-        if name not in flags and getattr(args, name, None) is not None:
-            flags[name] = getattr(args, name)
     try:
+        flags = settings.flag_values(args)
+        # The global --log-level / --log-format (before "serve") count as flags too.
+        for name in ("log_level", "log_format"):
+            if name not in flags and getattr(args, name, None) is not None:
+                flags[name] = getattr(args, name)
         config, sources = settings.load(flags, env, settings.config_path(args, env))
     except InvalidArgument as exc:
         print(f"baton: {exc.message}", file=sys.stderr)
@@ -75,6 +75,7 @@ async def _serve_async(config: BrokerConfig) -> int:
             msg = repr(exc)
         print(f"baton: cannot start: {msg}", file=sys.stderr)
         await broker.stop()
+        broker.remove_created_data_dir()
         return 2
     if broker.admin_address:  # before the ready line: whoever waits for that has both
         print(f"{ADMIN_READY_PREFIX}{broker.admin_address}", flush=True)

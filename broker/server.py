@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import shutil
 import ssl
 import time
 import uuid
@@ -62,6 +63,8 @@ class Broker:
         self.config = config
         self.sessions: set[Session] = set()
         self.address = ""
+        self._started = False  # start() completed
+        self._made_data_dir = False  # start() made the data dir
         self._bound_port = 0  # the port the first start bound (kept by a rejoin)
         self._server: asyncio.base_events.Server | None = None
         self._log: Log | None = None
@@ -140,6 +143,9 @@ class Broker:
         server_tls, client_tls = self._tls()
         self._tls_on = server_tls is not None
         password = admin_password(cfg)  # read now: a bad file stops the start at once
+        # A start that fails removes the data dir again if it made it (nothing of a
+        # broker that never served is worth keeping): remove_created_data_dir().
+        self._made_data_dir = not os.path.exists(cfg.data_dir)
         os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
         opened = RocksStore.open_checked(os.path.join(cfg.data_dir, "store"))
         self._store = opened.store
@@ -218,6 +224,7 @@ class Broker:
             "broker %s listening on %s%s, log %s", node_id, self.address,
             " (TLS)" if server_tls else "", cfg.resolved_log_url(),
         )
+        self._started = True
 
     async def _start_admin(self) -> None:
         """The admin HTTP listener, if configured: up before the node starts, so that
@@ -389,7 +396,16 @@ class Broker:
             await self._log.close()
         if self._store is not None:
             self._store.close()
-        log.info("broker stopped")
+        if self._started:  # (a start that failed has said why: nothing more to say)
+            log.info("broker stopped")
+
+    def remove_created_data_dir(self) -> bool:
+        """After a failed start (and :meth:`stop`): remove the data dir if that start
+        made it. Returns whether it did."""
+        if self._started or not self._made_data_dir:
+            return False
+        shutil.rmtree(self.config.data_dir, ignore_errors=True)
+        return True
 
     # -- queries (answered from the state applied here) ---------------------------------
 

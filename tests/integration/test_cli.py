@@ -122,7 +122,7 @@ def test_consume_missing_queue_fails_cleanly(broker: BrokerProcess) -> None:
 @pytest.mark.parametrize("listen", ["nonsense:abc", "127.0.0.1:99999", "127.0.0.1:"])
 def test_serve_bad_listen_address(tmp_path: Path, listen: str) -> None:
     r = baton("serve", "--listen", listen, "--data-dir", str(tmp_path / "d"))
-    assert r.returncode != 0
+    assert r.returncode == 2  # a configuration mistake (docs/operations.md)
     assert "baton ready" not in r.stdout
     assert "bad address" in r.stderr and repr(listen) in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
@@ -134,10 +134,18 @@ def test_serve_listen_address_in_use(tmp_path: Path) -> None:
         taken.listen()
         addr = "127.0.0.1:%d" % taken.getsockname()[1]
         r = baton("serve", "--listen", addr, "--data-dir", str(tmp_path / "d"))
-    assert r.returncode != 0
-    assert "baton ready" not in r.stdout
-    assert "Traceback" not in r.stderr, r.stderr
-    assert "cannot start" in r.stderr and "in use" in r.stderr
+        assert r.returncode == 2
+        assert "baton ready" not in r.stdout
+        assert "Traceback" not in r.stderr, r.stderr
+        assert "cannot start" in r.stderr and "in use" in r.stderr
+        # The reason is the last word (no "broker stopped" after it), and the data dir
+        # that start made is gone again; one that existed stays.
+        assert "broker stopped" not in r.stdout + r.stderr
+        assert not (tmp_path / "d").exists()
+        (tmp_path / "kept").mkdir()
+        r = baton("serve", "--listen", addr, "--data-dir", str(tmp_path / "kept"))
+        assert r.returncode == 2
+        assert (tmp_path / "kept").is_dir()
 
 
 def test_client_commands_without_broker_fail_cleanly() -> None:
