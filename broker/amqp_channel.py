@@ -48,7 +48,7 @@ from batonmq.broker.amqp_codec import (
     method_frame,
 )
 from batonmq.broker.amqp_message import properties_bytes, route_of, to_headers, to_properties
-from batonmq.broker.amqp_queues import error_code, queue_options
+from batonmq.broker.amqp_queues import error_code, queue_options, refusal_text
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.exchanges import ExchangeFacade
@@ -513,7 +513,7 @@ class Channel:
 
         def done(f: asyncio.Future[Any]) -> None:
             self.commands_finished(1)
-            if self._failed(f):
+            if self._failed(f, queue=name):
                 return
             if m.exclusive or m.auto_delete:
                 self.owner.queue_declared(name, m.exclusive, m.auto_delete)
@@ -530,9 +530,9 @@ class Channel:
         consumers = len(self.owner.delivery.by_queue.get(name, ()))
         self.owner.write(declare_ok(self.number, name, ready, consumers))
 
-    def _failed(self, f: asyncio.Future[Any]) -> bool:
-        """A command's future failed: close the channel (or the connection) as it says.
-        Returns whether it failed."""
+    def _failed(self, f: asyncio.Future[Any], queue: str | None = None) -> bool:
+        """A command's future failed: close the channel (or the connection) as it says
+        (``queue``: the queue a declare named). Returns whether it failed."""
         if f.cancelled():
             exc: BaseException = BatonError("command cancelled")
         else:
@@ -543,7 +543,7 @@ class Channel:
         if not self.open or self.owner.closed:
             return True
         if isinstance(exc, BatonError):
-            self.owner.close_channel(self, error_code(exc), exc.message)
+            self.owner.close_channel(self, error_code(exc), refusal_text(exc, queue))
         else:
             log.error("channel %d: command failed: %r", self.number, exc)
             self.owner.close_channel(self, 541, "internal error")

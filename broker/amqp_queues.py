@@ -15,12 +15,13 @@ from batonmq.cluster.errors import (
     LimitExceeded,
     MessageTooLarge,
     PreconditionFailed,
+    QueueExists,
     QueueFull,
     QueueNotFound,
     UnknownConsumer,
 )
 
-__all__ = ["error_code", "queue_options"]
+__all__ = ["error_code", "queue_options", "refusal_text"]
 
 _QUEUE_TYPES = ("quorum", "classic")
 #: RabbitMQ queue arguments Baton has no equivalent of: refused, not ignored.
@@ -37,6 +38,41 @@ def error_code(exc: BatonError) -> int:
         case PreconditionFailed() | InvalidArgument() | QueueFull() | MessageTooLarge() | LimitExceeded() | UnknownConsumer():
             return 406
     return 541
+
+
+#: A queue setting's AMQP argument, and its value as that argument has it (None: the
+#: setting has no argument of its own; its Baton name is given).
+_AMQP_ARGUMENTS: dict[str, tuple[str, Any]] = {
+    "durable": ("durable", lambda v: v),
+    "max_length": ("x-max-length", lambda v: v),
+    "overflow": ("x-overflow", lambda v: v),
+    # x-delivery-limit N is delivery_limit N + 1 (queue_options)
+    "delivery_limit": ("x-delivery-limit", lambda v: None if v is None else v - 1),
+    "message_ttl_ms": ("x-message-ttl", lambda v: v),
+    "max_priority": ("x-max-priority", lambda v: v),
+    "single_active_consumer": ("x-single-active-consumer", lambda v: v),
+    "dead_letter_exchange": ("x-dead-letter-exchange", lambda v: v),
+    "dead_letter_routing_key": ("x-dead-letter-routing-key", lambda v: v),
+}
+
+
+def refusal_text(exc: BatonError, queue: str | None = None) -> str:
+    """A Baton error's text as an AMQP client reads it: a queue that exists with other
+    settings as RabbitMQ says it (``inequivalent arg 'x-max-length' for queue 'q' in
+    vhost '/': received 10 but current is none``), naming the first that differs."""
+    if isinstance(exc, QueueExists) and exc.differing and queue is not None:
+        name, have, want = exc.differing[0]
+        arg, shown = _AMQP_ARGUMENTS.get(name, (name, lambda v: v))
+
+        def text(v: Any) -> str:
+            v = shown(v)
+            return "none" if v is None else repr(v)
+
+        return (
+            f"inequivalent arg '{arg}' for queue '{queue}' in vhost '/': received"
+            f" {text(want)} but current is {text(have)}"
+        )
+    return exc.message
 
 
 def queue_options(queue: str, arguments: dict[str, Any], durable: bool) -> dict[str, Any]:

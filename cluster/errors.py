@@ -8,7 +8,7 @@ rebuilds the same class with :func:`for_code`.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "BatonError",
@@ -106,9 +106,20 @@ class PreconditionFailed(BatonError):
 
 
 class QueueExists(PreconditionFailed):
-    """A queue of that name exists with different settings."""
+    """A queue of that name exists with different settings.
+
+    Attributes:
+        differing: the settings that differ, as (name, the queue's value, the value
+            asked for); empty when not known (an error decoded from the wire).
+    """
 
     code = 11
+
+    def __init__(
+        self, message: str = "", differing: list[tuple[str, Any, Any]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.differing = list(differing or [])
 
 
 class ExchangeNotFound(BatonError):

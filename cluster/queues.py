@@ -202,9 +202,16 @@ class QueueIndex:
         ) + tuple(getattr(ev, name) for name in WORK_SETTINGS)
         q = self.queues.get(ev.queue)
         if q is not None:
-            if q.settings() != settings:
+            current = q.settings()
+            if current != settings:
+                differing = [
+                    (name, have, want)
+                    for name, have, want in zip(SETTING_NAMES, current, settings)
+                    if have != want
+                ]
+                said = "; ".join(f"{n} is {h!r}, not {w!r}" for n, h, w in differing)
                 raise QueueExists(
-                    f"queue {ev.queue!r} exists with other settings: {q.stats()}"
+                    f"queue {ev.queue!r} exists with other settings: {said}", differing
                 )
             return Declared(created=False)
         self.queues[ev.queue] = QueueState(
@@ -725,6 +732,12 @@ class QueueIndex:
             out.append(Removed(q.qid, [pos]))
             if count:
                 q.dropped += 1
+
+
+#: The names of a queue's settings, in the order of :meth:`QueueState.settings`.
+SETTING_NAMES: Final = (
+    "durable", "max_length", "overflow", "delivery_limit", "dead_letter", "message_ttl_ms",
+) + WORK_SETTINGS
 
 
 def validate_declare(ev: DeclareQueue) -> None:

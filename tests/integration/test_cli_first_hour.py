@@ -326,3 +326,27 @@ def test_exchanges_and_bindings_on_the_command_line(broker: BrokerProcess, conte
     assert r.returncode == 1 and "orders" in r.stderr
     r = ok("publish", "--declare", "--exchange", "", "x")
     assert r.returncode == 1 and "not with --exchange" in r.stderr
+
+
+def test_a_queue_that_exists_with_other_settings_names_them(
+    listeners: BrokerProcess, contexts: Path
+) -> None:
+    addr = listeners.address
+    assert baton("queue", "declare", "q", "--max-length", "10", "--broker", addr).returncode == 0
+    r = baton("queue", "declare", "q", "--max-length", "20", "--delivery-limit", "5",
+              "--broker", addr)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        "baton: queue 'q' exists with other settings: max_length is 10, not 20;"
+        " delivery_limit is 20, not 5"
+    ), r.stderr
+    params = pika.ConnectionParameters("127.0.0.1", _port_of(listeners, amqp_ready_address))
+    with pika.BlockingConnection(params) as conn:
+        channel = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            channel.queue_declare("q", durable=True, arguments={"x-max-length": 20})
+    assert caught.value.reply_code == 406
+    assert caught.value.reply_text == (
+        "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q' in vhost '/':"
+        " received 20 but current is 10"
+    )
