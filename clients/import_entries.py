@@ -592,10 +592,28 @@ async def _run_query(
             for w in pending:
                 w.cancel()
     finally:
+        if term is None or not (term.lost.is_set() or term.handover_requested.is_set()):
+            # An orderly stop (a signal, idle) lets the micro-batch in progress finish:
+            # stopping in the middle of one interrupts its writer, which Spark reports
+            # with an ERROR and a long Java stack trace. A lost term stops at once.
+            await asyncio.to_thread(_wait_between_batches, query, STOP_PATIENCE_S)
         await asyncio.to_thread(query.stop)
         print("baton import-entries: query stopped", flush=True)
         if term is None or not term.lost.is_set():
             await _accept_committed(cfg, term)
+
+
+#: Seconds an orderly stop waits for the micro-batch in progress to finish.
+STOP_PATIENCE_S = 30.0
+
+
+def _wait_between_batches(query: "StreamingQuery", patience: float) -> None:
+    """Return once ``query`` runs no micro-batch (or after ``patience`` seconds)."""
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline and query.isActive:
+        if not query.status.get("isTriggerActive", False):
+            return
+        time.sleep(0.05)
 
 
 def committed_position(checkpoint: str) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -215,6 +216,31 @@ def test_pipeline_exactly_once_across_kill9_of_the_driver(
             assert len({m.headers["x-source-position"] for m in got}) == len(got)
             for m in got:
                 m.ack()
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_of_the_pipeline_ends_it_quietly(
+    brokers: list[BrokerProcess], tmp_path: Path
+) -> None:
+    queue = "entries-ctrl-c"
+    with clients.sync.connect(addresses(brokers)) as conn:
+        conn.declare_queue(queue)
+        conn.publish_batch(queue, [b for b, _ in generate(20_000, run="cc", seed=3)])
+    pipeline = Pipeline(tmp_path, addresses(brokers), queue, "--no-leadership")
+    pipeline.start()
+    try:
+        ck = str(tmp_path / "ck")
+        wait_for(lambda: (committed_position(ck) or 0) >= 3000, 90, "a committed batch", pipeline)
+        assert pipeline.proc is not None
+        os.killpg(pipeline.proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
+        assert pipeline.proc.wait(60) == 0, pipeline.output()
+    finally:
+        pipeline.stop()
+    out = pipeline.output()
+    # The batch in progress finishes first: no interrupted writer, no Java stack trace.
+    assert "ERROR" not in out and "Exception" not in out, out
+    assert not re.search(r"^\s+at [\w.$]+\(", out, re.M), out
+    assert "query stopped" in out
 
 
 @pytest.mark.timeout(300)
