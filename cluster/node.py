@@ -389,7 +389,7 @@ class Node:
         deadline = time.monotonic() + timeout
         wait = max(2.0, 4 * self.heartbeat_ms / 1000)
         while True:
-            donors = await find_donors(self.log, at, self.node_id, wait)
+            donors = await find_donors(self.log, at, self.node_id, wait, self.runtime_id)
             if not donors and self.join_mode == "auto" and first == 0:
                 log.info("no live member: replaying the log from offset 0")
                 return

@@ -290,7 +290,9 @@ async def update_frames(
 # --- the joiner's side ----------------------------------------------------------------
 
 
-async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[str]:
+async def find_donors(
+    log_: Log, start: int, node_id: str, wait: float, runtime: str = ""
+) -> list[str]:
     """Addresses of live brokers that can serve an update, from the heartbeats on the
     log from ``start`` on.
 
@@ -302,9 +304,16 @@ async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[
     Reads for up to ``wait`` seconds; returns as soon as a second round of heartbeats
     shows who is alive (the first address seen first). Empty: nobody that serves is
     beating.
+
+    Raises:
+        JoinFailed: another runtime of this ``node_id`` (not ``runtime``) beats twice:
+            a running broker has this node id, and this one would only be refused from
+            the view after its whole update (a restarted broker's old runtime no longer
+            beats; one on the same data dir cannot start at all).
     """
     found: dict[str, str] = {}  # runtime key -> address, in the order seen
     beats: dict[str, int] = {}
+    twins: dict[str, int] = {}  # other runtimes of this node id -> heartbeats seen
     deadline = time.monotonic() + wait
     reader = log_.read(start)
     try:
@@ -320,14 +329,27 @@ async def find_donors(log_: Log, start: int, node_id: str, wait: float) -> list[
                     origin, event = decode(record)
                 except (MalformedEvent, UnreadableRecord):
                     continue  # only heartbeats matter here; the applier judges the rest
-                if not isinstance(event, Heartbeat) or origin.node == node_id:
+                if not isinstance(event, Heartbeat):
+                    continue
+                if origin.node == node_id:
+                    if origin.runtime != runtime:
+                        twins[origin.runtime] = twins.get(origin.runtime, 0) + 1
+                        if twins[origin.runtime] >= 2:
+                            raise JoinFailed(
+                                f"node id {node_id!r} is in use by a running broker (runtime"
+                                f" {origin.runtime}"
+                                + (f" at {event.address}" if event.address else "")
+                                + "): give this broker another --node-id"
+                            )
                     continue
                 if not event.serving or not event.address:
                     continue
                 key = f"{origin.node}/{origin.runtime}"
                 found.setdefault(key, event.address)
                 beats[key] = beats.get(key, 0) + 1
-            if found and max(beats.values()) >= 2:
+            # (A runtime of this node id seen once is waited for: a second beat proves
+            # a running twin, refused above; a dying one goes quiet.)
+            if found and max(beats.values()) >= 2 and all(n >= 2 for n in twins.values()):
                 break
     finally:
         await reader.aclose()

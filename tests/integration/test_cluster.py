@@ -261,6 +261,8 @@ async def test_a_duplicate_node_id_is_refused(cluster: list[BrokerProcess], tmp_
     try:
         with pytest.raises(RuntimeError, match="in use by a running broker"):
             twin.start(timeout=20)
+        # Refused before it took in the cluster's state, not after a whole update.
+        assert "join: index from" not in twin.output(), twin.output()
     finally:
         twin.stop()
     top = await topology(cluster[1].address)
