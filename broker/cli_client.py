@@ -122,16 +122,59 @@ def _consume(args: argparse.Namespace) -> int:
 def _queues(args: argparse.Namespace) -> int:
     with open_broker(args) as conn:
         rows = conn.list_queues()
+        topo = conn.topology()
+    note = _count_cluster_consumers(args, rows, topo)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"{'queue':30} {'ready':>10} {'acquired':>9} {'consumers':>9} {'enqueued':>10}")
     for r in rows:
+        consumers = r["consumers_cluster"]
+        if consumers is None:
+            consumers = r.get("consumers", 0)
         print(
             f"{r['queue']:30} {r['ready']:>10} {r['acquired']:>9} "
-            f"{r.get('consumers', 0):>9} {r['enqueued']:>10}"
+            f"{consumers:>9} {r['enqueued']:>10}"
         )
+    if note:
+        print(note, file=sys.stderr)
     return 0
+
+
+def _count_cluster_consumers(
+    args: argparse.Namespace, rows: list[dict[str, Any]], topo: dict[str, Any]
+) -> str | None:
+    """Set each row's ``consumers_cluster``: its consumers on every member of the view
+    (a broker counts only its own), asked of each member in turn; None when that cannot
+    be known: the members' addresses are shown to admins only, or a member did not
+    answer. Returns a note saying why, then."""
+    from batonmq import clients
+    from batonmq.broker.cli_ops import login_of, tls_of
+    from batonmq.cluster.errors import BatonError
+
+    totals = {r["queue"]: r.get("consumers", 0) for r in rows}
+    others = [i for i in topo.get("instances", []) if not i.get("local")]
+    note = None
+    if any(not i.get("address") for i in others):
+        note = ("consumers: counted on the broker asked only (the other brokers' addresses"
+                " are shown to admins)")
+    else:
+        user, password = login_of(args)
+        missed = []
+        for member in others:
+            try:
+                with clients.sync.connect(member["address"], ssl=tls_of(args), username=user,
+                                          password=password, timeout=5.0) as conn:
+                    for r in conn.list_queues():
+                        if r["queue"] in totals:
+                            totals[r["queue"]] += r.get("consumers", 0)
+            except BatonError as exc:
+                missed.append(f"{member['node_id']} ({exc.message})")
+        if missed:
+            note = f"consumers: counted on the broker asked only; no answer from {', '.join(missed)}"
+    for r in rows:
+        r["consumers_cluster"] = None if note else totals[r["queue"]]
+    return note
 
 
 def _topology(args: argparse.Namespace) -> int:

@@ -350,3 +350,23 @@ def test_a_queue_that_exists_with_other_settings_names_them(
         "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q' in vhost '/':"
         " received 20 but current is 10"
     )
+
+
+def test_queues_counts_the_consumers_of_the_whole_cluster(
+    cluster: list[BrokerProcess], contexts: Path
+) -> None:
+    from batonmq import clients
+
+    n1, n2, n3 = cluster
+    with clients.sync.connect(n3.address) as c3, clients.sync.connect(n1.address) as c1:
+        c3.declare_queue("shared")
+        with c3.consume("shared"), c3.consume("shared"), c1.consume("shared"):
+            eventually_sync(
+                lambda: _queues(n2.address)["shared"]["consumers_cluster"] == 3,
+                "3 consumers counted from node-2, which has none",
+            )
+            row = _queues(n2.address)["shared"]
+            assert row["consumers"] == 0  # (node-2's own)
+            r = baton("queues", "--broker", n2.address)
+            line = next(x for x in r.stdout.splitlines() if x.startswith("shared"))
+            assert line.split()[3] == "3", r.stdout
