@@ -109,8 +109,20 @@ def _health(args: argparse.Namespace) -> int:
 
 def _queue_declare(args: argparse.Namespace) -> int:
     from batonmq import clients
+    from batonmq.cluster.errors import QueueNotFound
 
     with open_broker(args) as conn:
+        made_dlq = False
+        if args.dead_letter and args.dead_letter != args.queue:
+            # A dead-letter queue that does not exist is declared first (default settings,
+            # the queue's durability): dead letters to a missing queue would be dropped.
+            try:
+                conn.queue_stats(args.dead_letter)
+            except QueueNotFound:
+                made_dlq = bool(
+                    conn.declare_queue(args.dead_letter, durable=not args.transient)
+                    .get("created")
+                )
         result = conn.declare_queue(
             args.queue,
             durable=not args.transient,
@@ -131,6 +143,8 @@ def _queue_declare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
+        if made_dlq:
+            print(f"queue {args.dead_letter} declared (its dead-letter queue)")
         print(f"queue {args.queue} {'declared' if result.get('created') else 'exists'}")
     return 0
 

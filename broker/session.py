@@ -340,22 +340,6 @@ class Session(ClientConnection):
             ))
         self.broker.leadership.rights_changed(self, lambda s: self.rights.allowed("lead", s))
 
-    def _declare_dead_letter(self, name: str, options: dict[str, Any]) -> None:
-        """A queue's dead-letter queue that does not exist is declared just before it
-        (this session's events reach the log in order), with default settings and the
-        queue's durability, so that its dead letters are kept, not dropped. One that
-        exists by then, or a declare refused, changes nothing: dead letters to a missing
-        queue are dropped, as before.
-
-        Raises:
-            AccessRefused: the user may not declare that queue.
-        """
-        self.rights.check("configure", name)
-        durable = options.get("durable", True)
-        event = declare_event(name, {"durable": durable if isinstance(durable, bool) else True})
-        check_event(event)
-        self.broker.node.submit(event).add_done_callback(_ignore_outcome)
-
     def _submit(self, corr: int, event: Event[R], shape: Shape[R]) -> None:
         check_event(event)  # before the log: an invalid command never grows it
         self.reply(corr, self.broker.node.submit(event), shape)
@@ -432,8 +416,6 @@ class Session(ClientConnection):
                 dead_letter = f.options.get("dead_letter")
                 if isinstance(dead_letter, str) and dead_letter:
                     self.rights.check("write", dead_letter)  # its messages go there
-                    if dead_letter != f.queue and dead_letter not in self.broker.node.state.queues:
-                        self._declare_dead_letter(dead_letter, f.options)
                 dlx = f.options.get("dead_letter_exchange")
                 if isinstance(dlx, str):  # its dead letters are published there
                     if dlx:
@@ -855,12 +837,6 @@ def _subscribe_options(options: dict[str, Any]) -> tuple[bool, int | None]:
     return bool(options.get("counters", False)), options.get("ack_timeout_ms")
 
 
-
-
-def _ignore_outcome(fut: asyncio.Future[Any]) -> None:
-    """Retrieve a future's outcome that nobody waits for (no "never retrieved" line)."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:

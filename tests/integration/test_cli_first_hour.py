@@ -263,15 +263,17 @@ def test_ctrl_c_at_any_moment_is_quiet(after: float, contexts: Path) -> None:
     assert "Traceback" not in err, err
 
 
-def test_a_missing_dead_letter_queue_is_declared_with_the_queue(
+def test_queue_declare_makes_a_missing_dead_letter_queue(
     broker: BrokerProcess, contexts: Path
 ) -> None:
     addr = broker.address
     r = baton("queue", "declare", "jobs", "--max-length", "1000", "--dead-letter", "jobs.dlq",
               "--broker", addr)
     assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "queue jobs.dlq declared (its dead-letter queue)", "queue jobs declared"]
     queues = _queues(addr)
-    assert "jobs.dlq" in queues  # declared with it (it was not dropped on the floor)
+    assert queues["jobs.dlq"]["durable"] is True  # (not dropped on the floor)
     assert baton("publish", "jobs", "bad", "--broker", addr).returncode == 0
     from batonmq import clients
 
@@ -281,12 +283,13 @@ def test_a_missing_dead_letter_queue_is_declared_with_the_queue(
         eventually_sync(
             lambda: conn.queue_stats("jobs.dlq")["ready"] == 1, "the reject in jobs.dlq"
         )
-        # A transient queue's dead-letter queue is transient too; one that exists is
-        # left as it is.
-        conn.declare_queue("t", durable=False, dead_letter="t.dlq")
-        assert conn.queue_stats("t.dlq")["durable"] is False
-        conn.declare_queue("u", dead_letter="jobs")
-        assert conn.queue_stats("jobs")["max_length"] == 1000
+    # A transient queue's is transient; one that exists is left as it is.
+    r = baton("queue", "declare", "t", "--transient", "--dead-letter", "t.dlq", "--broker", addr)
+    assert r.returncode == 0, r.stderr
+    assert _queues(addr)["t.dlq"]["durable"] is False
+    r = baton("queue", "declare", "u", "--dead-letter", "jobs", "--broker", addr)
+    assert r.stdout.splitlines() == ["queue u declared"], r.stdout
+    assert _queues(addr)["jobs"]["max_length"] == 1000
 
 
 def test_exchanges_and_bindings_on_the_command_line(broker: BrokerProcess, contexts: Path) -> None:
