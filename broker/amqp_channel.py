@@ -16,11 +16,11 @@ message back without a failure (the acquired count only); either without requeue
 dead-letters (or drops) it. A closed channel or a lost connection gives back what it
 held as failed deliveries.
 
-Size: a little over 800 lines, because the methods of AMQP's Basic, Queue and Confirm classes
+Size: over 1,100 lines, because the methods of AMQP's Basic, Queue and Confirm classes
 share one channel's state (delivery tags, consumers and getters, a shared prefetch,
 unconfirmed publishes); what needs none of it is in modules of its own (broker/amqp_queues.py, the
 arguments; broker/amqp_routes.py, the exchange seam; broker/amqp_message.py, the
-properties).
+properties; broker/amqp_order.py, the channel's order).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from batonmq.broker.amqp_codec import (
     method_frame,
 )
 from batonmq.broker.amqp_message import properties_bytes, route_of, to_headers, to_properties
+from batonmq.broker.amqp_order import READS, ChannelOrder
 from batonmq.broker.amqp_queues import error_code, queue_options
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
@@ -140,6 +141,10 @@ class ChannelOwner(Protocol):
         """Close ``channel`` with ``code`` (``Channel.Close``)."""
         ...
 
+    def fail(self, exc: ConnectionFault) -> None:
+        """Close the connection with ``exc``'s code (a method handled late)."""
+        ...
+
     def exclusive_owner(self, queue: str) -> object | None:
         """The connection that declared ``queue`` exclusive, if any."""
         ...
@@ -210,6 +215,8 @@ class Channel:
         self._publishes: dict[str, list[_Publish]] = {}
         self._last_queue = ""  # the last queue declared (Basic.Consume/Get of "")
         self._packer = msgpack.Packer(use_bin_type=True)
+        # (AMQP: a channel's methods take effect in order; broker/amqp_order.py)
+        self._order = ChannelOrder(self._run_held, self.flush)
 
     # -- Replier ---------------------------------------------------------------------------
 
@@ -311,14 +318,48 @@ class Channel:
     def handle(self, method: base.Frame) -> None:
         """One method of this channel (not Channel.Open / Close / CloseOk).
 
+        A method that reads what the channel's earlier methods change (a
+        ``Basic.Get`` after the channel's own requeue or publish, a ``Queue.Declare``'s
+        message count, ...) waits until their commands are applied on this broker,
+        and what the client sends after it waits behind it: AMQP orders a channel's
+        methods, and RabbitMQ's clients rely on it.
+
         Raises:
             ChannelError: the channel closes.
             ConnectionFault: the connection closes.
         """
+        order = self._order
+        if order.waiting:
+            order.hold(lambda: self.handle(method))
+            return
+        if isinstance(method, READS):
+            self.flush()
+            if order.pending:
+                order.wait(lambda: self._handle_now(method))
+                return
+        self._handle_now(method)
+
+    def _handle_now(self, method: base.Frame) -> None:
         try:
             self._handle(method)
         except BatonError as exc:
             raise ChannelError(error_code(exc), exc.message) from None
+
+    def _run_held(self, step: Callable[[], None]) -> bool:
+        """Run a method or publish that waited (broker/amqp_order.py); False once the
+        channel has closed."""
+        if not self.open or self.owner.closed:
+            return False
+        try:
+            step()
+        except ChannelError as exc:
+            self.owner.close_channel(self, exc.code, exc.text)
+        except ConnectionFault as exc:
+            self.owner.fail(exc)
+        except Exception:  # a bug: logged with its traceback, the broker goes on
+            log.exception("channel %d: error handling a method that waited", self.number)
+            self.owner.close_channel(self, 541, "internal error")
+        return self.open and not self.owner.closed
 
     def _handle(self, m: base.Frame) -> None:
         # Anything but a publish goes after the publishes read before it (log order).
@@ -509,6 +550,7 @@ class Channel:
         self._locked(name)
         event = declare_event(name, options)
         fut = self.owner.node.submit(event)
+        self._order.track(fut)
         self.commands_started(1)
 
         def done(f: asyncio.Future[Any]) -> None:
@@ -584,6 +626,9 @@ class Channel:
         Raises:
             ChannelError: the channel closes (unknown exchange, no right, too large).
         """
+        if self._order.waiting:  # (after the read that waits: see handle)
+            self._order.hold(lambda: self.publish(content))
+            return
         try:
             self._publish(content)
         except BatonError as exc:
@@ -600,6 +645,14 @@ class Channel:
             ConnectionFault: the connection closes.
         """
         try:
+            if self._order.waiting:
+                # Rights only: where it goes may be declared by a method that waits
+                # before it (the route is found when its turn comes).
+                if method.exchange == routes.DEFAULT_EXCHANGE:
+                    self.owner.rights.check("write", method.routing_key)
+                else:
+                    self.owner.rights.check("write", method.exchange, "exchange")
+                return
             self._route(method, properties)
         except BatonError as exc:
             raise ChannelError(error_code(exc), exc.message) from None
@@ -679,6 +732,7 @@ class Channel:
         )
         check_event(event)
         fut = self.owner.node.submit(event)
+        self._order.track(fut)
         self.commands_started(1)
 
         def done(f: asyncio.Future[Routed]) -> None:
@@ -717,6 +771,7 @@ class Channel:
             priority=priority,
         )
         fut = self.owner.node.submit(event)
+        self._order.track(fut)
         self.commands_started(len(items))
         seqs = [p.seq for p in items if p.seq]
 
@@ -860,6 +915,7 @@ class Channel:
         self._get = get
         c = sub.consumer
         c.prefetch = len(c.held) + 1
+        c.paused_until = 0.0  # (asked for now: not the pause after its own release)
         self.owner.delivery.pump(queue)
         get.timer = loop.call_later(_GET_POLL, self._get_check)
 
@@ -952,13 +1008,17 @@ class Channel:
         for sub, positions in by_sub.values():
             if sub.consumer.closed:
                 continue  # its queue went, or the channel closed: nothing to settle
-            self._settle_positions(sub.consumer, positions, how)
+            fut = self._settle_positions(sub.consumer, positions, how)
+            if fut is not None:
+                self._order.track(fut)
 
-    def _settle_positions(self, c: Consumer, positions: list[int], how: str) -> None:
+    def _settle_positions(
+        self, c: Consumer, positions: list[int], how: str
+    ) -> asyncio.Future[Settled] | None:
         held = c.held
         mine = [p for p in positions if held.pop(p, None) is not None]
         if not mine or c.closed:
-            return
+            return None
         c.settled_positions(mine)
         c.settling += len(mine)
         delivery = self.owner.delivery
@@ -987,6 +1047,7 @@ class Channel:
         delivery.settled(c)
         if self.global_prefetch:
             self.pump()  # (the shares of its other consumers grew too)
+        return fut
 
     # -- closing -----------------------------------------------------------------------------
 
@@ -1018,6 +1079,7 @@ class Channel:
         it held goes back (a failed delivery for what the client had)."""
         self.open = False
         self._publishes.clear()
+        self._order.clear()
         if self._get is not None and self._get.timer is not None:
             self._get.timer.cancel()
         self._get = None
