@@ -57,7 +57,14 @@ from batonmq.broker.limits import check_event, check_headers, check_name
 from batonmq.broker.reply import Shape
 from batonmq.broker.session import declare_event
 from batonmq.clients import wire
-from batonmq.cluster.errors import BatonError, LimitExceeded, MessageTooLarge
+from batonmq.cluster.errors import (
+    AccessRefused,
+    BatonError,
+    ExchangeNotFound,
+    LimitExceeded,
+    MessageTooLarge,
+    QueueNotFound,
+)
 from batonmq.cluster.events import (
     Accept,
     DeleteQueue,
@@ -498,16 +505,28 @@ class Channel:
             self._after(facade.bind(queue, m.exchange, key, arguments),
                         lambda r: None if nowait else self._method(commands.Queue.BindOk()))
         else:
+            # RabbitMQ (since 3.2) answers an unbind of a missing exchange, queue or
+            # binding with Unbind-Ok: aio-pika's RPC unbinds from an auto-delete
+            # exchange that went with its last binding.
             self._after(facade.unbind(queue, m.exchange, key, arguments),
-                        lambda r: self._method(commands.Queue.UnbindOk()))
+                        lambda r: self._method(commands.Queue.UnbindOk()),
+                        gone_ok=lambda: self._method(commands.Queue.UnbindOk()))
 
-    def _after(self, fut: asyncio.Future[Any], then: Callable[[Any], None]) -> None:
+    def _after(self, fut: asyncio.Future[Any], then: Callable[[Any], None],
+               gone_ok: Callable[[], None] | None = None) -> None:
         """Call ``then`` with a submitted command's result, or close the channel as its
-        error says."""
+        error says (``gone_ok``: called instead when it failed because its queue or
+        exchange does not exist)."""
         self.commands_started(1)
+        self._order.track(fut)
 
         def done(f: asyncio.Future[Any]) -> None:
             self.commands_finished(1)
+            if (gone_ok is not None and not f.cancelled()
+                    and isinstance(f.exception(), (QueueNotFound, ExchangeNotFound))):
+                if self.open and not self.owner.closed:
+                    gone_ok()
+                return
             if not self._failed(f):
                 then(f.result())
 
