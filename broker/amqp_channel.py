@@ -558,6 +558,12 @@ class Channel:
             self._locked(name)
             self._declared(name, m.nowait)
             return
+        if m.queue.startswith("amq."):
+            # (RabbitMQ: the prefix is reserved for the names it makes, amq.gen-...;
+            # a passive declare of one is fine)
+            raise ChannelError(
+                403, f"queue name '{m.queue}' contains reserved prefix 'amq.*'"
+            )
         rights.check("configure", name)
         options = queue_options(name, dict(m.arguments or {}), m.durable)
         dead_letter = options.get("dead_letter")
