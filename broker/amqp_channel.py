@@ -594,7 +594,7 @@ class Channel:
             return
         q = self.owner.node.state.queues.get(name)
         ready = q.ready if q is not None else 0
-        consumers = len(self.owner.delivery.by_queue.get(name, ()))
+        consumers = len(self.owner.delivery.consumers_of(name))
         self.owner.write(declare_ok(self.number, name, ready, consumers))
 
     def _failed(self, f: asyncio.Future[Any]) -> bool:
@@ -626,7 +626,10 @@ class Channel:
             if not m.nowait:
                 self._method(commands.Queue.DeleteOk(0))
             return
-        if m.if_unused and self.owner.delivery.by_queue.get(name):
+        # (RabbitMQ's if-unused is "no consumers": a message a Basic.Get holds, or
+        # one just acked, does not keep the queue; consumers on other brokers are not
+        # known here, docs/amqp.md)
+        if m.if_unused and self.owner.delivery.consumers_of(name):
             raise ChannelError(406, f"queue '{name}' in vhost '/' in use")
         if m.if_empty and q.length:
             raise ChannelError(406, f"queue '{name}' in vhost '/' is not empty")
@@ -851,6 +854,7 @@ class Channel:
     def _add(self, queue: str, prefetch: int, tag: str, no_ack: bool, getter: bool) -> _Sub:
         self._next_int += 1
         c = self.owner.delivery.add(queue, prefetch, self, self._next_int, counters=True)
+        c.counted = not getter
         sub = _Sub(tag, c, no_ack, getter)
         self._by_int[self._next_int] = sub
         if not getter:
@@ -863,9 +867,21 @@ class Channel:
         self._locked(queue)
         if queue not in self.owner.node.state.queues:
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
+        if "x-stream-offset" in (m.arguments or {}):
+            # (a queue declared as a stream is a Baton queue: no offsets to start at)
+            raise ChannelError(
+                406, f"x-stream-offset on queue '{queue}': Baton's queues are not streams"
+                " (a consumed message leaves the queue)"
+            )
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in self._subs:
             raise ConnectionFault(530, f"attempt to reuse consumer tag '{tag}'", (60, 20))
+        # An exclusive consumer is the queue's only one, as RabbitMQ: refused while
+        # it has consumers, and none joins it (per broker: consumers on other brokers
+        # are not replicated, docs/amqp.md).
+        others = self.owner.delivery.consumers_of(queue)
+        if others and (m.exclusive or any(c.exclusive for c in others)):
+            raise AccessRefused(f"queue '{queue}' in vhost '/' in exclusive use")
         cfg = self.owner.config
         prefetch = min(self.prefetch or DEFAULT_PREFETCH, cfg.max_prefetch)
         if m.no_ack:
@@ -883,6 +899,7 @@ class Channel:
             )
         shared = self.global_prefetch and not m.no_ack
         sub = self._add(queue, 0 if shared else prefetch, tag, m.no_ack, False)
+        sub.consumer.exclusive = bool(m.exclusive)
         sub.limit = prefetch
         if shared:
             self._share()
@@ -898,6 +915,7 @@ class Channel:
             return
         sub.cancelled = True
         sub.consumer.prefetch = 0
+        sub.consumer.counted = False
         self._end_if_settled(sub)
 
     def _end_if_settled(self, sub: _Sub) -> None:
