@@ -518,6 +518,10 @@ class AmqpConnection(asyncio.Protocol):
                 raise ConnectionFault(503, "connection.close-ok without a connection.close", (10, 51))
             case commands.Connection.Blocked() | commands.Connection.Unblocked():
                 pass
+            case commands.Connection.UpdateSecret() if stage == "ready":
+                # As RabbitMQ for its internal users: Update-Secret-Ok, the secret not
+                # used; the connection keeps its user and rights (docs/amqp.md).
+                self._send(0, commands.Connection.UpdateSecretOk())
             case _:
                 raise ConnectionFault(503, f"{m.name} is not expected here ({stage})")
 
