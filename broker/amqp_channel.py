@@ -16,11 +16,11 @@ message back without a failure (the acquired count only); either without requeue
 dead-letters (or drops) it. A closed channel or a lost connection gives back what it
 held as failed deliveries.
 
-Size: a little over 800 lines, because the methods of AMQP's Basic, Queue and Confirm classes
+Size: over 1,100 lines, because the methods of AMQP's Basic, Queue and Confirm classes
 share one channel's state (delivery tags, consumers and getters, a shared prefetch,
 unconfirmed publishes); what needs none of it is in modules of its own (broker/amqp_queues.py, the
 arguments; broker/amqp_routes.py, the exchange seam; broker/amqp_message.py, the
-properties).
+properties; broker/amqp_order.py, the channel's order).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from batonmq.broker.amqp_codec import (
     method_frame,
 )
 from batonmq.broker.amqp_message import properties_bytes, route_of, to_headers, to_properties
+from batonmq.broker.amqp_order import READS, ChannelOrder
 from batonmq.broker.amqp_queues import error_code, queue_options, refusal_text
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
@@ -56,7 +57,14 @@ from batonmq.broker.limits import check_event, check_headers, check_name
 from batonmq.broker.reply import Shape
 from batonmq.broker.session import declare_event
 from batonmq.clients import wire
-from batonmq.cluster.errors import BatonError, LimitExceeded, MessageTooLarge
+from batonmq.cluster.errors import (
+    AccessRefused,
+    BatonError,
+    ExchangeNotFound,
+    LimitExceeded,
+    MessageTooLarge,
+    QueueNotFound,
+)
 from batonmq.cluster.events import (
     Accept,
     DeleteQueue,
@@ -140,6 +148,10 @@ class ChannelOwner(Protocol):
         """Close ``channel`` with ``code`` (``Channel.Close``)."""
         ...
 
+    def fail(self, exc: ConnectionFault) -> None:
+        """Close the connection with ``exc``'s code (a method handled late)."""
+        ...
+
     def exclusive_owner(self, queue: str) -> object | None:
         """The connection that declared ``queue`` exclusive, if any."""
         ...
@@ -210,6 +222,8 @@ class Channel:
         self._publishes: dict[str, list[_Publish]] = {}
         self._last_queue = ""  # the last queue declared (Basic.Consume/Get of "")
         self._packer = msgpack.Packer(use_bin_type=True)
+        # (AMQP: a channel's methods take effect in order; broker/amqp_order.py)
+        self._order = ChannelOrder(self._run_held, self.flush)
 
     # -- Replier ---------------------------------------------------------------------------
 
@@ -311,14 +325,48 @@ class Channel:
     def handle(self, method: base.Frame) -> None:
         """One method of this channel (not Channel.Open / Close / CloseOk).
 
+        A method that reads what the channel's earlier methods change (a
+        ``Basic.Get`` after the channel's own requeue or publish, a ``Queue.Declare``'s
+        message count, ...) waits until their commands are applied on this broker,
+        and what the client sends after it waits behind it: AMQP orders a channel's
+        methods, and RabbitMQ's clients rely on it.
+
         Raises:
             ChannelError: the channel closes.
             ConnectionFault: the connection closes.
         """
+        order = self._order
+        if order.waiting:
+            order.hold(lambda: self.handle(method))
+            return
+        if isinstance(method, READS):
+            self.flush()
+            if order.pending:
+                order.wait(lambda: self._handle_now(method))
+                return
+        self._handle_now(method)
+
+    def _handle_now(self, method: base.Frame) -> None:
         try:
             self._handle(method)
         except BatonError as exc:
             raise ChannelError(error_code(exc), exc.message) from None
+
+    def _run_held(self, step: Callable[[], None]) -> bool:
+        """Run a method or publish that waited (broker/amqp_order.py); False once the
+        channel has closed."""
+        if not self.open or self.owner.closed:
+            return False
+        try:
+            step()
+        except ChannelError as exc:
+            self.owner.close_channel(self, exc.code, exc.text)
+        except ConnectionFault as exc:
+            self.owner.fail(exc)
+        except Exception:  # a bug: logged with its traceback, the broker goes on
+            log.exception("channel %d: error handling a method that waited", self.number)
+            self.owner.close_channel(self, 541, "internal error")
+        return self.open and not self.owner.closed
 
     def _handle(self, m: base.Frame) -> None:
         # Anything but a publish goes after the publishes read before it (log order).
@@ -457,16 +505,28 @@ class Channel:
             self._after(facade.bind(queue, m.exchange, key, arguments),
                         lambda r: None if nowait else self._method(commands.Queue.BindOk()))
         else:
+            # RabbitMQ (since 3.2) answers an unbind of a missing exchange, queue or
+            # binding with Unbind-Ok: aio-pika's RPC unbinds from an auto-delete
+            # exchange that went with its last binding.
             self._after(facade.unbind(queue, m.exchange, key, arguments),
-                        lambda r: self._method(commands.Queue.UnbindOk()))
+                        lambda r: self._method(commands.Queue.UnbindOk()),
+                        gone_ok=lambda: self._method(commands.Queue.UnbindOk()))
 
-    def _after(self, fut: asyncio.Future[Any], then: Callable[[Any], None]) -> None:
+    def _after(self, fut: asyncio.Future[Any], then: Callable[[Any], None],
+               gone_ok: Callable[[], None] | None = None) -> None:
         """Call ``then`` with a submitted command's result, or close the channel as its
-        error says."""
+        error says (``gone_ok``: called instead when it failed because its queue or
+        exchange does not exist)."""
         self.commands_started(1)
+        self._order.track(fut)
 
         def done(f: asyncio.Future[Any]) -> None:
             self.commands_finished(1)
+            if (gone_ok is not None and not f.cancelled()
+                    and isinstance(f.exception(), (QueueNotFound, ExchangeNotFound))):
+                if self.open and not self.owner.closed:
+                    gone_ok()
+                return
             if not self._failed(f):
                 then(f.result())
 
@@ -498,6 +558,12 @@ class Channel:
             self._locked(name)
             self._declared(name, m.nowait)
             return
+        if m.queue.startswith("amq."):
+            # (RabbitMQ: the prefix is reserved for the names it makes, amq.gen-...;
+            # a passive declare of one is fine)
+            raise ChannelError(
+                403, f"queue name '{m.queue}' contains reserved prefix 'amq.*'"
+            )
         rights.check("configure", name)
         options = queue_options(name, dict(m.arguments or {}), m.durable)
         dead_letter = options.get("dead_letter")
@@ -509,6 +575,7 @@ class Channel:
         self._locked(name)
         event = declare_event(name, options)
         fut = self.owner.node.submit(event)
+        self._order.track(fut)
         self.commands_started(1)
 
         def done(f: asyncio.Future[Any]) -> None:
@@ -527,7 +594,7 @@ class Channel:
             return
         q = self.owner.node.state.queues.get(name)
         ready = q.ready if q is not None else 0
-        consumers = len(self.owner.delivery.by_queue.get(name, ()))
+        consumers = len(self.owner.delivery.consumers_of(name))
         self.owner.write(declare_ok(self.number, name, ready, consumers))
 
     def _failed(self, f: asyncio.Future[Any], queue: str | None = None) -> bool:
@@ -559,7 +626,10 @@ class Channel:
             if not m.nowait:
                 self._method(commands.Queue.DeleteOk(0))
             return
-        if m.if_unused and self.owner.delivery.by_queue.get(name):
+        # (RabbitMQ's if-unused is "no consumers": a message a Basic.Get holds, or
+        # one just acked, does not keep the queue; consumers on other brokers are not
+        # known here, docs/amqp.md)
+        if m.if_unused and self.owner.delivery.consumers_of(name):
             raise ChannelError(406, f"queue '{name}' in vhost '/' in use")
         if m.if_empty and q.length:
             raise ChannelError(406, f"queue '{name}' in vhost '/' is not empty")
@@ -584,6 +654,9 @@ class Channel:
         Raises:
             ChannelError: the channel closes (unknown exchange, no right, too large).
         """
+        if self._order.waiting:  # (after the read that waits: see handle)
+            self._order.hold(lambda: self.publish(content))
+            return
         try:
             self._publish(content)
         except BatonError as exc:
@@ -600,6 +673,14 @@ class Channel:
             ConnectionFault: the connection closes.
         """
         try:
+            if self._order.waiting:
+                # Rights only: where it goes may be declared by a method that waits
+                # before it (the route is found when its turn comes).
+                if method.exchange == routes.DEFAULT_EXCHANGE:
+                    self.owner.rights.check("write", method.routing_key)
+                else:
+                    self.owner.rights.check("write", method.exchange, "exchange")
+                return
             self._route(method, properties)
         except BatonError as exc:
             raise ChannelError(error_code(exc), exc.message) from None
@@ -679,6 +760,7 @@ class Channel:
         )
         check_event(event)
         fut = self.owner.node.submit(event)
+        self._order.track(fut)
         self.commands_started(1)
 
         def done(f: asyncio.Future[Routed]) -> None:
@@ -717,6 +799,7 @@ class Channel:
             priority=priority,
         )
         fut = self.owner.node.submit(event)
+        self._order.track(fut)
         self.commands_started(len(items))
         seqs = [p.seq for p in items if p.seq]
 
@@ -771,6 +854,7 @@ class Channel:
     def _add(self, queue: str, prefetch: int, tag: str, no_ack: bool, getter: bool) -> _Sub:
         self._next_int += 1
         c = self.owner.delivery.add(queue, prefetch, self, self._next_int, counters=True)
+        c.counted = not getter
         sub = _Sub(tag, c, no_ack, getter)
         self._by_int[self._next_int] = sub
         if not getter:
@@ -783,9 +867,21 @@ class Channel:
         self._locked(queue)
         if queue not in self.owner.node.state.queues:
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
+        if "x-stream-offset" in (m.arguments or {}):
+            # (a queue declared as a stream is a Baton queue: no offsets to start at)
+            raise ChannelError(
+                406, f"x-stream-offset on queue '{queue}': Baton's queues are not streams"
+                " (a consumed message leaves the queue)"
+            )
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in self._subs:
             raise ConnectionFault(530, f"attempt to reuse consumer tag '{tag}'", (60, 20))
+        # An exclusive consumer is the queue's only one, as RabbitMQ: refused while
+        # it has consumers, and none joins it (per broker: consumers on other brokers
+        # are not replicated, docs/amqp.md).
+        others = self.owner.delivery.consumers_of(queue)
+        if others and (m.exclusive or any(c.exclusive for c in others)):
+            raise AccessRefused(f"queue '{queue}' in vhost '/' in exclusive use")
         cfg = self.owner.config
         prefetch = min(self.prefetch or DEFAULT_PREFETCH, cfg.max_prefetch)
         if m.no_ack:
@@ -803,6 +899,7 @@ class Channel:
             )
         shared = self.global_prefetch and not m.no_ack
         sub = self._add(queue, 0 if shared else prefetch, tag, m.no_ack, False)
+        sub.consumer.exclusive = bool(m.exclusive)
         sub.limit = prefetch
         if shared:
             self._share()
@@ -818,6 +915,7 @@ class Channel:
             return
         sub.cancelled = True
         sub.consumer.prefetch = 0
+        sub.consumer.counted = False
         self._end_if_settled(sub)
 
     def _end_if_settled(self, sub: _Sub) -> None:
@@ -860,6 +958,7 @@ class Channel:
         self._get = get
         c = sub.consumer
         c.prefetch = len(c.held) + 1
+        c.paused_until = 0.0  # (asked for now: not the pause after its own release)
         self.owner.delivery.pump(queue)
         get.timer = loop.call_later(_GET_POLL, self._get_check)
 
@@ -952,13 +1051,17 @@ class Channel:
         for sub, positions in by_sub.values():
             if sub.consumer.closed:
                 continue  # its queue went, or the channel closed: nothing to settle
-            self._settle_positions(sub.consumer, positions, how)
+            fut = self._settle_positions(sub.consumer, positions, how)
+            if fut is not None:
+                self._order.track(fut)
 
-    def _settle_positions(self, c: Consumer, positions: list[int], how: str) -> None:
+    def _settle_positions(
+        self, c: Consumer, positions: list[int], how: str
+    ) -> asyncio.Future[Settled] | None:
         held = c.held
         mine = [p for p in positions if held.pop(p, None) is not None]
         if not mine or c.closed:
-            return
+            return None
         c.settled_positions(mine)
         c.settling += len(mine)
         delivery = self.owner.delivery
@@ -987,6 +1090,7 @@ class Channel:
         delivery.settled(c)
         if self.global_prefetch:
             self.pump()  # (the shares of its other consumers grew too)
+        return fut
 
     # -- closing -----------------------------------------------------------------------------
 
@@ -1018,6 +1122,7 @@ class Channel:
         it held goes back (a failed delivery for what the client had)."""
         self.open = False
         self._publishes.clear()
+        self._order.clear()
         if self._get is not None and self._get.timer is not None:
             self._get.timer.cancel()
         self._get = None

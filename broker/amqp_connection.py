@@ -346,26 +346,26 @@ class AmqpConnection(asyncio.Protocol):
             try:
                 event = codec.next_event()
             except ConnectionFault as exc:
-                self._fail(exc)
+                self.fail(exc)
                 return
             if event is None:
                 break
             try:
                 self._event(event)
             except ConnectionFault as exc:
-                self._fail(exc)
+                self.fail(exc)
             except Exception:  # a bug: logged with its traceback, the broker goes on
                 log.exception("error handling an AMQP frame from %s", self.peer)
-                self._fail(ConnectionFault(541, "internal error"))
+                self.fail(ConnectionFault(541, "internal error"))
         if self._stage in ("header", "start") and codec.buffered > MAX_BEFORE_LOGIN:
-            self._fail(ConnectionFault(501, "more than 64 KiB before the login"))
+            self.fail(ConnectionFault(501, "more than 64 KiB before the login"))
             return
         for ch in list(self.channels.values()):
             try:
                 ch.flush()  # the publishes of this read, one Enqueue per queue
             except Exception:  # a bug: logged with its traceback, the broker goes on
                 log.exception("error submitting AMQP publishes from %s", self.peer)
-                self._fail(ConnectionFault(541, "internal error"))
+                self.fail(ConnectionFault(541, "internal error"))
                 return
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -518,6 +518,10 @@ class AmqpConnection(asyncio.Protocol):
                 raise ConnectionFault(503, "connection.close-ok without a connection.close", (10, 51))
             case commands.Connection.Blocked() | commands.Connection.Unblocked():
                 pass
+            case commands.Connection.UpdateSecret() if stage == "ready":
+                # As RabbitMQ for its internal users: Update-Secret-Ok, the secret not
+                # used; the connection keeps its user and rights (docs/amqp.md).
+                self._send(0, commands.Connection.UpdateSecretOk())
             case _:
                 raise ConnectionFault(503, f"{m.name} is not expected here ({stage})")
 
@@ -727,7 +731,7 @@ class AmqpConnection(asyncio.Protocol):
 
     # -- closing ---------------------------------------------------------------------------------
 
-    def _fail(self, exc: ConnectionFault) -> None:
+    def fail(self, exc: ConnectionFault) -> None:
         """Close the connection with ``exc``'s code: Close, then wait for Close-Ok."""
         if self.closed or self._stage == "closing":
             return
@@ -766,7 +770,7 @@ class AmqpConnection(asyncio.Protocol):
         try:
             self.rights.user()
         except AccessRefused:
-            self._fail(ConnectionFault(320, f"user '{self.user}' was deleted"))
+            self.fail(ConnectionFault(320, f"user '{self.user}' was deleted"))
             return
         for ch in list(self.channels.values()):
             ch.rights_changed()
@@ -774,7 +778,7 @@ class AmqpConnection(asyncio.Protocol):
     def close(self, why: str = "broker shutdown") -> None:
         """Close the connection (the broker stops, an operator closes it): Close 320
         CONNECTION_FORCED."""
-        self._fail(ConnectionFault(320, why))
+        self.fail(ConnectionFault(320, why))
         self._close_transport()
 
     def _close_transport(self) -> None:

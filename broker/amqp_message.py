@@ -170,7 +170,23 @@ def to_headers(
 def route_of(headers: dict[str, Any], queue: str) -> tuple[str, str]:
     """The exchange and routing key a stored message is delivered with: those it was
     published to, as :func:`to_headers` kept them; else the default exchange and the
-    queue's name (a publish to the default exchange, or by a Baton client)."""
+    queue's name (a publish to the default exchange, or by a Baton client).
+
+    A dead letter is delivered as RabbitMQ delivers it: from the dead-letter exchange,
+    with ``x-dead-letter-routing-key`` or else the key it was published with (the
+    state wrote both as ``x-death-exchange`` and ``x-death-routing-key`` when it
+    routed it); from a dead-letter queue named through the default exchange, with
+    that queue's name (the ``x-dead-letter-routing-key``)."""
+    died_in = headers.get("x-death-queue")
+    if isinstance(died_in, str):
+        exchange = headers.get("x-death-exchange")
+        key = headers.get("x-death-routing-key")
+        # (x-last-death-queue is written only by a death through an exchange: if it
+        # is not the latest death's queue, that one went to a queue by name)
+        if (isinstance(exchange, str) and isinstance(key, str)
+                and headers.get("x-last-death-queue") == died_in):
+            return exchange, key
+        return "", queue
     fixed = headers.get(PROPERTIES_KEY)
     if isinstance(fixed, dict):
         exchange = fixed.get(ROUTE_EXCHANGE)

@@ -20,10 +20,15 @@ from batonmq.cluster.errors import (
     QueueNotFound,
     UnknownConsumer,
 )
+from batonmq.cluster.queue_state import MAX_PRIORITY
 
 __all__ = ["error_code", "queue_options", "refusal_text"]
 
-_QUEUE_TYPES = ("quorum", "classic")
+#: Every Baton queue is replicated, quorum-like; "stream" is accepted as such a queue
+#: (not an append-only log: a consumed message leaves it; Basic.Consume's
+#: x-stream-offset is refused), so that applications that declare one start
+#: (docs/amqp.md).
+_QUEUE_TYPES = ("quorum", "classic", "stream")
 #: RabbitMQ queue arguments Baton has no equivalent of: refused, not ignored.
 _REFUSED_ARGUMENTS = ("x-expires", "x-max-length-bytes")
 
@@ -91,10 +96,9 @@ def queue_options(queue: str, arguments: dict[str, Any], durable: bool) -> dict[
 
     kind = arguments.get("x-queue-type")
     if kind is not None and kind not in _QUEUE_TYPES:
-        why = ("stream queues are not supported (Baton's queues are quorum-like; the Spark"
-               " source reads a queue by position ranges)") if kind == "stream" else (
-               f"unknown queue type '{kind}'")
-        raise ChannelError(406, f"invalid arg 'x-queue-type' for queue '{queue}': {why}")
+        raise ChannelError(
+            406, f"invalid arg 'x-queue-type' for queue '{queue}': unknown queue type '{kind}'"
+        )
     for key in _REFUSED_ARGUMENTS:
         if key in arguments:
             raise ChannelError(406, f"arg '{key}' for queue '{queue}' is not supported by Baton")
@@ -109,11 +113,26 @@ def queue_options(queue: str, arguments: dict[str, Any], durable: bool) -> dict[
             )
         options["delivery_limit"] = limit + 1
     if "x-message-ttl" in arguments:
-        options["message_ttl_ms"] = number("x-message-ttl")
+        ttl = number("x-message-ttl")
+        if ttl < 0:
+            raise ChannelError(
+                406, f"invalid arg 'x-message-ttl' for queue '{queue}': {ttl} is negative"
+            )
+        # RabbitMQ's 0 is "expire unless delivered at once". Baton's TTL is a periodic
+        # check through the log (expiry_interval), so its closest is 1 ms: a message a
+        # waiting consumer does not take before the next check expires (docs/amqp.md).
+        options["message_ttl_ms"] = max(ttl, 1)
     if "x-max-length" in arguments:
         options["max_length"] = number("x-max-length")
     if "x-max-priority" in arguments:
-        options["max_priority"] = number("x-max-priority")
+        # RabbitMQ allows 1..255 (0: none); Baton's queues have 0..9: a larger maximum
+        # is Baton's, and a message's priority above it counts as the top one.
+        top = number("x-max-priority")
+        if not 0 <= top <= 255:
+            raise ChannelError(
+                406, f"invalid arg 'x-max-priority' for queue '{queue}': must be 0..255"
+            )
+        options["max_priority"] = min(top, MAX_PRIORITY)
     overflow = arguments.get("x-overflow")
     if overflow is not None:
         if overflow not in ("reject-publish", "drop-head"):

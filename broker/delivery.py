@@ -75,6 +75,8 @@ class Consumer:
         "deadlines",
         "asked_at",
         "catching_up",
+        "counted",
+        "exclusive",
     )
 
     def __init__(
@@ -108,6 +110,12 @@ class Consumer:
         self.catching_up = False  # a late acquire waits for the log (module doc)
         self.closed = False
         self.refill = max(1, prefetch // 2)  # acquire once this much credit is free
+        # AMQP's view of consumers on this broker (docs/amqp.md): whether it counts as
+        # a consumer (not a channel's Basic.Get helper, not cancelled) for the
+        # consumer count, Queue.Delete's if-unused and an exclusive Basic.Consume; and
+        # whether it was started exclusive (no other consumer may join it).
+        self.counted = True
+        self.exclusive = False
 
     def settled_positions(self, positions: list[int]) -> None:
         """These held messages were settled: they have no deadline any more."""
@@ -214,6 +222,11 @@ class Delivery:
             self._deferred.discard(queue)
             if queue in self._interest and queue in self.node.state.queues:
                 self.node.submit(Interest(queue, True)).add_done_callback(_quiet)
+
+    def consumers_of(self, queue: str) -> list[Consumer]:
+        """The consumers of ``queue`` on this broker that count as consumers (AMQP's
+        consumer count: not a channel's Basic.Get helper, not cancelled)."""
+        return [c for c in self.by_queue.get(queue, ()) if c.counted and not c.closed]
 
     def remove(
         self, c: Consumer, unread: list[int] | None = None, received: int = -1

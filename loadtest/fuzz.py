@@ -427,6 +427,9 @@ class _StandInDelivery:
         self.loop.call_soon(session.deliver, tag, messages)
         return c
 
+    def consumers_of(self, queue: str) -> list[Consumer]:
+        return [c for c in self.by_queue.get(queue, ()) if c.counted and not c.closed]
+
     def remove(self, c: Consumer, *args: Any) -> None:
         c.closed = True
         peers = self.by_queue.get(c.queue, [])

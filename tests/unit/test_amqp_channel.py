@@ -64,6 +64,9 @@ class Owner:
     def exclusive_owner(self, queue: str) -> object | None:
         return None
 
+    def fail(self, exc: Exception) -> None:
+        raise AssertionError(f"the connection would close: {exc}")
+
     def frames(self) -> list[Any]:
         data, self.written, out = self.written, b"", []
         while data:
@@ -222,3 +225,22 @@ async def test_a_channel_keeps_few_idle_getters() -> None:
     assert len(added) == len(names)
     assert len(removed) >= 5
     ch.release_all()
+
+
+async def test_a_get_waits_for_the_channels_earlier_commands_and_what_follows_waits_too() -> None:
+    """A channel's order: Basic.Get after the channel's own publish is handled once the
+    publish is applied, and a method read after the get is answered after it."""
+    owner = Owner()
+    ch = Channel(cast(ChannelOwner, owner), 1)
+    publish(ch, "q", b"1")
+    ch.handle(commands.Basic.Get(queue="q"))
+    ch.handle(commands.Basic.Qos(prefetch_count=5))
+    (event, fut), = owner.submitted  # the publish went first, and alone
+    assert isinstance(event, Enqueue)
+    assert owner.frames() == []  # the get (and the qos behind it) wait
+    fut.set_result(Enqueued(0, 1))
+    await settle()
+    # (the stand-in's queue shows no ready message: the get finds it empty, then qos)
+    assert [type(f) for f in owner.frames()] == [commands.Basic.GetEmpty, commands.Basic.QosOk]
+    ch.handle(commands.Basic.Get(queue="q"))  # nothing earlier pending: at once
+    assert [type(f) for f in owner.frames()] == [commands.Basic.GetEmpty]

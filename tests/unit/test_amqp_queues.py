@@ -40,10 +40,21 @@ def test_quorum_queue_arguments_map_onto_baton_options() -> None:
     assert queue_options("plain", {"x-queue-type": "classic"}, durable=False) == {"durable": False}
 
 
+def test_values_rabbitmq_accepts_map_onto_the_closest_baton_option() -> None:
+    """A stream is a Baton queue; a maximum priority above Baton's 9 is 9; a TTL of 0
+    ("expire unless delivered at once") is Baton's shortest, 1 ms."""
+    assert queue_options("s", {"x-queue-type": "stream"}, durable=True) == {"durable": True}
+    assert queue_options("p", {"x-max-priority": 10}, durable=True)["max_priority"] == 9
+    assert queue_options("p", {"x-max-priority": 255}, durable=True)["max_priority"] == 9
+    assert queue_options("p", {"x-max-priority": 4}, durable=True)["max_priority"] == 4
+    assert queue_options("t", {"x-message-ttl": 0}, durable=True)["message_ttl_ms"] == 1
+
+
 @pytest.mark.parametrize(
     "arguments, says",
     [
-        ({"x-queue-type": "stream"}, "stream queues are not supported"),
+        ({"x-max-priority": 256}, "must be 0..255"),
+        ({"x-message-ttl": -1}, "is negative"),
         ({"x-queue-type": "weird"}, "unknown queue type 'weird'"),
         ({"x-expires": 1000}, "'x-expires'"),
         ({"x-max-length-bytes": 1000}, "'x-max-length-bytes'"),
