@@ -34,13 +34,43 @@ are applied (``batonmq.cluster.state``), because only there is it deterministic.
 from __future__ import annotations
 
 from batonmq.cluster.errors import InvalidArgument
-from batonmq.cluster.log.base import UNOPENED, Log, Record
+from batonmq.cluster.log.base import MAX_PARTITIONS, UNOPENED, Log, LogSet, Record, check_count
 
-__all__ = ["Log", "Record", "UNOPENED", "open_log"]
+__all__ = ["Log", "LogSet", "MAX_PARTITIONS", "Record", "UNOPENED", "open_log", "open_log_set"]
+
+_SCHEMES = "memory:, file:PATH, kafka://HOST:PORT/TOPIC"
+
+
+def _file_options(url: str, rest: str) -> tuple[str, dict[str, int]]:
+    """The path and options of a ``file:`` URL's remainder."""
+    if not rest:
+        raise InvalidArgument("file: log URL needs a path, e.g. file:/var/lib/baton/log")
+    path, _, query = rest.partition("?")
+    options: dict[str, int] = {}
+    for item in filter(None, query.split("&")):
+        name, _, value = item.partition("=")
+        if name != "segment_bytes" or not value.isdigit() or int(value) < 1:
+            raise InvalidArgument(
+                f"bad file: log URL option {item!r} (known: segment_bytes=N, N > 0)"
+            )
+        options[name] = int(value)
+    return path, options
+
+
+def _scheme(url: str, kafka_password_file: str | None) -> tuple[str, str]:
+    scheme, sep, rest = url.partition(":")
+    if kafka_password_file and scheme != "kafka":
+        raise InvalidArgument(f"kafka_password_file is set but the log {url!r} is not on Kafka")
+    if not sep:
+        raise InvalidArgument(f"log URL {url!r} has no scheme ({_SCHEMES})")
+    if scheme not in ("memory", "file", "kafka"):
+        raise InvalidArgument(f"unknown log scheme {scheme!r} in {url!r} ({_SCHEMES})")
+    return scheme, rest
 
 
 async def open_log(url: str, *, kafka_password_file: str | None = None) -> Log:
-    """Open the log a URL names.
+    """Open the log a URL names: partition 0 of the log set there (:func:`open_log_set`),
+    which is the whole log of a set that never grew.
 
     Args:
         url: ``memory:``, ``memory:NAME``, ``file:PATH`` or
@@ -55,34 +85,56 @@ async def open_log(url: str, *, kafka_password_file: str | None = None) -> Log:
         InvalidArgument: unknown scheme or malformed URL.
         LogUnavailable: the log exists but cannot be opened.
     """
-    scheme, sep, rest = url.partition(":")
-    if kafka_password_file and scheme != "kafka":
-        raise InvalidArgument(f"kafka_password_file is set but the log {url!r} is not on Kafka")
-    if not sep:
-        raise InvalidArgument(f"log URL {url!r} has no scheme (memory:, file:PATH, kafka://HOST:PORT/TOPIC)")
+    scheme, rest = _scheme(url, kafka_password_file)
     if scheme == "memory":
         from batonmq.cluster.log.memory import MemoryLog
 
         return MemoryLog.named(rest) if rest else MemoryLog()
     if scheme == "file":
-        if not rest:
-            raise InvalidArgument("file: log URL needs a path, e.g. file:/var/lib/baton/log")
         from batonmq.cluster.log.file import FileLog
 
-        path, _, query = rest.partition("?")
-        options: dict[str, int] = {}
-        for item in filter(None, query.split("&")):
-            name, _, value = item.partition("=")
-            if name != "segment_bytes" or not value.isdigit() or int(value) < 1:
-                raise InvalidArgument(
-                    f"bad file: log URL option {item!r} (known: segment_bytes=N, N > 0)"
-                )
-            options[name] = int(value)
+        path, options = _file_options(url, rest)
         return await FileLog.open(path, **options)
-    if scheme == "kafka":
-        from batonmq.cluster.log.kafka import KafkaLog
+    from batonmq.cluster.log.kafka import KafkaLog
 
-        return await KafkaLog.open(url, password_file=kafka_password_file)
-    raise InvalidArgument(
-        f"unknown log scheme {scheme!r} in {url!r} (memory:, file:PATH, kafka://HOST:PORT/TOPIC)"
-    )
+    return await KafkaLog.open(url, password_file=kafka_password_file)
+
+
+async def open_log_set(
+    url: str, *, partitions: int | None = None, kafka_password_file: str | None = None
+) -> LogSet:
+    """Open the set of physical partitions a URL names (docs/design.md §3).
+
+    ``partitions`` only matters when the set is new: a set that exists opens with the
+    partitions it has, more or fewer (how many a cluster uses is the cluster's setting,
+    not the log's); a set only grows by :meth:`LogSet.grow`. Partition 0 is the log
+    :func:`open_log` opens at the same URL, so every existing log is a set of one.
+
+    Args:
+        url: as for :func:`open_log`.
+        partitions: how many partitions a new set gets (default 1), 1..MAX_PARTITIONS.
+        kafka_password_file: as for :func:`open_log`.
+
+    Returns:
+        The open set; :attr:`LogSet.count` says how many partitions it has.
+
+    Raises:
+        InvalidArgument: unknown scheme, malformed URL, or ``partitions`` out of range.
+        LogUnavailable: the set exists but cannot be opened.
+        LogCorrupt: the set's partitions are not dense (a file log partition removed by hand).
+    """
+    scheme, rest = _scheme(url, kafka_password_file)
+    if partitions is not None:
+        check_count(partitions)
+    if scheme == "memory":
+        from batonmq.cluster.log.memory import MemoryLogSet
+
+        return await MemoryLogSet.open(rest, partitions)
+    if scheme == "file":
+        from batonmq.cluster.log.file import FileLogSet
+
+        path, options = _file_options(url, rest)
+        return await FileLogSet.open(path, partitions, **options)
+    from batonmq.cluster.log.kafka import KafkaLogSet
+
+    return await KafkaLogSet.open(url, partitions, password_file=kafka_password_file)

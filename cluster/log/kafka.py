@@ -1,4 +1,11 @@
-"""The Kafka backend: the log is partition 0 of a single-partition Kafka topic (docs/design.md §3).
+"""The Kafka backend: a log is one partition of a Kafka topic (docs/design.md §3).
+
+A log set (:class:`KafkaLogSet`) is the whole topic: physical partition K is Kafka partition K,
+always addressed by its number (never by Kafka's key partitioner), each with its own idempotent
+producer; the partitions share one admin client and one consumer for offset queries. A log
+opened on its own (:class:`KafkaLog`, ``open_log``) is partition 0 of the topic; a topic that
+never grew has only that one. :meth:`KafkaLogSet.grow` adds Kafka partitions
+(CreatePartitions); Kafka never removes one.
 
 URL: ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?PARAMS]``. The topic is created if missing, with
 
@@ -9,8 +16,8 @@ URL: ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?PARAMS]``. The topic is created i
   query, opening the log) may take before it fails with LogUnavailable. Longer than a leader
   fail-over in the Kafka cluster, short enough that a dead Kafka is reported, not waited on.
 
-These only apply when the topic is created; an existing topic is used as it is (it must have
-exactly one partition). A created topic gets ``retention.ms=-1`` and ``retention.bytes=-1``:
+These only apply when the topic is created; an existing topic is used as it is (with the
+partitions it has; partitions added later get the topic's replication). A created topic gets ``retention.ms=-1`` and ``retention.bytes=-1``:
 the log is the brokers' state, so Kafka must never expire records by itself; Baton removes a
 prefix with :meth:`KafkaLog.truncate_before` (Kafka's DeleteRecords) when it no longer needs it.
 
@@ -53,7 +60,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerStoppedError, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
@@ -68,10 +75,10 @@ from aiokafka.errors import (
 )
 
 from batonmq.cluster.errors import BatonError, InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
-from batonmq.cluster.log.base import Log, Record
+from batonmq.cluster.log.base import Log, LogSet, Record, check_count
 from batonmq.cluster.log.kafka_url import KafkaURL, client_security, parse_kafka_url
 
-__all__ = ["KafkaLog", "KafkaURL", "parse_kafka_url"]
+__all__ = ["KafkaLog", "KafkaLogSet", "KafkaURL", "parse_kafka_url"]
 
 _log = logging.getLogger(__name__)
 
@@ -89,6 +96,8 @@ _IDLE_PROBE = 5.0  # a reader that got nothing for this long checks that Kafka s
 _CLOSE_GRACE = 5.0  # close() waits at most this long for an append in flight, and readers
 _DIAGNOSE_SECONDS = 10.0  # at most this long to find out why Kafka could not be reached
 _TOPIC_ALREADY_EXISTS = 36
+_INVALID_PARTITIONS = 37  # CreatePartitions: e.g. the topic already has that many
+_UNKNOWN_TOPIC, _NO_LEADER = 3, 5  # describe: not (yet) known, a partition without a leader
 # CreateTopics errors that mean the URL asks for something this Kafka cannot do.
 _BAD_REQUEST_CODES = {17, 37, 38, 39, 40, 42, 44}  # invalid topic/partitions/RF/assignment/config/request, policy
 
@@ -120,20 +129,37 @@ def _fail(group: list[_Pending], exc: BaseException) -> None:
 
 
 class KafkaLog(Log):
-    """Partition 0 of a single-partition Kafka topic; see the module docstring. Use :meth:`open`."""
+    """One partition of a Kafka topic; see the module docstring. Use :meth:`open`
+    (partition 0), or :class:`KafkaLogSet` for the others.
 
-    def __init__(self, url: str, where: KafkaURL, security: dict[str, Any] | None = None) -> None:
+    Args:
+        partition: the Kafka partition this log appends to and reads.
+        shared: the admin client and offsets consumer of the set this partition is in
+            (the set stops them); None: this log makes its own and stops them at close.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        where: KafkaURL,
+        security: dict[str, Any] | None = None,
+        *,
+        partition: int = 0,
+        shared: tuple[Any, Any] | None = None,
+    ) -> None:
         self.url = url
+        self.partition = partition
         self._where = where
         # aiokafka's security options, the same for every client this log makes.
         self._security: dict[str, Any] = dict(security or {"security_protocol": "PLAINTEXT"})
         self._password_from = ""  # where the password came from, for the errors about a login
-        self._tp = TopicPartition(where.topic, 0)
+        self._tp = TopicPartition(where.topic, partition)
         self._timeout = where.request_timeout_ms / 1000
         self._max_batch = MAX_BATCH_BYTES
         self.max_record = self._max_batch - _BATCH_HEADER - _RECORD_OVERHEAD
-        self._admin: Any = None
-        self._offsets: Any = None  # a consumer with no assignment, for offset queries
+        self._owns_clients = shared is None
+        self._admin: Any = None if shared is None else shared[0]
+        self._offsets: Any = None if shared is None else shared[1]  # no assignment: offset queries
         self._producer: Any = None  # started on first use; replaced after a failed append
         # Running read() generators: their consumer -> a future done when the generator ends.
         self._readers: dict[Any, asyncio.Future[None]] = {}
@@ -262,7 +288,8 @@ class KafkaLog(Log):
         try:
             async with self._guard("an append (which may still become visible)"):
                 try:
-                    delivered = await producer.send_batch(batch, self._tp.topic, partition=0)
+                    # Always this partition by number: never Kafka's key partitioner.
+                    delivered = await producer.send_batch(batch, self._tp.topic, partition=self._tp.partition)
                     meta = await delivered
                 except KafkaError as exc:
                     if getattr(exc, "errno", None) in (10, 18):  # message/record list too large
@@ -502,15 +529,23 @@ class KafkaLog(Log):
         busy = [ended for consumer, ended in self._readers.items() if consumer not in self._yielded]
         if busy:
             await asyncio.wait(busy, timeout=max(0.0, self._drain_deadline - time.monotonic()))
-        for consumer in [*self._readers, self._offsets]:  # and the readers nobody iterates now
-            if consumer is not None:
-                await self._stop_consumer(consumer)
+        for consumer in list(self._readers):  # and the readers nobody iterates now
+            await self._stop_consumer(consumer)
+        if self._owns_clients:
+            await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        """Stop the offsets consumer and the admin client (a set's, or this log's own)."""
+        if self._offsets is not None:
+            await self._stop_consumer(self._offsets)
         if self._admin is not None:
             await self._quietly(self._admin.close(), "closing the admin client")
 
     # ---- connecting --------------------------------------------------------------------
 
-    async def _connect(self) -> None:
+    async def _connect(self, partitions: int = 1) -> int:
+        """Connect, create the topic (with ``partitions``) if missing, check it; returns how
+        many partitions the topic has."""
         where = self._where
         self._admin = AIOKafkaAdminClient(
             bootstrap_servers=where.bootstrap,
@@ -521,17 +556,18 @@ class KafkaLog(Log):
         async with self._guard("connecting"):
             await self._admin.start()
         async with self._guard(f"creating topic {where.topic!r}"):
-            created = await self._create_topic()
+            created = await self._create_topic(partitions)
         if not created:
             async with self._guard(f"checking topic {where.topic!r}"):
-                await self._check_topic()
+                partitions = await self._check_topic()
         self._offsets = self._consumer()
         async with self._guard("starting a consumer"):
             await self._offsets.start()
         await self._producer_ready()
+        return partitions
 
-    async def _create_topic(self) -> bool:
-        """Create the topic; False if it exists already."""
+    async def _create_topic(self, partitions: int = 1) -> bool:
+        """Create the topic with ``partitions`` partitions; False if it exists already."""
         where = self._where
         configs = {
             "max.message.bytes": str(MAX_BATCH_BYTES),
@@ -541,13 +577,13 @@ class KafkaLog(Log):
             "cleanup.policy": "delete",  # never compact: offsets must stay dense
             "unclean.leader.election.enable": "false",  # never lose acknowledged appends
         }
-        topic = NewTopic(where.topic, 1, where.replication_factor, topic_configs=configs)
+        topic = NewTopic(where.topic, partitions, where.replication_factor, topic_configs=configs)
         response = await self._admin.create_topics([topic], timeout_ms=where.request_timeout_ms)
         for _name, code, *rest in response.topic_errors:
             if code == 0:
                 _log.info(
-                    "created Kafka topic %r (replication factor %d, min ISR %d)",
-                    where.topic, where.replication_factor, where.min_insync_replicas,
+                    "created Kafka topic %r (%d partition(s), replication factor %d, min ISR %d)",
+                    where.topic, partitions, where.replication_factor, where.min_insync_replicas,
                 )
                 return True
             if code == _TOPIC_ALREADY_EXISTS:
@@ -561,22 +597,29 @@ class KafkaLog(Log):
             )
         raise LogUnavailable(f"Kafka at {where.bootstrap} did not say whether it created {where.topic!r}")
 
-    async def _check_topic(self) -> None:
-        """An existing topic must be usable as a log: one partition, not compacted."""
+    async def _partition_count(self, least: int = 1) -> int:
+        """How many partitions the topic has, once Kafka's metadata shows at least ``least``
+        of them, each with a leader (a topic or partitions just created, maybe by another
+        process, take a moment to appear). Bounded by the caller's :meth:`_guard`."""
         topic = self._where.topic
-        while True:  # a topic another process just created may not be in the metadata yet
+        while True:
             (described,) = await self._admin.describe_topics([topic])
-            if described["error_code"] not in (3, 5):  # unknown topic, leader not available
+            code = described["error_code"]
+            parts = described["partitions"]
+            if code not in (_UNKNOWN_TOPIC, _NO_LEADER) and len(parts) >= least and all(
+                p["error_code"] != _NO_LEADER and p["leader"] >= 0 for p in parts
+            ):
                 break
             await asyncio.sleep(0.1)
-        if described["error_code"]:
-            error = for_code(described["error_code"])
+        if code:
+            error = for_code(code)
             raise LogUnavailable(f"Kafka cannot describe topic {topic!r}: {error.__name__}")
-        partitions = len(described["partitions"])
-        if partitions != 1:
-            raise InvalidArgument(
-                f"Kafka topic {topic!r} has {partitions} partitions; a Baton log needs exactly one"
-            )
+        return len(parts)
+
+    async def _check_topic(self) -> int:
+        """An existing topic must be usable as a log (not compacted); returns its partitions."""
+        topic = self._where.topic
+        partitions = await self._partition_count()
         (response,) = await self._admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
         code, message, _type, _name, entries = response.resources[0][:5]
         if code:
@@ -597,6 +640,7 @@ class KafkaLog(Log):
                 "that brokers still need; set both to -1",
                 topic, config.get("retention.ms"), config.get("retention.bytes"),
             )
+        return partitions
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -706,3 +750,85 @@ class KafkaLog(Log):
             _log.debug("%s: %s failed: %r", self.url, what, exc)
             return False
         return True
+
+
+class KafkaLogSet(LogSet):
+    """A Kafka topic as a log set: partition K is Kafka partition K (see the module
+    docstring). Use :meth:`open`."""
+
+    def __init__(self, url: str, first: KafkaLog) -> None:
+        super().__init__(url)
+        self._first = first
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        partitions: int | None = None,
+        *,
+        password_file: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> KafkaLogSet:
+        """Connect to Kafka and open the topic's partitions, creating the topic with
+        ``partitions`` (default 1) if it is missing; an existing topic opens with the
+        partitions it has.
+
+        Args: and Raises: as :meth:`KafkaLog.open`; also InvalidArgument for ``partitions``
+        out of range.
+        """
+        wanted = check_count(partitions if partitions is not None else 1)
+        where = parse_kafka_url(url)
+        security, password_from = client_security(where, password_file, environ)
+        first = KafkaLog(url, where, security)
+        first._owns_clients = False  # the set stops the shared clients, after every partition
+        first._password_from = password_from
+        logs = cls(url, first)
+        try:
+            count = await first._connect(wanted)
+            await logs._open_to(count)
+        except BaseException:
+            await first.close()
+            await first._close_clients()
+            await logs.close()
+            raise
+        return logs
+
+    async def _existing(self) -> int:
+        first = self._first
+        async with first._guard(f"describing topic {first._where.topic!r}"):
+            return await first._partition_count()
+
+    async def _create(self, count: int) -> None:
+        first = self._first
+        topic = first._where.topic
+        async with first._guard(f"adding partitions to topic {topic!r}"):
+            try:
+                await first._admin.create_partitions(
+                    {topic: NewPartitions(count)}, timeout_ms=first._where.request_timeout_ms
+                )
+                _log.info("Kafka topic %r grown to %d partitions", topic, count)
+            except KafkaError as exc:
+                # Another process grew it first (Kafka says the topic already has that many
+                # or more); anything else is refused below if the topic is still short.
+                if getattr(exc, "errno", None) != _INVALID_PARTITIONS:
+                    raise
+                have = await first._partition_count()
+                if have < count:
+                    raise InvalidArgument(
+                        f"Kafka refused to grow topic {topic!r} from {have} to {count} partitions: {exc}"
+                    ) from exc
+            await first._partition_count(count)  # until the metadata shows them, with leaders
+
+    async def _open_partition(self, k: int) -> Log:
+        first = self._first
+        if k == 0:
+            return first
+        log = KafkaLog(
+            self.url, first._where, first._security, partition=k, shared=(first._admin, first._offsets)
+        )
+        log._password_from = first._password_from
+        log._max_batch, log.max_record = first._max_batch, first.max_record
+        return log
+
+    async def _close_backend(self) -> None:
+        await self._first._close_clients()
