@@ -4,18 +4,28 @@ A log is a sequence of opaque records (bytes) at dense integer offsets starting
 at 0. Appends are durable when they return. Readers tail: :meth:`Log.read` yields
 batches of ``(offset, record)`` forever, waiting for new records at the end.
 
-Backends are chosen by URL with :func:`open_log`:
+A log set (:class:`LogSet`, :func:`open_log_set`) is physical partitions 0..count-1 of one
+URL, each such a log, that only grow (:meth:`LogSet.grow`); partition 0 is the log
+:func:`open_log` opens, so every existing log is a set of one partition.
+
+Backends are chosen by URL with :func:`open_log` and :func:`open_log_set`:
 
 =================  ==========================================================
 ``memory:``        in-process, fresh; ``memory:NAME`` shares one log by name
-                   within the process (several broker objects in one test)
+                   within the process (several broker objects in one test).
+                   Set: partition K >= 1 is the shared log ``NAME#partition=K``
 ``file:PATH``      segment files in directory PATH, shared by processes on
                    one host (appends under ``flock``, group-commit ``fsync``);
                    ``file:PATH?segment_bytes=N`` sets the segment size
-                   (default 64 MiB): retention deletes whole segments
+                   (default 64 MiB): retention deletes whole segments.
+                   Set: partition K >= 1 is directory ``PATH/partition-K``,
+                   with its own lock and syncs; growers lock ``PATH/GROW``
 ``kafka://...``    ``kafka://HOST:PORT[,HOST:PORT]/TOPIC[?PARAMS]``: partition 0
-                   of a single-partition Kafka topic via aiokafka, created if
-                   missing; idempotent producer, ``acks=all``. PARAMS
+                   of a Kafka topic via aiokafka, created (with one partition,
+                   or ``partitions`` for a set) if missing; idempotent
+                   producer, ``acks=all``. Set: partition K is Kafka partition
+                   K, by number, with a producer of its own; growing is
+                   CreatePartitions. PARAMS
                    ``replication_factor=N`` and ``min_insync_replicas=N`` (both
                    default 1) apply when the topic is created;
                    ``request_timeout_ms=N`` (default 30000) bounds every Kafka
