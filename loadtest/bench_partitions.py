@@ -31,7 +31,8 @@ import time
 from typing import Any
 
 from batonmq.cluster.log import LogSet, open_log_set
-from batonmq.cluster.log.file import LOCK_FILE, partition_dir
+from batonmq.cluster.log.file import LOCK_FILE
+from batonmq.cluster.log.file_set import partition_dir
 
 __all__ = ["main", "run"]
 

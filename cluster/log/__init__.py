@@ -141,7 +141,7 @@ async def open_log_set(
 
         return await MemoryLogSet.open(rest, partitions)
     if scheme == "file":
-        from batonmq.cluster.log.file import FileLogSet
+        from batonmq.cluster.log.file_set import FileLogSet
 
         path, options = _file_options(url, rest)
         return await FileLogSet.open(path, partitions, **options)

@@ -12,12 +12,9 @@ Layout of directory PATH:
   (an inotify watch on Linux, which sees every process's writes; elsewhere it polls),
   then reads on with one ``pread``; it lists the directory only now and then (to notice
   truncation or damage), never on every step.
-* ``partition-K/`` (K >= 1) — physical partition K of the log set this directory is
-  partition 0 of (:class:`FileLogSet`): a directory laid out exactly like this one (its own
-  segments, ``LOCK``, ``HOLD``), so each partition has its own writers' lock and its own
-  group-commit sync stream. A log that never grew has none: it is a set of one partition.
-  ``GROW`` is the lock growers hold while they add partitions. The log of a directory lists
-  only ``*.seg`` names, so it neither reads nor deletes these.
+* ``partition-K/``, ``GROW`` — the other partitions of the log set this directory is
+  partition 0 of, and their growers' lock (``cluster/log/file_set.py``). A log lists only
+  ``*.seg`` names, so it neither reads nor deletes them.
 * ``HOLD`` — every open :class:`FileLog` holds ``flock(LOCK_SH)`` on it until it closes
   (the kernel drops it when a process dies), so that ``baton log repair``
   (``cluster/log/filecheck.py``), which takes it exclusively, never rewrites a segment
@@ -54,19 +51,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from batonmq.cluster.errors import InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
-from batonmq.cluster.log.base import Log, LogSet, Record, check_count
+from batonmq.cluster.log.base import Log, Record
 
-__all__ = [
-    "FileLog", "FileLogSet", "LOCK_FILE", "HOLD_FILE", "GROW_FILE", "partition_dir", "partition_dirs",
-]
+__all__ = ["FileLog", "LOCK_FILE", "HOLD_FILE"]
 
 #: The writers' lock file, and the file every open log holds a shared lock on.
 LOCK_FILE = "LOCK"
 HOLD_FILE = "HOLD"
-#: The lock file (in partition 0's directory) that growers of a log set hold.
-GROW_FILE = "GROW"
-_PARTITION = "partition-"  # partition K >= 1 lives in <log dir>/partition-K
-_BUILDING = ".new-"  # partition-K.new-<pid>-<random>: being built; renamed when complete
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -738,136 +729,3 @@ def _guard(url: str, fn: Callable[..., _T], *args: object) -> _T:
     except OSError as exc:
         raise LogUnavailable(f"log {url}: {exc}") from exc
 
-
-# ---- the set of partitions ------------------------------------------------------------
-
-
-def partition_dir(root: str, k: int) -> str:
-    """The directory of physical partition ``k`` of the file log set at ``root``."""
-    return root if k == 0 else os.path.join(root, f"{_PARTITION}{k}")
-
-
-def partition_dirs(root: str) -> list[str]:
-    """The directories of every partition of the file log set at ``root``, partition 0
-    (``root`` itself) first.
-
-    Raises:
-        LogCorrupt: partition directories are not dense (one is missing between others).
-        OSError: ``root`` cannot be listed.
-    """
-    found: set[int] = set()
-    for entry in os.scandir(root):
-        name = entry.name
-        if name.startswith(_PARTITION) and name[len(_PARTITION):].isdigit() and entry.is_dir():
-            found.add(int(name[len(_PARTITION):]))
-    count = 1
-    while count in found:
-        count += 1
-    stray = sorted(k for k in found if k >= count)
-    if stray:
-        raise LogCorrupt(
-            f"file log set {root}: partition directory {_PARTITION}{count} is missing but"
-            f" {', '.join(f'{_PARTITION}{k}' for k in stray)} exist; partitions must be dense"
-            " (was one removed by hand?)"
-        )
-    return [partition_dir(root, k) for k in range(count)]
-
-
-@contextlib.contextmanager
-def _growing(root: str) -> Iterator[None]:
-    """Hold the set's ``GROW`` lock (every process that adds partitions takes it)."""
-    fd = os.open(os.path.join(root, GROW_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # drops the lock
-
-
-def _build_partition(root: str, k: int) -> None:
-    """Create partition ``k`` whole or not at all: it is built under a temporary name
-    (with its first segment) and renamed into place, so a crash half-way leaves only a
-    ``partition-K.new-*`` directory, which the set ignores and the next grower removes."""
-    tmp = os.path.join(root, f"{_PARTITION}{k}{_BUILDING}{os.getpid()}-{os.urandom(4).hex()}")
-    os.mkdir(tmp, 0o700)
-    os.close(os.open(os.path.join(tmp, _seg_name(0)), os.O_WRONLY | os.O_CREAT, 0o600))
-    _sync_dir(tmp)
-    os.rename(tmp, partition_dir(root, k))
-    _sync_dir(root)
-
-
-def _clear_builds(root: str) -> None:
-    """Remove partitions a crashed grower left half built (the caller holds GROW)."""
-    for entry in os.scandir(root):
-        if entry.name.startswith(_PARTITION) and _BUILDING in entry.name and entry.is_dir():
-            for name in os.listdir(entry.path):
-                os.unlink(os.path.join(entry.path, name))
-            os.rmdir(entry.path)
-
-
-def _grow_dirs(root: str, count: int, only_if_new: bool = False) -> None:
-    """Give the set at ``root`` at least ``count`` partitions, under its GROW lock.
-
-    ``only_if_new``: only if the set is new (partition 0 has no segment yet: a log that
-    was ever opened has one). Partition 0's first segment is made last, so a set whose
-    creation crashed is still new to the next opener."""
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    if only_if_new and _list_bases(root):
-        return  # a set that exists stays so: no lock (and no GROW file in a log that never grew)
-    with _growing(root):
-        _clear_builds(root)
-        if only_if_new and _list_bases(root):
-            return
-        have = len(partition_dirs(root))
-        for k in range(have, count):
-            _build_partition(root, k)
-        if not _list_bases(root):
-            os.close(os.open(os.path.join(root, _seg_name(0)), os.O_WRONLY | os.O_CREAT, 0o600))
-            _sync_dir(root)
-
-
-class FileLogSet(LogSet):
-    """Partitions of a file log: partition 0 is directory PATH (an existing log unchanged),
-    partition K >= 1 is ``PATH/partition-K`` (see the module docstring); each a
-    :class:`FileLog` with its own lock, writer thread and syncs, so appends to different
-    partitions never wait for each other. Use :meth:`open`."""
-
-    def __init__(self, path: str, options: dict[str, Any]) -> None:
-        super().__init__(f"file:{path}")
-        self._dir = path
-        self._options = options
-
-    @classmethod
-    async def open(cls, path: str, partitions: int | None = None, **options: Any) -> FileLogSet:
-        """Open the set at ``path``, creating it with ``partitions`` (default 1) if new.
-
-        An existing set opens with the partitions it has, whatever ``partitions`` says.
-
-        Args:
-            path: partition 0's directory.
-            partitions: how many partitions a new set gets.
-            options: passed to every partition's :meth:`FileLog.open` (``segment_bytes``...).
-
-        Raises:
-            InvalidArgument: ``partitions`` or an option out of range.
-            LogUnavailable: the directories cannot be created or opened.
-            LogCorrupt: a partition is missing between others, or damaged.
-        """
-        wanted = check_count(partitions if partitions is not None else 1)
-        logs = cls(path, options)
-        try:
-            await asyncio.to_thread(_guard, logs.url, _grow_dirs, path, wanted, True)
-            await logs._open_to(await logs._existing())
-        except BaseException:
-            await logs.close()
-            raise
-        return logs
-
-    async def _existing(self) -> int:
-        return len(await asyncio.to_thread(_guard, self.url, partition_dirs, self._dir))
-
-    async def _create(self, count: int) -> None:
-        await asyncio.to_thread(_guard, self.url, _grow_dirs, self._dir, count)
-
-    async def _open_partition(self, k: int) -> Log:
-        return await FileLog.open(partition_dir(self._dir, k), **self._options)

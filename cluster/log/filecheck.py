@@ -21,7 +21,7 @@ rewritten file replaces it atomically. Repair refuses while any process has the 
 every :class:`~batonmq.cluster.log.file.FileLog` holds a shared ``flock`` on ``HOLD`` for
 as long as it is open, and repair needs it exclusively.
 
-A log set (``cluster/log/file.py``, :class:`~batonmq.cluster.log.file.FileLogSet`) keeps
+A log set (``cluster/log/file_set.py``, :class:`~batonmq.cluster.log.file_set.FileLogSet`) keeps
 partition K >= 1 in ``<log dir>/partition-K``, a log directory of its own: :func:`scan_set`
 and :func:`repair_set` check and mend every partition (repair holds every partition
 against the brokers before it changes any).
@@ -53,8 +53,8 @@ from batonmq.cluster.log.file import (
     _parse,
     _seg_name,
     _sync_dir,
-    partition_dirs,
 )
+from batonmq.cluster.log.file_set import partition_dirs
 
 __all__ = [
     "Damage", "ScanReport", "RepairReport", "scan", "repair", "scan_set", "repair_set",

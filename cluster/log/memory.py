@@ -92,10 +92,10 @@ class MemoryLogSet(LogSet):
     #: How many partitions each named set has (shared by name, like the logs).
     _counts: ClassVar[dict[str, int]] = {}
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, partitions: int = 1) -> None:
         super().__init__(f"memory:{name}")
         self._name = name
-        self._fresh = 1  # partitions of an unnamed set (not shared)
+        self._fresh = partitions  # partitions of an unnamed set (not shared)
 
     @classmethod
     async def open(cls, name: str, partitions: int | None = None) -> "MemoryLogSet":
@@ -105,13 +105,10 @@ class MemoryLogSet(LogSet):
             InvalidArgument: ``partitions`` out of range.
         """
         wanted = check_count(partitions if partitions is not None else 1)
-        logs = cls(name)
-        if name:
-            if name not in cls._counts:
-                cls._counts[name] = wanted
-        else:
-            logs._fresh = wanted
-        await logs._open_to(await logs._existing())
+        logs = cls(name, wanted)
+        if name and name not in cls._counts:
+            cls._counts[name] = wanted
+        await logs.refresh()
         return logs
 
     async def _existing(self) -> int:

@@ -427,7 +427,7 @@ class SealedLogSet(LogSet):
     async def wrap(cls, inner: LogSet, keys: KeyFile) -> "SealedLogSet":
         """Seal the open set ``inner``'s partitions."""
         sealed = cls(inner, keys)
-        await sealed._open_to(inner.count)
+        await sealed.refresh()
         return sealed
 
     async def _existing(self) -> int:

@@ -24,7 +24,8 @@ import pytest
 
 from batonmq.cluster.errors import InvalidArgument, LogUnavailable
 from batonmq.cluster.log import MAX_PARTITIONS, LogSet, open_log, open_log_set
-from batonmq.cluster.log.file import LOCK_FILE, partition_dir
+from batonmq.cluster.log.file import LOCK_FILE
+from batonmq.cluster.log.file_set import partition_dir
 from tests.contract.test_log import TIMEOUT, collect, dense, kafka_topic
 from tests.kafka_fixture import REPO
 
@@ -364,7 +365,8 @@ class TestKafkaLogSet(LogSetContract):
         await asyncio.gather(*(logs.partition(k).append([b"x"]) for k in range(3)))
         parts = [logs.partition(k) for k in range(3)]
         assert all(isinstance(p, KafkaLog) for p in parts)
+        # (A look inside, which only a test may take: the producers are private.)
         producers = {id(p._producer) for p in parts}  # type: ignore[attr-defined]
         assert len(producers) == 3 and None not in {p._producer for p in parts}  # type: ignore[attr-defined]
-        # ... and one admin client for them all.
-        assert len({id(p._admin) for p in parts}) == 1  # type: ignore[attr-defined]
+        # ... and one topic (admin client, offsets consumer) for them all.
+        assert len({id(p._topic) for p in parts}) == 1  # type: ignore[attr-defined]
