@@ -32,6 +32,12 @@ class MemoryLog(Log):
             log = cls._named[name] = cls(name)
         return log
 
+    @classmethod
+    def exists(cls, name: str) -> bool:
+        """Whether the process-wide log of this name is open now."""
+        log = cls._named.get(name)
+        return log is not None and not log._closed
+
     async def append(self, records: Sequence[bytes]) -> int:
         if self._closed:
             raise LogUnavailable(f"log {self.url} is closed")
@@ -107,7 +113,8 @@ class MemoryLogSet(LogSet):
         wanted = check_count(partitions if partitions is not None else 1)
         logs = cls(name, wanted)
         if name and name not in cls._counts:
-            cls._counts[name] = wanted
+            # A log open_log opened (and that is open still) is a set of one partition.
+            cls._counts[name] = 1 if MemoryLog.exists(name) else wanted
         await logs.refresh()
         return logs
 

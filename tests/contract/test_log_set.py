@@ -274,6 +274,12 @@ class TestMemoryLogSet(LogSetContract):
         assert logs.partition(0) is await open_log(self.url(tmp_path))
         assert logs.partition(1).url == f"{self.url(tmp_path)}#partition=1"
 
+    async def test_a_log_open_log_opened_is_a_set_of_one(self, tmp_path: Path, sets: list[LogSet]) -> None:
+        alone = await open_log(self.url(tmp_path))
+        await alone.append([b"before sets"])
+        logs = await self.opened(sets, tmp_path, 3)  # exists: opens as it is
+        assert logs.count == 1 and logs.partition(0) is alone
+
 
 class TestFileLogSet(LogSetContract):
     persistent = True
