@@ -3,7 +3,9 @@
 The work is in :mod:`batonmq.cluster.log.filecheck`; this module is the command line:
 which log (``--log URL`` or a broker's ``--data-dir``), the report, the exit status, and
 a progress line on stderr while a long scan runs in a terminal (docs/operations.md,
-"A corrupt record in the file log").
+"A corrupt record in the file log"). Both work on every partition of a log set
+(``partition-K/`` beside partition 0's segments); with more than one partition each
+line says which partition it is about.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import time
 from typing import TextIO
 
 from batonmq.cluster.errors import InvalidArgument
-from batonmq.cluster.log.filecheck import Progress, file_log_path, repair, scan
+from batonmq.cluster.log.filecheck import (
+    Progress,
+    RepairReport,
+    ScanReport,
+    file_log_path,
+    repair_set,
+    scan_set,
+)
 
 __all__ = ["add_arguments", "run_from_args"]
 
@@ -24,8 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``baton log`` subcommands."""
     sub = p.add_subparsers(dest="log_command", required=True)
     for name, text in (
-        ("verify", "check every record of a file: log; exit 1 if any is unreadable"),
-        ("repair", "rewrite damaged segments, keeping every readable record (brokers stopped)"),
+        ("verify", "check every record of a file: log (every partition); exit 1 if any is unreadable"),
+        ("repair", "rewrite damaged segments of every partition, keeping every readable record"
+                   " (brokers stopped)"),
     ):
         c = sub.add_parser(name, help=text)
         which = c.add_mutually_exclusive_group(required=True)
@@ -83,33 +93,50 @@ def run_from_args(args: argparse.Namespace) -> int:
     path = _path(args)
     line = None if args.no_progress or not sys.stderr.isatty() else _ProgressLine(sys.stderr)
     progress: Progress | None = line
+    repaired: list[RepairReport] = []
     try:
         if args.log_command == "verify":
-            found = scan(path, progress)
+            scans = scan_set(path, progress)
         else:
-            done = repair(path, progress)
-            found = done.scan
+            repaired = repair_set(path, progress)
+            scans = [done.scan for done in repaired]
     finally:
         if line is not None:
             line.end()
-    print(f"{path}: {found.segments} segments, {found.records} valid records,"
-          f" offsets {found.start}..{found.end - 1}, {found.bytes} bytes")
-    for d in found.damage:
-        print(f"  {'BAD' if d.harmful else 'note'}: {d.text()}")
+    several = len(scans) > 1
+
+    def where(k: int) -> str:
+        return f"partition {k}: " if several else ""
+
+    for k, found in enumerate(scans):
+        print(f"{where(k)}{found.path}: {found.segments} segments, {found.records} valid records,"
+              f" offsets {found.start}..{found.end - 1}, {found.bytes} bytes")
+        for d in found.damage:
+            print(f"  {'BAD' if d.harmful else 'note'}: {where(k)}{d.text()}")
     if args.log_command == "verify":
-        if found.ok:
-            tail = " (a torn tail: the next append cuts it)" if found.damage else ""
-            print(f"ok: every record is readable{tail}")
-            return 0
-        lost = sum(d.records for d in found.damage if d.harmful)
-        print(f"DAMAGED: {lost} unreadable record(s); brokers stop applying at the first."
-              " Stop every broker on this log and run `baton log repair`.")
-        return 1
-    if not done.rewritten:
+        return _verdict(scans)
+    if not any(done.rewritten for done in repaired):
         print("nothing to repair")
         return 0
-    print(f"repaired {len(done.rewritten)} segment(s): {', '.join(done.rewritten)};"
-          f" {done.placeholders} unreadable offset(s) now hold placeholders (applied as"
-          f" malformed records), {done.cut_bytes} damaged bytes dropped."
-          f" The originals are kept in {done.backup}.")
+    for k, done in enumerate(repaired):
+        if done.rewritten:
+            print(f"{where(k)}repaired {len(done.rewritten)} segment(s): {', '.join(done.rewritten)};"
+                  f" {done.placeholders} unreadable offset(s) now hold placeholders (applied as"
+                  f" malformed records), {done.cut_bytes} damaged bytes dropped."
+                  f" The originals are kept in {done.backup}.")
     return 0
+
+
+def _verdict(scans: list[ScanReport]) -> int:
+    """Print verify's verdict; its exit status."""
+    bad = [k for k, found in enumerate(scans) if not found.ok]
+    if not bad:
+        torn = any(found.damage for found in scans)
+        tail = " (a torn tail: the next append cuts it)" if torn else ""
+        print(f"ok: every record is readable{tail}")
+        return 0
+    lost = sum(d.records for found in scans for d in found.damage if d.harmful)
+    which = f" in partition(s) {', '.join(map(str, bad))}" if len(scans) > 1 else ""
+    print(f"DAMAGED: {lost} unreadable record(s){which}; brokers stop applying at the first."
+          " Stop every broker on this log and run `baton log repair`.")
+    return 1

@@ -12,6 +12,9 @@ Layout of directory PATH:
   (an inotify watch on Linux, which sees every process's writes; elsewhere it polls),
   then reads on with one ``pread``; it lists the directory only now and then (to notice
   truncation or damage), never on every step.
+* ``partition-K/``, ``GROW`` — the other partitions of the log set this directory is
+  partition 0 of, and their growers' lock (``cluster/log/file_set.py``). A log lists only
+  ``*.seg`` names, so it neither reads nor deletes them.
 * ``HOLD`` — every open :class:`FileLog` holds ``flock(LOCK_SH)`` on it until it closes
   (the kernel drops it when a process dies), so that ``baton log repair``
   (``cluster/log/filecheck.py``), which takes it exclusively, never rewrites a segment
@@ -725,3 +728,4 @@ def _guard(url: str, fn: Callable[..., _T], *args: object) -> _T:
         return fn(*args)
     except OSError as exc:
         raise LogUnavailable(f"log {url}: {exc}") from exc
+

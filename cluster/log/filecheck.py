@@ -21,6 +21,11 @@ rewritten file replaces it atomically. Repair refuses while any process has the 
 every :class:`~batonmq.cluster.log.file.FileLog` holds a shared ``flock`` on ``HOLD`` for
 as long as it is open, and repair needs it exclusively.
 
+A log set (``cluster/log/file_set.py``, :class:`~batonmq.cluster.log.file_set.FileLogSet`) keeps
+partition K >= 1 in ``<log dir>/partition-K``, a log directory of its own: :func:`scan_set`
+and :func:`repair_set` check and mend every partition (repair holds every partition
+against the brokers before it changes any).
+
 No asyncio: the CLI runs these directly (they read whole segments; a tool, not a hot path).
 """
 
@@ -31,7 +36,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from batonmq.cluster.errors import InvalidArgument, LogUnavailable
@@ -49,9 +54,11 @@ from batonmq.cluster.log.file import (
     _seg_name,
     _sync_dir,
 )
+from batonmq.cluster.log.file_set import partition_dirs
 
 __all__ = [
-    "Damage", "ScanReport", "RepairReport", "scan", "repair", "file_log_path", "BACKUP_DIR",
+    "Damage", "ScanReport", "RepairReport", "scan", "repair", "scan_set", "repair_set",
+    "set_partitions", "file_log_path", "BACKUP_DIR",
 ]
 
 #: Where repair keeps the original bytes of every segment it rewrites.
@@ -406,29 +413,75 @@ def repair(path: str, progress: Progress | None = None) -> RepairReport:
     """
     _segments(path)
     with _exclusive(path):
-        found = scan(path, progress)
-        out = RepairReport(found)
-        if not found.damage:
-            return out
-        backup = os.path.join(path, BACKUP_DIR)
-        by_segment: dict[str, list[Damage]] = {}
-        for d in found.damage:
-            if d.kind != OVERLAP:  # nothing to rewrite: reported only
-                by_segment.setdefault(d.segment, []).append(d)
-        bases = {_seg_name(b): b for b in _list_bases(path)}
-        names = sorted(bases)
-        try:
-            for name, damage in by_segment.items():
-                last = name == names[-1]
-                with _mapped(os.path.join(path, name)) as buf:
-                    frames, _, _ = _walk(buf, bases[name], name, last)
-                    holes = [(d.offset, d.records) for d in damage if d.records]
-                    data = _rewrite(path, name, frames, holes, buf)
-                _replace(path, name, data, backup)
-                out.rewritten.append(name)
-                out.placeholders += sum(n for _, n in holes)
-                out.cut_bytes += sum(d.length for d in damage)
-        except OSError as exc:
-            raise LogUnavailable(f"repair of {path} failed: {exc}") from exc
-        out.backup = backup if out.rewritten else ""
+        return _repair_held(path, progress)
+
+
+def _repair_held(path: str, progress: Progress | None) -> RepairReport:
+    """:func:`repair`, the caller holding the log against every broker."""
+    found = scan(path, progress)
+    out = RepairReport(found)
+    if not found.damage:
         return out
+    backup = os.path.join(path, BACKUP_DIR)
+    by_segment: dict[str, list[Damage]] = {}
+    for d in found.damage:
+        if d.kind != OVERLAP:  # nothing to rewrite: reported only
+            by_segment.setdefault(d.segment, []).append(d)
+    bases = {_seg_name(b): b for b in _list_bases(path)}
+    names = sorted(bases)
+    try:
+        for name, damage in by_segment.items():
+            last = name == names[-1]
+            with _mapped(os.path.join(path, name)) as buf:
+                frames, _, _ = _walk(buf, bases[name], name, last)
+                holes = [(d.offset, d.records) for d in damage if d.records]
+                data = _rewrite(path, name, frames, holes, buf)
+            _replace(path, name, data, backup)
+            out.rewritten.append(name)
+            out.placeholders += sum(n for _, n in holes)
+            out.cut_bytes += sum(d.length for d in damage)
+    except OSError as exc:
+        raise LogUnavailable(f"repair of {path} failed: {exc}") from exc
+    out.backup = backup if out.rewritten else ""
+    return out
+
+
+# --- every partition of a set --------------------------------------------------------------
+
+
+def set_partitions(root: str) -> list[str]:
+    """The directories of every partition of the file log set at ``root`` (partition 0,
+    ``root`` itself, first).
+
+    Raises:
+        LogUnavailable: ``root`` is not a log directory or cannot be listed.
+        LogCorrupt: a partition directory is missing between others.
+    """
+    _segments(root)
+    try:
+        return partition_dirs(root)
+    except OSError as exc:
+        raise LogUnavailable(f"cannot list the file log at {root}: {exc}") from exc
+
+
+def scan_set(root: str, progress: Progress | None = None) -> list[ScanReport]:
+    """:func:`scan` every partition of the set at ``root``; reports in partition order."""
+    return [scan(path, progress) for path in set_partitions(root)]
+
+
+def repair_set(root: str, progress: Progress | None = None) -> list[RepairReport]:
+    """:func:`repair` every partition of the set at ``root``, in partition order.
+
+    Every partition is held against the brokers (as :func:`repair` holds one) before any
+    is changed, so a broker that has any partition open stops the whole repair.
+
+    Raises:
+        LogUnavailable: a broker has a partition open, or the disk fails.
+    """
+    paths = set_partitions(root)
+    for path in paths:
+        _segments(path)
+    with ExitStack() as held:
+        for path in paths:
+            held.enter_context(_exclusive(path))
+        return [_repair_held(path, progress) for path in paths]

@@ -1,4 +1,11 @@
-"""The Kafka backend: the log is partition 0 of a single-partition Kafka topic (docs/design.md §3).
+"""The Kafka backend: a log is one partition of a Kafka topic (docs/design.md §3).
+
+A log set (:class:`KafkaLogSet`) is the whole topic: physical partition K is Kafka partition K,
+always addressed by its number (never by Kafka's key partitioner), each with its own idempotent
+producer; the partitions share one admin client and one consumer for offset queries. A log
+opened on its own (:class:`KafkaLog`, ``open_log``) is partition 0 of the topic; a topic that
+never grew has only that one. :meth:`KafkaLogSet.grow` adds Kafka partitions
+(CreatePartitions); Kafka never removes one.
 
 URL: ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?PARAMS]``. The topic is created if missing, with
 
@@ -9,8 +16,9 @@ URL: ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?PARAMS]``. The topic is created i
   query, opening the log) may take before it fails with LogUnavailable. Longer than a leader
   fail-over in the Kafka cluster, short enough that a dead Kafka is reported, not waited on.
 
-These only apply when the topic is created; an existing topic is used as it is (it must have
-exactly one partition). A created topic gets ``retention.ms=-1`` and ``retention.bytes=-1``:
+These only apply when the topic is created; an existing topic is used as it is (with the
+partitions it has; partitions added later get the topic's replication and settings). A
+created topic gets ``retention.ms=-1`` and ``retention.bytes=-1``:
 the log is the brokers' state, so Kafka must never expire records by itself; Baton removes a
 prefix with :meth:`KafkaLog.truncate_before` (Kafka's DeleteRecords) when it no longer needs it.
 
@@ -43,56 +51,33 @@ How the contract maps onto Kafka:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
-import ssl
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerStoppedError, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.conn import create_conn
-from aiokafka.errors import (
-    CorruptRecordException,
-    KafkaConnectionError,
-    KafkaError,
-    OffsetOutOfRangeError,
-    RecordTooLargeError,
-    SaslAuthenticationFailed,
-    UnsupportedSaslMechanismError,
-    for_code,
-)
+from aiokafka import AIOKafkaProducer, ConsumerStoppedError, TopicPartition
+from aiokafka.admin import RecordsToDelete
+from aiokafka.errors import CorruptRecordException, KafkaError, OffsetOutOfRangeError, RecordTooLargeError
 
 from batonmq.cluster.errors import BatonError, InvalidArgument, LogCorrupt, LogTruncated, LogUnavailable
-from batonmq.cluster.log.base import Log, Record
+from batonmq.cluster.log.base import Log, LogSet, Record, check_count
+from batonmq.cluster.log.kafka_topic import (
+    BATCH_HEADER as _BATCH_HEADER,
+    CLOSE_GRACE as _CLOSE_GRACE,
+    MAX_BATCH_BYTES,
+    RECORD_OVERHEAD as _RECORD_OVERHEAD,
+    KafkaTopic,
+    client_ids as _client_ids,
+)
 from batonmq.cluster.log.kafka_url import KafkaURL, client_security, parse_kafka_url
 
-__all__ = ["KafkaLog", "KafkaURL", "parse_kafka_url"]
+__all__ = ["KafkaLog", "KafkaLogSet", "KafkaTopic", "KafkaURL", "MAX_BATCH_BYTES", "parse_kafka_url"]
 
 _log = logging.getLogger(__name__)
 
-#: Largest Kafka record batch (so the largest append) on a topic Baton creates: the topic's
-#: ``max.message.bytes``. The producer's request size and the consumers' fetch sizes match it.
-#: An existing topic with a smaller ``max.message.bytes`` lowers it.
-MAX_BATCH_BYTES = 16 << 20
-# Upper bounds of what Kafka's record batch format (v2) adds, so a batch's size is known before
-# it is built: a 61-byte batch header, and per record at most 5 (length) + 1 (attributes) +
-# 10 (timestamp delta) + 5 (offset delta) + 1 (null key) + 5 (value length) + 1 (no headers).
-_BATCH_HEADER = 61
-_RECORD_OVERHEAD = 28
-
 _IDLE_PROBE = 5.0  # a reader that got nothing for this long checks that Kafka still answers
-_CLOSE_GRACE = 5.0  # close() waits at most this long for an append in flight, and readers
-_DIAGNOSE_SECONDS = 10.0  # at most this long to find out why Kafka could not be reached
-_TOPIC_ALREADY_EXISTS = 36
-# CreateTopics errors that mean the URL asks for something this Kafka cannot do.
-_BAD_REQUEST_CODES = {17, 37, 38, 39, 40, 42, 44}  # invalid topic/partitions/RF/assignment/config/request, policy
-
-_client_ids = itertools.count(1)
 
 
 def _batch_bound(records: Sequence[bytes]) -> int:
@@ -104,15 +89,6 @@ def _batch_bound(records: Sequence[bytes]) -> int:
 _Pending = tuple[list[bytes], int, "asyncio.Future[int]"]
 
 
-def _tls_alert(exc: BaseException) -> bool:
-    """Whether a connection aiokafka saw closed had been answered with a TLS alert record
-    (type 21, version 3.x), which aiokafka read as the length of a Kafka response."""
-    cause = exc.__cause__
-    if not isinstance(cause, asyncio.IncompleteReadError) or cause.expected is None:
-        return False
-    return cause.expected >> 16 == 0x1503
-
-
 def _fail(group: list[_Pending], exc: BaseException) -> None:
     for _, _, fut in group:
         if not fut.done():
@@ -120,20 +96,25 @@ def _fail(group: list[_Pending], exc: BaseException) -> None:
 
 
 class KafkaLog(Log):
-    """Partition 0 of a single-partition Kafka topic; see the module docstring. Use :meth:`open`."""
+    """One partition of a Kafka topic; see the module docstring. Use :meth:`open`
+    (partition 0), or :class:`KafkaLogSet` for them all.
 
-    def __init__(self, url: str, where: KafkaURL, security: dict[str, Any] | None = None) -> None:
-        self.url = url
-        self._where = where
-        # aiokafka's security options, the same for every client this log makes.
-        self._security: dict[str, Any] = dict(security or {"security_protocol": "PLAINTEXT"})
-        self._password_from = ""  # where the password came from, for the errors about a login
-        self._tp = TopicPartition(where.topic, 0)
-        self._timeout = where.request_timeout_ms / 1000
-        self._max_batch = MAX_BATCH_BYTES
-        self.max_record = self._max_batch - _BATCH_HEADER - _RECORD_OVERHEAD
-        self._admin: Any = None
-        self._offsets: Any = None  # a consumer with no assignment, for offset queries
+    Args:
+        topic: the connected topic, and the clients this partition shares with the others.
+        partition: the Kafka partition this log appends to and reads.
+        owns_topic: this log closes ``topic``'s clients when it closes (a lone log); in a
+            set, the set does, after every partition.
+    """
+
+    def __init__(self, topic: KafkaTopic, partition: int = 0, *, owns_topic: bool = False) -> None:
+        self.url = topic.url
+        self.partition = partition
+        self._topic = topic
+        self._owns_topic = owns_topic
+        self._where = topic.where
+        self._tp = TopicPartition(topic.where.topic, partition)
+        self._max_batch = topic.max_batch  # the topic's max.message.bytes may have lowered it
+        self.max_record = max(1, self._max_batch - _BATCH_HEADER - _RECORD_OVERHEAD)
         self._producer: Any = None  # started on first use; replaced after a failed append
         # Running read() generators: their consumer -> a future done when the generator ends.
         self._readers: dict[Any, asyncio.Future[None]] = {}
@@ -149,7 +130,8 @@ class KafkaLog(Log):
     async def open(
         cls, url: str, *, password_file: str | None = None, environ: Mapping[str, str] | None = None
     ) -> KafkaLog:
-        """Connect to Kafka, create the topic if it is missing, and start the producer.
+        """Connect to Kafka, create the topic if it is missing (with one partition), and
+        start the producer of its partition 0.
 
         Args:
             url: ``kafka://HOST:PORT[,HOST:PORT]/TOPIC[?replication_factor=N&...]``.
@@ -162,22 +144,29 @@ class KafkaLog(Log):
 
         Raises:
             InvalidArgument: a malformed URL, or a topic or setting Kafka refuses
-                (e.g. a replication factor above the number of Kafka brokers); a password
-                file that cannot be read, or SASL without a password; a CA file that
-                cannot be used.
+                (e.g. a replication factor above the number of Kafka brokers), or a
+                compacted topic; a password file that cannot be read, or SASL without a
+                password; a CA file that cannot be used.
             LogUnavailable: Kafka is unreachable or does not answer in time, refuses the
                 login, or presents a certificate that does not verify.
         """
-        where = parse_kafka_url(url)
-        security, password_from = client_security(where, password_file, environ)
-        log = cls(url, where, security)
-        log._password_from = password_from
+        topic = await _connected(url, 1, password_file, environ)
+        log = cls(topic, 0, owns_topic=True)
         try:
-            await log._connect()
+            await log.start()
         except BaseException:
             await log.close()
             raise
         return log
+
+    async def start(self) -> None:
+        """Start the producer now rather than at the first append (opening a lone log
+        does, so that a broker learns at start that it can write).
+
+        Raises:
+            LogUnavailable: Kafka does not take the producer.
+        """
+        await self._producer_ready()
 
     @property
     def max_append_bytes(self) -> int:  # type: ignore[override]
@@ -260,9 +249,10 @@ class KafkaLog(Log):
                     raise LogUnavailable(f"append to {self.url}: batch size estimate was wrong")
         batch.close()
         try:
-            async with self._guard("an append (which may still become visible)"):
+            async with self._topic.guard("an append (which may still become visible)"):
                 try:
-                    delivered = await producer.send_batch(batch, self._tp.topic, partition=0)
+                    # Always this partition by number: never Kafka's key partitioner.
+                    delivered = await producer.send_batch(batch, self._tp.topic, partition=self._tp.partition)
                     meta = await delivered
                 except KafkaError as exc:
                     if getattr(exc, "errno", None) in (10, 18):  # message/record list too large
@@ -293,10 +283,10 @@ class KafkaLog(Log):
                 max_request_size=self._max_batch,
                 linger_ms=0,
                 request_timeout_ms=self._where.request_timeout_ms,
-                **self._security,
+                **self._topic.security,
             )
             try:
-                async with self._guard("starting the producer"):
+                async with self._topic.guard("starting the producer"):
                     await producer.start()
             except BaseException:
                 await self._discard_producer(producer)
@@ -313,19 +303,11 @@ class KafkaLog(Log):
         """
         sender, client = getattr(producer, "_sender", None), getattr(producer, "client", None)
         if sender is None or client is None or not hasattr(producer, "_closed"):
-            await self._quietly(producer.stop(), "stopping the producer")  # another aiokafka
+            await self._topic.quietly(producer.stop(), "stopping the producer")  # another aiokafka
             return
         producer._closed = True  # as stop() does first: later sends fail, and no "unclosed" warning
-        await self._quietly(sender.close(), "stopping the producer's sender")
-        await self._quietly(client.close(), "closing the producer's connections")
-
-    async def _stop_consumer(self, consumer: Any) -> None:
-        if not await self._quietly(consumer.stop(), "stopping a consumer"):
-            # aiokafka 0.14's fetcher lets a CancelledError out of stop() when a fetch was
-            # retrying a dead Kafka, before it closes the connections: close them here.
-            client = getattr(consumer, "_client", None)
-            if client is not None:
-                await self._quietly(client.close(), "closing a consumer's connections")
+        await self._topic.quietly(sender.close(), "stopping the producer's sender")
+        await self._topic.quietly(client.close(), "closing the producer's connections")
 
     # ---- reading -----------------------------------------------------------------------
 
@@ -334,10 +316,10 @@ class KafkaLog(Log):
             raise InvalidArgument("max_batch must be at least 1")
         if self._closed:
             return
-        consumer = self._consumer()
+        consumer = self._topic.consumer()
         self._readers[consumer] = ended = asyncio.get_running_loop().create_future()
         try:
-            async with self._guard("starting a reader"):
+            async with self._topic.guard("starting a reader"):
                 await consumer.start()
             first, end = await self._bounds(consumer)
             if start < first:
@@ -374,7 +356,7 @@ class KafkaLog(Log):
                     idle_since = time.monotonic()
         finally:
             self._readers.pop(consumer, None)
-            await self._stop_consumer(consumer)
+            await self._topic.stop_consumer(consumer)
             if not ended.done():
                 ended.set_result(None)
 
@@ -424,23 +406,9 @@ class KafkaLog(Log):
             return None  # nothing came before the deadline
         return records
 
-    def _consumer(self) -> Any:
-        return AIOKafkaConsumer(
-            bootstrap_servers=self._where.bootstrap,
-            client_id=f"baton-log-consumer-{next(_client_ids)}",
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="none",  # an offset out of range is an error, never a silent jump
-            isolation_level="read_uncommitted",
-            max_partition_fetch_bytes=self._max_batch,
-            fetch_max_bytes=max(self._max_batch, 50 << 20),
-            request_timeout_ms=self._where.request_timeout_ms,
-            **self._security,
-        )
-
     async def _bounds(self, consumer: Any) -> tuple[int, int]:
         """(log start offset, end offset) as ``consumer`` gets them from the partition leader."""
-        async with self._guard("reading the log's offsets"):
+        async with self._topic.guard("reading the log's offsets"):
             firsts = await consumer.beginning_offsets([self._tp])
             ends = await consumer.end_offsets([self._tp])
         end = int(ends[self._tp])
@@ -451,12 +419,12 @@ class KafkaLog(Log):
 
     async def start_offset(self) -> int:
         self._check_open()
-        return (await self._bounds(self._offsets))[0]
+        return (await self._bounds(self._topic.offsets))[0]
 
     async def end_offset(self) -> int:
         self._check_open()
-        async with self._guard("reading the log's end offset"):
-            ends = await self._offsets.end_offsets([self._tp])
+        async with self._topic.guard("reading the log's end offset"):
+            ends = await self._topic.offsets.end_offsets([self._tp])
         end = int(ends[self._tp])
         self._known_end = max(self._known_end, end)
         return end
@@ -469,8 +437,8 @@ class KafkaLog(Log):
         before = min(offset, await self.end_offset())
         if before <= 0:
             return
-        async with self._guard(f"deleting records before offset {before}"):
-            await self._admin.delete_records(
+        async with self._topic.guard(f"deleting records before offset {before}"):
+            await self._topic.admin.delete_records(
                 {self._tp: RecordsToDelete(before)}, timeout_ms=self._where.request_timeout_ms
             )
 
@@ -495,108 +463,17 @@ class KafkaLog(Log):
         producer, self._producer = self._producer, None
         if producer is not None:
             # An idle producer holds no batch, so its stop() returns at once.
-            if not idle or not await self._quietly(producer.stop(), "stopping the producer"):
+            if not idle or not await self._topic.quietly(producer.stop(), "stopping the producer"):
                 await self._discard_producer(producer)
         # Readers waiting for records drain and end by themselves, by the drain deadline; a
         # reader suspended at a yield may never be resumed, so it is not waited for.
         busy = [ended for consumer, ended in self._readers.items() if consumer not in self._yielded]
         if busy:
             await asyncio.wait(busy, timeout=max(0.0, self._drain_deadline - time.monotonic()))
-        for consumer in [*self._readers, self._offsets]:  # and the readers nobody iterates now
-            if consumer is not None:
-                await self._stop_consumer(consumer)
-        if self._admin is not None:
-            await self._quietly(self._admin.close(), "closing the admin client")
-
-    # ---- connecting --------------------------------------------------------------------
-
-    async def _connect(self) -> None:
-        where = self._where
-        self._admin = AIOKafkaAdminClient(
-            bootstrap_servers=where.bootstrap,
-            client_id=f"baton-log-admin-{next(_client_ids)}",
-            request_timeout_ms=where.request_timeout_ms,
-            **self._security,
-        )
-        async with self._guard("connecting"):
-            await self._admin.start()
-        async with self._guard(f"creating topic {where.topic!r}"):
-            created = await self._create_topic()
-        if not created:
-            async with self._guard(f"checking topic {where.topic!r}"):
-                await self._check_topic()
-        self._offsets = self._consumer()
-        async with self._guard("starting a consumer"):
-            await self._offsets.start()
-        await self._producer_ready()
-
-    async def _create_topic(self) -> bool:
-        """Create the topic; False if it exists already."""
-        where = self._where
-        configs = {
-            "max.message.bytes": str(MAX_BATCH_BYTES),
-            "min.insync.replicas": str(where.min_insync_replicas),
-            "retention.ms": "-1",  # Kafka never drops records by age or size; Baton truncates
-            "retention.bytes": "-1",
-            "cleanup.policy": "delete",  # never compact: offsets must stay dense
-            "unclean.leader.election.enable": "false",  # never lose acknowledged appends
-        }
-        topic = NewTopic(where.topic, 1, where.replication_factor, topic_configs=configs)
-        response = await self._admin.create_topics([topic], timeout_ms=where.request_timeout_ms)
-        for _name, code, *rest in response.topic_errors:
-            if code == 0:
-                _log.info(
-                    "created Kafka topic %r (replication factor %d, min ISR %d)",
-                    where.topic, where.replication_factor, where.min_insync_replicas,
-                )
-                return True
-            if code == _TOPIC_ALREADY_EXISTS:
-                return False
-            error = for_code(code)
-            detail = rest[0] if rest and rest[0] else error.description
-            kind = InvalidArgument if code in _BAD_REQUEST_CODES else LogUnavailable
-            raise kind(
-                f"Kafka at {where.bootstrap} refused to create topic {where.topic!r}: "
-                f"{detail} ({error.__name__})"
-            )
-        raise LogUnavailable(f"Kafka at {where.bootstrap} did not say whether it created {where.topic!r}")
-
-    async def _check_topic(self) -> None:
-        """An existing topic must be usable as a log: one partition, not compacted."""
-        topic = self._where.topic
-        while True:  # a topic another process just created may not be in the metadata yet
-            (described,) = await self._admin.describe_topics([topic])
-            if described["error_code"] not in (3, 5):  # unknown topic, leader not available
-                break
-            await asyncio.sleep(0.1)
-        if described["error_code"]:
-            error = for_code(described["error_code"])
-            raise LogUnavailable(f"Kafka cannot describe topic {topic!r}: {error.__name__}")
-        partitions = len(described["partitions"])
-        if partitions != 1:
-            raise InvalidArgument(
-                f"Kafka topic {topic!r} has {partitions} partitions; a Baton log needs exactly one"
-            )
-        (response,) = await self._admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-        code, message, _type, _name, entries = response.resources[0][:5]
-        if code:
-            raise LogUnavailable(f"Kafka cannot describe the configuration of topic {topic!r}: {message}")
-        config = {entry[0]: entry[1] for entry in entries}
-        if "compact" in str(config.get("cleanup.policy", "")):
-            raise InvalidArgument(
-                f"Kafka topic {topic!r} is compacted (cleanup.policy={config['cleanup.policy']}); "
-                "a Baton log must keep every record"
-            )
-        limit = str(config.get("max.message.bytes", ""))
-        if limit.isdigit() and int(limit) < self._max_batch:
-            self._max_batch = int(limit)
-            self.max_record = max(1, self._max_batch - _BATCH_HEADER - _RECORD_OVERHEAD)
-        if config.get("retention.ms") not in (None, "-1") or config.get("retention.bytes") not in (None, "-1"):
-            _log.warning(
-                "Kafka topic %r has retention.ms=%s retention.bytes=%s: Kafka may delete records "
-                "that brokers still need; set both to -1",
-                topic, config.get("retention.ms"), config.get("retention.bytes"),
-            )
+        for consumer in list(self._readers):  # and the readers nobody iterates now
+            await self._topic.stop_consumer(consumer)
+        if self._owns_topic:
+            await self._topic.close()
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -604,105 +481,71 @@ class KafkaLog(Log):
         if self._closed:
             raise LogUnavailable(f"log {self.url} is closed")
 
-    @contextlib.asynccontextmanager
-    async def _guard(self, what: str) -> AsyncIterator[None]:
-        """Bound a Kafka call in time and turn what it raises into Baton's errors."""
-        where = self._where.bootstrap
+
+
+async def _connected(
+    url: str, partitions: int, password_file: str | None, environ: Mapping[str, str] | None
+) -> KafkaTopic:
+    """The topic of ``url``, connected (and created with ``partitions`` if missing)."""
+    where = parse_kafka_url(url)
+    security, password_from = client_security(where, password_file, environ)
+    topic = KafkaTopic(url, where, security, password_from)
+    try:
+        await topic.connect(partitions)
+    except BaseException:
+        await topic.close()
+        raise
+    return topic
+
+
+class KafkaLogSet(LogSet):
+    """A Kafka topic as a log set: partition K is Kafka partition K (see the module
+    docstring). Use :meth:`open`."""
+
+    def __init__(self, topic: KafkaTopic) -> None:
+        super().__init__(topic.url)
+        self._topic = topic
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        partitions: int | None = None,
+        *,
+        password_file: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> KafkaLogSet:
+        """Connect to Kafka and open the topic's partitions, creating the topic with
+        ``partitions`` (default 1) if it is missing; an existing topic opens with the
+        partitions it has. Producers start at each partition's first append.
+
+        Args:
+            url, password_file, environ: as for :meth:`KafkaLog.open`.
+            partitions: how many partitions a new topic gets.
+
+        Raises:
+            InvalidArgument, LogUnavailable: as :meth:`KafkaLog.open`; InvalidArgument also
+                for ``partitions`` out of range.
+        """
+        wanted = check_count(partitions if partitions is not None else 1)
+        logs = cls(await _connected(url, wanted, password_file, environ))
         try:
-            async with asyncio.timeout(self._timeout):
-                yield
-        except BatonError:
+            await logs.refresh()
+        except BaseException:
+            await logs.close()
             raise
-        except TimeoutError as exc:
-            raise LogUnavailable(f"Kafka at {where}: {what} got no answer within {self._timeout:g}s") from exc
-        except KafkaConnectionError as exc:
-            # aiokafka reports any failed bootstrap as "Unable to bootstrap", whether Kafka is
-            # down or refused the login, the certificate or the protocol: find out which.
-            why = await self._why_not_connected() if "bootstrap" in str(exc) else None
-            if why is not None:
-                raise LogUnavailable(f"{why} ({what})") from None
-            raise LogUnavailable(f"Kafka at {where} unreachable ({what}): {exc}") from exc
-        except SaslAuthenticationFailed as exc:
-            raise LogUnavailable(f"{self._login_refused(where, exc)} ({what})") from None
-        except (KafkaError, OSError) as exc:
-            raise LogUnavailable(f"Kafka at {where}: {what} failed: {exc}") from exc
+        return logs
 
-    async def _why_not_connected(self) -> str | None:
-        """Why connecting to the bootstrap servers fails, if it is the login, TLS or the
-        security protocol (None when they are merely unreachable, or answer now): one
-        connection per server, as aiokafka makes them, within :data:`_DIAGNOSE_SECONDS` in all."""
-        where = self._where
-        protocol = f"security_protocol={where.security_protocol} in the log URL"
-        try:
-            async with asyncio.timeout(min(self._timeout, _DIAGNOSE_SECONDS)):
-                for server in where.servers:
-                    host, _, port = server.rpartition(":")
-                    try:
-                        conn = await create_conn(
-                            host.strip("[]"), int(port), client_id="baton-log-check",
-                            request_timeout_ms=where.request_timeout_ms, **self._security,
-                        )
-                    except SaslAuthenticationFailed as exc:
-                        return self._login_refused(server, exc)
-                    except UnsupportedSaslMechanismError:
-                        return (
-                            f"Kafka at {server} does not offer SASL mechanism {where.sasl_mechanism} "
-                            "on that listener (sasl_mechanism in the log URL)"
-                        )
-                    except ssl.SSLCertVerificationError as exc:
-                        trusted = f"ssl_cafile {where.ssl_cafile}" if where.ssl_cafile else "the system's CAs"
-                        return (
-                            f"the TLS certificate of Kafka at {server} does not verify against "
-                            f"{trusted}: {exc.verify_message or exc}"
-                        )
-                    except ssl.SSLError as exc:
-                        return (
-                            f"the TLS handshake with Kafka at {server} failed ({exc.reason or exc}): "
-                            f"does that listener speak TLS? ({protocol})"
-                        )
-                    except ConnectionResetError:
-                        if where.tls:
-                            return (
-                                f"Kafka at {server} reset the connection during the TLS handshake: "
-                                f"does that listener speak TLS? ({protocol})"
-                            )
-                        continue
-                    except KafkaConnectionError as exc:
-                        if not where.tls and _tls_alert(exc):
-                            return (
-                                f"Kafka at {server} answered in TLS: that listener expects TLS "
-                                f"(security_protocol=SSL or SASL_SSL), not {where.security_protocol}"
-                            )
-                        continue
-                    except (OSError, KafkaError, TimeoutError):
-                        continue
-                    conn.close()
-                    return None
-        except TimeoutError:
-            pass
-        return None
+    async def _existing(self) -> int:
+        async with self._topic.guard(f"describing topic {self._topic.where.topic!r}"):
+            return await self._topic.partition_count()
 
-    def _login_refused(self, server: str, exc: BaseException) -> str:
-        said = str(exc.args[0]) if exc.args else type(exc).__name__
-        return (
-            f"Kafka at {server} refused the login of {self._where.sasl_username!r} with "
-            f"{self._where.sasl_mechanism}: {said}; check the password ({self._password_from}) "
-            "and the user's credentials on Kafka"
-        )
+    async def _create(self, count: int) -> None:
+        async with self._topic.guard(f"adding partitions to topic {self._topic.where.topic!r}"):
+            await self._topic.grow(count, self.count)
 
-    async def _quietly(self, closing: Any, what: str) -> bool:
-        """Await a stop/close call, bounded; failing is only logged. True if it completed."""
-        try:
-            async with asyncio.timeout(_CLOSE_GRACE):
-                try:
-                    await closing
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
-                        raise  # we are being cancelled (or timed out): not aiokafka's leak
-                    _log.debug("%s: %s let a CancelledError out", self.url, what)
-                    return False
-        except Exception as exc:
-            _log.debug("%s: %s failed: %r", self.url, what, exc)
-            return False
-        return True
+    async def _open_partition(self, k: int) -> Log:
+        return KafkaLog(self._topic, k)
+
+    async def _close_backend(self) -> None:
+        await self._topic.close()

@@ -7,9 +7,9 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import ClassVar
 
 from batonmq.cluster.errors import InvalidArgument, LogTruncated, LogUnavailable
-from batonmq.cluster.log.base import Log, Record
+from batonmq.cluster.log.base import Log, LogSet, Record, check_count
 
-__all__ = ["MemoryLog"]
+__all__ = ["MemoryLog", "MemoryLogSet"]
 
 
 class MemoryLog(Log):
@@ -31,6 +31,12 @@ class MemoryLog(Log):
         if log is None or log._closed:
             log = cls._named[name] = cls(name)
         return log
+
+    @classmethod
+    def exists(cls, name: str) -> bool:
+        """Whether the process-wide log of this name is open now."""
+        log = cls._named.get(name)
+        return log is not None and not log._closed
 
     async def append(self, records: Sequence[bytes]) -> int:
         if self._closed:
@@ -78,3 +84,50 @@ class MemoryLog(Log):
         self._closed = True
         async with self._grew:
             self._grew.notify_all()
+
+
+class MemoryLogSet(LogSet):
+    """Partitions in memory. ``memory:NAME`` sets are shared by name within one process:
+    partition 0 is the very log ``open_log("memory:NAME")`` returns, partition K the
+    process-wide :class:`MemoryLog` named ``NAME#partition=K``; ``memory:`` is a fresh set.
+
+    Appends to a memory log never wait (there is no lock and no disk), so one
+    partition cannot stall another's.
+    """
+
+    #: How many partitions each named set has (shared by name, like the logs).
+    _counts: ClassVar[dict[str, int]] = {}
+
+    def __init__(self, name: str, partitions: int = 1) -> None:
+        super().__init__(f"memory:{name}")
+        self._name = name
+        self._fresh = partitions  # partitions of an unnamed set (not shared)
+
+    @classmethod
+    async def open(cls, name: str, partitions: int | None = None) -> "MemoryLogSet":
+        """The set of this name (created with ``partitions``, default 1, if it is new).
+
+        Raises:
+            InvalidArgument: ``partitions`` out of range.
+        """
+        wanted = check_count(partitions if partitions is not None else 1)
+        logs = cls(name, wanted)
+        if name and name not in cls._counts:
+            # A log open_log opened (and that is open still) is a set of one partition.
+            cls._counts[name] = 1 if MemoryLog.exists(name) else wanted
+        await logs.refresh()
+        return logs
+
+    async def _existing(self) -> int:
+        return self._counts[self._name] if self._name else self._fresh
+
+    async def _create(self, count: int) -> None:
+        if self._name:
+            self._counts[self._name] = max(self._counts[self._name], count)
+        else:
+            self._fresh = max(self._fresh, count)
+
+    async def _open_partition(self, k: int) -> Log:
+        if not self._name:
+            return MemoryLog()
+        return MemoryLog.named(self._name if k == 0 else f"{self._name}#partition={k}")

@@ -15,7 +15,11 @@ A sealed record (all integers big-endian)::
 an event by a broker without sealing (it counts it malformed). The key of id ``K`` is
 HKDF-SHA256 of the secret (salt ``baton-log-seal-v1``, info ``K``); the associated data
 binds the record to the log's context (its topic or directory name, or the key file's
-``context``) and to the key id, so a record cannot be moved to another cluster's log.
+``context``) and to the key id, so a record cannot be moved to another cluster's log;
+for physical partition K >= 1 of a log set it also binds K (``\x00partition=K`` after the
+key id), so a record cannot be replayed into another partition either. Partition 0's
+associated data is what it was before log sets, so records written then still open.
+:class:`SealedLogSet` seals every partition of a :class:`~batonmq.cluster.log.base.LogSet`.
 
 A record that does not open (unknown or retired key, bad tag, not sealed at all) is
 read as :data:`~batonmq.cluster.log.base.UNOPENED` at its offset: the applier counts
@@ -44,9 +48,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from batonmq.cluster.errors import InvalidArgument, LogUnavailable
-from batonmq.cluster.log.base import UNOPENED, Log, Record
+from batonmq.cluster.log.base import UNOPENED, Log, LogSet, Record, partition_url
 
-__all__ = ["SealKey", "KeyRing", "KeyFile", "SealedLog", "log_context", "MAGIC"]
+__all__ = ["SealKey", "KeyRing", "KeyFile", "SealedLog", "SealedLogSet", "log_context", "MAGIC"]
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +282,9 @@ class SealedLog(Log):
     """A :class:`Log` whose records are sealed on append and opened on read.
 
     Args:
-        inner: the backend holding the sealed records (closed with this log).
+        inner: the backend holding the sealed records (closed with this log). Its
+            :attr:`~batonmq.cluster.log.base.Log.partition` goes into the associated data
+            (partition 0: nothing, as before log sets).
         keys: the key file (polled for changes on every append and read batch).
     """
 
@@ -286,6 +292,11 @@ class SealedLog(Log):
         self.inner = inner
         self.keys = keys
         self.url = inner.url
+        self.partition = inner.partition
+        # The context comes from the set's URL, the same for every partition.
+        self._context_url = partition_url(inner.url, 0) if inner.partition == 0 else (
+            inner.url.removesuffix(f"#partition={inner.partition}")
+        )
         self.max_record = inner.max_record - OVERHEAD
         self.max_append_bytes = inner.max_append_bytes
         self.unopened = 0  # records this process could not open (not replicated)
@@ -306,8 +317,12 @@ class SealedLog(Log):
             self._aad_ring, self._aads = ring, {}
         aad = self._aads.get(key_id)
         if aad is None:
-            context = ring.context if ring.context is not None else log_context(self.url)
-            aad = self._aads[key_id] = _SALT + b"\x00" + context.encode() + b"\x00" + key_id
+            context = ring.context if ring.context is not None else log_context(self._context_url)
+            aad = _SALT + b"\x00" + context.encode() + b"\x00" + key_id
+            if self.partition:
+                # A key id is printable (no NUL), so no partition's data equals another's.
+                aad += b"\x00partition=" + str(self.partition).encode()
+            self._aads[key_id] = aad
         return aad
 
     def seal(self, records: Sequence[bytes]) -> list[bytes]:
@@ -391,4 +406,38 @@ class SealedLog(Log):
         await self.inner.truncate_before(offset)
 
     async def close(self) -> None:
+        await self.inner.close()
+
+
+class SealedLogSet(LogSet):
+    """Every partition of a :class:`LogSet` sealed (a :class:`SealedLog` each, with the
+    same keys; partition K bound into its records' associated data).
+
+    Args:
+        inner: the set holding the sealed records (closed with this one).
+        keys: the key file.
+    """
+
+    def __init__(self, inner: LogSet, keys: KeyFile) -> None:
+        super().__init__(inner.url)
+        self.inner = inner
+        self.keys = keys
+
+    @classmethod
+    async def wrap(cls, inner: LogSet, keys: KeyFile) -> "SealedLogSet":
+        """Seal the open set ``inner``'s partitions."""
+        sealed = cls(inner, keys)
+        await sealed.refresh()
+        return sealed
+
+    async def _existing(self) -> int:
+        return await self.inner.refresh()
+
+    async def _create(self, count: int) -> None:
+        await self.inner.grow(count)
+
+    async def _open_partition(self, k: int) -> Log:
+        return SealedLog(self.inner.partition(k), self.keys)
+
+    async def _close_backend(self) -> None:
         await self.inner.close()

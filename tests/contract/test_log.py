@@ -2,6 +2,8 @@
 
 Adding a backend is one subclass of :class:`LogContract` that says how to open a fresh
 log at a place (``make``) and whether its records outlive ``close`` (``persistent``).
+Each backend also passes it on a data partition of a multi-partition log set
+(:class:`OnDataPartition`): a partition is a complete log on its own.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import ClassVar
 import pytest
 
 from batonmq.cluster.errors import InvalidArgument, LogTruncated, LogUnavailable
-from batonmq.cluster.log import Log, Record, open_log
+from batonmq.cluster.log import Log, LogSet, Record, open_log, open_log_set
 from batonmq.cluster.log.file import FileLog
 from batonmq.cluster.log.kafka import KafkaLog, KafkaURL, parse_kafka_url
 from batonmq.cluster.log.memory import MemoryLog
@@ -217,9 +219,42 @@ class LogContract:
         assert await log.end_offset() == 0
 
 
+class OnDataPartition:
+    """Mixed into a :class:`LogContract` subclass: ``make`` opens a log set of
+    :attr:`PARTITIONS` at the place (``open_set``) and gives partition :attr:`PARTITION`,
+    so the whole contract runs on a data partition. The sets are closed after each test."""
+
+    PARTITIONS: ClassVar[int] = 3
+    PARTITION: ClassVar[int] = 2
+    _sets: list[LogSet]
+
+    async def open_set(self, where: Path) -> LogSet:
+        raise NotImplementedError
+
+    @pytest.fixture(autouse=True)
+    async def _close_sets(self) -> AsyncIterator[None]:
+        self._sets = []
+        yield  # torn down after the log fixture, which closes only the partition
+        for opened in self._sets:
+            await opened.close()
+
+    async def make(self, where: Path) -> Log:
+        opened = await self.open_set(where)
+        self._sets.append(opened)
+        assert opened.count == self.PARTITIONS
+        log = opened.partition(self.PARTITION)
+        assert log.partition == self.PARTITION
+        return log
+
+
 class TestMemoryLog(LogContract):
     async def make(self, where: Path) -> Log:
         return MemoryLog()
+
+
+class TestMemoryLogDataPartition(OnDataPartition, LogContract):
+    async def open_set(self, where: Path) -> LogSet:
+        return await open_log_set("memory:", partitions=self.PARTITIONS)
 
 
 class TestFileLog(LogContract):
@@ -236,6 +271,15 @@ class TestFileLogSmallSegments(LogContract):
 
     async def make(self, where: Path) -> Log:
         return await FileLog.open(str(where / "log"), segment_bytes=4096)
+
+
+class TestFileLogDataPartition(OnDataPartition, LogContract):
+    """In ``partition-2/`` beside partition 0's segments, with 4 KiB segments."""
+
+    persistent = True
+
+    async def open_set(self, where: Path) -> LogSet:
+        return await open_log_set(f"file:{where / 'log'}?segment_bytes=4096", partitions=self.PARTITIONS)
 
 
 # ---- Kafka -------------------------------------------------------------------------------
@@ -285,7 +329,8 @@ class TestKafkaLog(LogContract):
         for first, batch in zip(firsts, batches):
             assert got[first : first + 2] == batch
 
-    async def test_existing_topic_with_several_partitions_is_refused(self, tmp_path: Path) -> None:
+    async def test_a_topic_of_several_partitions_opens_as_its_partition_0(self, tmp_path: Path) -> None:
+        from aiokafka import AIOKafkaProducer
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
         topic = kafka_topic(tmp_path)
@@ -295,12 +340,39 @@ class TestKafkaLog(LogContract):
             await admin.create_topics([NewTopic(topic, 3, 1)])
         finally:
             await admin.close()
-        with pytest.raises(InvalidArgument, match="3 partitions"):
-            await open_log(f"kafka://{self.bootstrap}/{topic}")
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, b"in-1", partition=1)
+            await producer.send_and_wait(topic, b"in-0", partition=0)
+        finally:
+            await producer.stop()
+        log = await open_log(f"kafka://{self.bootstrap}/{topic}")
+        try:
+            assert log.partition == 0
+            assert await log.end_offset() == 1
+            assert await log.append([b"mine"]) == 1
+            assert dense(await collect(log, 0, 2), 0) == [b"in-0", b"mine"]
+        finally:
+            await log.close()
 
     async def test_replication_factor_above_the_brokers_is_invalid(self, tmp_path: Path) -> None:
         with pytest.raises(InvalidArgument, match="(?i)replication"):
             await open_log(f"kafka://{self.bootstrap}/{kafka_topic(tmp_path)}?replication_factor=7")
+
+
+class TestKafkaLogDataPartition(OnDataPartition, LogContract):
+    """Kafka partition 2 of a topic of 3 partitions."""
+
+    persistent = True
+    bootstrap = ""
+
+    @pytest.fixture(autouse=True)
+    def _kafka(self, kafka_bootstrap: str) -> None:
+        self.bootstrap = kafka_bootstrap
+
+    async def open_set(self, where: Path) -> LogSet:
+        return await open_log_set(f"kafka://{self.bootstrap}/{kafka_topic(where)}", partitions=self.PARTITIONS)
 
 
 class TestKafkaSaslLog(LogContract):
