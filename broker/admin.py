@@ -7,9 +7,17 @@ from the state this broker has applied, when asked (broker/metrics.py for ``/met
 Writes (declare, delete, purge, handover, deregister, enabling feature flags) are
 submitted to the log like the native protocol's commands and answered once applied here.
 
-Access is decided in one place, :func:`access_refusal`: only peers in ``admin_allow_from``
-are served (loopback by default; anyone else gets 403). It has no login: user checks
-(HTTP Basic) would belong there too.
+Access is decided in two middlewares, before any handler: :func:`_guard` serves only
+peers in ``admin_allow_from`` (:func:`access_refusal`; loopback by default, anyone else
+gets 403) and adds the headers every answer carries (no framing, no sniffing);
+:meth:`AdminServer._auth` then checks the ``Host`` and ``Origin`` headers
+(broker/admin_auth.py: a DNS-rebinding or cross-origin page gets 403), who is asking
+(HTTP Basic, or the console's session cookie; the users and their passwords are the
+cluster's, checked as AMQP's plain passwords are) and, for a state-changing request,
+the session's CSRF token or the ``X-Baton-Request`` header. Each handler then checks
+the user's rights as the native protocol does (broker/access.py), plus the
+``monitoring`` tag for ``/metrics`` and the read-only statistics. ``/healthz``,
+``/readyz``, the console's files and the login itself need no login.
 
 Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
 
@@ -17,6 +25,8 @@ Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
   as package data in ``broker/console/`` that polls the JSON API (no build step, nothing
   loaded from elsewhere);
 * ``GET /healthz``, ``GET /readyz``, ``GET /metrics``;
+* ``POST /api/login``, ``POST /api/logout``, ``GET /api/session`` (the console's login);
+* ``/api/users[/{name}[/permissions|/limits|/tags]]``, ``/api/limits`` (admin);
 * ``/api/overview``, ``/api/nodes``, ``/api/queues[/{name}[/purge|/peek|
   /messages/{position}/history]]``, ``/api/connections[/{id}]``, ``/api/consumers``,
   ``/api/services[/{name}/handover|/{name}/candidates/{candidate}]``, ``/api/log``,
@@ -29,13 +39,35 @@ import asyncio
 import base64
 import dataclasses
 import importlib.resources
+import hmac
 import json
 import logging
+import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
+from batonmq.broker.access import (
+    Rights,
+    check_password_login,
+    limits_event,
+    list_users,
+    tags_event,
+)
+from batonmq.broker.admin_auth import (
+    COOKIE,
+    CSRF_HEADER,
+    REQUEST_HEADER,
+    BasicCache,
+    HostCheck,
+    Session,
+    Sessions,
+    basic_credentials,
+)
+from batonmq.broker.admission import QuietLog
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.features import enable_event, feature_list
@@ -43,8 +75,9 @@ from batonmq.broker.history import message_history
 from batonmq.broker.inspect import MAX_PEEK, ConnectionView, list_connections, peek
 from batonmq.broker.metrics import CONTENT_TYPE, BrokerMetrics
 from batonmq.broker.networks import LOOPBACK, Networks, allows, describe, parse_networks
-from batonmq.broker.session import declare_event
+from batonmq.broker.session import check_declare, declare_event
 from batonmq.cluster.errors import (
+    AccessRefused,
     BatonError,
     InternalError,
     InvalidArgument,
@@ -61,6 +94,7 @@ from batonmq.cluster.node import Node
 from batonmq.cluster.queues import validate_declare
 from batonmq.cluster.results import Result
 from batonmq.cluster.services import host_of
+from batonmq.cluster.users import User
 
 __all__ = [
     "AdminBroker",
@@ -97,6 +131,19 @@ _CONSOLE_HEADERS = {
     "Cache-Control": "no-cache",
     "Referrer-Policy": "no-referrer",
 }
+
+# Every answer: never framed (clickjacking), never sniffed into another content type.
+_SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+}
+_FRAME_CSP = "frame-ancestors 'none'"
+# What needs no login: the probes, the console's own files (they hold no data; the page
+# logs in through the API), and the login itself.
+_OPEN = frozenset({"/healthz", "/readyz", "/", "/api/login"})
+_STATE_CHANGING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+# Refused admin logins are logged at most once a second, as the native port's are.
+_log_refusal = QuietLog(log, "admin login refused")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 R = TypeVar("R", bound="Result | None")
@@ -154,9 +201,49 @@ class AdminBroker(Protocol):
         """Open client connections."""
         ...
 
+    def refused(self, what: str) -> None:
+        """Count one refusal (``what``: "login", "admin" or a right)."""
+        ...
+
+
+@dataclass(slots=True)
+class Actor:
+    """Who a request acts as: the user's rights (read from the state at each check, as
+    a native session's), and the console session it came with, if any."""
+
+    rights: Rights
+    session: Session | None = None
+    token: str | None = None
+
+    def user(self) -> User:
+        return self.rights.user()
+
+    def check_monitor(self, what: str) -> None:
+        """An admin or a ``monitoring`` user only."""
+        user = self.user()
+        if not (user.admin or user.monitoring):
+            self.rights._refused("admin")
+            raise AccessRefused(
+                f"user {user.name!r} is neither an admin nor tagged monitoring: cannot {what}"
+            )
+
+    def monitors(self) -> bool:
+        user = self.user()
+        return user.admin or user.monitoring
+
+
+#: The request's key for its :class:`Actor`.
+ACTOR: web.RequestKey[Actor] = web.RequestKey("actor", Actor)
+
 
 #: The networks the admin listener serves (``admin_allow_from``), kept in the application.
 ALLOWED: web.AppKey[Networks] = web.AppKey("allowed", tuple)
+
+
+class LoginRequired(BatonError):
+    """No login, or a wrong one (401)."""
+
+    code = 18
 
 
 def access_refusal(peer: str | None, networks: Networks = LOOPBACK) -> str | None:
@@ -221,6 +308,10 @@ def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
 
 def _status_of(exc: BatonError) -> int:
     match exc:
+        case LoginRequired():
+            return 401
+        case AccessRefused():
+            return 403
         case QueueNotFound() | UnknownConsumer():
             return 404
         case InvalidArgument():
@@ -258,7 +349,22 @@ def _error(status: int, name: str, message: str, code: int = 0) -> web.Response:
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Access, then JSON errors for everything the handlers raise."""
+    """The network check, then JSON errors for everything the handlers raise, and the
+    headers every answer carries."""
+    response = await _guarded(request, handler)
+    for name, value in _SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    csp = response.headers.get("Content-Security-Policy")
+    if csp is None:
+        response.headers["Content-Security-Policy"] = _FRAME_CSP
+    elif "frame-ancestors" not in csp:
+        response.headers["Content-Security-Policy"] = f"{csp}; {_FRAME_CSP}"
+    if request.path.startswith("/api/"):
+        response.headers.setdefault("Cache-Control", "no-store")
+    return response
+
+
+async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         networks = request.app[ALLOWED]
     except (KeyError, TypeError):  # an application made without it (tests): loopback
@@ -268,6 +374,13 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(403, "Forbidden", refusal)
     try:
         return await handler(request)
+    except LoginRequired as exc:
+        response = _error(401, "LoginRequired", exc.message, exc.code)
+        # A browser's console asks with its own header and shows its own login form;
+        # tools and Prometheus are told to use HTTP Basic.
+        if request.headers.get(REQUEST_HEADER) != "console":
+            response.headers["WWW-Authenticate"] = 'Basic realm="baton", charset="UTF-8"'
+        return response
     except BatonError as exc:
         return _error(_status_of(exc), type(exc).__name__, exc.message, exc.code)
     except web.HTTPException as exc:
@@ -287,17 +400,34 @@ class AdminServer:
         metrics: the broker's metrics (broker/metrics.py).
     """
 
-    def __init__(self, broker: AdminBroker, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self, broker: AdminBroker, metrics: BrokerMetrics, tls: ssl.SSLContext | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.broker = broker
         self.metrics = metrics
         self.address = ""
+        self.tls = tls
+        cfg = broker.config
+        self.hosts = HostCheck(cfg.admin_allowed_hosts)
+        self.sessions = Sessions(cfg.admin_session_idle, clock)
+        self._basic = BasicCache()
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
         """The aiohttp application with every route (also used by tests)."""
-        app = web.Application(middlewares=[_guard], client_max_size=1 << 20)
+        app = web.Application(middlewares=[_guard, self._auth], client_max_size=1 << 20)
         app[ALLOWED] = parse_networks(self.broker.config.admin_allow_from)
         r = app.router
+        r.add_post("/api/login", self.login)
+        r.add_post("/api/logout", self.logout)
+        r.add_get("/api/session", self.session)
+        r.add_get("/api/users", self.users)
+        r.add_get("/api/users/{name}", self.user)
+        r.add_put("/api/users/{name}/limits", self.set_limits)
+        r.add_put("/api/users/{name}/tags", self.set_tags)
+        r.add_get("/api/limits", self.default_limits)
+        r.add_put("/api/limits", self.set_default_limits)
         r.add_get("/", self.console_index)
         r.add_get("/console/{file}", self.console_asset)
         r.add_get("/healthz", self.healthz)
@@ -331,7 +461,7 @@ class AdminServer:
         """
         runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=self.tls)
         try:
             await site.start()
         except OSError as exc:
@@ -342,7 +472,8 @@ class AdminServer:
         self._runner = runner
         bound = runner.addresses[0]
         self.address = f"{bound[0]}:{bound[1]}"
-        log.info("admin listener on http://%s", self.address)
+        self.hosts.port = int(bound[1])
+        log.info("admin listener on %s://%s", "https" if self.tls else "http", self.address)
         return self.address
 
     async def stop(self) -> None:
@@ -350,6 +481,166 @@ class AdminServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+
+    # -- who asks (docs/admin.md "Logging in") ---------------------------------------
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The Host and Origin checks, the login, and the CSRF check, before any handler
+        (after the network check of :func:`_guard`)."""
+        path = request.path
+        probe = path in ("/healthz", "/readyz")
+        scheme = "https" if self.tls is not None else "http"
+        # The probes answer any Host: they tell nothing a rebinding page could use, and
+        # a platform's probe names the broker as it likes.
+        refusal = None if probe else self.hosts.host_refusal(request.headers.get("Host"))
+        if refusal is None:
+            refusal = self.hosts.origin_refusal(
+                request.headers.get("Origin"), request.headers.get("Host"), scheme
+            )
+        if refusal is not None:
+            self.broker.refused("network")
+            return _error(403, "Forbidden", refusal)
+        if request.method in _STATE_CHANGING and path == "/api/login":
+            if not request.headers.get(REQUEST_HEADER):
+                return _error(403, "Forbidden", f"a login needs the {REQUEST_HEADER} header")
+        if probe or path in _OPEN or path.startswith("/console/"):
+            return await handler(request)
+        actor = await self._actor(request)
+        if request.method in _STATE_CHANGING:
+            refusal = self._csrf_refusal(request, actor)
+            if refusal is not None:
+                self.broker.refused("csrf")
+                return _error(403, "Forbidden", refusal)
+        request[ACTOR] = actor
+        return await handler(request)
+
+    @staticmethod
+    def _csrf_refusal(request: web.Request, actor: Actor) -> str | None:
+        """Why a state-changing request is refused as a possible cross-site request, or
+        None: with a session cookie it must carry the session's CSRF token, with HTTP
+        Basic the ``X-Baton-Request`` header (neither can a page of another origin send)."""
+        if actor.session is not None:
+            token = request.headers.get(CSRF_HEADER, "")
+            if not token or not hmac_equal(token, actor.session.csrf):
+                return f"a state-changing request of a console session needs its {CSRF_HEADER} token"
+            return None
+        if not request.headers.get(REQUEST_HEADER):
+            return (
+                f"a state-changing request needs the header {REQUEST_HEADER}: 1 (any value;"
+                " it shows that a tool, not a page of another site, sent it)"
+            )
+        return None
+
+    def _loopback(self, request: web.Request) -> bool:
+        return bool(request.remote) and allows(LOOPBACK, request.remote or "")
+
+    async def _actor(self, request: web.Request) -> Actor:
+        """Who the request logs in as: its HTTP Basic credentials, else its session
+        cookie.
+
+        Raises:
+            LoginRequired: neither, or a wrong one.
+        """
+        users = self.broker.node.state.users
+        try:
+            basic = basic_credentials(request.headers.get("Authorization"))
+        except ValueError as exc:
+            self._refused_login(request, str(exc))
+            raise LoginRequired(str(exc)) from None
+        if basic is not None:
+            name, password = basic
+            user = await self._check_password(request, name, password)
+            return Actor(Rights(lambda: self.broker.node.state.users, user.name, self.broker.refused))
+        token = request.cookies.get(COOKIE)
+        session = self.sessions.get(token, self._stored_key)
+        if session is None:
+            raise LoginRequired(
+                "log in: HTTP Basic with a user of the cluster, or the console's login"
+                + (" (the session ended: it was idle too long, logged out, or its user"
+                   " changed)" if token else "")
+            )
+        del users
+        return Actor(
+            Rights(lambda: self.broker.node.state.users, session.user, self.broker.refused),
+            session, token,
+        )
+
+    def _stored_key(self, name: str) -> bytes | None:
+        user = self.broker.node.state.users.get(name)
+        return None if user is None else user.stored_key
+
+    async def _check_password(self, request: web.Request, name: str, password: str) -> User:
+        """The user ``name`` if ``password`` is its password (the check AMQP's PLAIN
+        login makes, off the event loop; a good one is remembered while the user's
+        credentials stay the same).
+
+        Raises:
+            LoginRequired: a wrong user name or password (logged at most once a second,
+                counted as a refused login), or guest from beyond loopback.
+        """
+        users = self.broker.node.state.users
+        loopback = self._loopback(request)
+        known = users.get(name)
+        if known is not None and (loopback or known.name != "guest") and self._basic.hit(
+            name, password, known.stored_key
+        ):
+            return known
+        loop = asyncio.get_running_loop()
+        try:
+            user = await loop.run_in_executor(
+                None, check_password_login, users, name, password, loopback
+            )
+        except PermissionError as exc:
+            self._refused_login(request, str(exc))
+            raise LoginRequired(f"login refused: {exc}") from None
+        self._basic.add(name, password, user.stored_key)
+        return user
+
+    def _refused_login(self, request: web.Request, why: str) -> None:
+        self.broker.refused("login")
+        _log_refusal(request.remote or "?", why)
+
+    def _cookie(self, response: web.StreamResponse, token: str, max_age: int | None = None) -> None:
+        response.set_cookie(
+            COOKIE, token, httponly=True, samesite="Strict", secure=self.tls is not None,
+            path="/", max_age=max_age,
+        )
+
+    async def login(self, request: web.Request) -> web.Response:
+        """``{"user", "password"}``: a console session (its cookie set, its CSRF token in
+        the answer) for a good password; 401 for a wrong one."""
+        body = await self._body(request)
+        name, password = body.get("user"), body.get("password")
+        if not isinstance(name, str) or not isinstance(password, str) or not name:
+            raise InvalidArgument('give {"user": NAME, "password": PASSWORD}')
+        user = await self._check_password(request, name, password)
+        token, session = self.sessions.start(user.name, user.stored_key)
+        response = json_response(self._who(user, session))
+        self._cookie(response, token)
+        log.info("admin console login of %r from %s", user.name, request.remote)
+        return response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        """End the console session (with HTTP Basic there is nothing to end)."""
+        actor = request[ACTOR]
+        ended = self.sessions.end(actor.token)
+        response = json_response({"logged_out": ended})
+        if actor.token is not None:
+            response.del_cookie(COOKIE, path="/")
+        return response
+
+    async def session(self, request: web.Request) -> web.Response:
+        """Who is logged in (and the console session's CSRF token)."""
+        actor = request[ACTOR]
+        return json_response(self._who(actor.user(), actor.session))
+
+    @staticmethod
+    def _who(user: User, session: Session | None) -> dict[str, Any]:
+        return {
+            "user": user.name, "admin": user.admin, "monitoring": user.monitoring,
+            "tags": list(user.tags), "csrf": session.csrf if session is not None else None,
+        }
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -419,6 +710,7 @@ class AdminServer:
         return json_response(body, 200 if body["ready"] else 503)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
+        request[ACTOR].check_monitor("read the metrics")
         text = self.metrics.render(await self._log_end())
         return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
 
@@ -454,7 +746,10 @@ class AdminServer:
         )
 
     async def nodes(self, request: web.Request) -> web.Response:
+        actor = request[ACTOR]
         body = self.broker.topology()
+        if not actor.monitors():  # the members' addresses: admins and monitoring only
+            body = actor.rights.topology(body)
         # Suspicion is replicated (docs/design.md §7): a member silent for its beats is
         # suspected on every replica before a new view drops it; the console shows it.
         ms = self.broker.node.state.membership
@@ -473,24 +768,44 @@ class AdminServer:
         return stats
 
     async def queues(self, request: web.Request) -> web.Response:
-        return json_response({"queues": [self._with_counts(s) for s in self.broker.list_queues()]})
+        # As the native ListQueues: the queues the user has any right on (a monitoring
+        # user, as an admin, sees them all).
+        actor = request[ACTOR]
+        every = actor.monitors()
+        return json_response({"queues": [
+            self._with_counts(s) for s in self.broker.list_queues()
+            if every or actor.rights.sees(s["queue"])
+        ]})
 
     async def queue(self, request: web.Request) -> web.Response:
-        return json_response(self._with_counts(self.broker.queue_stats(request.match_info["name"])))
+        name = request.match_info["name"]
+        actor = request[ACTOR]
+        if not actor.monitors():
+            actor.rights.check_any(name)
+        return json_response(self._with_counts(self.broker.queue_stats(name)))
 
     async def declare(self, request: web.Request) -> web.Response:
-        event = declare_event(request.match_info["name"], await self._body(request))
+        name = request.match_info["name"]
+        body = await self._body(request)
+        actor = request[ACTOR]
+        check_declare(actor.rights, name, body)
+        event = declare_event(name, body, actor.rights.name, self.broker.node.state)
         validate_declare(event)
         result = await self._submit(event)
         return json_response(result, 200)
 
     async def delete(self, request: web.Request) -> web.Response:
-        return json_response(await self._submit(DeleteQueue(request.match_info["name"])))
+        name = request.match_info["name"]
+        request[ACTOR].rights.check("configure", name)
+        return json_response(await self._submit(DeleteQueue(name)))
 
     async def purge(self, request: web.Request) -> web.Response:
-        return json_response(await self._submit(PurgeQueue(request.match_info["name"])))
+        name = request.match_info["name"]
+        request[ACTOR].rights.check("configure", name)
+        return json_response(await self._submit(PurgeQueue(name)))
 
     async def peek(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check("read", request.match_info["name"])
         count = self._int_query(request, "count", 10)
         peeked = peek(self.broker.node, request.match_info["name"], count)
         return json_response(
@@ -512,6 +827,7 @@ class AdminServer:
         )
 
     async def history(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check("read", request.match_info["name"])
         try:
             position = int(request.match_info["position"])
         except ValueError:
@@ -525,15 +841,18 @@ class AdminServer:
     # -- connections and consumers -------------------------------------------------------
 
     async def connections(self, request: web.Request) -> web.Response:
+        request[ACTOR].check_monitor("list connections")
         return json_response(list_connections(self.broker.connections()))
 
     async def close_connection(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check_admin("close connections")
         peer = request.match_info["id"]
         if not self.broker.close_connection(peer):
             return _error(404, "UnknownConnection", f"no client connection {peer!r} here")
         return json_response({"closed": peer})
 
     async def consumers(self, request: web.Request) -> web.Response:
+        request[ACTOR].check_monitor("list consumers")
         listed = list_connections(self.broker.connections())
         rows = [
             {"connection": c["id"], "client_name": c["client_name"], **consumer}
@@ -553,12 +872,14 @@ class AdminServer:
         if not isinstance(to, str):
             raise InvalidArgument("'to' must be a candidate key or node id")
         name = request.match_info["name"]
+        request[ACTOR].rights.check("lead", name)
         if self.broker.node.state.services.get(name) is None:
             return _error(404, "UnknownService", f"no service {name!r}")
         return json_response(await self._submit(Handover(name, to)), 202)
 
     async def deregister(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        request[ACTOR].rights.check("lead", name)
         candidate = request.match_info["candidate"]
         s = self.broker.node.state.services.get(name)
         if s is None or candidate not in s.candidates:
@@ -584,6 +905,7 @@ class AdminServer:
         """``{"names": [...]}`` or ``{"all": true}``: the checks and the words of the
         native ``EnableFeatures``; a live member that lacks a flag is a conflict (409),
         a malformed body or an unknown flag a bad request (400)."""
+        request[ACTOR].rights.check_admin("enable feature flags")
         body = await self._body(request)
         if set(body) - {"names", "all"} or ("names" in body) == ("all" in body):
             raise InvalidArgument('give {"names": [flag, ...]} or {"all": true}')
@@ -604,9 +926,51 @@ class AdminServer:
             raise
         return json_response(result)
 
+    # -- users (admin only; docs/security.md) ------------------------------------------------
+
+    async def users(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check_admin("list users")
+        users = self.broker.node.state.users
+        return json_response({"users": list_users(users).users, "default_limits": users.defaults()})
+
+    async def user(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check_admin("list users")
+        user = self.broker.node.state.users.get(request.match_info["name"])
+        if user is None:
+            return _error(404, "UnknownUser", f"no user {request.match_info['name']!r}")
+        return json_response(user.describe())
+
+    async def set_limits(self, request: web.Request) -> web.Response:
+        """``{"max_queues": N|-1|null, ...}``: a user's limits (null: the default)."""
+        request[ACTOR].rights.check_admin("manage users")
+        name = request.match_info["name"]
+        event = limits_event(name, await self._body(request), self.broker.node.state)
+        return json_response(await self._submit(event))
+
+    async def default_limits(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check_admin("list users")
+        return json_response(self.broker.node.state.users.defaults())
+
+    async def set_default_limits(self, request: web.Request) -> web.Response:
+        """``{"max_queues": N|-1|null, ...}``: the cluster's default for non-admins."""
+        request[ACTOR].rights.check_admin("manage users")
+        event = limits_event("", await self._body(request), self.broker.node.state)
+        return json_response(await self._submit(event))
+
+    async def set_tags(self, request: web.Request) -> web.Response:
+        """``{"tags": ["monitoring"]}``: a user's tags (all of them)."""
+        request[ACTOR].rights.check_admin("manage users")
+        body = await self._body(request)
+        tags = body.get("tags")
+        if set(body) != {"tags"} or not isinstance(tags, list):
+            raise InvalidArgument('give {"tags": [tag, ...]}')
+        event = tags_event(request.match_info["name"], tags, self.broker.node.state)
+        return json_response(await self._submit(event))
+
     # -- the log ----------------------------------------------------------------------------
 
     async def log_info(self, request: web.Request) -> web.Response:
+        request[ACTOR].check_monitor("read the log's figures")
         node = self.broker.node
         try:
             async with asyncio.timeout(LOG_QUERY_TIMEOUT):
@@ -630,6 +994,11 @@ class AdminServer:
                 "outbox": node.appender.outbox_depth,
             }
         )
+
+
+def hmac_equal(a: str, b: str) -> bool:
+    """Whether two tokens are equal, in constant time."""
+    return hmac.compare_digest(a.encode(), b.encode())
 
 
 def _utf8(body: bytes) -> str | None:

@@ -69,6 +69,13 @@ FEATURES: Final[dict[str, Feature]] = {
             "log records carry their format version in the envelope, and the stored state,"
             " its snapshots and the join update say their format and the enabled flags",
         ),
+        Feature(
+            "user_limits", 3, "0.2.0",
+            "per-user limits (queues, connections, consumers) and user tags (monitoring):"
+            " the SetUserLimits and SetUserTags events, and a queue's declaring user in"
+            " DeclareQueue and in the queue's snapshot; non-admin users get the default"
+            " limit of 1,000 queues",
+        ),
     )
 }
 
