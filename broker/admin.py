@@ -140,7 +140,7 @@ _SECURITY_HEADERS = {
 _FRAME_CSP = "frame-ancestors 'none'"
 # What needs no login: the probes, the console's own files (they hold no data; the page
 # logs in through the API), and the login itself.
-_OPEN = frozenset({"/healthz", "/readyz", "/", "/api/login"})
+_OPEN = frozenset({"/healthz", "/readyz", "/", "/api/login", "/api/session"})
 _STATE_CHANGING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 # Refused admin logins are logged at most once a second, as the native port's are.
 _log_refusal = QuietLog(log, "admin login refused")
@@ -631,8 +631,15 @@ class AdminServer:
         return response
 
     async def session(self, request: web.Request) -> web.Response:
-        """Who is logged in (and the console session's CSRF token)."""
-        actor = request[ACTOR]
+        """Who is logged in (and the console session's CSRF token); ``{"user": null}``
+        when nobody is (the console then shows its login form: not an error)."""
+        try:
+            actor = await self._actor(request)
+        except LoginRequired:
+            if request.headers.get("Authorization"):
+                raise  # a wrong Basic login is refused as anywhere
+            return json_response({"user": None, "admin": False, "monitoring": False,
+                                  "tags": [], "csrf": None})
         return json_response(self._who(actor.user(), actor.session))
 
     @staticmethod
