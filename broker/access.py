@@ -207,6 +207,16 @@ class Rights:
             self._refused("admin")
             raise AccessRefused(f"user {self.name!r} is not an admin: cannot {what}")
 
+    def check_monitoring(self, what: str) -> None:
+        """Raise AccessRefused unless the user is an admin or has the ``monitoring``
+        tag (the admin listener's /metrics and read-only statistics)."""
+        user = self.user()
+        if not (user.admin or user.monitoring):
+            self._refused("admin")
+            raise AccessRefused(
+                f"user {self.name!r} is neither an admin nor tagged monitoring: cannot {what}"
+            )
+
     def topology(self, topology: dict[str, Any]) -> dict[str, Any]:
         """A Topology answer as this user may see it: the addresses for an admin only."""
         if not self.user().admin:

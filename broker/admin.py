@@ -37,37 +37,25 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import importlib.resources
-import hmac
-import json
 import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
-from batonmq.broker.access import (
-    Rights,
-    check_password_login,
-    limits_event,
-    list_users,
-    tags_event,
+from batonmq.broker.access import limits_event, list_users, tags_event
+from batonmq.broker.admin_auth import REQUEST_HEADER
+from batonmq.broker.admin_login import (
+    ACTOR,
+    AdminLogin,
+    LoginRequired,
+    error_response,
+    json_response,
+    request_body,
 )
-from batonmq.broker.admin_auth import (
-    COOKIE,
-    CSRF_HEADER,
-    REQUEST_HEADER,
-    BasicCache,
-    HostCheck,
-    Session,
-    Sessions,
-    basic_credentials,
-)
-from batonmq.broker.admission import QuietLog
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.features import enable_event, feature_list
@@ -94,7 +82,6 @@ from batonmq.cluster.node import Node
 from batonmq.cluster.queues import validate_declare
 from batonmq.cluster.results import Result
 from batonmq.cluster.services import host_of
-from batonmq.cluster.users import User
 
 __all__ = [
     "AdminBroker",
@@ -138,12 +125,7 @@ _SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
 }
 _FRAME_CSP = "frame-ancestors 'none'"
-# What needs no login: the probes, the console's own files (they hold no data; the page
-# logs in through the API), and the login itself.
-_OPEN = frozenset({"/healthz", "/readyz", "/", "/api/login", "/api/session"})
-_STATE_CHANGING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
-# Refused admin logins are logged at most once a second, as the native port's are.
-_log_refusal = QuietLog(log, "admin login refused")
+_error = error_response
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 R = TypeVar("R", bound="Result | None")
@@ -206,44 +188,8 @@ class AdminBroker(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class Actor:
-    """Who a request acts as: the user's rights (read from the state at each check, as
-    a native session's), and the console session it came with, if any."""
-
-    rights: Rights
-    session: Session | None = None
-    token: str | None = None
-
-    def user(self) -> User:
-        return self.rights.user()
-
-    def check_monitor(self, what: str) -> None:
-        """An admin or a ``monitoring`` user only."""
-        user = self.user()
-        if not (user.admin or user.monitoring):
-            self.rights._refused("admin")
-            raise AccessRefused(
-                f"user {user.name!r} is neither an admin nor tagged monitoring: cannot {what}"
-            )
-
-    def monitors(self) -> bool:
-        user = self.user()
-        return user.admin or user.monitoring
-
-
-#: The request's key for its :class:`Actor`.
-ACTOR: web.RequestKey[Actor] = web.RequestKey("actor", Actor)
-
-
 #: The networks the admin listener serves (``admin_allow_from``), kept in the application.
 ALLOWED: web.AppKey[Networks] = web.AppKey("allowed", tuple)
-
-
-class LoginRequired(BatonError):
-    """No login, or a wrong one (401)."""
-
-    code = 18
 
 
 def access_refusal(peer: str | None, networks: Networks = LOOPBACK) -> str | None:
@@ -326,27 +272,6 @@ def _status_of(exc: BatonError) -> int:
             return 409
 
 
-def _json_default(value: object) -> object:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(value)).decode()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-def json_response(body: Any, status: int = 200) -> web.Response:
-    """A JSON answer (bytes become base64 strings)."""
-    return web.Response(
-        text=json.dumps(body, default=_json_default),
-        status=status,
-        content_type="application/json",
-    )
-
-
-def _error(status: int, name: str, message: str, code: int = 0) -> web.Response:
-    return json_response({"error": {"code": code, "name": name, "message": message}}, status)
-
-
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The network check, then JSON errors for everything the handlers raise, and the
@@ -408,20 +333,18 @@ class AdminServer:
         self.metrics = metrics
         self.address = ""
         self.tls = tls
-        cfg = broker.config
-        self.hosts = HostCheck(cfg.admin_allowed_hosts)
-        self.sessions = Sessions(cfg.admin_session_idle, clock)
-        self._basic = BasicCache()
+        self.logins = AdminLogin(broker, tls is not None, clock)
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
         """The aiohttp application with every route (also used by tests)."""
-        app = web.Application(middlewares=[_guard, self._auth], client_max_size=1 << 20)
+        logins = self.logins
+        app = web.Application(middlewares=[_guard, logins.middleware], client_max_size=1 << 20)
         app[ALLOWED] = parse_networks(self.broker.config.admin_allow_from)
         r = app.router
-        r.add_post("/api/login", self.login)
-        r.add_post("/api/logout", self.logout)
-        r.add_get("/api/session", self.session)
+        r.add_post("/api/login", logins.login)
+        r.add_post("/api/logout", logins.logout)
+        r.add_get("/api/session", logins.session)
         r.add_get("/api/users", self.users)
         r.add_get("/api/users/{name}", self.user)
         r.add_put("/api/users/{name}/limits", self.set_limits)
@@ -472,7 +395,7 @@ class AdminServer:
         self._runner = runner
         bound = runner.addresses[0]
         self.address = f"{bound[0]}:{bound[1]}"
-        self.hosts.port = int(bound[1])
+        self.logins.hosts.port = int(bound[1])
         log.info("admin listener on %s://%s", "https" if self.tls else "http", self.address)
         return self.address
 
@@ -481,173 +404,6 @@ class AdminServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
-
-    # -- who asks (docs/admin.md "Logging in") ---------------------------------------
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """The Host and Origin checks, the login, and the CSRF check, before any handler
-        (after the network check of :func:`_guard`)."""
-        path = request.path
-        probe = path in ("/healthz", "/readyz")
-        scheme = "https" if self.tls is not None else "http"
-        # The probes answer any Host: they tell nothing a rebinding page could use, and
-        # a platform's probe names the broker as it likes.
-        refusal = None if probe else self.hosts.host_refusal(request.headers.get("Host"))
-        if refusal is None:
-            refusal = self.hosts.origin_refusal(
-                request.headers.get("Origin"), request.headers.get("Host"), scheme
-            )
-        if refusal is not None:
-            self.broker.refused("network")
-            return _error(403, "Forbidden", refusal)
-        if request.method in _STATE_CHANGING and path == "/api/login":
-            if not request.headers.get(REQUEST_HEADER):
-                return _error(403, "Forbidden", f"a login needs the {REQUEST_HEADER} header")
-        if probe or path in _OPEN or path.startswith("/console/"):
-            return await handler(request)
-        actor = await self._actor(request)
-        if request.method in _STATE_CHANGING:
-            refusal = self._csrf_refusal(request, actor)
-            if refusal is not None:
-                self.broker.refused("csrf")
-                return _error(403, "Forbidden", refusal)
-        request[ACTOR] = actor
-        return await handler(request)
-
-    @staticmethod
-    def _csrf_refusal(request: web.Request, actor: Actor) -> str | None:
-        """Why a state-changing request is refused as a possible cross-site request, or
-        None: with a session cookie it must carry the session's CSRF token, with HTTP
-        Basic the ``X-Baton-Request`` header (neither can a page of another origin send)."""
-        if actor.session is not None:
-            token = request.headers.get(CSRF_HEADER, "")
-            if not token or not hmac_equal(token, actor.session.csrf):
-                return f"a state-changing request of a console session needs its {CSRF_HEADER} token"
-            return None
-        if not request.headers.get(REQUEST_HEADER):
-            return (
-                f"a state-changing request needs the header {REQUEST_HEADER}: 1 (any value;"
-                " it shows that a tool, not a page of another site, sent it)"
-            )
-        return None
-
-    def _loopback(self, request: web.Request) -> bool:
-        return bool(request.remote) and allows(LOOPBACK, request.remote or "")
-
-    async def _actor(self, request: web.Request) -> Actor:
-        """Who the request logs in as: its HTTP Basic credentials, else its session
-        cookie.
-
-        Raises:
-            LoginRequired: neither, or a wrong one.
-        """
-        users = self.broker.node.state.users
-        try:
-            basic = basic_credentials(request.headers.get("Authorization"))
-        except ValueError as exc:
-            self._refused_login(request, str(exc))
-            raise LoginRequired(str(exc)) from None
-        if basic is not None:
-            name, password = basic
-            user = await self._check_password(request, name, password)
-            return Actor(Rights(lambda: self.broker.node.state.users, user.name, self.broker.refused))
-        token = request.cookies.get(COOKIE)
-        session = self.sessions.get(token, self._stored_key)
-        if session is None:
-            raise LoginRequired(
-                "log in: HTTP Basic with a user of the cluster, or the console's login"
-                + (" (the session ended: it was idle too long, logged out, or its user"
-                   " changed)" if token else "")
-            )
-        del users
-        return Actor(
-            Rights(lambda: self.broker.node.state.users, session.user, self.broker.refused),
-            session, token,
-        )
-
-    def _stored_key(self, name: str) -> bytes | None:
-        user = self.broker.node.state.users.get(name)
-        return None if user is None else user.stored_key
-
-    async def _check_password(self, request: web.Request, name: str, password: str) -> User:
-        """The user ``name`` if ``password`` is its password (the check AMQP's PLAIN
-        login makes, off the event loop; a good one is remembered while the user's
-        credentials stay the same).
-
-        Raises:
-            LoginRequired: a wrong user name or password (logged at most once a second,
-                counted as a refused login), or guest from beyond loopback.
-        """
-        users = self.broker.node.state.users
-        loopback = self._loopback(request)
-        known = users.get(name)
-        if known is not None and (loopback or known.name != "guest") and self._basic.hit(
-            name, password, known.stored_key
-        ):
-            return known
-        loop = asyncio.get_running_loop()
-        try:
-            user = await loop.run_in_executor(
-                None, check_password_login, users, name, password, loopback
-            )
-        except PermissionError as exc:
-            self._refused_login(request, str(exc))
-            raise LoginRequired(f"login refused: {exc}") from None
-        self._basic.add(name, password, user.stored_key)
-        return user
-
-    def _refused_login(self, request: web.Request, why: str) -> None:
-        self.broker.refused("login")
-        _log_refusal(request.remote or "?", why)
-
-    def _cookie(self, response: web.StreamResponse, token: str, max_age: int | None = None) -> None:
-        response.set_cookie(
-            COOKIE, token, httponly=True, samesite="Strict", secure=self.tls is not None,
-            path="/", max_age=max_age,
-        )
-
-    async def login(self, request: web.Request) -> web.Response:
-        """``{"user", "password"}``: a console session (its cookie set, its CSRF token in
-        the answer) for a good password; 401 for a wrong one."""
-        body = await self._body(request)
-        name, password = body.get("user"), body.get("password")
-        if not isinstance(name, str) or not isinstance(password, str) or not name:
-            raise InvalidArgument('give {"user": NAME, "password": PASSWORD}')
-        user = await self._check_password(request, name, password)
-        token, session = self.sessions.start(user.name, user.stored_key)
-        response = json_response(self._who(user, session))
-        self._cookie(response, token)
-        log.info("admin console login of %r from %s", user.name, request.remote)
-        return response
-
-    async def logout(self, request: web.Request) -> web.Response:
-        """End the console session (with HTTP Basic there is nothing to end)."""
-        actor = request[ACTOR]
-        ended = self.sessions.end(actor.token)
-        response = json_response({"logged_out": ended})
-        if actor.token is not None:
-            response.del_cookie(COOKIE, path="/")
-        return response
-
-    async def session(self, request: web.Request) -> web.Response:
-        """Who is logged in (and the console session's CSRF token); ``{"user": null}``
-        when nobody is (the console then shows its login form: not an error)."""
-        try:
-            actor = await self._actor(request)
-        except LoginRequired:
-            if request.headers.get("Authorization"):
-                raise  # a wrong Basic login is refused as anywhere
-            return json_response({"user": None, "admin": False, "monitoring": False,
-                                  "tags": [], "csrf": None})
-        return json_response(self._who(actor.user(), actor.session))
-
-    @staticmethod
-    def _who(user: User, session: Session | None) -> dict[str, Any]:
-        return {
-            "user": user.name, "admin": user.admin, "monitoring": user.monitoring,
-            "tags": list(user.tags), "csrf": session.csrf if session is not None else None,
-        }
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -660,18 +416,6 @@ class AdminServer:
 
     async def _submit(self, event: Event[R]) -> R:
         return await self.broker.node.submit(event)
-
-    @staticmethod
-    async def _body(request: web.Request) -> dict[str, Any]:
-        if not request.can_read_body:
-            return {}
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            raise InvalidArgument(f"the request body is not JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise InvalidArgument("the request body must be a JSON object")
-        return body
 
     @staticmethod
     def _int_query(request: web.Request, name: str, default: int) -> int:
@@ -793,7 +537,7 @@ class AdminServer:
 
     async def declare(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        body = await self._body(request)
+        body = await request_body(request)
         actor = request[ACTOR]
         check_declare(actor.rights, name, body)
         event = declare_event(name, body, actor.rights.name, self.broker.node.state)
@@ -874,7 +618,7 @@ class AdminServer:
         return json_response({"services": self.broker.node.state.services.describe()})
 
     async def handover(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+        body = await request_body(request)
         to = body.get("to", "") or ""
         if not isinstance(to, str):
             raise InvalidArgument("'to' must be a candidate key or node id")
@@ -913,7 +657,7 @@ class AdminServer:
         native ``EnableFeatures``; a live member that lacks a flag is a conflict (409),
         a malformed body or an unknown flag a bad request (400)."""
         request[ACTOR].rights.check_admin("enable feature flags")
-        body = await self._body(request)
+        body = await request_body(request)
         if set(body) - {"names", "all"} or ("names" in body) == ("all" in body):
             raise InvalidArgument('give {"names": [flag, ...]} or {"all": true}')
         if "all" in body and body["all"] is not True:
@@ -951,7 +695,7 @@ class AdminServer:
         """``{"max_queues": N|-1|null, ...}``: a user's limits (null: the default)."""
         request[ACTOR].rights.check_admin("manage users")
         name = request.match_info["name"]
-        event = limits_event(name, await self._body(request), self.broker.node.state)
+        event = limits_event(name, await request_body(request), self.broker.node.state)
         return json_response(await self._submit(event))
 
     async def default_limits(self, request: web.Request) -> web.Response:
@@ -961,13 +705,13 @@ class AdminServer:
     async def set_default_limits(self, request: web.Request) -> web.Response:
         """``{"max_queues": N|-1|null, ...}``: the cluster's default for non-admins."""
         request[ACTOR].rights.check_admin("manage users")
-        event = limits_event("", await self._body(request), self.broker.node.state)
+        event = limits_event("", await request_body(request), self.broker.node.state)
         return json_response(await self._submit(event))
 
     async def set_tags(self, request: web.Request) -> web.Response:
         """``{"tags": ["monitoring"]}``: a user's tags (all of them)."""
         request[ACTOR].rights.check_admin("manage users")
-        body = await self._body(request)
+        body = await request_body(request)
         tags = body.get("tags")
         if set(body) != {"tags"} or not isinstance(tags, list):
             raise InvalidArgument('give {"tags": [tag, ...]}')
@@ -1001,11 +745,6 @@ class AdminServer:
                 "outbox": node.appender.outbox_depth,
             }
         )
-
-
-def hmac_equal(a: str, b: str) -> bool:
-    """Whether two tokens are equal, in constant time."""
-    return hmac.compare_digest(a.encode(), b.encode())
 
 
 def _utf8(body: bytes) -> str | None:

@@ -370,8 +370,6 @@ class BrokerConfig:
                 return name, "must be more than 0"
         if self.admin_session_idle <= 0:
             return "admin_session_idle", "must be more than 0"
-        if bool(self.admin_tls_cert) != bool(self.admin_tls_key):
-            return "admin_tls_cert", "and admin_tls_key are set together (or neither)"
         if self.idle_timeout < 0:
             return "idle_timeout", "must be 0 (never) or more"
         if self.max_message > self.max_frame // 2:

@@ -234,6 +234,8 @@ class Broker:
         metrics = BrokerMetrics(self)
         metrics.attach(self.node)
         tls = None
+        if bool(cfg.admin_tls_cert) != bool(cfg.admin_tls_key):
+            raise InvalidArgument("admin_tls_cert and admin_tls_key are set together (or neither)")
         if cfg.admin_tls_cert and cfg.admin_tls_key:
             # Its own certificate: the admin listener is reached by other names than
             # the client port (docs/admin.md "TLS").

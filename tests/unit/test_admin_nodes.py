@@ -9,7 +9,8 @@ from typing import Any
 from aiohttp.test_utils import make_mocked_request
 
 from batonmq.broker.access import Rights
-from batonmq.broker.admin import ACTOR, Actor, AdminServer
+from batonmq.broker.admin import AdminServer
+from batonmq.broker.admin_login import ACTOR, Actor
 from batonmq.broker.config import BrokerConfig
 from batonmq.cluster.membership import Membership
 from batonmq.cluster.users import Users
