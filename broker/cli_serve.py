@@ -94,7 +94,8 @@ def _dev(args: argparse.Namespace) -> int:
     from batonmq.broker.dev import run_dev
 
     host, port = parse_address(args.listen)
-    return run_dev(args.nodes, args.data_dir, host, port, [])
+    extra = ["--admin-listen", f"{host}:0"] if args.admin else []
+    return run_dev(args.nodes, args.data_dir, host, port, extra)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -137,6 +138,9 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     dv.add_argument("--data-dir", default="./baton-dev", help="one sub-dir per broker")
     dv.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}",
                     help="HOST:PORT of the first broker; the others take the next ports")
+    dv.add_argument("--admin", action="store_true",
+                    help="each broker serves its admin listener and console on a free port"
+                         " (printed, with the login: guest / guest)")
     dv.set_defaults(func=_dev)
 
     d = sub.add_parser("demo", help="start a broker, round-trip messages, stop it")

@@ -4,8 +4,9 @@ Each broker is a real ``baton serve`` process with its own data dir under
 ``--data-dir`` and the shared log ``file:<data-dir>/log``, listening on the
 ``--listen`` port and the next ones (with port 0, each on a free port of its own).
 The addresses, from the brokers' ready lines, are printed once every broker is
-a member of the view; Ctrl-C (or SIGTERM) stops them
-all, cleanly.
+a member of the view (with ``--admin-listen HOST:0`` among the options passed on, each
+broker's console address too, and the login to use: ``guest`` / ``guest``); Ctrl-C (or
+SIGTERM) stops them all, cleanly.
 """
 
 from __future__ import annotations
@@ -17,18 +18,22 @@ import sys
 import threading
 import time
 
-from batonmq.broker.config import ready_address
+from batonmq.broker.config import admin_ready_address, ready_address
 
 __all__ = ["run_dev"]
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], deadline: float) -> str:
-    """Read the broker's output until its ready line; returns the address it names."""
+def _wait_ready(proc: subprocess.Popen[bytes], deadline: float) -> tuple[str, str | None]:
+    """Read the broker's output until its ready line; returns the address it names and
+    its admin listener's, if it has one (``--admin-listen``: its line comes first)."""
     assert proc.stdout is not None
+    admin = None
     for raw in proc.stdout:
-        address = ready_address(raw.decode(errors="replace").rstrip())
+        line = raw.decode(errors="replace").rstrip()
+        admin = admin_ready_address(line) or admin
+        address = ready_address(line)
         if address is not None:
-            return address
+            return address, admin
         if time.monotonic() > deadline:
             break
     raise RuntimeError(f"broker {proc.pid} did not start (exit {proc.poll()})")
@@ -58,10 +63,17 @@ def run_dev(nodes: int, data_dir: str, host: str, base_port: int, extra: list[st
             ]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 60
+        admins = False
         for proc in procs:
-            address = _wait_ready(proc, deadline)
+            address, admin = _wait_ready(proc, deadline)
             addresses.append(address)
-            print(f"  broker {address} ready", flush=True)
+            print(f"  broker {address} ready"
+                  + (f", admin console http://{admin}/" if admin else ""), flush=True)
+            admins = admins or admin is not None
+        if admins:
+            # The admin listener asks for a login (docs/admin.md): a dev cluster has guest.
+            print("admin console and API: log in as guest / guest (from this machine)",
+                  flush=True)
         print(f"cluster of {nodes} on {log_url}", flush=True)
         print(f"addresses: {','.join(addresses)}", flush=True)
         print("Ctrl-C stops them all.", flush=True)

@@ -341,3 +341,35 @@ async def test_the_admin_listener_serves_https_with_its_certificate(
                 await r.read()
     finally:
         b.stop()
+
+
+async def test_baton_dev_prints_its_consoles_and_the_login_that_opens_them(
+    tmp_path: Path, raw: aiohttp.ClientSession
+) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batonmq.broker", "dev", "--nodes", "1", "--admin",
+         "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "dev")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        loop = asyncio.get_running_loop()
+        while not any("log in as guest / guest" in line for line in seen):
+            line = await asyncio.wait_for(loop.run_in_executor(None, proc.stdout.readline), 60)
+            assert line, "baton dev ended:\n" + "".join(seen)
+            seen.append(line)
+        (console,) = [line.split("admin console ")[1].strip() for line in seen
+                      if "admin console http" in line]
+        status, body, _ = await call(raw, "GET", console + "api/overview", GUEST)
+        assert status == 200 and body["node_id"] == "node-1"
+        status, _, _ = await call(raw, "GET", console + "api/overview")
+        assert status == 401
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        assert proc.stdout is not None
+        proc.stdout.close()

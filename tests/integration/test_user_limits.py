@@ -138,3 +138,39 @@ async def test_limits_survive_a_restart(broker: BrokerProcess) -> None:
     r = baton("user", "limits", "--max-queues", "x", "alice", "--broker", broker.address)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert os.path.isdir(broker.data_dir)
+
+
+async def test_the_admin_api_sets_and_lists_limits_and_tags(tmp_path: Path) -> None:
+    import aiohttp
+
+    from tests.integration.test_admin import ADMIN, TOOL_HEADERS, admin_of
+
+    b = BrokerProcess(tmp_path / "b", extra=ADMIN)
+    b.start()
+    try:
+        await _add_alice(b)
+        base = admin_of(b)
+        async with aiohttp.ClientSession(headers=TOOL_HEADERS) as http:
+            async with http.put(f"{base}/api/users/alice/limits",
+                                json={"max_queues": 1, "max_consumers": -1}) as r:
+                assert r.status == 200, await r.text()
+            async with http.put(f"{base}/api/limits", json={"max_connections": 50}) as r:
+                assert r.status == 200
+            async with http.put(f"{base}/api/users/alice/tags", json={"tags": ["nope"]}) as r:
+                assert r.status == 400 and "unknown user tag" in (await r.json())["error"]["message"]
+            async with http.put(f"{base}/api/users/nobody/limits", json={"max_queues": 1}) as r:
+                assert r.status == 400
+            async with http.get(f"{base}/api/users") as r:
+                body = await r.json()
+            (alice,) = [u for u in body["users"] if u["name"] == "alice"]
+            assert alice["limits"] == {"max_queues": 1, "max_consumers": -1}
+            assert body["default_limits"] == {"max_queues": 1000, "max_connections": 50,
+                                              "max_consumers": None}
+            async with http.get(f"{base}/api/users/alice") as r:
+                assert (await r.json())["limits"]["max_queues"] == 1
+        async with await clients.connect(alice_url(b)) as alice_conn:
+            await alice_conn.declare_queue("one")
+            with pytest.raises(LimitExceeded):
+                await alice_conn.declare_queue("two")
+    finally:
+        b.stop()
