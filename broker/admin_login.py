@@ -42,7 +42,7 @@ from batonmq.broker.config import BrokerConfig
 from batonmq.broker.networks import LOOPBACK, allows
 from batonmq.cluster.errors import BatonError, InvalidArgument
 from batonmq.cluster.node import Node
-from batonmq.cluster.users import User
+from batonmq.cluster.users import GUEST, User
 
 __all__ = [
     "ACTOR",
@@ -231,7 +231,6 @@ class AdminLogin:
         Raises:
             LoginRequired: neither, or a wrong one.
         """
-        users = self.broker.node.state.users
         try:
             basic = basic_credentials(request.headers.get("Authorization"))
         except ValueError as exc:
@@ -249,7 +248,6 @@ class AdminLogin:
                 + (" (the session ended: it was idle too long, logged out, or its user"
                    " changed)" if token else "")
             )
-        del users
         return Actor(
             Rights(lambda: self.broker.node.state.users, session.user, self.broker.refused),
             session, token,
@@ -271,7 +269,7 @@ class AdminLogin:
         users = self.broker.node.state.users
         loopback = self._loopback(request)
         known = users.get(name)
-        if known is not None and (loopback or known.name != "guest") and self._basic.hit(
+        if known is not None and (loopback or known.name != GUEST) and self._basic.hit(
             name, password, known.stored_key
         ):
             return known
