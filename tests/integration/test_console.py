@@ -625,3 +625,47 @@ def test_feature_flags_panel_shows_a_refusal_then_enables_a_flag(
     finally:
         new.stop()
         old.stop()
+
+
+def test_the_login_screen_refuses_a_wrong_password_and_logout_ends_the_session(
+    browser: WebDriver, admin_broker: BrokerProcess
+) -> None:
+    with clients.sync.connect(admin_broker.address) as conn:
+        conn.declare_queue("behind-login")
+        conn.publish_batch("behind-login", [b"x"] * 3)
+    base = admin_of(admin_broker)
+    browser.get(base + "/")
+    assert not browser.find_element(By.ID, "main").is_displayed()
+    assert queue_row(browser, "behind-login") is None  # nothing shown before a login
+    log_in(browser, "guest", "not-the-password")
+    error = browser.find_element(By.ID, "login-error")
+    wait_for(browser, error.is_displayed, "the failed login's message")
+    assert error.text.startswith("Login failed:") and "wrong user name or password" in error.text
+    assert not browser.find_element(By.ID, "main").is_displayed()
+
+    log_in(browser, "guest", "guest")
+    wait_for(browser, lambda: queue_cell(browser, "behind-login", "ready") == "3", "the queue")
+    assert "guest" in browser.find_element(By.ID, "h-user").text
+    cookie = browser.get_cookie("baton_session")
+    assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+
+    def status(path: str) -> int:
+        """What the API answers the page's own fetch (with its cookie) now."""
+        return int(browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "fetch(arguments[0], {headers: {'X-Baton-Request': 'console'}})"
+            ".then(r => done(r.status), () => done(-1));", path))
+
+    assert status("/api/queues") == 200
+    browser.find_element(By.ID, "logout").click()
+    wait_for(browser, lambda: browser.find_element(By.ID, "login").is_displayed(),
+             "the login screen after logout")
+    assert browser.find_element(By.ID, "login-info").text == "Logged out."
+    assert not browser.find_element(By.ID, "main").is_displayed()
+    assert status("/api/queues") == 401
+    # Ended on the broker too, not only forgotten by the browser: the old cookie is refused.
+    browser.add_cookie({k: cookie[k] for k in ("name", "value", "path", "httpOnly", "sameSite")})
+    assert browser.get_cookie("baton_session") is not None
+    assert status("/api/queues") == 401
+    # The refused login and the fetch after logout are the only failed loads.
+    assert [e for e in page_errors(browser) if "401" not in e] == []
