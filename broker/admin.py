@@ -10,8 +10,9 @@ submitted to the log like the native protocol's commands and answered once appli
 Access is decided in two middlewares, before any handler: :func:`_guard` serves only
 peers in ``admin_allow_from`` (:func:`access_refusal`; loopback by default, anyone else
 gets 403) and adds the headers every answer carries (no framing, no sniffing);
-:meth:`AdminServer._auth` then checks the ``Host`` and ``Origin`` headers
-(broker/admin_auth.py: a DNS-rebinding or cross-origin page gets 403), who is asking
+:meth:`AdminLogin.middleware <batonmq.broker.admin_login.AdminLogin.middleware>` then
+checks the ``Host`` and ``Origin`` headers (broker/admin_auth.py: a DNS-rebinding or
+cross-origin page gets 403), who is asking
 (HTTP Basic, or the console's session cookie; the users and their passwords are the
 cluster's, checked as AMQP's plain passwords are) and, for a state-changing request,
 the session's CSRF token or the ``X-Baton-Request`` header. Each handler then checks
@@ -26,7 +27,7 @@ Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
   loaded from elsewhere);
 * ``GET /healthz``, ``GET /readyz``, ``GET /metrics``;
 * ``POST /api/login``, ``POST /api/logout``, ``GET /api/session`` (the console's login);
-* ``/api/users[/{name}[/permissions|/limits|/tags]]``, ``/api/limits`` (admin);
+* ``/api/users[/{name}[/limits|/tags]]``, ``/api/limits`` (admin);
 * ``/api/overview``, ``/api/nodes``, ``/api/queues[/{name}[/purge|/peek|
   /messages/{position}/history]]``, ``/api/connections[/{id}]``, ``/api/consumers``,
   ``/api/services[/{name}/handover|/{name}/candidates/{candidate}]``, ``/api/log``,
