@@ -524,8 +524,17 @@ def test_a_queue_panel_peeks_and_shows_a_message_history_from_the_log(
         # slow to answer (here: stopped) shows the loading line until it answers.
         conn.declare_queue("life")
         assert conn.publish("life", b"again") == 0
-        row = wait_for(browser, lambda: queue_row(browser, "life"), "the queue's row again")
-        row.find_element(By.CSS_SELECTOR, 'button[data-action="open"]').click()
+
+        def open_life() -> bool:
+            # Found and clicked in one go: a poll may render the table again in between,
+            # and wait_for then tries again (the row it found went stale).
+            row = queue_row(browser, "life")
+            if row is None:
+                return False
+            row.find_element(By.CSS_SELECTOR, 'button[data-action="open"]').click()
+            return True
+
+        wait_for(browser, open_life, "the queue's row again, opened")
         wait_for(browser, lambda: sorted(peek_rows(browser)) == ["0"], "the new peek list")
         loading = browser.find_element(By.ID, "h-loading")
         admin_broker.pause()
