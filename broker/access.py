@@ -14,18 +14,68 @@ consumer, a candidacy) ends when the broker applies its revocation (broker/serve
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batonmq.clients import scram, wire
 from batonmq.cluster import events
-from batonmq.cluster.errors import AccessRefused, InvalidArgument
+from batonmq.cluster.errors import AccessRefused, InvalidArgument, LimitExceeded
 from batonmq.cluster.results import UserList
-from batonmq.cluster.users import GUEST, RIGHTS, User, Users, check_pattern, check_user_name
+from batonmq.cluster.users import (
+    GUEST,
+    RIGHTS,
+    User,
+    Users,
+    check_limits,
+    check_pattern,
+    check_tags,
+    check_user_name,
+)
 
-__all__ = ["Login", "Rights", "user_event", "list_users"]
+if TYPE_CHECKING:
+    from batonmq.cluster.state import State
+
+__all__ = [
+    "Login",
+    "Rights",
+    "check_password_login",
+    "check_user_limit",
+    "limits_event",
+    "list_users",
+    "tags_event",
+    "user_event",
+]
 
 # A session caches this many (right, name) answers at most, then starts again.
 _CACHE = 4096
+# A fixed credential checked for an unknown user, so that a refusal takes as long
+# whether the user exists or not.
+_NOBODY = scram.Credentials(b"baton-amqp-nobody", scram.DEFAULT_COST, b"\0" * 32, b"\0" * 32)
+
+
+def check_password_login(users: Users, name: str, password: str, loopback: bool) -> User:
+    """The user that ``name`` and a plain ``password`` log in as, checked against the
+    stored SCRAM keys (the broker does the scrypt work: run it off the event loop). The
+    one check of every login that sends a password as it is: AMQP's PLAIN and AMQPLAIN,
+    and the admin listener's HTTP Basic and console logins.
+
+    Raises:
+        PermissionError: the login is refused (the text says why, without telling
+            whether the user exists), or ``guest`` from beyond loopback.
+    """
+    user = users.get(name)
+    creds = (
+        scram.Credentials(user.salt, user.cost, user.stored_key, user.server_key)
+        if user is not None
+        else _NOBODY
+    )
+    if not scram.check_password(creds, password) or user is None:
+        raise PermissionError(f"wrong user name or password for '{name}'")
+    if user.name == GUEST and not loopback:
+        raise PermissionError(
+            f"user '{GUEST}' may connect from loopback only; create a user for remote"
+            " clients: baton user add"
+        )
+    return user
 
 
 class Login:
@@ -157,6 +207,16 @@ class Rights:
             self._refused("admin")
             raise AccessRefused(f"user {self.name!r} is not an admin: cannot {what}")
 
+    def check_monitoring(self, what: str) -> None:
+        """Raise AccessRefused unless the user is an admin or has the ``monitoring``
+        tag (the admin listener's /metrics and read-only statistics)."""
+        user = self.user()
+        if not (user.admin or user.monitoring):
+            self._refused("admin")
+            raise AccessRefused(
+                f"user {self.name!r} is neither an admin nor tagged monitoring: cannot {what}"
+            )
+
     def topology(self, topology: dict[str, Any]) -> dict[str, Any]:
         """A Topology answer as this user may see it: the addresses for an admin only."""
         if not self.user().admin:
@@ -198,6 +258,74 @@ def user_event(
             if not rights:
                 raise InvalidArgument("give at least one right to set")
             return events.SetRights(f.name, tuple(rights))
+
+
+#: What each per-user limit counts, for its refusal.
+_COUNTED = {
+    "max_queues": "queues",
+    "max_connections": "connections open on this broker",
+    "max_consumers": "consumers on this broker",
+}
+
+
+def check_user_limit(users: Users, user: str, key: str, held: int) -> None:
+    """Raise LimitExceeded if user ``user`` already has ``held`` of what its limit
+    ``key`` (``max_connections``, ``max_consumers``) counts. Connections and consumers
+    are counted per broker (each broker its own), queues cluster-wide by the state.
+
+    Raises:
+        LimitExceeded: at or above the limit.
+    """
+    limit = users.limit(user, key)
+    if limit is not None and held >= limit:
+        raise LimitExceeded(
+            f"user {user!r} has {held} {_COUNTED[key]}, its limit ({key} {limit});"
+            " an admin may raise it (baton user limits)"
+        )
+
+
+def _need_flag(state: State) -> None:
+    if "user_limits" not in state.features.enabled:
+        raise InvalidArgument(
+            "user limits and tags need the feature flag user_limits: enable it once every"
+            " broker runs a build that has it (baton feature enable user_limits)"
+        )
+
+
+def limits_event(name: str, limits: dict[str, Any], state: State) -> events.SetUserLimits:
+    """The event that sets ``limits`` (``{limit: N, -1 for none, or None for the
+    default}``) of user ``name``, or the cluster's default for non-admins (``name`` ""),
+    checked before it goes to the log.
+
+    Raises:
+        InvalidArgument: the flag ``user_limits`` is not enabled, no such user, an
+            unknown limit, a bad value, or no limit given.
+    """
+    _need_flag(state)
+    if name:
+        check_user_name(name)
+        if state.users.get(name) is None:
+            raise InvalidArgument(f"no user {name!r}")
+    if not limits:
+        raise InvalidArgument("give at least one limit to set")
+    check_limits(limits)
+    return events.SetUserLimits(name, tuple(sorted(limits.items())))
+
+
+def tags_event(name: str, tags: list[Any], state: State) -> events.SetUserTags:
+    """The event that sets the tags of user ``name`` (all of them).
+
+    Raises:
+        InvalidArgument: the flag ``user_limits`` is not enabled, no such user or an
+            unknown tag.
+    """
+    _need_flag(state)
+    check_user_name(name)
+    if state.users.get(name) is None:
+        raise InvalidArgument(f"no user {name!r}")
+    if not all(isinstance(t, str) for t in tags):
+        raise InvalidArgument("tags must be strings")
+    return events.SetUserTags(name, check_tags(tuple(tags)))
 
 
 def list_users(users: Users) -> UserList:

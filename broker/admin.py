@@ -7,9 +7,18 @@ from the state this broker has applied, when asked (broker/metrics.py for ``/met
 Writes (declare, delete, purge, handover, deregister, enabling feature flags) are
 submitted to the log like the native protocol's commands and answered once applied here.
 
-Access is decided in one place, :func:`access_refusal`: only peers in ``admin_allow_from``
-are served (loopback by default; anyone else gets 403). It has no login: user checks
-(HTTP Basic) would belong there too.
+Access is decided in two middlewares, before any handler: :func:`_guard` serves only
+peers in ``admin_allow_from`` (:func:`access_refusal`; loopback by default, anyone else
+gets 403) and adds the headers every answer carries (no framing, no sniffing);
+:meth:`AdminLogin.middleware <batonmq.broker.admin_login.AdminLogin.middleware>` then
+checks the ``Host`` and ``Origin`` headers (broker/admin_auth.py: a DNS-rebinding or
+cross-origin page gets 403), who is asking
+(HTTP Basic, or the console's session cookie; the users and their passwords are the
+cluster's, checked as AMQP's plain passwords are) and, for a state-changing request,
+the session's CSRF token or the ``X-Baton-Request`` header. Each handler then checks
+the user's rights as the native protocol does (broker/access.py), plus the
+``monitoring`` tag for ``/metrics`` and the read-only statistics. ``/healthz``,
+``/readyz``, the console's files and the login itself need no login.
 
 Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
 
@@ -17,6 +26,8 @@ Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
   as package data in ``broker/console/`` that polls the JSON API (no build step, nothing
   loaded from elsewhere);
 * ``GET /healthz``, ``GET /readyz``, ``GET /metrics``;
+* ``POST /api/login``, ``POST /api/logout``, ``GET /api/session`` (the console's login);
+* ``/api/users[/{name}[/limits|/tags]]``, ``/api/limits`` (admin);
 * ``/api/overview``, ``/api/nodes``, ``/api/queues[/{name}[/purge|/peek|
   /messages/{position}/history]]``, ``/api/connections[/{id}]``, ``/api/consumers``,
   ``/api/services[/{name}/handover|/{name}/candidates/{candidate}]``, ``/api/log``,
@@ -27,15 +38,25 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import importlib.resources
-import json
 import logging
+import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
+from batonmq.broker.access import limits_event, list_users, tags_event
+from batonmq.broker.admin_auth import REQUEST_HEADER
+from batonmq.broker.admin_login import (
+    ACTOR,
+    AdminLogin,
+    LoginRequired,
+    error_response,
+    json_response,
+    request_body,
+)
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.features import enable_event, feature_list
@@ -43,8 +64,9 @@ from batonmq.broker.history import message_history
 from batonmq.broker.inspect import MAX_PEEK, ConnectionView, list_connections, peek
 from batonmq.broker.metrics import CONTENT_TYPE, BrokerMetrics
 from batonmq.broker.networks import LOOPBACK, Networks, allows, describe, parse_networks
-from batonmq.broker.session import declare_event
+from batonmq.broker.session import check_declare, declare_event
 from batonmq.cluster.errors import (
+    AccessRefused,
     BatonError,
     InternalError,
     InvalidArgument,
@@ -97,6 +119,14 @@ _CONSOLE_HEADERS = {
     "Cache-Control": "no-cache",
     "Referrer-Policy": "no-referrer",
 }
+
+# Every answer: never framed (clickjacking), never sniffed into another content type.
+_SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+}
+_FRAME_CSP = "frame-ancestors 'none'"
+_error = error_response
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 R = TypeVar("R", bound="Result | None")
@@ -152,6 +182,10 @@ class AdminBroker(Protocol):
 
     def connection_count(self) -> int:
         """Open client connections."""
+        ...
+
+    def refused(self, what: str) -> None:
+        """Count one refusal (``what``: "login", "admin" or a right)."""
         ...
 
 
@@ -221,6 +255,10 @@ def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
 
 def _status_of(exc: BatonError) -> int:
     match exc:
+        case LoginRequired():
+            return 401
+        case AccessRefused():
+            return 403
         case QueueNotFound() | UnknownConsumer():
             return 404
         case InvalidArgument():
@@ -235,30 +273,24 @@ def _status_of(exc: BatonError) -> int:
             return 409
 
 
-def _json_default(value: object) -> object:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(value)).decode()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-def json_response(body: Any, status: int = 200) -> web.Response:
-    """A JSON answer (bytes become base64 strings)."""
-    return web.Response(
-        text=json.dumps(body, default=_json_default),
-        status=status,
-        content_type="application/json",
-    )
-
-
-def _error(status: int, name: str, message: str, code: int = 0) -> web.Response:
-    return json_response({"error": {"code": code, "name": name, "message": message}}, status)
-
-
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Access, then JSON errors for everything the handlers raise."""
+    """The network check, then JSON errors for everything the handlers raise, and the
+    headers every answer carries."""
+    response = await _guarded(request, handler)
+    for name, value in _SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    csp = response.headers.get("Content-Security-Policy")
+    if csp is None:
+        response.headers["Content-Security-Policy"] = _FRAME_CSP
+    elif "frame-ancestors" not in csp:
+        response.headers["Content-Security-Policy"] = f"{csp}; {_FRAME_CSP}"
+    if request.path.startswith("/api/"):
+        response.headers.setdefault("Cache-Control", "no-store")
+    return response
+
+
+async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         networks = request.app[ALLOWED]
     except (KeyError, TypeError):  # an application made without it (tests): loopback
@@ -268,6 +300,13 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(403, "Forbidden", refusal)
     try:
         return await handler(request)
+    except LoginRequired as exc:
+        response = _error(401, "LoginRequired", exc.message, exc.code)
+        # A browser's console asks with its own header and shows its own login form;
+        # tools and Prometheus are told to use HTTP Basic.
+        if request.headers.get(REQUEST_HEADER) != "console":
+            response.headers["WWW-Authenticate"] = 'Basic realm="baton", charset="UTF-8"'
+        return response
     except BatonError as exc:
         return _error(_status_of(exc), type(exc).__name__, exc.message, exc.code)
     except web.HTTPException as exc:
@@ -287,17 +326,32 @@ class AdminServer:
         metrics: the broker's metrics (broker/metrics.py).
     """
 
-    def __init__(self, broker: AdminBroker, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self, broker: AdminBroker, metrics: BrokerMetrics, tls: ssl.SSLContext | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.broker = broker
         self.metrics = metrics
         self.address = ""
+        self.tls = tls
+        self.logins = AdminLogin(broker, tls is not None, clock)
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
         """The aiohttp application with every route (also used by tests)."""
-        app = web.Application(middlewares=[_guard], client_max_size=1 << 20)
+        logins = self.logins
+        app = web.Application(middlewares=[_guard, logins.middleware], client_max_size=1 << 20)
         app[ALLOWED] = parse_networks(self.broker.config.admin_allow_from)
         r = app.router
+        r.add_post("/api/login", logins.login)
+        r.add_post("/api/logout", logins.logout)
+        r.add_get("/api/session", logins.session)
+        r.add_get("/api/users", self.users)
+        r.add_get("/api/users/{name}", self.user)
+        r.add_put("/api/users/{name}/limits", self.set_limits)
+        r.add_put("/api/users/{name}/tags", self.set_tags)
+        r.add_get("/api/limits", self.default_limits)
+        r.add_put("/api/limits", self.set_default_limits)
         r.add_get("/", self.console_index)
         r.add_get("/console/{file}", self.console_asset)
         r.add_get("/healthz", self.healthz)
@@ -331,7 +385,7 @@ class AdminServer:
         """
         runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=self.tls)
         try:
             await site.start()
         except OSError as exc:
@@ -342,7 +396,8 @@ class AdminServer:
         self._runner = runner
         bound = runner.addresses[0]
         self.address = f"{bound[0]}:{bound[1]}"
-        log.info("admin listener on http://%s", self.address)
+        self.logins.hosts.port = int(bound[1])
+        log.info("admin listener on %s://%s", "https" if self.tls else "http", self.address)
         return self.address
 
     async def stop(self) -> None:
@@ -362,18 +417,6 @@ class AdminServer:
 
     async def _submit(self, event: Event[R]) -> R:
         return await self.broker.node.submit(event)
-
-    @staticmethod
-    async def _body(request: web.Request) -> dict[str, Any]:
-        if not request.can_read_body:
-            return {}
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            raise InvalidArgument(f"the request body is not JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise InvalidArgument("the request body must be a JSON object")
-        return body
 
     @staticmethod
     def _int_query(request: web.Request, name: str, default: int) -> int:
@@ -419,6 +462,7 @@ class AdminServer:
         return json_response(body, 200 if body["ready"] else 503)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
+        request[ACTOR].check_monitor("read the metrics")
         text = self.metrics.render(await self._log_end())
         return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
 
@@ -454,7 +498,10 @@ class AdminServer:
         )
 
     async def nodes(self, request: web.Request) -> web.Response:
+        actor = request[ACTOR]
         body = self.broker.topology()
+        if not actor.monitors():  # the members' addresses: admins and monitoring only
+            body = actor.rights.topology(body)
         # Suspicion is replicated (docs/design.md §7): a member silent for its beats is
         # suspected on every replica before a new view drops it; the console shows it.
         ms = self.broker.node.state.membership
@@ -473,24 +520,44 @@ class AdminServer:
         return stats
 
     async def queues(self, request: web.Request) -> web.Response:
-        return json_response({"queues": [self._with_counts(s) for s in self.broker.list_queues()]})
+        # As the native ListQueues: the queues the user has any right on (a monitoring
+        # user, as an admin, sees them all).
+        actor = request[ACTOR]
+        every = actor.monitors()
+        return json_response({"queues": [
+            self._with_counts(s) for s in self.broker.list_queues()
+            if every or actor.rights.sees(s["queue"])
+        ]})
 
     async def queue(self, request: web.Request) -> web.Response:
-        return json_response(self._with_counts(self.broker.queue_stats(request.match_info["name"])))
+        name = request.match_info["name"]
+        actor = request[ACTOR]
+        if not actor.monitors():
+            actor.rights.check_any(name)
+        return json_response(self._with_counts(self.broker.queue_stats(name)))
 
     async def declare(self, request: web.Request) -> web.Response:
-        event = declare_event(request.match_info["name"], await self._body(request))
+        name = request.match_info["name"]
+        body = await request_body(request)
+        actor = request[ACTOR]
+        check_declare(actor.rights, name, body)
+        event = declare_event(name, body, actor.rights.name, self.broker.node.state)
         validate_declare(event)
         result = await self._submit(event)
         return json_response(result, 200)
 
     async def delete(self, request: web.Request) -> web.Response:
-        return json_response(await self._submit(DeleteQueue(request.match_info["name"])))
+        name = request.match_info["name"]
+        request[ACTOR].rights.check("configure", name)
+        return json_response(await self._submit(DeleteQueue(name)))
 
     async def purge(self, request: web.Request) -> web.Response:
-        return json_response(await self._submit(PurgeQueue(request.match_info["name"])))
+        name = request.match_info["name"]
+        request[ACTOR].rights.check("configure", name)
+        return json_response(await self._submit(PurgeQueue(name)))
 
     async def peek(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check("read", request.match_info["name"])
         count = self._int_query(request, "count", 10)
         peeked = peek(self.broker.node, request.match_info["name"], count)
         return json_response(
@@ -512,6 +579,7 @@ class AdminServer:
         )
 
     async def history(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check("read", request.match_info["name"])
         try:
             position = int(request.match_info["position"])
         except ValueError:
@@ -525,15 +593,18 @@ class AdminServer:
     # -- connections and consumers -------------------------------------------------------
 
     async def connections(self, request: web.Request) -> web.Response:
+        request[ACTOR].check_monitor("list connections")
         return json_response(list_connections(self.broker.connections()))
 
     async def close_connection(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check_admin("close connections")
         peer = request.match_info["id"]
         if not self.broker.close_connection(peer):
             return _error(404, "UnknownConnection", f"no client connection {peer!r} here")
         return json_response({"closed": peer})
 
     async def consumers(self, request: web.Request) -> web.Response:
+        request[ACTOR].check_monitor("list consumers")
         listed = list_connections(self.broker.connections())
         rows = [
             {"connection": c["id"], "client_name": c["client_name"], **consumer}
@@ -548,17 +619,19 @@ class AdminServer:
         return json_response({"services": self.broker.node.state.services.describe()})
 
     async def handover(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+        body = await request_body(request)
         to = body.get("to", "") or ""
         if not isinstance(to, str):
             raise InvalidArgument("'to' must be a candidate key or node id")
         name = request.match_info["name"]
+        request[ACTOR].rights.check("lead", name)
         if self.broker.node.state.services.get(name) is None:
             return _error(404, "UnknownService", f"no service {name!r}")
         return json_response(await self._submit(Handover(name, to)), 202)
 
     async def deregister(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        request[ACTOR].rights.check("lead", name)
         candidate = request.match_info["candidate"]
         s = self.broker.node.state.services.get(name)
         if s is None or candidate not in s.candidates:
@@ -584,7 +657,8 @@ class AdminServer:
         """``{"names": [...]}`` or ``{"all": true}``: the checks and the words of the
         native ``EnableFeatures``; a live member that lacks a flag is a conflict (409),
         a malformed body or an unknown flag a bad request (400)."""
-        body = await self._body(request)
+        request[ACTOR].rights.check_admin("enable feature flags")
+        body = await request_body(request)
         if set(body) - {"names", "all"} or ("names" in body) == ("all" in body):
             raise InvalidArgument('give {"names": [flag, ...]} or {"all": true}')
         if "all" in body and body["all"] is not True:
@@ -604,9 +678,51 @@ class AdminServer:
             raise
         return json_response(result)
 
+    # -- users (admin only; docs/security.md) ------------------------------------------------
+
+    async def users(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check_admin("list users")
+        users = self.broker.node.state.users
+        return json_response({"users": list_users(users).users, "default_limits": users.defaults()})
+
+    async def user(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check_admin("list users")
+        user = self.broker.node.state.users.get(request.match_info["name"])
+        if user is None:
+            return _error(404, "UnknownUser", f"no user {request.match_info['name']!r}")
+        return json_response(user.describe())
+
+    async def set_limits(self, request: web.Request) -> web.Response:
+        """``{"max_queues": N|-1|null, ...}``: a user's limits (null: the default)."""
+        request[ACTOR].rights.check_admin("manage users")
+        name = request.match_info["name"]
+        event = limits_event(name, await request_body(request), self.broker.node.state)
+        return json_response(await self._submit(event))
+
+    async def default_limits(self, request: web.Request) -> web.Response:
+        request[ACTOR].rights.check_admin("list users")
+        return json_response(self.broker.node.state.users.defaults())
+
+    async def set_default_limits(self, request: web.Request) -> web.Response:
+        """``{"max_queues": N|-1|null, ...}``: the cluster's default for non-admins."""
+        request[ACTOR].rights.check_admin("manage users")
+        event = limits_event("", await request_body(request), self.broker.node.state)
+        return json_response(await self._submit(event))
+
+    async def set_tags(self, request: web.Request) -> web.Response:
+        """``{"tags": ["monitoring"]}``: a user's tags (all of them)."""
+        request[ACTOR].rights.check_admin("manage users")
+        body = await request_body(request)
+        tags = body.get("tags")
+        if set(body) != {"tags"} or not isinstance(tags, list):
+            raise InvalidArgument('give {"tags": [tag, ...]}')
+        event = tags_event(request.match_info["name"], tags, self.broker.node.state)
+        return json_response(await self._submit(event))
+
     # -- the log ----------------------------------------------------------------------------
 
     async def log_info(self, request: web.Request) -> web.Response:
+        request[ACTOR].check_monitor("read the log's figures")
         node = self.broker.node
         try:
             async with asyncio.timeout(LOG_QUERY_TIMEOUT):

@@ -36,7 +36,7 @@ import msgpack
 from pamqp import base, commands
 
 from batonmq.broker import amqp_routes as routes
-from batonmq.broker.access import Rights
+from batonmq.broker.access import Rights, check_user_limit
 from batonmq.broker.amqp_codec import (
     ChannelError,
     ConnectionFault,
@@ -130,6 +130,10 @@ class ChannelOwner(Protocol):
 
     def write(self, data: bytes) -> None:
         """Queue bytes for this tick's write."""
+        ...
+
+    def user_consumers(self) -> int:
+        """The consumers of the connection's user on this broker (its max_consumers)."""
         ...
 
     def consumer_load(self) -> tuple[int, int]:
@@ -573,7 +577,7 @@ class Channel:
         if isinstance(dead_letter_exchange, str):  # its dead letters are published there
             rights.check("write", dead_letter_exchange, "exchange")
         self._locked(name)
-        event = declare_event(name, options)
+        event = declare_event(name, options, rights.name, self.owner.node.state)
         fut = self.owner.node.submit(event)
         self._order.track(fut)
         self.commands_started(1)
@@ -891,6 +895,9 @@ class Channel:
             raise LimitExceeded(
                 f"a connection may have {cfg.max_consumers} consumers at once (max_consumers)"
             )
+        rights = self.owner.rights
+        check_user_limit(self.owner.node.state.users, rights.name, "max_consumers",
+                         self.owner.user_consumers())
         if total + prefetch > cfg.max_connection_prefetch:
             raise LimitExceeded(
                 f"the prefetch of a connection's consumers may add up to"

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import struct
+from collections.abc import Iterable
 from typing import Any, Final, Protocol, cast
 
 from pamqp import base, commands
-from pamqp import decode as pamqp_decode
 
-from batonmq.broker.access import Rights
+from batonmq.broker.access import Rights, check_user_limit
+from batonmq.broker.amqp_login import MECHANISMS, check_login
 from batonmq.broker.admission import LoginGate, QuietLog
 from batonmq.broker.amqp_channel import Channel
 from batonmq.broker.amqp_codec import (
@@ -44,13 +44,13 @@ from batonmq.broker.amqp_codec import (
 )
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
+from batonmq.broker.inspect import ConnectionView
 from batonmq.broker.memory import BodyBudget
 from batonmq.broker.networks import LOOPBACK, Networks, allows
-from batonmq.clients import scram
-from batonmq.cluster.errors import AccessRefused
+from batonmq.cluster.errors import AccessRefused, LimitExceeded
 from batonmq.cluster.events import DeleteQueue
 from batonmq.cluster.node import Node
-from batonmq.cluster.users import GUEST, Users
+from batonmq.cluster.users import Users
 
 __all__ = ["AmqpBroker", "AmqpConnection", "CHANNEL_MAX", "FRAME_MAX", "HEARTBEAT_S", "check_login"]
 
@@ -65,10 +65,6 @@ HEARTBEAT_S: Final = 60
 #: Seconds the broker waits for Close-Ok after it sent Close.
 CLOSE_WAIT: Final = 3.0
 _FLUSH_AT: Final = 256 * 1024
-_MECHANISMS: Final = "PLAIN AMQPLAIN"
-# A fixed credential checked for an unknown user, so that a refusal takes as long
-# whether the user exists or not.
-_NOBODY = scram.Credentials(b"baton-amqp-nobody", scram.DEFAULT_COST, b"\0" * 32, b"\0" * 32)
 #: The most bytes a connection may send before its login is decided (the protocol
 #: header, StartOk and what a client pipelines after it are far less).
 MAX_BEFORE_LOGIN: Final = 64 * 1024
@@ -107,66 +103,14 @@ class AmqpBroker(Protocol):
 
     def refused(self, what: str) -> None: ...
 
+    def connections(self) -> Iterable[ConnectionView]:
+        """The open client connections, native and AMQP."""
+        ...
+
     @property
     def logins(self) -> LoginGate:
         """The connections still logging in, native and AMQP (broker/admission.py)."""
         ...
-
-
-def _credentials(mechanism: str, response: str | bytes) -> tuple[str, str]:
-    """The user and password of a StartOk's response.
-
-    Raises:
-        ValueError: not the mechanism's form.
-    """
-    data = response.encode("utf-8", "surrogatepass") if isinstance(response, str) else bytes(response)
-    if mechanism == "PLAIN":
-        parts = data.split(b"\0")
-        if len(parts) != 3:
-            raise ValueError("a PLAIN response is authzid NUL user NUL password")
-        return parts[1].decode(), parts[2].decode()
-    if mechanism == "AMQPLAIN":
-        _, table = pamqp_decode.field_table(struct.pack(">I", len(data)) + data)
-        user, password = table.get("LOGIN"), table.get("PASSWORD")
-        if isinstance(user, bytes):
-            user = user.decode()
-        if isinstance(password, bytes):
-            password = password.decode()
-        if not isinstance(user, str) or not isinstance(password, str):
-            raise ValueError("an AMQPLAIN response is a table of LOGIN and PASSWORD")
-        return user, password
-    raise ValueError(f"unknown mechanism {mechanism!r} (this broker has {_MECHANISMS})")
-
-
-def check_login(users: Users, mechanism: str, response: str | bytes, loopback: bool) -> str:
-    """The user a StartOk logs in as (does the password's scrypt work: run it off the
-    event loop).
-
-    Raises:
-        PermissionError: the login is refused (the text says why, without telling
-            whether the user exists).
-    """
-    try:
-        name, password = _credentials(mechanism, response)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PermissionError(str(exc)) from None
-    user = users.get(name)
-    creds = (
-        scram.Credentials(user.salt, user.cost, user.stored_key, user.server_key)
-        if user is not None
-        else _NOBODY
-    )
-    if not scram.check_password(creds, password) or user is None:
-        raise PermissionError(
-            f"Login was refused using authentication mechanism {mechanism}: wrong user name"
-            f" or password for '{name}'"
-        )
-    if user.name == GUEST and not loopback:
-        raise PermissionError(
-            f"user '{GUEST}' may connect from loopback only; create a user for remote"
-            " clients: baton user add"
-        )
-    return user.name
 
 
 class AmqpConnection(asyncio.Protocol):
@@ -249,6 +193,10 @@ class AmqpConnection(asyncio.Protocol):
     def next_key(self) -> str:
         self._key_counter += 1
         return f"{self._key_prefix}:{self._key_counter:x}"
+
+    def user_consumers(self) -> int:
+        """The consumers of this connection's user on this broker, native and AMQP."""
+        return sum(len(c.consumers) for c in self.broker.connections() if c.user == self.user)
 
     def consumer_load(self) -> tuple[int, int]:
         loads = [ch.load() for ch in self.channels.values()]
@@ -507,6 +455,15 @@ class AmqpConnection(asyncio.Protocol):
                         530, f"vhost '{m.virtual_host}' not found (Baton has the vhost '/' only)",
                         (10, 40),
                     )
+                try:  # the user's max_connections, on this broker (as RabbitMQ's, at open)
+                    held = sum(
+                        1 for c in self.broker.connections() if c.user == self.user and c is not self
+                    )
+                    check_user_limit(self.node.state.users, self.user, "max_connections", held)
+                except LimitExceeded as exc:
+                    self.broker.refused("limit")
+                    _log_limited(self.peer, exc.message)
+                    raise ConnectionFault(530, exc.message, (10, 40)) from None
                 self._stage = "ready"
                 self._send(0, commands.Connection.OpenOk())
                 log.debug("AMQP connection from %s open as %r", self.peer, self.user)
@@ -545,7 +502,7 @@ class AmqpConnection(asyncio.Protocol):
                 "direct_reply_to": False,
             },
         }
-        self._send(0, commands.Connection.Start(0, 9, props, _MECHANISMS, "en_US"))
+        self._send(0, commands.Connection.Start(0, 9, props, MECHANISMS, "en_US"))
 
     def _login(self, m: commands.Connection.StartOk) -> None:
         self.client_properties = dict(m.client_properties or {})

@@ -97,6 +97,8 @@ def _dev(args: argparse.Namespace) -> int:
     listen = parse_address(args.listen)
     amqp = parse_address(args.amqp_listen) if args.amqp_listen else None
     admin = parse_address(args.admin_listen) if args.admin_listen else None
+    if args.admin and admin is None:
+        admin = (listen[0], 0)  # each broker's console on a free port
     return run_dev(
         args.nodes, args.data_dir, listen, list(getattr(args, "serve_args", [])),
         amqp=amqp, admin=admin, restart=args.restart,
@@ -153,6 +155,10 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
                     help="AMQP 0-9-1 listeners too, from this port on")
     dv.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                     help="admin HTTP listeners (metrics, API, console) too, from this port on")
+    dv.add_argument("--admin", action="store_true",
+                    help="each broker serves its admin listener and console on a free port"
+                         " (printed, with the login: guest / guest); --admin-listen sets the"
+                         " ports")
     dv.add_argument("--restart", action="store_true",
                     help="restart a broker that exits, at once (default: on Enter)")
     dv.set_defaults(func=_dev)

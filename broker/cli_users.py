@@ -1,4 +1,4 @@
-"""``baton user add|delete|list|passwd`` and ``baton permissions set``: the users of a
+"""``baton user add|delete|list|passwd|limits|tags`` and ``baton permissions set``: the users of a
 cluster and their rights, managed by an admin over a broker (docs/security.md)."""
 
 from __future__ import annotations
@@ -73,10 +73,57 @@ def _user_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(users, indent=2))
         return 0
-    print(f"{'user':<20} {'admin':<6} {'configure':<16} {'write':<16} {'read':<16} lead")
+    print(f"{'user':<20} {'admin':<6} {'configure':<16} {'write':<16} {'read':<16}"
+          f" {'lead':<16} {'tags':<11} limits")
     for u in users:
+        limits = u.get("limits") or {}
+        shown = ", ".join(
+            f"{k} {'none' if v == -1 else v}" for k, v in sorted(limits.items())
+        ) or ("-" if u["admin"] else "default")
         print(f"{u['name']:<20} {'yes' if u['admin'] else 'no':<6} {u['configure'] or '-':<16}"
-              f" {u['write'] or '-':<16} {u['read'] or '-':<16} {u['lead'] or '-'}")
+              f" {u['write'] or '-':<16} {u['read'] or '-':<16} {u['lead'] or '-':<16}"
+              f" {','.join(u.get('tags') or []) or '-':<11} {shown}")
+    return 0
+
+
+def _limit_value(text: str) -> int | None:
+    """A limit given on the command line: N, ``none`` (no limit: -1) or ``default``."""
+    if text == "none":
+        return -1
+    if text == "default":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"a limit is a number, none or default, not {text!r}") from None
+    if value < 0:
+        raise InvalidArgument(f"a limit is 0 or more (none: no limit), not {value}")
+    return value
+
+
+def _user_limits(args: argparse.Namespace) -> int:
+    given = {k: getattr(args, k) for k in ("max_queues", "max_connections", "max_consumers")}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        raise InvalidArgument("give at least one of --max-queues, --max-connections, --max-consumers")
+    if args.default == bool(args.name):
+        raise InvalidArgument("name a user, or give --default (the default of non-admin users)")
+    values = {k: _limit_value(v) for k, v in given.items()}
+    name = "" if args.default else args.name
+    with open_broker(args) as conn:
+        conn.set_user_limits(
+            name, **{k: v for k, v in values.items() if v is not None},
+            reset=tuple(k for k, v in values.items() if v is None),
+        )
+    shown = ", ".join(f"{k} {v}" for k, v in given.items())
+    print(f"limits of {'non-admin users (default)' if args.default else args.name}: {shown}")
+    return 0
+
+
+def _user_tags(args: argparse.Namespace) -> int:
+    with open_broker(args) as conn:
+        conn.set_user_tags(args.name, args.tags)
+    print(f"tags of {args.name}: {', '.join(args.tags) or 'none'}")
     return 0
 
 
@@ -117,6 +164,24 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     ls.add_argument("--broker", default=None, help=BROKER_HELP)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_user_list)
+
+    lim = us.add_parser("limits", help="set a user's limits, or with --default those of every"
+                                       " non-admin user without its own (flag user_limits)")
+    lim.add_argument("name", nargs="?", default="")
+    lim.add_argument("--default", action="store_true",
+                     help="the cluster's default for non-admin users (1,000 queues unless set)")
+    for flag, what in (("--max-queues", "queues the user declared, cluster-wide"),
+                       ("--max-connections", "connections open on each broker"),
+                       ("--max-consumers", "consumers on each broker")):
+        lim.add_argument(flag, metavar="N", help=f"{what}: a number, none (no limit) or default")
+    lim.add_argument("--broker", default=None, help=BROKER_HELP)
+    lim.set_defaults(func=_user_limits)
+    tg = us.add_parser("tags", help="set a user's tags, all of them (monitoring: the admin"
+                                    " listener's /metrics and statistics; flag user_limits)")
+    tg.add_argument("name")
+    tg.add_argument("tags", nargs="*", help="monitoring, or none to clear them")
+    tg.add_argument("--broker", default=None, help=BROKER_HELP)
+    tg.set_defaults(func=_user_tags)
 
     p = sub.add_parser("permissions", help="set a user's rights (admin)")
     ps = p.add_subparsers(dest="permissions_command", required=True)

@@ -197,6 +197,12 @@ class BrokerConfig:
             ``BATON_ADMIN_PASSWORD`` gives it too. Ignored once the cluster has users.
         admin_listen: ``HOST:PORT`` of the admin HTTP listener (docs/admin.md); not
             set: no admin listener (the default). Port 0 picks a free port.
+        admin_tls_cert, admin_tls_key: the admin listener's certificate and key (both
+            or neither): it serves HTTPS only, and its session cookie is ``Secure``.
+        admin_allowed_hosts: the host names the admin listener answers to besides IP
+            addresses and ``localhost`` (``NAME`` or ``NAME:PORT``, comma-separated;
+            ``*``: any); None: none.
+        admin_session_idle: seconds a console session lasts without a request.
         amqp_listen: ``HOST:PORT`` of the AMQP 0-9-1 listener (docs/amqp.md); not set:
             none (the default). Port 0 picks a free port. With tls_cert it speaks TLS
             too, with the client port's certificate.
@@ -298,7 +304,7 @@ class BrokerConfig:
                                        " (not set: from anywhere; docs/security.md)")
     admin_allow_from: str = _opt("loopback",
                                  help="serve the admin HTTP listener only to these networks"
-                                      " (CIDR,... or loopback); it has no login")
+                                      " (CIDR,... or loopback); it asks for a login too")
     admin_password_file: str | None = _opt(None,
                                            help="at a cluster's first start, create the admin"
                                                 " user with the password in this file instead"
@@ -308,6 +314,18 @@ class BrokerConfig:
                                     help="serve metrics, health and the admin JSON API over"
                                          " HTTP here (docs/admin.md; not set: off; port 0"
                                          " picks one)")
+    admin_tls_cert: str | None = _opt(None,
+                                      help="PEM certificate chain of the admin listener: with"
+                                           " admin_tls_key it serves HTTPS only (docs/admin.md)")
+    admin_tls_key: str | None = _opt(None, help="PEM private key of admin_tls_cert")
+    admin_allowed_hosts: str | None = _opt(None,
+                                           help="host names (NAME or NAME:PORT, comma-separated;"
+                                                " '*': any) the admin listener answers to besides"
+                                                " IP addresses and localhost; other Host headers"
+                                                " get 403 (DNS rebinding)")
+    admin_session_idle: float = _opt(1800.0,
+                                     help="seconds a console login (session cookie) lasts"
+                                          " without a request before it ends")
 
     amqp_listen: str | None = _opt(None,
                                    help="serve AMQP 0-9-1 clients (pika, aio-pika, RabbitMQ's"
@@ -350,6 +368,8 @@ class BrokerConfig:
         for name in ("output_grace", "hello_timeout"):
             if getattr(self, name) <= 0:
                 return name, "must be more than 0"
+        if self.admin_session_idle <= 0:
+            return "admin_session_idle", "must be more than 0"
         if self.idle_timeout < 0:
             return "idle_timeout", "must be 0 (never) or more"
         if self.max_message > self.max_frame // 2:

@@ -116,7 +116,7 @@ class _Node:
                     self.extras.append(f"AMQP {amqp[-1]}")
                 if admin and self.admin is not None:
                     self.admin = (self.admin[0], int(admin[-1].rpartition(":")[2]))
-                    self.extras.append(f"admin http://{admin[-1]}")
+                    self.extras.append(f"admin console http://{admin[-1]}/")
                 return
             code = self.proc.poll()
             if code is not None or time.monotonic() > deadline:
@@ -199,6 +199,10 @@ def run_dev(
         for node, since in zip(cluster, starts):
             node.wait_ready(since, deadline)
             print(f"  {node.describe()} ready", flush=True)
+        if admin is not None:
+            # The admin listener asks for a login (docs/admin.md): a dev cluster has guest.
+            print("admin console and API: log in as guest / guest (from this machine)",
+                  flush=True)
         print(f"cluster of {nodes} on {log_url} (each broker's output: {root}/node-N.out)",
               flush=True)
         print(f"addresses: {','.join(n.address for n in cluster)}", flush=True)

@@ -240,7 +240,14 @@ class Broker:
 
         metrics = BrokerMetrics(self)
         metrics.attach(self.node)
-        self._admin = AdminServer(self, metrics)
+        tls = None
+        if bool(cfg.admin_tls_cert) != bool(cfg.admin_tls_key):
+            raise InvalidArgument("admin_tls_cert and admin_tls_key are set together (or neither)")
+        if cfg.admin_tls_cert and cfg.admin_tls_key:
+            # Its own certificate: the admin listener is reached by other names than
+            # the client port (docs/admin.md "TLS").
+            tls = server_context(cfg.admin_tls_cert, cfg.admin_tls_key)
+        self._admin = AdminServer(self, metrics, tls)
         # A rejoin keeps the admin port too (see the client listener above).
         port = int(self.admin_address.rpartition(":")[2]) if self.admin_address else admin_port
         self.admin_address = await self._admin.start(admin_host, port)

@@ -33,7 +33,15 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from batonmq.broker.access import Login, Rights, list_users, user_event
+from batonmq.broker.access import (
+    Login,
+    Rights,
+    check_user_limit,
+    limits_event,
+    list_users,
+    tags_event,
+    user_event,
+)
 from batonmq.broker.admission import LoginGate, QuietLog
 from batonmq.broker.features import enable_event, feature_list
 from batonmq.cluster.features import FEATURES
@@ -77,6 +85,7 @@ from batonmq.cluster.events import (
     Reserve,
 )
 from batonmq.cluster.node import Node
+from batonmq.cluster.state import State
 from batonmq.cluster.users import Users
 from batonmq.cluster.results import (
     Cancelled,
@@ -412,18 +421,12 @@ class Session(ClientConnection):
                 count, missing = c.touch(f.positions)
                 self.send(wire.ok(f.corr, Settled(count, missing)))
             case wire.DeclareQueue():
-                self.rights.check("configure", f.queue)
-                dead_letter = f.options.get("dead_letter")
-                if isinstance(dead_letter, str) and dead_letter:
-                    self.rights.check("write", dead_letter)  # its messages go there
-                dlx = f.options.get("dead_letter_exchange")
-                if isinstance(dlx, str):  # its dead letters are published there
-                    if dlx:
-                        self.rights.check("write", dlx, "exchange")
-                    else:  # the default exchange: the queue the routing key names
-                        rk = f.options.get("dead_letter_routing_key")
-                        self.rights.check("write", rk if isinstance(rk, str) else "")
-                self._submit(f.corr, declare_event(f.queue, f.options), as_is)
+                check_declare(self.rights, f.queue, f.options)
+                self._submit(
+                    f.corr,
+                    declare_event(f.queue, f.options, self.rights.name, self.broker.node.state),
+                    as_is,
+                )
             case wire.DeleteQueue():
                 self.rights.check("configure", f.queue)
                 self._submit(f.corr, DeleteQueue(f.queue), as_is)
@@ -514,6 +517,14 @@ class Session(ClientConnection):
             case wire.PutUser() | wire.DeleteUser() | wire.SetRights():
                 self.rights.check_admin("manage users")
                 self._submit(f.corr, user_event(f), as_is)
+            case wire.SetUserLimits():
+                self.rights.check_admin("manage users")
+                self._submit(
+                    f.corr, limits_event(f.name, f.limits, self.broker.node.state), as_is
+                )
+            case wire.SetUserTags():
+                self.rights.check_admin("manage users")
+                self._submit(f.corr, tags_event(f.name, f.tags, self.broker.node.state), as_is)
             case wire.ListUsers():
                 self.rights.check_admin("list users")
                 self.send(wire.ok(f.corr, list_users(self.broker.node.state.users)))
@@ -650,6 +661,14 @@ class Session(ClientConnection):
         except AccessRefused as exc:
             self._refuse(exc.message)
             return
+        try:  # the user's max_connections, on this broker (docs/security.md)
+            held = sum(1 for c in self.broker.connections() if c.user == user.name)
+            check_user_limit(self.broker.node.state.users, user.name, "max_connections", held)
+        except LimitExceeded as exc:
+            _log_limited(self.peer, exc.message)
+            self.broker.refused("limit")
+            self.fail(exc)
+            return
         self.rights = Rights(lambda: self.broker.node.state.users, user.name, self.broker.refused)
         self._authenticated()
         self._greet(f.corr, {"message": outcome, "user": user.name, "admin": user.admin})
@@ -712,6 +731,9 @@ class Session(ClientConnection):
             raise LimitExceeded(
                 f"a connection may have {cfg.max_consumers} consumers at once (max_consumers)"
             )
+        check_user_limit(self.broker.node.state.users, self.user, "max_consumers", sum(
+            len(c.consumers) for c in self.broker.connections() if c.user == self.user
+        ))
         total = sum(c.prefetch for c in self.consumers.values()) + f.prefetch
         if total > cfg.max_connection_prefetch:
             raise LimitExceeded(
@@ -839,12 +861,38 @@ def _subscribe_options(options: dict[str, Any]) -> tuple[bool, int | None]:
 
 
 
-def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
-    """The DeclareQueue event for ``queue`` with the client's ``options``.
+def check_declare(rights: Rights, queue: str, options: dict[str, Any]) -> None:
+    """The rights a declare of ``queue`` with ``options`` needs (docs/security.md):
+    configure on the queue, and write where its dead letters go.
+
+    Raises:
+        AccessRefused: one is missing.
+    """
+    rights.check("configure", queue)
+    dead_letter = options.get("dead_letter")
+    if isinstance(dead_letter, str) and dead_letter:
+        rights.check("write", dead_letter)  # its messages go there
+    dlx = options.get("dead_letter_exchange")
+    if isinstance(dlx, str):  # its dead letters are published there
+        if dlx:
+            rights.check("write", dlx, "exchange")
+        else:  # the default exchange: the queue the routing key names
+            rk = options.get("dead_letter_routing_key")
+            rights.check("write", rk if isinstance(rk, str) else "")
+
+
+def declare_event(
+    queue: str, options: dict[str, Any], user: str | None = None, state: State | None = None
+) -> DeclareQueue:
+    """The DeclareQueue event for ``queue`` with the client's ``options``, declared by
+    ``user``: the event names the user only once the cluster (``state``) has the flag
+    ``user_limits`` (before, a record with it is one older builds cannot read).
 
     Raises:
         InvalidArgument: an unknown option, or one of the wrong type.
     """
+    if user is not None and (state is None or "user_limits" not in state.features.enabled):
+        user = None
     for key, value in options.items():
         allowed = _DECLARE_OPTIONS.get(key)
         if allowed is None:
@@ -870,6 +918,7 @@ def declare_event(queue: str, options: dict[str, Any]) -> DeclareQueue:
         dedupe_window_ms=options.get("dedupe_window_ms", DEFAULT_DEDUPE_WINDOW_MS),
         dead_letter_exchange=options.get("dead_letter_exchange"),
         dead_letter_routing_key=options.get("dead_letter_routing_key"),
+        user=user,
     )
 
 

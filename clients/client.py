@@ -71,6 +71,8 @@ from batonmq.clients.wire import (
     Reserve,
     Services,
     SetRights,
+    SetUserLimits,
+    SetUserTags,
     Topology,
     read_result,
 )
@@ -799,6 +801,43 @@ class Connection:
         rights = {k: v for k, v in given.items() if v is not None}
         corr = self._next_corr()
         await self._request(SetRights(corr, name, rights), corr, retry=True)
+
+    async def set_user_limits(
+        self,
+        name: str,
+        *,
+        max_queues: int | None = None,
+        max_connections: int | None = None,
+        max_consumers: int | None = None,
+        reset: tuple[str, ...] = (),
+    ) -> None:
+        """Set limits of user ``name`` (admin; ``name`` "": the cluster's default for
+        non-admin users). A value of -1 lifts the limit; None leaves it as it is;
+        ``reset`` names limits that go back to the default.
+
+        Raises:
+            InvalidArgument: no such user, no limit given, a bad value, or the feature
+                flag ``user_limits`` is not enabled.
+        """
+        given: dict[str, int | None] = {
+            k: v for k, v in (("max_queues", max_queues), ("max_connections", max_connections),
+                              ("max_consumers", max_consumers)) if v is not None
+        }
+        for key in reset:
+            given[key] = None
+        corr = self._next_corr()
+        await self._request(SetUserLimits(corr, name, given), corr, retry=True)
+
+    async def set_user_tags(self, name: str, tags: list[str]) -> None:
+        """Set the tags of user ``name``, all of them (admin): ``["monitoring"]`` lets
+        it read the admin listener's /metrics and statistics.
+
+        Raises:
+            InvalidArgument: no such user, an unknown tag, or the feature flag
+                ``user_limits`` is not enabled.
+        """
+        corr = self._next_corr()
+        await self._request(SetUserTags(corr, name, list(tags)), corr, retry=True)
 
     async def connections(self) -> list[dict[str, Any]]:
         """The connected broker's client connections and their consumers

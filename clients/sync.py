@@ -375,6 +375,25 @@ class SyncConnection:
             name, configure=configure, write=write, read=read, lead=lead
         ))
 
+    def set_user_limits(
+        self,
+        name: str,
+        *,
+        max_queues: int | None = None,
+        max_connections: int | None = None,
+        max_consumers: int | None = None,
+        reset: tuple[str, ...] = (),
+    ) -> None:
+        """Set a user's limits (see :meth:`Connection.set_user_limits`)."""
+        self.run(self._conn.set_user_limits(
+            name, max_queues=max_queues, max_connections=max_connections,
+            max_consumers=max_consumers, reset=reset,
+        ))
+
+    def set_user_tags(self, name: str, tags: list[str]) -> None:
+        """Set a user's tags (see :meth:`Connection.set_user_tags`)."""
+        self.run(self._conn.set_user_tags(name, tags))
+
     def peek(self, queue: str, count: int = 10) -> Peeked:
         """Ready messages without acquiring them (see :meth:`Connection.peek`)."""
         return self.run(self._conn.peek(queue, count))

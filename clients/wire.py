@@ -47,6 +47,8 @@ __all__ = [
     "ListFeatures",
     "EnableFeatures",
     "SetRights",
+    "SetUserLimits",
+    "SetUserTags",
     "DeclareQueue",
     "DeleteQueue",
     "PurgeQueue",
@@ -806,6 +808,31 @@ class EnableFeatures(Frame):
     names: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class SetUserLimits(Frame):
+    """C->S (admin): set limits of user ``name`` (``""``: the cluster's default for
+    non-admin users): ``{limit: value}`` for some of ``max_queues``,
+    ``max_connections``, ``max_consumers``; -1: no limit; nil: the default again. Needs
+    the feature flag ``user_limits``. Ok({"changed": true})."""
+
+    OP: ClassVar[int] = 96
+    corr: int
+    name: str
+    limits: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SetUserTags(Frame):
+    """C->S (admin): set the tags of user ``name``, all of them (``monitoring``: the
+    admin listener's /metrics and read-only statistics). Needs the feature flag
+    ``user_limits``. Ok({"changed": true})."""
+
+    OP: ClassVar[int] = 97
+    corr: int
+    name: str
+    tags: list[Any]
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -861,6 +888,8 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         SetRights,
         ListFeatures,
         EnableFeatures,
+        SetUserLimits,
+        SetUserTags,
     )
 }
 

@@ -34,8 +34,11 @@ from batonmq.cluster.events import (
     Reject,
     Release,
     ReleaseAll,
+    DeclareQueue,
     RoutedEnqueue,
     SetRights,
+    SetUserLimits,
+    SetUserTags,
 )
 
 from batonmq.cluster.features import MAX_FORMAT, VERSION
@@ -68,6 +71,7 @@ _REQUIRED: Final[dict[int, int]] = {
 }
 _POSITION_EVENTS: Final = (Accept.OP, Release.OP, Reject.OP)
 _HEARTBEAT: Final = Heartbeat.OP
+_DECLARE: Final = DeclareQueue.OP
 
 
 class EventEncoder:
@@ -92,6 +96,10 @@ class EventEncoder:
         name: str
         for name in event.__slots__:  # a slotted dataclass's slots are its fields
             items.append(getattr(event, name))
+        if event.OP == _DECLARE and items[-1] is None:
+            # DeclareQueue.user (flag user_limits) is left out while not set, so that the
+            # record is the one builds before it write and read (docs/design.md §15).
+            items.pop()
         return self._packer.pack(items)
 
 
@@ -175,6 +183,19 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         ):
             raise MalformedEvent("SetRights.rights must be [[right, pattern], ...]")
         values[1] = tuple((r[0], r[1]) for r in raw)
+    elif op == SetUserLimits.OP:
+        raw = values[1]
+        if not isinstance(raw, list) or not all(
+            isinstance(r, list) and len(r) == 2 and isinstance(r[0], str)
+            and (r[1] is None or type(r[1]) is int)
+            for r in raw
+        ):
+            raise MalformedEvent("SetUserLimits.limits must be [[limit, int or nil], ...]")
+        values[1] = tuple((r[0], r[1]) for r in raw)
+    elif op == SetUserTags.OP:
+        if not isinstance(values[1], list) or not all(isinstance(t, str) for t in values[1]):
+            raise MalformedEvent("SetUserTags.tags must be a list of strings")
+        values[1] = tuple(values[1])
     elif op == EnableFeatures.OP:
         if not isinstance(values[0], list) or not all(isinstance(n, str) for n in values[0]):
             raise MalformedEvent("EnableFeatures.names must be a list of strings")
@@ -291,6 +312,7 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "server_key": (bytes,),
     "admin": (bool,),
     "initial": (bool,),
+    "user": (str, type(None)),
 }
 
 

@@ -75,6 +75,8 @@ __all__ = [
     "PutUser",
     "DeleteUser",
     "SetRights",
+    "SetUserLimits",
+    "SetUserTags",
     "MEMBERSHIP_EVENTS",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
@@ -159,6 +161,9 @@ class DeclareQueue(Event[Declared]):
     dedupe_window_ms: int = DEFAULT_DEDUPE_WINDOW_MS
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
+    #: The user that declares it (flag ``user_limits``: its queues count against its
+    #: ``max_queues``); None, and then left out of the record, before the flag.
+    user: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -623,6 +628,28 @@ class SetRights(Event[UserChanged]):
     rights: tuple[tuple[str, str], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SetUserLimits(Event[UserChanged]):
+    """Set a user's limits (flag ``user_limits``; cluster/users.py LIMITS):
+    ``[[limit, value], ...]``, a value of -1 for no limit, None for the cluster's default
+    again; the limits not listed stay. ``name`` "": the cluster's default for non-admin
+    users."""
+
+    OP: ClassVar[int] = 93
+    name: str
+    limits: tuple[tuple[str, int | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetUserTags(Event[UserChanged]):
+    """Set a user's tags, all of them (flag ``user_limits``; cluster/users.py TAGS:
+    ``monitoring``)."""
+
+    OP: ClassVar[int] = 94
+    name: str
+    tags: tuple[str, ...]
+
+
 EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
     cls.OP: cls
     for cls in (
@@ -658,6 +685,8 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         PutUser,
         DeleteUser,
         SetRights,
+        SetUserLimits,
+        SetUserTags,
     )
 }
 

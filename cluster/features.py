@@ -42,7 +42,7 @@ __all__ = [
 
 #: This build's version: ``version`` in pyproject.toml (a test keeps them equal), bumped
 #: with an entry in docs/changelog.md whenever a format changes.
-VERSION: Final = "0.2.0"
+VERSION: Final = "0.3.0"
 
 #: The heartbeat property in which a runtime lists the flags its build supports.
 ANNOUNCE: Final = "features"
@@ -68,6 +68,13 @@ FEATURES: Final[dict[str, Feature]] = {
             "versioned_formats", 2, "0.2.0",
             "log records carry their format version in the envelope, and the stored state,"
             " its snapshots and the join update say their format and the enabled flags",
+        ),
+        Feature(
+            "user_limits", 3, "0.3.0",
+            "per-user limits (queues, connections, consumers) and user tags (monitoring):"
+            " the SetUserLimits and SetUserTags events, and a queue's declaring user in"
+            " DeclareQueue and in the queue's snapshot; non-admin users get the default"
+            " limit of 1,000 queues",
         ),
     )
 }

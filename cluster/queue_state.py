@@ -115,6 +115,9 @@ class QueueState:
     delayed_ahead: int = 0
     prio: dict[int, int] = field(default_factory=dict)
     prio_heap: list[tuple[int, int]] = field(default_factory=list)
+    # The user that declared it (flag user_limits: it counts against the user's
+    # max_queues); None for a queue declared before the flag, or by the broker itself.
+    user: str | None = None
 
     @property
     def head(self) -> int:
@@ -398,7 +401,7 @@ class QueueState:
             sorted(self.delayed.items()),
             [sorted(self.prio.items()), sorted(p for _, p in self.prio_heap)],
             [list(r) for r in self.rkeys],
-        ]
+        ] + ([self.user] if self.user is not None else [])  # (docs/design.md §15)
 
     @classmethod
     def restore(cls, snap: list[Any]) -> "QueueState":
@@ -440,4 +443,6 @@ class QueueState:
             q.prio_heap = sorted((-q.prio.get(p, 0), p) for p in ready)
         if len(snap) > 18:  # absent in snapshots from before dead-letter exchanges
             q.rkeys = [(p, k) for p, k in snap[18]]
+        if len(snap) > 19:  # only a queue a user declared under the flag user_limits
+            q.user = snap[19]
         return q

@@ -224,6 +224,7 @@ class QueueIndex:
             dead_letter=ev.dead_letter,
             message_ttl_ms=ev.message_ttl_ms,
             declared_by=key,
+            user=ev.user,
             **{name: getattr(ev, name) for name in WORK_SETTINGS},
         )
         self.dirty.add(ev.queue)

@@ -43,6 +43,7 @@ from batonmq.cluster.errors import (
     BatonError,
     Fenced,
     InvalidArgument,
+    LimitExceeded,
     NotOwner,
     StaleToken,
 )
@@ -80,6 +81,8 @@ from batonmq.cluster.events import (
     Resign,
     RoutedEnqueue,
     SetRights,
+    SetUserLimits,
+    SetUserTags,
     Unbind,
     Vote,
 )
@@ -260,6 +263,11 @@ class State:
             case Handoff():
                 return self._handoff(key, ev, out)
             case DeclareQueue():
+                if ev.user is not None and "user_limits" in self.features.enabled:
+                    self._check_queue_limit(ev)
+                    return self.index.declare(key, ev)
+                if ev.user is not None:  # not counted before the flag (none is written)
+                    ev = replace(ev, user=None)
                 return self.index.declare(key, ev)
             case DeleteQueue():
                 return self._delete_queue(ev.queue, out)
@@ -280,6 +288,11 @@ class State:
             case Handover():
                 return self._handover(ev, out)
             case PutUser() | DeleteUser() | SetRights():
+                return self._user_event(ev, out)
+            case SetUserLimits() | SetUserTags():
+                if "user_limits" not in self.features.enabled:
+                    # Written only once the flag is on; a forged one is refused alike.
+                    raise InvalidArgument("user limits and tags need the feature flag user_limits")
                 return self._user_event(ev, out)
             case EnableFeatures():
                 return self._enable_features(ev)
@@ -411,7 +424,32 @@ class State:
 
     # -- users (cluster/users.py, docs/security.md) -------------------------------------------
 
-    def _user_event(self, ev: PutUser | DeleteUser | SetRights, out: list[Effect]) -> UserChanged:
+    def _check_queue_limit(self, ev: DeclareQueue) -> None:
+        """A new queue of ``ev.user`` within the user's ``max_queues`` (docs/security.md
+        "Per-user limits"): decided here, in log order, so every replica decides alike.
+
+        Raises:
+            LimitExceeded: the user has that many queues already.
+        """
+        if ev.queue in self.queues or ev.user is None:
+            return
+        limit = self.users.limit(ev.user, "max_queues")
+        if limit is None:
+            return
+        # A scan (no derived count to keep in step with every way a queue goes): only
+        # for a new queue of a user with a limit.
+        held = sum(1 for q in self.queues.values() if q.user == ev.user)
+        if held >= limit:
+            self.ignore("user-limit")
+            raise LimitExceeded(
+                f"user {ev.user!r} has {held} queues, its limit (max_queues {limit}): delete"
+                " some, or an admin raises it (baton user limits)"
+            )
+
+    def _user_event(
+        self, ev: PutUser | DeleteUser | SetRights | SetUserLimits | SetUserTags,
+        out: list[Effect],
+    ) -> UserChanged:
         users = self.users
         match ev:
             case PutUser():
@@ -428,6 +466,12 @@ class State:
                 changed = users.delete(ev.name)
             case SetRights():
                 users.set_rights(ev.name, dict(ev.rights))
+                changed = True
+            case SetUserLimits():
+                users.set_limits(ev.name, dict(ev.limits))
+                changed = True
+            case SetUserTags():
+                users.set_tags(ev.name, ev.tags)
                 changed = True
         # Every broker then ends what the user may no longer have: its consumers, its
         # candidacies, its connections once deleted (docs/security.md, revoking).

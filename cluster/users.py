@@ -26,7 +26,21 @@ from typing import Any
 
 from batonmq.cluster.errors import InvalidArgument
 
-__all__ = ["GUEST", "RIGHTS", "User", "Users", "check_pattern", "check_user_name"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "GUEST",
+    "LIMITS",
+    "MONITORING",
+    "RIGHTS",
+    "TAGS",
+    "UNLIMITED",
+    "User",
+    "Users",
+    "check_limits",
+    "check_pattern",
+    "check_tags",
+    "check_user_name",
+]
 
 #: The default user's name (loopback only).
 GUEST = "guest"
@@ -34,6 +48,19 @@ GUEST = "guest"
 RIGHTS = ("configure", "write", "read", "lead")
 _ALL = ".*"
 MAX_PATTERN = 1024
+#: The per-user limits (docs/security.md "Per-user limits"), as RabbitMQ's user limits.
+LIMITS = ("max_queues", "max_connections", "max_consumers")
+#: A limit's value meaning "no limit" (a user's own limit may say so to lift a default).
+UNLIMITED = -1
+#: What a non-admin user may have when neither it nor the cluster's default says
+#: otherwise, once the ``user_limits`` flag is enabled; admins have no limit unless
+#: their own says so.
+DEFAULT_LIMITS: dict[str, int] = {"max_queues": 1000}
+#: The tag of a user that may read ``/metrics`` and every read-only statistic of the
+#: admin listener, and change nothing (as RabbitMQ's ``monitoring`` tag).
+MONITORING = "monitoring"
+#: The tags a user may have.
+TAGS = (MONITORING,)
 
 # The SCRAM credentials of the default guest/guest (clients/scram.py, cost 2^10: its
 # password is public, so a costly hash would protect nothing). A unit test derives them
@@ -64,6 +91,33 @@ def check_pattern(right: str, pattern: str) -> str:
     return pattern
 
 
+def check_limits(limits: dict[str, int | None]) -> dict[str, int | None]:
+    """``limits`` if each is one of :data:`LIMITS` with a value of 0 or more,
+    :data:`UNLIMITED`, or None (not set: the default applies).
+
+    Raises:
+        InvalidArgument: an unknown limit or a bad value.
+    """
+    for name, value in limits.items():
+        if name not in LIMITS:
+            raise InvalidArgument(f"unknown limit {name!r} (limits: {', '.join(LIMITS)})")
+        if value is not None and (type(value) is not int or value < UNLIMITED):
+            raise InvalidArgument(f"{name} must be 0 or more, or -1 for no limit, not {value!r}")
+    return limits
+
+
+def check_tags(tags: tuple[str, ...]) -> tuple[str, ...]:
+    """``tags``, sorted and without duplicates, if each is one of :data:`TAGS`.
+
+    Raises:
+        InvalidArgument: an unknown tag.
+    """
+    for tag in tags:
+        if tag not in TAGS:
+            raise InvalidArgument(f"unknown user tag {tag!r} (tags: {', '.join(TAGS)})")
+    return tuple(sorted(set(tags)))
+
+
 def check_user_name(name: str) -> str:
     """``name`` if it can be a user's name: 1 to 255 UTF-8 bytes, no control characters.
 
@@ -91,6 +145,16 @@ class User:
     write: str = ""
     read: str = ""
     lead: str = ""
+    #: Tags (:data:`TAGS`), sorted.
+    tags: tuple[str, ...] = ()
+    #: The user's own limits, ``((name, value), ...)`` sorted; a limit not listed is the
+    #: cluster's default (non-admins) or none (admins).
+    limits: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def monitoring(self) -> bool:
+        """Whether the user has the ``monitoring`` tag."""
+        return MONITORING in self.tags
 
     def may(self, right: str, name: str) -> bool:
         """Whether this user has ``right`` (one of :data:`RIGHTS`) over ``name``."""
@@ -101,14 +165,24 @@ class User:
 
     def describe(self) -> dict[str, Any]:
         """What ``baton user list`` shows (no credentials)."""
-        return {"name": self.name, "admin": self.admin, **{r: getattr(self, r) for r in RIGHTS}}
+        return {"name": self.name, "admin": self.admin, **{r: getattr(self, r) for r in RIGHTS},
+                "tags": list(self.tags), "limits": dict(self.limits)}
 
     def snapshot(self) -> list[Any]:
-        return [self.name, self.salt, self.cost, self.stored_key, self.server_key, self.admin,
+        snap = [self.name, self.salt, self.cost, self.stored_key, self.server_key, self.admin,
                 self.configure, self.write, self.read, self.lead]
+        # Tags and limits only when set: the snapshot (and the digest) of a cluster that
+        # never set one is the one builds before them make (docs/design.md §15).
+        if self.tags or self.limits:
+            snap += [list(self.tags), [[k, v] for k, v in self.limits]]
+        return snap
 
     @classmethod
     def restore(cls, snap: list[Any]) -> User:
+        if len(snap) > 10:
+            tags = tuple(snap[10])
+            limits = tuple((k, v) for k, v in snap[11])
+            return cls(*snap[:10], tags=tags, limits=limits)  # type: ignore[misc]
         return cls(*snap)
 
 
@@ -125,6 +199,9 @@ class Users:
         self.explicit = False
         self._users: dict[str, User] = {GUEST: _guest()}
         self.version = 0  # bumped by every change: sessions cache their rights by it
+        #: The cluster's default limits for non-admin users, where set (else
+        #: DEFAULT_LIMITS' value applies).
+        self.default_limits: dict[str, int] = {}
 
     def get(self, name: str) -> User | None:
         return self._users.get(name)
@@ -152,7 +229,7 @@ class Users:
         if old is not None and not initial:
             # A new password or admin flag keeps the rights already set.
             user = replace(user, configure=old.configure, write=old.write, read=old.read,
-                           lead=old.lead)
+                           lead=old.lead, tags=old.tags, limits=old.limits)
         self._users[user.name] = user
         return old is None
 
@@ -193,17 +270,86 @@ class Users:
             lead=merged["lead"],
         )
 
+    def set_tags(self, name: str, tags: tuple[str, ...]) -> None:
+        """Set the tags of ``name`` (all of them: the others go).
+
+        Raises:
+            InvalidArgument: no such user or an unknown tag.
+        """
+        user = self._users.get(name)
+        if user is None:
+            raise InvalidArgument(f"no user {name!r}")
+        tags = check_tags(tags)
+        self.explicit = True
+        self.version += 1
+        self._users[name] = replace(user, tags=tags)
+
+    def set_limits(self, name: str, limits: dict[str, int | None]) -> None:
+        """Set limits of ``name``, or the cluster's default for non-admins when ``name``
+        is "" (one value per limit given; None: back to the default).
+
+        Raises:
+            InvalidArgument: no such user, an unknown limit or a bad value.
+        """
+        check_limits(limits)
+        user = self._users.get(name)
+        if name == "":
+            merged = dict(self.default_limits)
+        elif user is None:
+            raise InvalidArgument(f"no user {name!r}")
+        else:
+            merged = dict(user.limits)
+        for key, value in limits.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        self.explicit = True
+        self.version += 1
+        if user is None:
+            self.default_limits = merged
+        else:
+            self._users[name] = replace(user, limits=tuple(sorted(merged.items())))
+
+    def limit(self, name: str, key: str) -> int | None:
+        """The limit ``key`` (one of :data:`LIMITS`) that applies to user ``name``: its
+        own, else for a non-admin the cluster's default; None: no limit."""
+        user = self._users.get(name)
+        if user is None:
+            return None
+        own = dict(user.limits).get(key)
+        if own is None and not user.admin:
+            own = self.default_limits.get(key, DEFAULT_LIMITS.get(key))
+        return None if own is None or own == UNLIMITED else own
+
+    def defaults(self) -> dict[str, int | None]:
+        """The limits a non-admin user without its own has (None: no limit)."""
+        out: dict[str, int | None] = {}
+        for key in LIMITS:
+            value = self.default_limits.get(key, DEFAULT_LIMITS.get(key))
+            out[key] = None if value is None or value == UNLIMITED else value
+        return out
+
     def snapshot(self) -> list[Any] | None:
         """None while the table is the default (so older snapshots read the same)."""
         if not self.explicit:
             return None
-        return [self._users[n].snapshot() for n in sorted(self._users)]
+        snap: list[Any] = [self._users[n].snapshot() for n in sorted(self._users)]
+        if self.default_limits:
+            # A map after the users' lists, only once a default was set (docs/design.md §15).
+            snap.append({"default_limits": sorted([k, v] for k, v in self.default_limits.items())})
+        return snap
 
     def restore(self, snap: list[Any] | None) -> None:
         self.version += 1
+        self.default_limits = {}
         if snap is None:
             self.explicit = False
             self._users = {GUEST: _guest()}
         else:
             self.explicit = True
-            self._users = {u.name: u for u in (User.restore(s) for s in snap)}
+            users = [s for s in snap if isinstance(s, list)]
+            for extra in snap:
+                if isinstance(extra, dict):
+                    self.default_limits = {k: v for k, v in extra.get("default_limits", ())}
+            self._users = {u.name: u for u in (User.restore(s) for s in users)}

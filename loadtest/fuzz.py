@@ -92,6 +92,7 @@ from batonmq.cluster.codec import MalformedEvent, UnreadableRecord
 from batonmq.cluster.effects import Effect
 from batonmq.cluster.errors import ProtocolError
 from batonmq.cluster.exchanges import Exchanges
+from batonmq.cluster.features import Features
 from batonmq.cluster.log import UNOPENED
 from batonmq.cluster.log.memory import MemoryLog
 from batonmq.cluster.log.sealed import KeyFile, SealedLog
@@ -272,12 +273,14 @@ def _fake_broker() -> SessionBroker:
         config=config,
         version="fuzz",
         sessions=set(),
-        node=SimpleNamespace(node_id="fuzz-node", state=SimpleNamespace(users=_USERS)),
+        node=SimpleNamespace(node_id="fuzz-node",
+                             state=SimpleNamespace(users=_USERS, features=Features())),
         delivery=SimpleNamespace(remove=lambda consumer: None),
         leadership=SimpleNamespace(session_closed=lambda session: None),
         auth_secret=b"fuzz" * 8,
         allow_from=None,
         refused=lambda what: None,
+        connections=lambda: [],
         logins=LoginGate(1 << 30, 1 << 30),  # every fuzzed connection is admitted
     )
     return cast(SessionBroker, broker)
@@ -454,7 +457,8 @@ def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
         version="fuzz",
         node=SimpleNamespace(
             node_id="fuzz-node",
-            state=SimpleNamespace(users=_USERS, queues={"q": queue}, exchanges=Exchanges()),
+            state=SimpleNamespace(users=_USERS, queues={"q": queue}, exchanges=Exchanges(),
+                                  features=Features()),
             submit=lambda event: loop.create_future(),  # never completes
         ),
         delivery=_StandInDelivery(loop),
@@ -462,6 +466,7 @@ def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
         amqp_connections=set(),
         amqp_bodies=BodyBudget(config.amqp_body_buffer_total),
         refused=lambda what: None,
+        connections=lambda: [],
         logins=LoginGate(1 << 30, 1 << 30),
     )
     return cast(AmqpBroker, broker)

@@ -26,6 +26,8 @@ const state = {
   historySeq: 0,       // the latest history asked: older answers are dropped
   peekSeq: 0,
   features: null,      // the last /api/features answer (for "Enable all")
+  user: null,          // who is logged in (null: the login screen shows)
+  csrf: null,          // the session's CSRF token, sent on every state-changing request
 };
 
 // -- small DOM helpers (text only) -------------------------------------------------
@@ -82,10 +84,14 @@ function replaceRows(tableId, rows, emptyId) {
 
 async function api(method, path, body, timeoutMs) {
   const deadline = timeoutMs || API_TIMEOUT_MS;
+  // X-Baton-Request: the listener answers a missing login with 401 and no Basic
+  // challenge (so the browser asks nothing itself); the CSRF token goes with every
+  // request that changes something (docs/admin.md "Logging in").
   const init = {
-    method, headers: { Accept: "application/json" }, cache: "no-store",
-    signal: AbortSignal.timeout(deadline),
+    method, headers: { Accept: "application/json", "X-Baton-Request": "console" },
+    cache: "no-store", credentials: "same-origin", signal: AbortSignal.timeout(deadline),
   };
+  if (method !== "GET" && state.csrf) init.headers["X-Baton-CSRF"] = state.csrf;
   if (body !== undefined) {
     init.body = JSON.stringify(body);
     init.headers["Content-Type"] = "application/json";
@@ -105,10 +111,24 @@ async function api(method, path, body, timeoutMs) {
     throw new Error(`${method} ${path}: HTTP ${r.status}, not JSON`);
   }
   if (!r.ok) {
-    throw new Error(data && data.error
+    const err = new Error(data && data.error
       ? `${data.error.name}: ${data.error.message}` : `HTTP ${r.status}`);
+    err.status = r.status;
+    err.detail = data && data.error ? data.error.message : "";
+    throw err;
   }
   return data;
+}
+
+// A figure the user may not see (403: an admin's or a monitoring user's only) shows
+// as this fallback instead of failing the whole poll.
+async function apiOr(path, fallback) {
+  try {
+    return await api("GET", path);
+  } catch (e) {
+    if (e.status === 403) return fallback;
+    throw e;
+  }
 }
 
 const enc = encodeURIComponent;
@@ -618,15 +638,17 @@ function clearError() {
 }
 
 async function poll() {
-  if (state.busy) return;
+  if (state.busy || !state.user) return;
   state.busy = true;
   try {
     const [ov, nodes, queues, conns, consumers, services, logInfo, features] =
       await Promise.all([
         api("GET", "/api/overview"), api("GET", "/api/nodes"), api("GET", "/api/queues"),
-        api("GET", "/api/connections"), api("GET", "/api/consumers"),
-        api("GET", "/api/services"), api("GET", "/api/log"), api("GET", "/api/features"),
+        apiOr("/api/connections", { connections: [] }),
+        apiOr("/api/consumers", { consumers: [] }),
+        api("GET", "/api/services"), apiOr("/api/log", {}), api("GET", "/api/features"),
       ]);
+    if (!state.user) return;  // logged out meanwhile
     clearError();
     renderHeader(ov, nodes);
     renderCluster(ov, nodes, logInfo);
@@ -637,6 +659,11 @@ async function poll() {
     renderLog(logInfo);
     renderFeatures(features, nodes);
   } catch (e) {
+    if (e.status === 401) {
+      showLogin("Your session ended (idle too long, logged out, or the user changed):"
+        + " log in again.");
+      return;
+    }
     showError(`The admin API is unreachable or failing (${e.message}). ` +
       "Showing the last figures received; retrying every " + POLL_MS / 1000 + " s.");
   } finally {
@@ -644,9 +671,74 @@ async function poll() {
   }
 }
 
-document.addEventListener("DOMContentLoaded", () => {
+// -- logging in and out ------------------------------------------------------------------
+
+function loggedIn(who) {
+  state.user = who.user;
+  state.csrf = who.csrf;
+  document.getElementById("login").hidden = true;
+  document.getElementById("main").hidden = false;
+  document.getElementById("logout").hidden = false;
+  setText("h-user", "user " + who.user + (who.admin ? " (admin)" : ""));
+  poll();
+  if (state.timer === null) state.timer = setInterval(poll, POLL_MS);
+}
+
+function showLogin(errorText, infoText) {
+  if (state.timer !== null) clearInterval(state.timer);
+  state.timer = null;
+  state.user = null;
+  state.csrf = null;
+  document.getElementById("main").hidden = true;
+  document.getElementById("logout").hidden = true;
+  document.getElementById("h-user").textContent = "";
+  clearError();
+  const error = document.getElementById("login-error");
+  error.textContent = errorText || "";
+  error.hidden = !errorText;
+  const info = document.getElementById("login-info");
+  info.textContent = infoText || "";
+  info.hidden = !infoText;
+  document.getElementById("login").hidden = false;
+  document.getElementById("login-password").value = "";
+}
+
+function setUpLogin() {
+  document.getElementById("login-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const user = document.getElementById("login-user").value;
+    const password = document.getElementById("login-password").value;
+    const button = document.getElementById("login-submit");
+    button.disabled = true;
+    try {
+      loggedIn(await api("POST", "/api/login", { user, password }));
+    } catch (e) {
+      showLogin(e.status === 401
+        ? "Login failed: " + (e.detail || "wrong user name or password")
+        : "Login failed: " + e.message);
+    } finally {
+      button.disabled = false;
+    }
+  });
+  document.getElementById("logout").addEventListener("click", async () => {
+    try {
+      await api("POST", "/api/logout");
+    } catch (e) {
+      // Ended anyway (expired): the login screen says nothing more.
+    }
+    showLogin("", "Logged out.");
+  });
+}
+
+document.addEventListener("DOMContentLoaded", async () => {
   setUpDetail();
   setUpFeatures();
-  poll();
-  state.timer = setInterval(poll, POLL_MS);
+  setUpLogin();
+  try {
+    const who = await api("GET", "/api/session");  // a session cookie still good?
+    if (who.user) loggedIn(who);
+    else showLogin("");
+  } catch (e) {
+    showLogin("The admin API cannot be reached: " + e.message);
+  }
 });

@@ -4,6 +4,7 @@ metrics, health, the JSON API (docs/admin.md)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
 import sys
@@ -44,9 +45,22 @@ def admin_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         b.stop()
 
 
+#: How tests log in to the admin listener: the default guest (from loopback), with the
+#: header a tool sends on a state-changing request (docs/admin.md "Logging in").
+def basic(user: str, password: str) -> str:
+    """An ``Authorization: Basic`` header's value."""
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+GUEST_BASIC = basic("guest", "guest")
+TOOL_HEADERS = {"X-Baton-Request": "1", "Authorization": GUEST_BASIC}
+
+
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=10), headers=TOOL_HEADERS
+    ) as s:
         yield s
 
 

@@ -25,6 +25,7 @@ from typing import TypeVar
 import pytest
 
 from batonmq import clients
+from batonmq.cluster.features import FEATURES, MAX_FORMAT
 from tests.helpers import eventually_sync
 from tests.integration.conftest import REPO, BrokerProcess
 from tests.integration.newer_build import MODULE, NEWER_FLAG
@@ -139,6 +140,26 @@ def screenshot(browser: WebDriver, variable: str = "BATON_CONSOLE_SCREENSHOT",
         assert browser.save_screenshot(str(path)), path
 
 
+def log_in(browser: WebDriver, user: str, password: str) -> None:
+    """Fill in and send the console's login form (it shows while nobody is logged in)."""
+    wait_for(browser, lambda: browser.find_element(By.ID, "login").is_displayed(),
+             "the login screen")
+    name = browser.find_element(By.ID, "login-user")
+    name.clear()
+    name.send_keys(user)
+    browser.find_element(By.ID, "login-password").send_keys(password)
+    browser.find_element(By.ID, "login-submit").click()
+
+
+def open_console(browser: WebDriver, base: str, user: str = "guest",
+                 password: str = "guest") -> None:
+    """Open the console at ``base`` and log in (docs/admin.md "Logging in")."""
+    browser.get(base + "/")
+    log_in(browser, user, password)
+    wait_for(browser, lambda: browser.find_element(By.ID, "main").is_displayed(),
+             "the console after its login")
+
+
 # An HTML-looking name: it must show as these characters, never become markup.
 TRICKY = 'orders<b id="injected">&amp;</b>'
 
@@ -151,7 +172,7 @@ def test_console_shows_a_filled_queue_with_its_depth(
         conn.publish_batch(TRICKY, [b"m%d" % i for i in range(1234)])
         conn.declare_queue("empty")
         conn.declare_queue("..")  # a browser cannot put it in a URL path
-    browser.get(admin_of(admin_broker) + "/")
+    open_console(browser, admin_of(admin_broker))
     assert browser.title == "Baton console"
     wait_for(browser, lambda: queue_cell(browser, TRICKY, "ready") == "1,234",
              "the filled queue's depth")
@@ -196,7 +217,7 @@ def test_purge_clicked_and_confirmed_on_the_page_empties_the_queue(
     with clients.sync.connect(admin_broker.address) as conn:
         conn.declare_queue("purge-me")
         conn.publish_batch("purge-me", [b"x"] * 40)
-        browser.get(admin_of(admin_broker) + "/")
+        open_console(browser, admin_of(admin_broker))
         wait_for(browser, lambda: queue_cell(browser, "purge-me", "ready") == "40", "depth 40")
         dialog = browser.find_element(By.ID, "confirm-dialog")
 
@@ -231,7 +252,7 @@ def test_delete_a_queue_and_close_a_connection_from_the_page(
         watcher.publish_batch("doomed", [b"d"] * 5)
         watcher.declare_queue("held")
         watcher.publish_batch("held", [b"h"] * 8)
-        browser.get(admin_of(admin_broker) + "/")
+        open_console(browser, admin_of(admin_broker))
         wait_for(browser, lambda: queue_cell(browser, "doomed", "ready") == "5", "doomed")
         row = queue_row(browser, "doomed")
         assert row is not None
@@ -284,7 +305,7 @@ def test_topology_shows_a_killed_broker_leaving_the_view(
         for b in brokers:
             b.start()
         n1, _, n3 = brokers
-        browser.get(admin_of(n1) + "/")
+        open_console(browser, admin_of(n1))
         members = {"node-1": "member", "node-2": "member", "node-3": "member"}
         wait_for(browser, lambda: node_statuses(browser) == members, "three members")
         rows = browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")
@@ -345,7 +366,7 @@ def test_hand_over_a_service_from_the_page(browser: WebDriver, tmp_path: Path) -
     try:
         for b in brokers:
             b.start()
-        browser.get(admin_of(brokers[0]) + "/")
+        open_console(browser, admin_of(brokers[0]))
 
         def billing() -> tuple[str, str, bool] | None:
             rows = browser.find_elements(By.CSS_SELECTOR, "#services tbody tr")
@@ -422,7 +443,7 @@ def test_a_queue_panel_peeks_and_shows_a_message_history_from_the_log(
         eventually_sync(lambda: conn.queue_stats("life"), "the release settled",
                         until=lambda st: (st["ready"], st["acquired"]) == (4, 0))
 
-        browser.get(admin_of(admin_broker) + "/")
+        open_console(browser, admin_of(admin_broker))
         row = wait_for(browser, lambda: queue_row(browser, "life"), "the queue's row")
         assert not browser.find_element(By.ID, "detail").is_displayed()
         row.find_element(By.CSS_SELECTOR, 'button[data-action="open"]').click()
@@ -503,8 +524,17 @@ def test_a_queue_panel_peeks_and_shows_a_message_history_from_the_log(
         # slow to answer (here: stopped) shows the loading line until it answers.
         conn.declare_queue("life")
         assert conn.publish("life", b"again") == 0
-        row = wait_for(browser, lambda: queue_row(browser, "life"), "the queue's row again")
-        row.find_element(By.CSS_SELECTOR, 'button[data-action="open"]').click()
+
+        def open_life() -> bool:
+            # Found and clicked in one go: a poll may render the table again in between,
+            # and wait_for then tries again (the row it found went stale).
+            row = queue_row(browser, "life")
+            if row is None:
+                return False
+            row.find_element(By.CSS_SELECTOR, 'button[data-action="open"]').click()
+            return True
+
+        wait_for(browser, open_life, "the queue's row again, opened")
         wait_for(browser, lambda: sorted(peek_rows(browser)) == ["0"], "the new peek list")
         loading = browser.find_element(By.ID, "h-loading")
         admin_broker.pause()
@@ -539,7 +569,7 @@ def test_feature_flags_panel_shows_a_refusal_then_enables_a_flag(
     try:
         old.start()
         new.start()
-        browser.get(admin_of(new) + "/")
+        open_console(browser, admin_of(new))
 
         def lacking(name: str) -> str | None:
             row = flag_row(browser, name)
@@ -549,13 +579,13 @@ def test_feature_flags_panel_shows_a_refusal_then_enables_a_flag(
         row = flag_row(browser, NEWER_FLAG)
         assert row is not None and row.get_attribute("data-state") == "disabled"
         assert cell(row, "state") == "disabled" and cell(row, "supported_by") == "new-build"
-        assert (cell(row, "format"), cell(row, "since")) == ("2", "9.9.9")
+        assert (cell(row, "format"), cell(row, "since")) == (str(MAX_FORMAT), "9.9.9")
         (who,) = row.find_elements(By.CSS_SELECTOR, 'td[data-field="unsupported_by"] .badge')
         assert old.address in str(who.get_attribute("title"))  # where it runs
         current = flag_row(browser, "versioned_formats")
         assert current is not None and current.get_attribute("data-state") == "enabled"
         assert current.find_elements(By.CSS_SELECTOR, "button") == []  # nothing to enable
-        assert browser.find_element(By.ID, "f-format").text == "cluster format 2"
+        assert browser.find_element(By.ID, "f-format").text == f"cluster format {MAX_FORMAT}"
         enable_all = browser.find_element(By.ID, "f-enable-all")
         assert enable_all.is_enabled()
 
@@ -585,7 +615,7 @@ def test_feature_flags_panel_shows_a_refusal_then_enables_a_flag(
         assert "every feature flag" in browser.find_element(By.ID, "confirm-text").text
         browser.find_element(By.ID, "confirm-ok").click()
         wait_for(browser, lambda: "Enabled" in notice.text, "the enable's notice")
-        assert notice.text == f"Enabled {NEWER_FLAG}; the cluster's format is 2."
+        assert notice.text == f"Enabled {NEWER_FLAG}; the cluster's format is {MAX_FORMAT}."
 
         def enabled() -> bool:
             r = flag_row(browser, NEWER_FLAG)
@@ -597,10 +627,54 @@ def test_feature_flags_panel_shows_a_refusal_then_enables_a_flag(
         assert not enable_all.is_enabled()
         with clients.sync.connect(new.address) as conn:
             states = {f["name"]: f["state"] for f in conn.list_features()}
-        assert states == {"versioned_formats": "enabled", NEWER_FLAG: "enabled"}
+        assert states == {**{f: "enabled" for f in FEATURES}, NEWER_FLAG: "enabled"}
         # The refused request is the only error the page logged (the browser logs it).
         logged = page_errors(browser)
         assert all("/api/features/enable" in e and "409" in e for e in logged), logged
     finally:
         new.stop()
         old.stop()
+
+
+def test_the_login_screen_refuses_a_wrong_password_and_logout_ends_the_session(
+    browser: WebDriver, admin_broker: BrokerProcess
+) -> None:
+    with clients.sync.connect(admin_broker.address) as conn:
+        conn.declare_queue("behind-login")
+        conn.publish_batch("behind-login", [b"x"] * 3)
+    base = admin_of(admin_broker)
+    browser.get(base + "/")
+    assert not browser.find_element(By.ID, "main").is_displayed()
+    assert queue_row(browser, "behind-login") is None  # nothing shown before a login
+    log_in(browser, "guest", "not-the-password")
+    error = browser.find_element(By.ID, "login-error")
+    wait_for(browser, error.is_displayed, "the failed login's message")
+    assert error.text.startswith("Login failed:") and "wrong user name or password" in error.text
+    assert not browser.find_element(By.ID, "main").is_displayed()
+
+    log_in(browser, "guest", "guest")
+    wait_for(browser, lambda: queue_cell(browser, "behind-login", "ready") == "3", "the queue")
+    assert "guest" in browser.find_element(By.ID, "h-user").text
+    cookie = browser.get_cookie("baton_session")
+    assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+
+    def status(path: str) -> int:
+        """What the API answers the page's own fetch (with its cookie) now."""
+        return int(browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "fetch(arguments[0], {headers: {'X-Baton-Request': 'console'}})"
+            ".then(r => done(r.status), () => done(-1));", path))
+
+    assert status("/api/queues") == 200
+    browser.find_element(By.ID, "logout").click()
+    wait_for(browser, lambda: browser.find_element(By.ID, "login").is_displayed(),
+             "the login screen after logout")
+    assert browser.find_element(By.ID, "login-info").text == "Logged out."
+    assert not browser.find_element(By.ID, "main").is_displayed()
+    assert status("/api/queues") == 401
+    # Ended on the broker too, not only forgotten by the browser: the old cookie is refused.
+    browser.add_cookie({k: cookie[k] for k in ("name", "value", "path", "httpOnly", "sameSite")})
+    assert browser.get_cookie("baton_session") is not None
+    assert status("/api/queues") == 401
+    # The refused login and the fetch after logout are the only failed loads.
+    assert [e for e in page_errors(browser) if "401" not in e] == []

@@ -75,29 +75,36 @@ async def test_a_fresh_broker_lists_its_flags_enabled_through_cli_api_and_metric
     assert re.fullmatch(
         rf"versioned_formats\s+enabled\s+2\s+0\.2\.0\s+{re.escape(me['node_id'])}\s+-",
         lines[1]), lines
-    assert lines[2] == "cluster format 2; 1 of 1 flag(s) enabled"
-    assert len(lines) == 3, lines  # nothing disabled: no hint to enable
+    assert re.fullmatch(
+        rf"user_limits\s+enabled\s+3\s+0\.2\.0\s+{re.escape(me['node_id'])}\s+-",
+        lines[2]), lines
+    assert lines[3] == f"cluster format {MAX_FORMAT}; 2 of 2 flag(s) enabled"
+    assert len(lines) == 4, lines  # nothing disabled: no hint to enable
     r = baton("feature", "list", "--json", "--broker", addr)
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [(x["name"], x["state"], x["format"], x["supported_by"], x["unsupported_by"])
-            for x in rows] == [("versioned_formats", "enabled", 2, [key], [])]
+            for x in rows] == [("versioned_formats", "enabled", 2, [key], []),
+                               ("user_limits", "enabled", 3, [key], [])]
     assert rows[0]["enabled_at"] >= 0 and rows[0]["doc"] == FEATURES["versioned_formats"].doc
 
     # Enabling what is enabled changes nothing, and says so.
     for args in (["versioned_formats"], ["--all"]):
         r = baton("feature", "enable", *args, "--broker", addr)
-        assert (r.returncode, r.stdout) == (0, "already enabled: versioned_formats\n"), r.stderr
+        assert (r.returncode, r.stdout) == (
+            0, f"already enabled: {', '.join(args if args != ['--all'] else FEATURES)}\n"
+        ), r.stderr
 
     # The API: the same rows and the cluster's format; enabling with the same checks.
     status, body = await get_json(http, f"{base}/api/features")
-    assert status == 200 and body == {"features": rows, "format": 2}
+    assert status == 200 and body == {"features": rows, "format": MAX_FORMAT}
     status, body = await post(http, f"{base}/api/features/enable", {"all": True})
-    assert (status, body) == (200, {"enabled": [], "format": 2})
+    assert (status, body) == (200, {"enabled": [], "format": MAX_FORMAT})
     status, body = await post(http, f"{base}/api/features/enable", {"names": ["nope"]})
     assert status == 400 and body["error"]["name"] == "InvalidArgument"
     assert body["error"]["message"] == (
-        "unknown feature flag(s) nope; this broker's build knows versioned_formats")
+        "unknown feature flag(s) nope; this broker's build knows versioned_formats,"
+        " user_limits")
     r = baton("feature", "enable", "nope", "--broker", addr)
     assert one_line_error(r) == body["error"]["message"]  # the same words
     for bad in ({}, {"names": []}, {"names": [1]}, {"names": "versioned_formats"},
@@ -108,8 +115,9 @@ async def test_a_fresh_broker_lists_its_flags_enabled_through_cli_api_and_metric
         assert resp.status == 400
 
     text = await metrics(http, admin_broker)
-    assert samples(text, "baton_feature_enabled", "feature") == {"versioned_formats": 1.0}
-    assert samples(text, "baton_format", "") == {"": 2.0}
+    assert samples(text, "baton_feature_enabled", "feature") == {
+        "versioned_formats": 1.0, "user_limits": 1.0}
+    assert samples(text, "baton_format", "") == {"": float(MAX_FORMAT)}
     assert samples(text, "baton_apply_stopped", "reason") == {"unreadable": 0.0, "error": 0.0}
 
     # The topology table counts the flags a member announces instead of listing them;
@@ -117,7 +125,7 @@ async def test_a_fresh_broker_lists_its_flags_enabled_through_cli_api_and_metric
     r = baton("topology", "--broker", addr)
     assert r.returncode == 0, r.stderr
     (row,) = [line for line in r.stdout.splitlines() if line.startswith("  ")]
-    assert " 1 flag " in row and "versioned_formats" not in row and "features" not in row
+    assert " 2 flags " in row and "versioned_formats" not in row and "features" not in row
     r = baton("topology", "--json", "--broker", addr)
     (instance,) = json.loads(r.stdout)["instances"]
     assert instance["features"] == sorted(FEATURES) and "features" not in instance["properties"]
@@ -154,12 +162,12 @@ async def test_a_flag_a_live_member_lacks_is_refused_naming_it_and_enabled_once_
         r = baton("feature", "list", "--broker", new.address)
         assert r.returncode == 0, r.stderr
         (line,) = [x for x in r.stdout.splitlines() if x.startswith(NEWER_FLAG)]
-        assert re.fullmatch(rf"{NEWER_FLAG}\s+disabled\s+2\s+9\.9\.9\s+new-build\s+"
+        assert re.fullmatch(rf"{NEWER_FLAG}\s+disabled\s+{MAX_FORMAT}\s+9\.9\.9\s+new-build\s+"
                             rf"old-build \({re.escape(old.address)}\)", line), line
         assert "enable with: baton feature enable NAME" in r.stdout
         # The older build's broker knows no such flag.
         r = baton("feature", "list", "--json", "--broker", old.address)
-        assert [x["name"] for x in json.loads(r.stdout)] == ["versioned_formats"]
+        assert [x["name"] for x in json.loads(r.stdout)] == list(FEATURES)
         why = one_line_error(baton("feature", "enable", NEWER_FLAG, "--broker", old.address))
         assert why.startswith(f"unknown feature flag(s) {NEWER_FLAG}")
 
@@ -179,7 +187,7 @@ async def test_a_flag_a_live_member_lacks_is_refused_naming_it_and_enabled_once_
                 "InvalidArgument"
         text = await metrics(http, new)
         assert samples(text, "baton_feature_enabled", "feature") == {
-            "versioned_formats": 1.0, NEWER_FLAG: 0.0}
+            "versioned_formats": 1.0, "user_limits": 1.0, NEWER_FLAG: 0.0}
 
         # Once the older broker has left, every live member has the flag: enabled.
         old.stop()
@@ -187,7 +195,7 @@ async def test_a_flag_a_live_member_lacks_is_refused_naming_it_and_enabled_once_
                          until=lambda f: f[NEWER_FLAG]["unsupported_by"] == [])
         r = baton("feature", "enable", NEWER_FLAG, "--broker", new.address)
         assert (r.returncode, r.stdout) == (
-            0, f"enabled feature flag(s) {NEWER_FLAG}; the cluster's format is 2\n"), r.stderr
+            0, f"enabled feature flag(s) {NEWER_FLAG}; the cluster's format is {MAX_FORMAT}\n"), r.stderr
         flags = await rows()
         assert flags[NEWER_FLAG]["state"] == "enabled" and flags[NEWER_FLAG]["enabled_at"] > 0
         text = await metrics(http, new)

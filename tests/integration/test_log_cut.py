@@ -16,13 +16,15 @@ import pytest
 from batonmq import clients
 from tests.helpers import eventually_sync
 from tests.integration.conftest import BrokerProcess
-from tests.integration.test_admin import admin_of, metric_samples
+from tests.integration.test_admin import GUEST_BASIC, admin_of, metric_samples
 from tests.integration.test_cli import baton
 
 
 def _get(url: str) -> tuple[int, str]:
+    # The default guest, from loopback (docs/admin.md "Logging in").
+    request = urllib.request.Request(url, headers={"Authorization": GUEST_BASIC})
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=10) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()

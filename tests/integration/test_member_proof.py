@@ -113,7 +113,7 @@ async def test_a_join_update_is_served_only_to_a_proven_member(
         # A joiner that lists no feature flags (a build from before them) is refused: this
         # cluster enabled every flag at its start.
         refused(raw, wire.UpdateRequest(raw.next_corr(), since, None, True, member, proof),
-                f"feature flag(s) {', '.join(FEATURES)} enabled")
+                f"feature flag(s) {', '.join(sorted(FEATURES))} enabled")
         corr = raw.next_corr()
         raw.send(wire.UpdateRequest(corr, since, None, True, member, proof, sorted(FEATURES)))
         served = raw.read()

@@ -8,7 +8,7 @@ import struct
 import pytest
 from pamqp import encode
 
-from batonmq.broker.amqp_connection import check_login
+from batonmq.broker.amqp_login import check_login
 from batonmq.clients import scram
 from batonmq.cluster.users import User, Users
 

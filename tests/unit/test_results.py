@@ -53,6 +53,8 @@ from batonmq.cluster.events import (
     PutUser,
     DeleteUser,
     SetRights,
+    SetUserLimits,
+    SetUserTags,
 )
 from batonmq.cluster.results import (
     FeatureList,
@@ -313,6 +315,8 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     creds = (GUEST_SALT, GUEST_COST, GUEST_STORED_KEY, GUEST_SERVER_KEY)
     apply(a, PutUser("alice", *creds, False))
     apply(a, SetRights("alice", (("read", "q.*"),)))
+    apply(a, SetUserLimits("alice", (("max_queues", 3),)))
+    apply(a, SetUserTags("alice", ("monitoring",)))
     apply(a, DeleteUser("alice"))
     apply(b, Join("addr"))
     apply(b, Leave())

@@ -36,6 +36,8 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.ListFeatures: wire.ListFeatures(7),
     wire.EnableFeatures: wire.EnableFeatures(8, ["versioned_formats"]),
     wire.SetRights: wire.SetRights(6, "alice", {"read": "jobs\\..*", "write": ""}),
+    wire.SetUserLimits: wire.SetUserLimits(6, "alice", {"max_queues": 10, "max_consumers": None}),
+    wire.SetUserTags: wire.SetUserTags(6, "alice", ["monitoring"]),
     wire.Ok: wire.Ok(7, {"position": 42, "nested": {"a": [1, 2.5, None, True]}}),
     wire.Error: wire.Error(0, errors.ShuttingDown.code, "bye"),
     wire.Ping: wire.Ping(3),
