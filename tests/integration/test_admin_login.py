@@ -9,6 +9,7 @@ by logout or idle time, and the listener serves HTTPS with its own certificate."
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -362,8 +363,8 @@ async def test_baton_dev_prints_its_consoles_and_the_login_that_opens_them(
             line = await asyncio.wait_for(loop.run_in_executor(None, proc.stdout.readline), 60)
             assert line, "baton dev ended:\n" + "".join(seen)
             seen.append(line)
-        (console,) = [line.split("admin console ")[1].strip() for line in seen
-                      if "admin console http" in line]
+        (console,) = [m.group(1) for line in seen
+                      if (m := re.search(r"admin console (http://\S+/)", line))]
         status, body, _ = await call(raw, "GET", console + "api/overview", GUEST)
         assert status == 200 and body["node_id"] == "node-1"
         status, _, _ = await call(raw, "GET", console + "api/overview")

@@ -76,7 +76,7 @@ async def test_a_fresh_broker_lists_its_flags_enabled_through_cli_api_and_metric
         rf"versioned_formats\s+enabled\s+2\s+0\.2\.0\s+{re.escape(me['node_id'])}\s+-",
         lines[1]), lines
     assert re.fullmatch(
-        rf"user_limits\s+enabled\s+3\s+0\.2\.0\s+{re.escape(me['node_id'])}\s+-",
+        rf"user_limits\s+enabled\s+3\s+0\.3\.0\s+{re.escape(me['node_id'])}\s+-",
         lines[2]), lines
     assert lines[3] == f"cluster format {MAX_FORMAT}; 2 of 2 flag(s) enabled"
     assert len(lines) == 4, lines  # nothing disabled: no hint to enable
