@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -19,20 +18,16 @@ import pytest
 from batonmq import clients
 from batonmq.cluster.errors import ConnectionClosed, LimitExceeded
 from tests.integration.conftest import BrokerProcess
-from tests.integration.test_amqp import AMQP, connect
+from tests.integration.test_amqp import amqp_broker, connect  # noqa: F401 (a fixture)
 from tests.integration.test_cli import baton
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "broker", extra=AMQP)
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
+def broker(amqp_broker: BrokerProcess) -> BrokerProcess:
+    """A broker with its AMQP listener on (test_amqp's)."""
+    return amqp_broker
 
 
 def limits(address: str, *args: str) -> subprocess.CompletedProcess[str]:
