@@ -32,6 +32,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -91,7 +93,8 @@ SUITES: dict[str, Suite] = {
         tar_sha256="69fa0f488148fc78c14d97a50f4161c8c9c0f6453ad0201e537d91b17a6c9c76",
         top="pika-1.4.4",
         paths=("tests/acceptance",),
-        deps=("pytest==9.2.0", "pytest-timeout==2.4.0", "tornado==6.6.1", "twisted==26.10.0"),
+        deps=("pytest==9.2.0", "pytest-timeout==2.4.0", "tornado==6.6.1", "twisted==26.10.0",
+              "gevent==26.9.0"),
     ),
     "aio-pika": Suite(
         name="aio-pika",
@@ -505,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="check a JUnit file of an earlier run of --suite; run nothing")
     p.add_argument("pytest_args", nargs="*", help="more pytest options (after --)")
     a = p.parse_args(argv)
+    # SIGTERM (a timeout, a stop) ends the run through the finally blocks below, so that
+    # the brokers and the suite's pytest are stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         expected = load_expected(a.expected.read_text())
     except (OSError, ExpectedFileError) as exc:
@@ -534,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"amqp_suites: {name}: {exc}", file=sys.stderr)
             return 2
         base = a.out / f"{name}-{mode}-system"
+        shutil.rmtree(base, ignore_errors=True)  # a fresh log: no queue of an earlier run
         addresses, system = start_target(a.target, a.brokers, base)
         # pika's acceptance tests connect to 127.0.0.1:5672 and have no setting for it.
         fwd = Forwarder(addresses, port=5672 if name == "pika" else 0)
