@@ -408,7 +408,17 @@ class Forwarder:
         return self.address
 
     def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        async def shut() -> None:
+            if self._server is not None:
+                self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self._thread.is_alive() and self._error is None:
+            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
     def _run(self) -> None:
