@@ -635,7 +635,9 @@ class Channel:
         # known here, docs/amqp.md)
         if m.if_unused and self.owner.delivery.consumers_of(name):
             raise ChannelError(406, f"queue '{name}' in vhost '/' in use")
-        if m.if_empty and q.length:
+        # (RabbitMQ's if-empty is "no ready message": one a Basic.Get or a consumer
+        # holds unacked does not keep the queue; a delayed one, which comes back, does)
+        if m.if_empty and q.ready + len(q.delayed):
             raise ChannelError(406, f"queue '{name}' in vhost '/' is not empty")
         self._command(DeleteQueue(name), lambda r: None if m.nowait else self._method(
             commands.Queue.DeleteOk(r.deleted)))

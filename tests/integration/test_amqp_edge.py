@@ -183,6 +183,25 @@ def test_if_unused_means_no_consumers(broker: BrokerProcess) -> None:
     conn.close()
 
 
+def test_if_empty_means_no_ready_message(broker: BrokerProcess) -> None:
+    """RabbitMQ's if-empty is "no ready message": a message held unacked by a Basic.Get
+    does not keep the queue (aio-pika deletes its test queues with if-empty after a get);
+    a ready one does."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("empty-get")
+    ch.confirm_delivery()
+    ch.basic_publish("", "empty-get", b"x")
+    _get(ch, "empty-get")  # held, not acked
+    ch.queue_delete("empty-get", if_empty=True)
+    ch.queue_declare("empty-ready")
+    ch.basic_publish("", "empty-ready", b"x")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_delete("empty-ready", if_empty=True)
+    assert err.value.reply_code == 406
+    conn.close()
+
+
 # -- 3. unbinding what is gone ------------------------------------------------------------
 
 
