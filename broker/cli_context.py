@@ -79,7 +79,7 @@ def _named(data: dict[str, Any], name: str) -> dict[str, Any]:
 def apply_context(args: argparse.Namespace) -> None:
     """Fill a client command's unset ``broker``, ``user`` and ``tls_ca`` from the
     environment and the context in use, and its ``context_password`` (the context's
-    password, used when ``BATON_PASSWORD`` is not set).
+    password, used when ``BATON_PASSWORD`` is not set, and only for the context's user).
 
     Raises:
         InvalidArgument: ``--context`` / ``BATON_CONTEXT`` names no context.
@@ -101,6 +101,8 @@ def apply_context(args: argparse.Namespace) -> None:
     if args.tls_ca is None:
         args.tls_ca = ctx.get("tls_ca")
     args.context_password = None
+    if (args.user or os.environ.get("BATON_USER")) != ctx.get("user"):
+        return  # another user than the context's: its password is not theirs
     if ctx.get("password_file"):
         try:
             with open(ctx["password_file"], encoding="utf-8") as f:

@@ -170,6 +170,9 @@ def test_contexts(broker: BrokerProcess, contexts: Path, tmp_path: Path) -> None
               env={"BATON_PASSWORD": "hunter2"})
     assert r.returncode == 0, r.stderr
     assert "hunter2" in contexts.read_text()
+    # The saved password is the context's user's: another user named is not given it.
+    r = baton("--context", "saved", "--user", "other", "queues", stdin=b"")
+    assert r.returncode == 1 and "user 'other' needs a password" in r.stderr, r.stderr
     r = baton("context", "show", "saved")
     assert json.loads(r.stdout)["password"] == "(saved)"
     assert "hunter2" not in r.stdout
