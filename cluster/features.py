@@ -42,7 +42,7 @@ __all__ = [
 
 #: This build's version: ``version`` in pyproject.toml (a test keeps them equal), bumped
 #: with an entry in docs/changelog.md whenever a format changes.
-VERSION: Final = "0.3.0"
+VERSION: Final = "0.4.0"
 
 #: The heartbeat property in which a runtime lists the flags its build supports.
 ANNOUNCE: Final = "features"
