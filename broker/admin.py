@@ -487,9 +487,9 @@ class AdminServer:
                 "is_leader": ms.leader() == node.key,
                 "members": len(ms.members),
                 "readiness": readiness(node, log_end),
-                "queues": len(node.state.queues),
-                "messages_ready": sum(q.ready for q in node.state.queues.values()),
-                "messages_acquired": sum(len(q.acquired) for q in node.state.queues.values()),
+                "queues": len(node.queues),
+                "messages_ready": sum(q.ready for q in node.queues.values()),
+                "messages_acquired": sum(len(q.acquired) for q in node.queues.values()),
                 "connections": b.connection_count(),
                 "consumers": sum(len(v) for v in b.delivery.by_queue.values()),
                 "services": len(node.state.services.services),
@@ -514,7 +514,7 @@ class AdminServer:
     def _with_counts(self, stats: dict[str, Any]) -> dict[str, Any]:
         """A queue's stats plus the counters /metrics has and the native stats do not
         (delivered, released, rejected), so the console computes its rates from one answer."""
-        q = self.broker.node.state.queues.get(stats["queue"])
+        q = self.broker.node.queues.get(stats["queue"])
         if q is not None:
             stats.update(delivered=q.delivered, released=q.released, rejected=q.rejected)
         return stats

@@ -291,7 +291,7 @@ class Channel:
             else:
                 self._unacked[dtag] = (sub, position)
             if sub.getter:
-                q = self.owner.node.state.queues.get(c.queue)
+                q = self.owner.node.queues.get(c.queue)
                 exchange, key = route_of(headers, c.queue)
                 method = commands.Basic.GetOk(
                     dtag, acquired > 0, exchange, key, q.ready if q is not None else 0
@@ -557,7 +557,7 @@ class Channel:
         check_name("queue name", name)
         if m.passive:
             rights.check_any(name)
-            if name not in state.queues:
+            if name not in self.owner.node.queues:
                 raise ChannelError(404, f"no queue '{name}' in vhost '/'")
             self._locked(name)
             self._declared(name, m.nowait)
@@ -596,7 +596,7 @@ class Channel:
         self._last_queue = name
         if nowait:
             return
-        q = self.owner.node.state.queues.get(name)
+        q = self.owner.node.queues.get(name)
         ready = q.ready if q is not None else 0
         consumers = len(self.owner.delivery.consumers_of(name))
         self.owner.write(declare_ok(self.number, name, ready, consumers))
@@ -624,7 +624,7 @@ class Channel:
         name = self._queue_name(m.queue)
         self.owner.rights.check("configure", name)
         self._locked(name)
-        q = self.owner.node.state.queues.get(name)
+        q = self.owner.node.queues.get(name)
         if q is None:
             # RabbitMQ answers a delete of a missing queue with DeleteOk.
             if not m.nowait:
@@ -706,7 +706,8 @@ class Channel:
             # one that does not alike, so a (mandatory) publish cannot tell which queues
             # exist (docs/amqp.md).
             self.owner.rights.check("write", m.routing_key)
-        queues = routes.route(self.owner.node.state, m.exchange, m.routing_key,
+        node = self.owner.node
+        queues = routes.route(node.state, node.queues, m.exchange, m.routing_key,
                               properties.headers or {})
         if m.exchange != routes.DEFAULT_EXCHANGE:
             # (as RabbitMQ: write on the exchange, whatever queues it routes to)
@@ -788,9 +789,9 @@ class Channel:
         if not self._publishes:
             return
         pending, self._publishes = self._publishes, {}
-        state = self.owner.node.state
+        queues = self.owner.node.queues
         for queue, items in pending.items():
-            q = state.queues.get(queue)
+            q = queues.get(queue)
             if q is None or q.max_length is not None or q.max_priority:
                 for p in items:
                     self._submit(queue, [p], p.priority if q is not None and q.max_priority else 0)
@@ -871,7 +872,7 @@ class Channel:
         queue = self._queue_name(m.queue)
         self.owner.rights.check("read", queue)
         self._locked(queue)
-        if queue not in self.owner.node.state.queues:
+        if queue not in self.owner.node.queues:
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
         if "x-stream-offset" in (m.arguments or {}):
             # (a queue declared as a stream is a Baton queue: no offsets to start at)
@@ -947,7 +948,7 @@ class Channel:
         queue = self._queue_name(m.queue)
         self.owner.rights.check("read", queue)
         self._locked(queue)
-        q = self.owner.node.state.queues.get(queue)
+        q = self.owner.node.queues.get(queue)
         if q is None:
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
         if self._get is not None:
@@ -986,7 +987,7 @@ class Channel:
         if get is None or not self.open:
             return
         c = get.sub.consumer
-        q = self.owner.node.state.queues.get(c.queue)
+        q = self.owner.node.queues.get(c.queue)
         now = asyncio.get_running_loop().time()
         if q is None or now >= get.deadline or (q.ready == 0 and not c.acquiring):
             self._get_empty()

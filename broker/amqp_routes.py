@@ -12,7 +12,7 @@ one routed to several queues is one atomic append (``RoutedEnqueue``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from batonmq.broker.amqp_codec import ChannelError, ConnectionFault
@@ -35,10 +35,13 @@ def not_found(exchange: str) -> ChannelError:
     return ChannelError(404, f"no exchange '{exchange}' in vhost '/'")
 
 
-def route(state: State, exchange: str, routing_key: str, headers: Mapping[str, Any]) -> list[str]:
+def route(
+    state: State, queues: Container[str], exchange: str, routing_key: str,
+    headers: Mapping[str, Any],
+) -> list[str]:
     """The queues a message published to ``exchange`` with ``routing_key`` (and, for a
     headers exchange, ``headers``) goes to, by the state applied here (none:
-    unroutable).
+    unroutable); ``queues``: the queues that exist here (of every partition).
 
     Raises:
         ChannelError: 404, no such exchange; 403, an internal exchange.
@@ -52,7 +55,7 @@ def route(state: State, exchange: str, routing_key: str, headers: Mapping[str, A
                 403, f"cannot publish to internal exchange '{exchange}' in vhost '/'"
             )
     try:
-        return state.exchanges.route(exchange, routing_key, headers, state.queues)
+        return state.exchanges.route(exchange, routing_key, headers, queues)
     except ExchangeNotFound:
         raise not_found(exchange) from None
 

@@ -120,8 +120,9 @@ def _queue_declare(args: argparse.Namespace) -> int:
                 conn.queue_stats(args.dead_letter)
             except QueueNotFound:
                 made_dlq = bool(
-                    conn.declare_queue(args.dead_letter, durable=not args.transient)
-                    .get("created")
+                    conn.declare_queue(
+                        args.dead_letter, durable=not args.transient, partition=args.partition
+                    ).get("created")
                 )
         result = conn.declare_queue(
             args.queue,
@@ -138,6 +139,7 @@ def _queue_declare(args: argparse.Namespace) -> int:
             ack_timeout=args.ack_timeout,
             max_priority=args.max_priority,
             single_active_consumer=args.single_active_consumer,
+            partition=args.partition,
             dedupe_window=args.dedupe_window,
         )
     if args.json:
@@ -262,6 +264,9 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
                    help="one consumer at a time gets every message; the next takes over")
     d.add_argument("--dedupe-window", type=float, default=None, metavar="SECONDS",
                    help="how long a publish key is remembered (default 120; 0: never)")
+    d.add_argument("--partition", type=int, default=None, metavar="K",
+                   help="the data partition a new queue goes on, on a cluster of several"
+                        " (default: the one with the fewest queues)")
     d.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
     d.set_defaults(func=_queue_declare)
     for name, func, what in (

@@ -169,6 +169,9 @@ class BrokerConfig:
         checkpoint_ms: how often the leader checkpoints: a cross-replica digest
             check, and the log truncated below the checkpoint before (0: never,
             the log grows forever).
+        partitions: how many data partitions a new cluster's log gets (1: one log;
+            N > 1: a control partition and N data partitions, docs/design.md §16); a log
+            that exists keeps the partitions it has.
         join: how a broker with an empty data dir starts on a log others use:
             "auto" (state from a live member, docs/design.md §8; replay if none and the log
             is whole), "update" or "replay".
@@ -253,6 +256,10 @@ class BrokerConfig:
     checkpoint_ms: int = _opt(5000, least=0,
                               help="leader's checkpoint interval: digest check and log"
                                    " truncation, ms (0: off)")
+    partitions: int = _opt(1, least=1,
+                           help="data partitions of a new cluster's log (1: one log, as"
+                                " always; N > 1: a control partition and N data partitions,"
+                                " docs/operations.md); an existing log keeps its own")
     join: str = _opt("auto", choices=("auto", "update", "replay"),
                      help="an empty data dir on a busy log: take the state from a live member"
                           " (auto/update) or replay the whole log (replay)")

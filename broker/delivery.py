@@ -182,7 +182,7 @@ class Delivery:
         Raises:
             QueueNotFound: no such queue (in the state applied here).
         """
-        q = self.node.state.queues.get(queue)
+        q = self.node.queues.get(queue)
         if q is None:
             raise QueueNotFound(f"queue {queue!r} does not exist")
         self._next += 1
@@ -213,14 +213,14 @@ class Delivery:
             if queue in self._deferred:
                 self._deferred.discard(queue)
                 return  # its interest was never appended
-        if queue in self.node.state.queues:
+        if queue in self.node.queues:
             self.node.submit(Interest(queue, on)).add_done_callback(_quiet)
 
     def unlocked(self, queue: str) -> None:
         """The join update of ``queue`` finished here: consumers waiting for it start."""
         if queue in self._deferred:
             self._deferred.discard(queue)
-            if queue in self._interest and queue in self.node.state.queues:
+            if queue in self._interest and queue in self.node.queues:
                 self.node.submit(Interest(queue, True)).add_done_callback(_quiet)
 
     def consumers_of(self, queue: str) -> list[Consumer]:
@@ -256,7 +256,7 @@ class Delivery:
             if not peers:
                 del self.by_queue[c.queue]
                 self._want(c.queue, False)
-        if c.queue not in self.node.state.queues:
+        if c.queue not in self.node.queues:
             return None
         skip = {p for p in unread or () if type(p) is int}
         failed = tuple(
@@ -346,8 +346,10 @@ class Delivery:
 
     async def _deliver_when_current(self, e: Acquired, c: Consumer) -> None:
         """Deliver a late acquire's messages once this broker has applied the log up to
-        its end as it is now, those the consumer still holds then (module doc)."""
-        node = self.node
+        its end as it is now, those the consumer still holds then (module doc). On a log
+        of several partitions, the queue's own partition (docs/design.md §16): its
+        view fences its acquires."""
+        node = self.node.part(e.queue)
         end = None
         try:
             end = await node.log.end_offset()
@@ -356,7 +358,7 @@ class Delivery:
             log.warning("a late acquire for %s waits for the log: %s", c.cid, exc)
         finally:
             c.catching_up = False
-        q = node.state.queues.get(e.queue)
+        q = node.queues.get(e.queue)
         if c.closed or q is None or q.qid != e.qid:
             return
         keep = [i for i, p in enumerate(e.positions) if q.acquired.get(p) == e.consumer]
@@ -392,7 +394,7 @@ class Delivery:
 
     def _send(self, e: Acquired, c: Consumer) -> None:
         """Read the acquired messages from the store and send them to the consumer."""
-        messages = self.node.store.get_messages(e.qid, e.positions)
+        messages = self.node.part(e.queue).store.get_messages(e.qid, e.positions)
         out: list[list[Any]] = []
         size = 0
         held, sent, counters = c.held, c.sent, c.counters
@@ -421,7 +423,7 @@ class Delivery:
     def pump(self, queue: str) -> None:
         """Ask for as many messages as this queue's consumers have credit for."""
         consumers = self.by_queue.get(queue)
-        q = self.node.state.queues.get(queue)
+        q = self.node.queues.get(queue)
         if not consumers or q is None:
             return
         if q.owner != self.node.key or queue in self._handing_off:
@@ -518,7 +520,7 @@ class Delivery:
             for c in list(self._timed):
                 self._time_out(c, now)
             for name, since in list(self._owned_since.items()):
-                q = self.node.state.queues.get(name)
+                q = self.node.queues.get(name)
                 if q is None or q.owner != me or name in self._handing_off:
                     continue
                 if q.delayed:
@@ -553,7 +555,7 @@ class Delivery:
         if not failed and fut.result().owner != self.node.key:
             return  # a new owner: its OwnerChanged clears the mark
         self._handing_off.discard(name)
-        q = self.node.state.queues.get(name)
+        q = self.node.queues.get(name)
         if q is not None and q.owner == self.node.key:
             self._owned_since[name] = time.monotonic()  # a new slice
             self.pump(name)
@@ -586,7 +588,7 @@ class Delivery:
             now = self.node.clock()  # not time.time(): a clock step must not expire early
             me = self.node.key
             leader = self.node.state.membership.leader()
-            for q in list(self.node.state.queues.values()):
+            for q in list(self.node.queues.values()):
                 if q.message_ttl_ms is None or q.ready == 0 or self.node.locked(q.name):
                     continue
                 if q.reserved_by is not None:
@@ -596,7 +598,7 @@ class Delivery:
                 head = q.head  # (the lowest ready position, priority queues too)
                 through = -1
                 delayed = q.delayed
-                for pos, enqueued_at in self.node.store.scan(q.qid, head, 10_000):
+                for pos, enqueued_at in self.node.part(q.name).store.scan(q.qid, head, 10_000):
                     if enqueued_at + q.message_ttl_ms > now:
                         break
                     if pos not in delayed:  # (they do not expire while they wait)

@@ -94,7 +94,7 @@ class UpdateDonor:
         try:
             log.info("serving a join update to %s from log offset %d", conn.peer, cap.applied)
             self._send_big(wire.UpdateState(f.corr, cap.applied, cap.snapshot))
-            async for frame in update.update_frames(cap, f.corr, live=node.state.queues.get):
+            async for frame in update.update_frames(cap, f.corr, live=node.queues.get):
                 self._send_big(frame)
                 if isinstance(frame, wire.UpdateFront):
                     sent += len(frame.entries)

@@ -137,8 +137,7 @@ class ExchangeFacade:
         Raises:
             ExchangeNotFound: there is no such exchange.
         """
-        state = self.node.state
-        return state.exchanges.route(exchange, routing_key, headers, state.queues)
+        return self.node.state.exchanges.route(exchange, routing_key, headers, self.node.queues)
 
     # -- commands ----------------------------------------------------------------------
 

@@ -191,7 +191,8 @@ async def message_history(
     # One history at a time per broker: each costs a replay of the log.
     lock = _ONE_AT_A_TIME.setdefault(node, asyncio.Lock())
     async with lock:
-        return await _history(node, queue, position, limit)
+        # The queue's events are on its data partition's log (docs/design.md §16).
+        return await _history(node.part(queue), queue, position, limit)
 
 
 async def _records(
@@ -226,7 +227,7 @@ async def _history(node: Node, queue: str, position: int, limit: int) -> Message
     log = node.log
     start = await log.start_offset()
     end = await log.end_offset()
-    live = node.state.queues.get(queue)
+    live = node.queues.get(queue)
     target = live.qid if live is not None else None
     if start > 0:
         return await _settlements_only(node, queue, position, start, end, limit, target)
@@ -314,7 +315,7 @@ async def _settlements_only(
                     "note": "unchecked: the consumer may not have held it then",
                 }
             )
-    live = node.state.queues.get(queue)
+    live = node.queues.get(queue)
     if live is None and target is None:
         raise QueueNotFound(f"queue {queue!r} does not exist")
     now = _status(live, position)[0]

@@ -78,14 +78,14 @@ def peek(node: Node, queue: str, count: int) -> Peeked:
     """
     if type(count) is not int or not 1 <= count <= MAX_PEEK:
         raise InvalidArgument(f"peek count must be 1..{MAX_PEEK}")
-    q = node.state.queues.get(queue)
+    q = node.queues.get(queue)
     if q is None:
         raise QueueNotFound(f"queue {queue!r} does not exist")
     # Released positions (all below the cursor) come first, then the never-delivered run.
     positions = heapq.nsmallest(count, q.returned)
     fresh = min(count - len(positions), q.next_pos - q.cursor)
     positions.extend(range(q.cursor, q.cursor + fresh))
-    stored = node.store.get_messages(q.qid, positions) if positions else []
+    stored = node.part(queue).store.get_messages(q.qid, positions) if positions else []
     rows: list[list[Any]] = []
     for p, m in zip(positions, stored):
         if m is not None:

@@ -124,7 +124,7 @@ class BrokerCollector(Collector):
         }
         consumers = self.broker.delivery.by_queue
         me = node.key
-        for name, q in node.state.queues.items():
+        for name, q in node.queues.items():
             labels = [name]
             gauges["ready"].add_metric(labels, q.ready)
             gauges["acquired"].add_metric(labels, len(q.acquired))

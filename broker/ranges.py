@@ -51,8 +51,9 @@ async def _read_range_applied(node: Node, f: wire.ReadRange, max_frame: int) -> 
     AcceptThrough, below the reader's range), whichever one a reader fails over to."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + READ_RANGE_WAIT
+    node = node.part(f.queue)  # its data partition's (docs/design.md §16)
     while True:
-        q = node.state.queues.get(f.queue)
+        q = node.queues.get(f.queue)
         if q is None:
             raise QueueNotFound(f"queue {f.queue!r} does not exist")
         if q.next_pos >= f.end and node.healthy:

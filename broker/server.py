@@ -31,8 +31,9 @@ from batonmq.cluster.features import ANNOUNCE, announced
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound
 from batonmq.cluster.events import PutUser
 from batonmq.broker.memory import BodyBudget
-from batonmq.cluster.log import Log, open_log
+from batonmq.cluster.log import LogSet, open_log_set
 from batonmq.cluster.node import Node
+from batonmq.cluster.partitioned import Partitioned
 from batonmq.cluster.effects import Effect, RightsChanged
 from batonmq.store.rocks import RocksStore
 
@@ -67,8 +68,9 @@ class Broker:
         self._made_data_dir = False  # start() made the data dir
         self._bound_port = 0  # the port the first start bound (kept by a rejoin)
         self._server: asyncio.base_events.Server | None = None
-        self._log: Log | None = None
+        self._logs: LogSet | None = None
         self._store: RocksStore | None = None
+        self._stores: dict[int, RocksStore] = {}  # the data partitions' (docs/design.md §16)
         self._node: Node | None = None
         self._delivery: Delivery | None = None
         self._rejoining: asyncio.Task[None] | None = None
@@ -157,15 +159,8 @@ class Broker:
             if opened.node_id is not None and cfg.node_id in (None, opened.node_id):
                 self._store.put_ident("node_id", opened.node_id)
         node_id = self._node_id(self._store)
-        self._log = await open_log(cfg.resolved_log_url(), kafka_password_file=cfg.kafka_password_file)
-        if keys is not None:
-            from batonmq.cluster.log.sealed import SealedLog
-
-            self._log = SealedLog(self._log, keys)
-        self._node = Node(
-            node_id,
-            self._log,
-            self._store,
+        self._logs = await self._open_logs(keys)
+        options: dict[str, Any] = dict(
             role=cfg.role,
             properties=cfg.properties,
             heartbeat_ms=cfg.heartbeat_ms,
@@ -176,6 +171,17 @@ class Broker:
             max_outbox=cfg.max_outbox,
             tls=client_tls,
         )
+        if self._logs.count > 1:
+            # A control partition and data partitions (docs/design.md §16): a store each.
+            for k in range(1, self._logs.count):
+                part = RocksStore.open_checked(os.path.join(cfg.data_dir, f"store-p{k}"))
+                if part.damaged is not None:
+                    log.critical("store of partition %d damaged (%s): moved to %s; that"
+                                 " partition joins afresh", k, part.reason, part.damaged)
+                self._stores[k] = part.store
+            self._node = Partitioned(node_id, self._logs, self._store, dict(self._stores), **options)
+        else:
+            self._node = Node(node_id, self._logs.partition(0), self._store, **options)
         self._delivery = Delivery(
             self._node, chunk_bytes=cfg.max_frame // 4, time_slice_ms=cfg.time_slice_ms
         )
@@ -399,12 +405,34 @@ class Broker:
         if self._node is not None:
             await self._node.leave()
             await self._node.stop()
-        if self._log is not None:
-            await self._log.close()
+        if self._logs is not None:
+            await self._logs.close()
         if self._store is not None:
             self._store.close()
+        for store in self._stores.values():
+            store.close()
         if self._started:  # (a start that failed has said why: nothing more to say)
             log.info("broker stopped")
+
+    async def _open_logs(self, keys: Any) -> LogSet:
+        """The log set: a new one with ``--partitions`` data partitions (a control
+        partition more when there are several), an existing one as it is."""
+        cfg = self.config
+        want = cfg.partitions + 1 if cfg.partitions > 1 else 1
+        logs = await open_log_set(
+            cfg.resolved_log_url(), partitions=want, kafka_password_file=cfg.kafka_password_file
+        )
+        if keys is not None:
+            from batonmq.cluster.log.sealed import SealedLogSet
+
+            logs = await SealedLogSet.wrap(logs, keys)
+        if logs.count != want and cfg.partitions > 1:
+            log.warning(
+                "--partitions %d is for a new cluster: the log %s exists with %d data"
+                " partition(s), which this broker applies", cfg.partitions,
+                cfg.resolved_log_url(), max(1, logs.count - 1),
+            )
+        return logs
 
     def remove_created_data_dir(self) -> bool:
         """After a failed start (and :meth:`stop`): remove the data dir if that start
@@ -417,12 +445,15 @@ class Broker:
     # -- queries (answered from the state applied here) ---------------------------------
 
     def queue_stats(self, name: str) -> dict[str, Any]:
-        q = self.node.state.queues.get(name)
+        q = self.node.queues.get(name)
         if q is None:
             raise QueueNotFound(f"queue {name!r} does not exist")
         stats = q.stats()
         stats["consumers"] = len(self.delivery.by_queue.get(name, ()))
         stats["updating"] = self.node.locked(name)  # a join update still brings it here
+        # Its data partition (docs/design.md §16): physical partition 0 of a log of one
+        # is data partition 1.
+        stats["partition"] = self.node.part(name).partition or 1
         return stats
 
     def _digest(self, node: Node) -> str:
@@ -451,6 +482,8 @@ class Broker:
             status = "no live voter"
         elif not node.joined.is_set():
             status = "not a member"
+        elif not all(n.joined.is_set() for n in node.parts()):
+            status = "not a member of every partition"
         else:
             status = "ok"
         instances = []
@@ -512,15 +545,45 @@ class Broker:
             # every replica): ``unopened`` counts sealed records no key here opens.
             "ignored": dict(sorted(node.state.ignored.items())),
             "log_sealed": self.config.log_key_file is not None,
+            **self._partitions(),
         }
+
+    def _partitions(self) -> dict[str, Any]:
+        """A log of several partitions: each data partition as applied here, in its own
+        view (docs/design.md §16); nothing for a log of one."""
+        data = self.node.parts()[1:]
+        if not data:
+            return {}
+        rows = []
+        for n in data:
+            ms = n.state.membership
+            rows.append({
+                "partition": n.partition,
+                "view": ms.view_seq,
+                "leader": ms.live_leader(),
+                "member": n.joined.is_set(),
+                "healthy": n.healthy,
+                "applied": n.state.applied,
+                "digest": self._digest(n),
+                "queues": len(n.state.queues),
+                "checkpoint": n.last_checkpoint,
+                "digest_mismatches": n.digest_mismatches,
+                "log_truncated_before": n.truncated_before,
+                "join": (
+                    {"state": "updating", "progress": n.catchup.progress.text()}
+                    if n.catchup is not None
+                    else n.join_report
+                ),
+            })
+        return {"partitions": rows}
 
     def reload_log_keys(self) -> bool:
         """Read the log key file again now (SIGHUP); False if the log is not sealed or
         the file is bad (the keys read before stay)."""
-        from batonmq.cluster.log.sealed import SealedLog
+        from batonmq.cluster.log.sealed import SealedLogSet
 
-        if isinstance(self._log, SealedLog):
-            return self._log.keys.reload()
+        if isinstance(self._logs, SealedLogSet):
+            return self._logs.keys.reload()
         return False
 
     @property
@@ -555,7 +618,7 @@ class Broker:
             log.info("created the admin user (no guest user in this cluster)")
 
     def list_queues(self) -> list[dict[str, Any]]:
-        return [self.queue_stats(name) for name in sorted(self.node.state.queues)]
+        return [self.queue_stats(name) for name in sorted(self.node.queues)]
 
     def connections(self) -> list[ConnectionView]:
         """The open client connections, native and AMQP (the admin listener's and

@@ -124,6 +124,8 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "dedupe_window_ms": (int,),
     "dead_letter_exchange": (str, type(None)),
     "dead_letter_routing_key": (str, type(None)),
+    # Where to place a new queue (docs/design.md §16); not part of the event.
+    "partition": (int,),
 }
 
 
@@ -422,11 +424,17 @@ class Session(ClientConnection):
                 self.send(wire.ok(f.corr, Settled(count, missing)))
             case wire.DeclareQueue():
                 check_declare(self.rights, f.queue, f.options)
-                self._submit(
-                    f.corr,
-                    declare_event(f.queue, f.options, self.rights.name, self.broker.node.state),
-                    as_is,
+                declare = declare_event(
+                    f.queue, f.options, self.rights.name, self.broker.node.state
                 )
+                partition = f.options.get("partition", 0)
+                if partition:
+                    check_event(declare)
+                    self.reply(f.corr, asyncio.ensure_future(
+                        _declare_on(self.broker.node, declare, partition)
+                    ), as_is)
+                else:
+                    self._submit(f.corr, declare, as_is)
             case wire.DeleteQueue():
                 self.rights.check("configure", f.queue)
                 self._submit(f.corr, DeleteQueue(f.queue), as_is)
@@ -490,7 +498,10 @@ class Session(ClientConnection):
             case wire.UpdateRequest():
                 if self._update is not None and not self._update.done():
                     raise InvalidArgument("an update is already being served on this connection")
-                donor = UpdateDonor(self, self.broker.node, self.broker.config.update_max_rate,
+                part = self.broker.node.partition_node(f.partition)
+                if part is None:
+                    raise InvalidArgument(f"this broker applies no log partition {f.partition}")
+                donor = UpdateDonor(self, part, self.broker.config.update_max_rate,
                                     self.broker.refused)
                 self._update = asyncio.create_task(
                     donor.serve(f, self._member, self._proven), name="baton-update"
@@ -549,7 +560,7 @@ class Session(ClientConnection):
         self._check_body(f.body, f.headers)
         check_name("queue name", f.queue)  # before merging: a bad one fails alone
         check_key(f.key)
-        q = self.broker.node.state.queues.get(f.queue)
+        q = self.broker.node.queues.get(f.queue)
         if q is not None and q.max_length is None and not f.options:
             self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers, f.key))
             return
@@ -879,6 +890,12 @@ def check_declare(rights: Rights, queue: str, options: dict[str, Any]) -> None:
         else:  # the default exchange: the queue the routing key names
             rk = options.get("dead_letter_routing_key")
             rights.check("write", rk if isinstance(rk, str) else "")
+
+
+async def _declare_on(node: Node, declare: DeclareQueue, partition: int) -> Any:
+    """Place the queue on data ``partition`` (docs/design.md §16), then declare it."""
+    await node.place(declare.queue, partition)
+    return await node.submit(declare)
 
 
 def declare_event(

@@ -51,6 +51,7 @@ def declare_options(
     dedupe_window: float | None,
     dead_letter_exchange: str | None = None,
     dead_letter_routing_key: str | None = None,
+    partition: int | None = None,
 ) -> dict[str, Any]:
     """The ``DeclareQueue`` options map of :meth:`Connection.declare_queue`'s arguments
     (seconds become ms; options left at their defaults are not sent, so an older broker
@@ -80,6 +81,10 @@ def declare_options(
         options["dead_letter_exchange"] = dead_letter_exchange
     if dead_letter_routing_key is not None:
         options["dead_letter_routing_key"] = dead_letter_routing_key
+    if partition is not None:
+        if type(partition) is not int or partition < 1:
+            raise InvalidArgument(f"partition must be a data partition number, 1 or more, not {partition!r}")
+        options["partition"] = partition
     if retry is not None:
         if not isinstance(retry, Retry):
             raise InvalidArgument(f"retry must be a clients.Retry, got {retry!r}")

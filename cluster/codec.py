@@ -30,6 +30,7 @@ from batonmq.cluster.events import (
     Enqueue,
     Heartbeat,
     Origin,
+    PlaceQueues,
     Propose,
     Reject,
     Release,
@@ -199,6 +200,10 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
     elif op == EnableFeatures.OP:
         if not isinstance(values[0], list) or not all(isinstance(n, str) for n in values[0]):
             raise MalformedEvent("EnableFeatures.names must be a list of strings")
+        values[0] = tuple(values[0])
+    elif op == PlaceQueues.OP:
+        if not isinstance(values[0], list) or not all(isinstance(q, str) for q in values[0]):
+            raise MalformedEvent("PlaceQueues.queues must be a list of strings")
         values[0] = tuple(values[0])
     elif op == Propose.OP:
         if not isinstance(values[1], list) or not all(isinstance(m, str) for m in values[1]):

@@ -31,6 +31,7 @@ from batonmq.cluster.results import (
     FeaturesEnabled,
     HandoverAsked,
     Owner,
+    Placed,
     Purged,
     Reserved,
     Result,
@@ -78,6 +79,7 @@ __all__ = [
     "SetUserLimits",
     "SetUserTags",
     "MEMBERSHIP_EVENTS",
+    "PlaceQueues",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
@@ -650,6 +652,25 @@ class SetUserTags(Event[UserChanged]):
     tags: tuple[str, ...]
 
 
+# --- partitions (docs/design.md §16) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceQueues(Event[Placed]):
+    """Place queues on a data partition, on the control partition (flag ``partitions``).
+
+    ``queues`` go together (a queue and its dead-letter queue): on the partition that
+    one of them already has, else on ``partition`` (1..``count``), else (0) on the one
+    of the ``count`` data partitions with the fewest queues placed (ties: the lowest).
+    A placement is kept for the name: a queue declared again under it returns there.
+    """
+
+    OP: ClassVar[int] = 110
+    queues: tuple[str, ...]
+    partition: int = 0
+    count: int = 1
+
+
 EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
     cls.OP: cls
     for cls in (
@@ -687,6 +708,7 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         SetRights,
         SetUserLimits,
         SetUserTags,
+        PlaceQueues,
     )
 }
 

@@ -76,6 +76,12 @@ FEATURES: Final[dict[str, Feature]] = {
             " DeclareQueue and in the queue's snapshot; non-admin users get the default"
             " limit of 1,000 queues",
         ),
+        Feature(
+            "partitions", 7, "0.4.0",
+            "a log of a control partition and N data partitions (docs/design.md §16): the"
+            " PlaceQueues event and the placement map on the control partition; a cluster"
+            " created with --partitions N > 1 needs it (its first leader enables it)",
+        ),
     )
 }
 

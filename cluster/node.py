@@ -29,7 +29,7 @@ import logging
 import ssl
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from batonmq.cluster.appender import Appender, R, ignore_outcome
@@ -76,6 +76,17 @@ def steady_clock() -> Callable[[], int]:
     return lambda: int((wall0 + (time.monotonic() - mono0)) * 1000)
 
 
+_LOG = log  # (Node's methods have a parameter named log)
+
+
+class _Partition(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Prefixes a data partition node's log lines with its partition."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        return f"partition {extra['partition']}: {msg}", kwargs
+
+
 class Node:
     """One broker's replica of the cluster state.
 
@@ -118,12 +129,22 @@ class Node:
         checkpoint_ms: int = 5000,
         join: str = "auto",
         tls: ssl.SSLContext | None = None,
+        runtime_id: str | None = None,
+        partition: int = 0,
     ) -> None:
         if join not in ("auto", "update", "replay"):
             raise InvalidArgument("join must be 'auto', 'update' or 'replay'")
         self.node_id = node_id
-        self.runtime_id = uuid.uuid4().hex[:12]
+        # One runtime id for every partition a broker process applies (cluster/partitioned.py).
+        self.runtime_id = runtime_id or uuid.uuid4().hex[:12]
         self.key = f"{node_id}/{self.runtime_id}"  # this runtime's member key
+        #: The physical log partition this node applies (0: the control partition, or
+        #: the only one; docs/design.md §16).
+        self.partition = partition
+        #: This node's logger: a data partition's lines say which partition they are of.
+        self.say: logging.Logger | logging.LoggerAdapter[logging.Logger] = (
+            _LOG if partition == 0 else _Partition(_LOG, {"partition": partition})
+        )
         # The key pair this runtime proves itself with when it joins live: the public
         # key goes on the log in its Join (cluster/member_proof.py).
         self.join_key = MemberKey()
@@ -240,6 +261,38 @@ class Node:
         """
         return self.appender.submit(event)
 
+    # -- partitions (docs/design.md §16; a node of one log has one, itself) -------------
+
+    @property
+    def queues(self) -> Mapping[str, QueueState]:
+        """Every queue this broker applies, by name (of every data partition)."""
+        return self.state.queues
+
+    def part(self, queue: str) -> "Node":
+        """The node that applies ``queue`` (its data partition's)."""
+        return self
+
+    def parts(self) -> list["Node"]:
+        """Every node of this broker: the control partition's first."""
+        return [self]
+
+    def partition_node(self, partition: int) -> "Node | None":
+        """The node of physical log partition ``partition``, if this broker applies it."""
+        return self if partition == self.partition else None
+
+    async def place(self, queue: str, partition: int) -> int:
+        """Place ``queue`` on data ``partition`` (0: where the cluster chooses) before
+        it is declared; returns its partition.
+
+        Raises:
+            InvalidArgument: no such partition.
+        """
+        if partition not in (0, 1):
+            raise InvalidArgument(
+                f"partition {partition} does not exist: this cluster has one data partition"
+            )
+        return 1
+
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self, address: str = "", timeout: float = 60.0) -> None:
@@ -283,7 +336,7 @@ class Node:
             why = f"the log was truncated past its applied offset {loaded.applied} (it starts at {first})"
         if why is not None:
             # docs/design.md §8: a broker whose offset is gone joins like a new one.
-            log.warning("node %s starts again as a new broker: %s", self.node_id, why)
+            self.say.warning("node %s starts again as a new broker: %s", self.node_id, why)
             self.store.reset()
             self.store.put_ident("update", "")  # set again if an update is installed
             self.store.put_ident("format", "")  # said again once a flag is applied
@@ -306,7 +359,7 @@ class Node:
                 f"the log starts at offset {first}: a broker with an empty store cannot replay"
                 " it; start it with join 'auto' or 'update' while a member is alive"
             )
-        log.info(
+        self.say.info(
             "node %s runtime %s: %d queues, resuming after log offset %d",
             self.node_id,
             self.runtime_id,
@@ -327,7 +380,7 @@ class Node:
         if self.applier.unreadable is not None:
             raise InvalidArgument(self.health.problem)
         self.appender.resubmit_leftover()
-        log.info(
+        self.say.info(
             "node %s joined view %d of cluster %s as %s",
             self.key,
             self.state.membership.view_seq,
@@ -356,7 +409,7 @@ class Node:
                 # Said once it lasts past a replay's first moments, when no voter may
                 # have been applied yet.
                 if not said and now - alone_since >= 2 * self.heartbeat_ms / 1000:
-                    log.warning(
+                    self.say.warning(
                         "observer %s: no voter is alive on the log; waiting for a voter to"
                         " form the cluster (an observer never forms or joins one alone)",
                         self.key,
@@ -372,7 +425,7 @@ class Node:
             except TimeoutError:
                 pass
         if said:
-            log.info("observer %s: a voter formed the cluster", self.key)
+            self.say.info("observer %s: a voter formed the cluster", self.key)
 
     # -- joining live (docs/design.md §8, cluster/update.py) -----------------------------------
 
@@ -385,13 +438,13 @@ class Node:
         """
         record = self.appender.stamp(Join(self.address, self.join_key.public))
         at = await self.log.append([record])
-        log.info("node %s: joining at log offset %d; looking for a live member", self.key, at)
+        self.say.info("node %s: joining at log offset %d; looking for a live member", self.key, at)
         deadline = time.monotonic() + timeout
         wait = max(2.0, 4 * self.heartbeat_ms / 1000)
         while True:
             donors = await find_donors(self.log, at, self.node_id, wait, self.runtime_id)
             if not donors and self.join_mode == "auto" and first == 0:
-                log.info("no live member: replaying the log from offset 0")
+                self.say.info("no live member: replaying the log from offset 0")
                 return
             if donors:
                 catchup = Catchup(self)
@@ -404,7 +457,7 @@ class Node:
                     raise  # a newer build's cluster: no other member helps
                 except BatonError as exc:
                     self.catchup = None
-                    log.warning("join: %s", exc)
+                    self.say.warning("join: %s", exc)
             if time.monotonic() > deadline:
                 raise Timeout(
                     f"no live member gave this broker the cluster's state within {timeout:.0f}s"
@@ -441,12 +494,12 @@ class Node:
         return c is not None and c.locked(queue)
 
     def _unlocked(self, queue: str) -> None:
-        log.debug("join: queue %s is up to date here", queue)
+        self.say.debug("join: queue %s is up to date here", queue)
         if self.on_unlocked is not None:
             try:
                 self.on_unlocked(queue)
             except Exception:
-                log.exception("unlock listener failed")
+                self.say.exception("unlock listener failed")
 
     def commit_update(self, batch: Batch) -> None:
         """Write update messages (caller holds the apply lock: state == store)."""
@@ -469,10 +522,10 @@ class Node:
         try:
             self.store.put_ident("update", "")
         except StoreError as exc:  # next start rejoins as new: safe, only slower
-            log.warning("cannot clear the update mark: %s", exc)
+            self.say.warning("cannot clear the update mark: %s", exc)
         self.properties.pop("join", None)
         self.catchup = None
-        log.info(
+        self.say.info(
             "join: done, %d queues and %d messages in %.1fs; every queue is served here",
             progress.queues, total, took,
         )
@@ -530,13 +583,13 @@ class Node:
         fmt = self.state.features.format
         if fmt != self.appender.format:
             self.appender.format = fmt
-            log.info("records are written in format %d from now on", fmt)
+            self.say.info("records are written in format %d from now on", fmt)
         if fmt > self._stored_format:
             try:
                 self.store.put_ident("format", str(fmt))
                 self._stored_format = fmt
             except StoreError as exc:  # said again after the next batch
-                log.warning("cannot record the store's format: %s", exc)
+                self.say.warning("cannot record the store's format: %s", exc)
 
     def _say_refusals(self) -> None:
         """The leader says once, at WARNING, each runtime the state refused from the view
@@ -549,7 +602,7 @@ class Node:
             self._refusals_said.add(key)
             if ms.leader() == self.key and key != self.key:
                 m = ms.known.get(key)
-                log.warning(
+                self.say.warning(
                     "runtime %s%s is refused from the cluster's view: %s", key,
                     f" ({m.address})" if m is not None and m.address else "", why,
                 )
@@ -586,13 +639,13 @@ class Node:
         if alive != self.voter_alive:
             self.voter_alive = alive
             if self.joined.is_set() and not alive:
-                log.critical(
+                self.say.critical(
                     "no live voter: every voter of view %d is suspected; this %s keeps its"
                     " state and serves, but no view can change and no leader acts until a"
                     " voter is back (start one)", ms.view_seq, self.role,
                 )
             elif self.joined.is_set():
-                log.warning("a voter is alive again: the view can change")
+                self.say.warning("a voter is alive again: the view can change")
         d = duties(ms, me, self.role, self._proposed, self._voted)
         if d.propose is not None:
             ballot = self._proposed = d.propose

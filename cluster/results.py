@@ -47,6 +47,7 @@ __all__ = [
     "Candidacy",
     "HandoverAsked",
     "Checkpointed",
+    "Placed",
     "Published",
     "Subscribed",
     "Cancelled",
@@ -243,6 +244,13 @@ class HandoverAsked(Result):
 
 
 @dataclass(frozen=True, slots=True)
+class Placed(Result):
+    """PlaceQueues: the data partition the queues are on."""
+
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpointed(Result):
     """Checkpoint: applied at log ``offset``, where this replica's digest is ``digest``."""
 
@@ -402,6 +410,7 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     Candidacy,
     HandoverAsked,
     Checkpointed,
+    Placed,
     Published,
     Subscribed,
     Cancelled,

@@ -32,6 +32,7 @@ from batonmq.cluster.errors import InvalidArgument
 from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.features import MAX_FORMAT, VERSION, Features, snapshot_format
 from batonmq.cluster.keys import PublishKeys
+from batonmq.cluster.placement import Placement
 from batonmq.cluster.membership import Membership
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.services import Services
@@ -77,6 +78,9 @@ class Replicated(Protocol):
     def features(self) -> Features: ...
 
     @property
+    def placement(self) -> Placement: ...
+
+    @property
     def queues(self) -> dict[str, QueueState]: ...
 
 
@@ -97,6 +101,8 @@ def meta_snapshot(r: Replicated) -> list[Any]:
     ]
     if r.features.enabled:  # format 2 on (module docstring)
         snap += [None, r.features.snapshot()]
+        if len(r.placement):  # a control partition of several (docs/design.md §16)
+            snap.append(r.placement.snapshot())
     return snap
 
 
@@ -141,6 +147,7 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
     if len(snap) > 9 and snap[9] is not None:
         r.exchanges.restore(snap[9])
     r.features.restore(snap[10] if len(snap) > 10 else None)
+    r.placement.restore(snap[11] if len(snap) > 11 else None)
 
 
 def full_snapshot(r: Replicated) -> list[Any]:

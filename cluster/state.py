@@ -26,6 +26,7 @@ uses is importable from this module too.
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Container
 from typing import Any
 
 from batonmq.cluster import snapshot
@@ -71,6 +72,7 @@ from batonmq.cluster.events import (
     Join,
     Leave,
     Origin,
+    PlaceQueues,
     Propose,
     PurgeQueue,
     PutUser,
@@ -90,6 +92,7 @@ from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.features import FEATURES, Features, announced
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import JOIN_KEY_BYTES, VOTER, Membership
+from batonmq.cluster.placement import Placement
 from batonmq.cluster.queues import QueueIndex, QueueState
 from batonmq.cluster.results import (
     Candidacy,
@@ -98,6 +101,7 @@ from batonmq.cluster.results import (
     FeaturesEnabled,
     HandoverAsked,
     Owner,
+    Placed,
     Result,
     UserChanged,
 )
@@ -126,6 +130,8 @@ class State:
         self.services = Services()  # service leadership (cluster/services.py)
         self.users = Users()  # users and their rights (cluster/users.py)
         self.features = Features()  # enabled feature flags (cluster/features.py)
+        # queue -> data partition, on the control partition (cluster/placement.py)
+        self.placement = Placement()
         self.clock = 0  # largest envelope time applied, ms
         self.applied = -1  # offset of the last applied record
         self.last_seq: dict[str, int] = {}  # "node/runtime" -> last applied origin seq
@@ -276,9 +282,9 @@ class State:
             case DeleteExchange():
                 return self.exchanges.delete(ev)
             case Bind():
-                return self.exchanges.bind(ev, self.queues)
+                return self.exchanges.bind(ev, self._bindable())
             case Unbind():
-                return self.exchanges.unbind(ev, self.queues)
+                return self.exchanges.unbind(ev, self._bindable())
             case PurgeQueue():
                 return self.index.purge(ev, out)
             case Checkpoint():
@@ -296,7 +302,16 @@ class State:
                 return self._user_event(ev, out)
             case EnableFeatures():
                 return self._enable_features(ev)
+            case PlaceQueues():
+                if "partitions" not in self.features.enabled:
+                    raise InvalidArgument("placing queues needs the feature flag partitions")
+                return Placed(self.placement.place(ev))
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
+
+    def _bindable(self) -> Container[str]:
+        """The queues a binding may name: this state's, or on a control partition of
+        several data partitions, the placed ones (docs/design.md §16)."""
+        return self.placement if len(self.placement) else self.queues
 
     def _delete_queue(
         self, name: str, out: list[Effect], declarer_left: str | None = None

@@ -135,6 +135,11 @@ class Joiner(Protocol):
     def store(self) -> Store: ...
 
     @property
+    def partition(self) -> int:
+        """The physical log partition this replica applies (docs/design.md §16)."""
+        ...
+
+    @property
     def applied_event(self) -> asyncio.Event:
         """Set after every applied batch."""
         ...
@@ -412,9 +417,15 @@ class _Link:
         link.flags = isinstance(frame.auth.get("features"), list)
         return link
 
-    def request(self, corr: int, since: int, queues: list[str] | None, state: bool) -> None:
+    def request(
+        self, corr: int, since: int, queues: list[str] | None, state: bool, partition: int = 0
+    ) -> None:
         """Send the UpdateRequest, with this connection's member proof."""
-        if self.flags:
+        if partition:
+            self.send(wire.UpdateRequest(
+                corr, since, queues, state, self.member, self.proof, sorted(FEATURES), partition
+            ))
+        elif self.flags:
             self.send(wire.UpdateRequest(
                 corr, since, queues, state, self.member, self.proof, sorted(FEATURES)
             ))
@@ -507,7 +518,7 @@ class Catchup:
             try:
                 link = await _Link.open(address, self.node)
                 self._corr += 1
-                link.request(self._corr, since, None, True)
+                link.request(self._corr, since, None, True, self.node.partition)
                 # The member may first have to apply up to our Join: seconds at most.
                 frame = await link.next(35)
                 if not isinstance(frame, wire.UpdateState) or frame.snapshot is None:
@@ -586,7 +597,9 @@ class Catchup:
                     self.failed.append(address)
                     continue
                 self._corr += 1
-                link.request(self._corr, self.node.state.applied, sorted(want), False)
+                link.request(
+                    self._corr, self.node.state.applied, sorted(want), False, self.node.partition
+                )
                 log.info("join: asking %s for %d queues not done", address, len(want))
                 return link
             await asyncio.sleep(delay)

@@ -457,6 +457,7 @@ def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
         version="fuzz",
         node=SimpleNamespace(
             node_id="fuzz-node",
+            queues={"q": queue},
             state=SimpleNamespace(users=_USERS, queues={"q": queue}, exchanges=Exchanges(),
                                   features=Features()),
             submit=lambda event: loop.create_future(),  # never completes

@@ -175,6 +175,21 @@ async def equal_digests(brokers: Iterable[Addressed], timeout: float = 30.0) -> 
         interval=0.02,
     )
     assert len({t["digest"] for t in same}) == 1, same
+    # A log of several partitions: each data partition compared alike, on its own.
+    for k in range(len(same[0].get("partitions", ()))):
+
+        def part(t: dict[str, Any], k: int = k) -> dict[str, Any]:
+            row: dict[str, Any] = t["partitions"][k]
+            return row
+
+        at_one = await eventually(
+            tops,
+            f"replicas {addresses} at one applied offset of data partition {k + 1}",
+            timeout=timeout,
+            until=lambda ts: len({part(t)["applied"] for t in ts}) == 1,
+            interval=0.02,
+        )
+        assert len({part(t)["digest"] for t in at_one}) == 1, [part(t) for t in at_one]
 
 
 async def wait_stats(

@@ -341,6 +341,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
             assert owner is not None and owner.startswith(conn.node_id + "/")
             assert stats.pop("interested") == [owner]
             assert stats.pop("updating") is False  # no join update under way here
+            assert stats.pop("partition") == 1  # a log of one partition: data partition 1
             # Not reserved by a range reader; its lowest ready position (docs/protocol.md).
             assert stats.pop("reserved_by") is None
             assert stats.pop("head") == 4

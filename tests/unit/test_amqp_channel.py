@@ -31,8 +31,10 @@ class Owner:
         self.config = BrokerConfig(data_dir="unused")
         queue = SimpleNamespace(max_length=None, max_priority=0, ready=0)
         self.submitted: list[tuple[Any, asyncio.Future[Any]]] = []
+        queues = {"q": queue, "r": queue}
         self.node = SimpleNamespace(
-            state=SimpleNamespace(queues={"q": queue, "r": queue}, exchanges=Exchanges()),
+            state=SimpleNamespace(queues=queues, exchanges=Exchanges()),
+            queues=queues,
             submit=self._submit,
         )
         self.rights = SimpleNamespace(check=lambda right, name, what="": None)
@@ -218,7 +220,7 @@ async def test_a_channel_keeps_few_idle_getters() -> None:
                                      by_queue={})  # type: ignore[attr-defined]
     names = [f"g{i}" for i in range(amqp_channel._MAX_GETTERS + 5)]
     ready = SimpleNamespace(max_length=None, max_priority=0, ready=1)
-    owner.node.state.queues = {n: ready for n in names}
+    owner.node.state.queues = owner.node.queues = {n: ready for n in names}
     ch = Channel(cast(ChannelOwner, owner), 1)
     for n in names:
         ch.handle(commands.Basic.Get(queue=n))

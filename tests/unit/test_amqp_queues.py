@@ -92,13 +92,13 @@ def test_the_exchange_seam_routes_by_the_replicated_exchanges() -> None:
     state.exchanges.declare("n/r", DeclareExchange("hidden", "direct", internal=True))
     for q in ("logs-1", "logs-2"):
         state.exchanges.bind(Bind(q, "logs", ""), state.queues)
-    assert routes.route(state, "", "q", {}) == ["q"]
-    assert routes.route(state, "", "other", {}) == []
-    assert sorted(routes.route(state, "logs", "anything", {})) == ["logs-1", "logs-2"]
-    assert routes.route(state, "amq.direct", "q", {}) == []  # a built-in, nothing bound
+    assert routes.route(state, state.queues, "", "q", {}) == ["q"]
+    assert routes.route(state, state.queues, "", "other", {}) == []
+    assert sorted(routes.route(state, state.queues, "logs", "anything", {})) == ["logs-1", "logs-2"]
+    assert routes.route(state, state.queues, "amq.direct", "q", {}) == []  # a built-in, nothing bound
     for exchange, code in (("nope", 404), ("hidden", 403)):
         with pytest.raises(ChannelError) as info:
-            routes.route(state, exchange, "q", {})
+            routes.route(state, state.queues, exchange, "q", {})
         assert info.value.code == code
     with pytest.raises(ConnectionFault) as fault:
         routes.check_exchange_type("x", "x-consistent-hash")

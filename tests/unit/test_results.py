@@ -20,6 +20,7 @@ from batonmq.cluster.errors import ProtocolError
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import (
     EnableFeatures,
+    PlaceQueues,
     EVENT_TYPES,
     Accept,
     AcceptThrough,
@@ -58,6 +59,7 @@ from batonmq.cluster.events import (
 )
 from batonmq.cluster.results import (
     FeatureList,
+    Placed,
     FeaturesEnabled,
     RESULT_TYPES,
     AcceptedThrough,
@@ -147,6 +149,7 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
         {"service": "svc", "leader": "n1/r1/s1", "token": 42, "to": None},
     ),
     (Checkpointed(offset=99, digest="ab12"), {"offset": 99, "digest": "ab12"}),
+    (Placed(partition=3), {"partition": 3}),
     (Published(position=12), {"position": 12}),
     (Subscribed(consumer=1), {"consumer": 1}),
     (Cancelled(released=3), {"released": 3}),
@@ -318,6 +321,7 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, SetUserLimits("alice", (("max_queues", 3),)))
     apply(a, SetUserTags("alice", ("monitoring",)))
     apply(a, DeleteUser("alice"))
+    apply(a, PlaceQueues(("p1",), 0, 4))
     apply(b, Join("addr"))
     apply(b, Leave())
     # Propose and Vote are applied by Cluster.beat (the view changes above).

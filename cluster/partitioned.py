@@ -1,0 +1,263 @@
+"""A broker's replica of a cluster whose log is a control partition and N data
+partitions (docs/design.md §16).
+
+:class:`Partitioned` is the :class:`~batonmq.cluster.node.Node` of the control
+partition (physical partition 0: membership, users and rights, feature flags,
+exchanges and bindings, service leadership and the placement map), and it holds one
+more node per data partition ``1..N`` (physical partition ``k``), each an
+independent replica of that partition alone: its own state, store, reader and
+applier, appends, heartbeats and view (its members fence its acquires), checkpoints,
+retention and join update. Every node of one broker process has the same runtime id,
+so a consumer, an owner and a member are named alike on every partition.
+
+To the broker it is one node: :attr:`queues` reads every data partition's queues,
+:meth:`part` names the node of a queue, and :meth:`submit` sends each event to the
+partition it belongs to — a queue's events to the queue's data partition, everything
+else to control; a declare places the queue on control first (its dead-letter queue
+with it), and a publish through an exchange is appended once per data partition it
+reaches (each deduplicates by the publish keys, so a publisher's retry completes it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+
+from batonmq.cluster.appender import R
+from batonmq.cluster.applier import EffectListener
+from batonmq.cluster.errors import InvalidArgument, QueueNotFound
+from batonmq.cluster.events import (
+    Bind,
+    DeclareQueue,
+    Event,
+    PlaceQueues,
+    RoutedEnqueue,
+    Unbind,
+)
+from batonmq.cluster.log import LogSet
+from batonmq.cluster.node import Node
+from batonmq.cluster.queues import QueueState
+from batonmq.cluster.results import Placed, Routed
+from batonmq.store import Store
+
+__all__ = ["Partitioned"]
+
+log = logging.getLogger("baton.node")
+
+
+
+#: Events that name a queue but belong to the control partition (bindings are
+#: with the exchanges).
+_CONTROL_QUEUE_EVENTS = (Bind, Unbind)
+
+
+class _Queues(Mapping[str, QueueState]):
+    """Every data partition's queues, read through the placement map."""
+
+    def __init__(self, owner: "Partitioned") -> None:
+        self._owner = owner
+
+    def __getitem__(self, name: str) -> QueueState:
+        return self._owner.part(name).state.queues[name]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._owner.part(name).state.queues
+
+    def __iter__(self) -> Iterator[str]:
+        for node in self._owner.data.values():
+            yield from node.state.queues
+
+    def __len__(self) -> int:
+        return sum(len(node.state.queues) for node in self._owner.data.values())
+
+
+class Partitioned(Node):
+    """The control partition's node, with a node per data partition.
+
+    Args:
+        node_id: this broker's persistent id.
+        logs: the log set: partition 0 control, ``1..count-1`` data.
+        store: the control partition's store.
+        stores: each data partition's store, by partition.
+        **options: as for :class:`Node`, given to every partition's node.
+    """
+
+    def __init__(
+        self, node_id: str, logs: LogSet, store: Store, stores: dict[int, Store], **options: Any
+    ) -> None:
+        if logs.count < 2:
+            raise InvalidArgument("a partitioned node needs a log of two partitions or more")
+        self.data: dict[int, Node] = {}
+        super().__init__(node_id, logs.partition(0), store, partition=0, **options)
+        #: How many data partitions the cluster has.
+        self.count = logs.count - 1
+        for k in range(1, logs.count):
+            node = Node(
+                node_id, logs.partition(k), stores[k], runtime_id=self.runtime_id, partition=k,
+                **options,
+            )
+            node.on_unlocked = self._data_unlocked
+            node.on_truncated = self._data_truncated
+            self.data[k] = node
+        self._queues = _Queues(self)
+
+    # -- what the broker reads ---------------------------------------------------------
+
+    @property
+    def queues(self) -> Mapping[str, QueueState]:
+        return self._queues
+
+    def part(self, queue: str) -> Node:
+        """The data partition's node that applies ``queue`` (by the placement map; a
+        queue declared on a data partition before its placement is applied here is
+        found there too), else this control node (which has no queues)."""
+        k = self.state.placement.get(queue)
+        if k is not None and k in self.data:
+            return self.data[k]
+        for node in self.data.values():
+            if queue in node.state.queues:
+                return node
+        return self
+
+    def parts(self) -> list[Node]:
+        return [self, *self.data.values()]
+
+    def partition_node(self, partition: int) -> Node | None:
+        return self if partition == 0 else self.data.get(partition)
+
+    def locked(self, queue: str) -> bool:
+        node = self.part(queue)
+        return Node.locked(node, queue) if node is self else node.locked(queue)
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.ok and all(n.health.ok for n in self.data.values())
+
+    @healthy.setter
+    def healthy(self, ok: bool) -> None:
+        self.health.ok = ok
+
+    @property
+    def listener(self) -> EffectListener | None:
+        return self.applier.listener
+
+    @listener.setter
+    def listener(self, listener: EffectListener | None) -> None:
+        self.applier.listener = listener
+        for node in self.data.values():
+            node.listener = listener
+
+    @property
+    def serving(self) -> bool:
+        return self._serving
+
+    @serving.setter
+    def serving(self, on: bool) -> None:
+        self._serving = on
+        for node in getattr(self, "data", {}).values():
+            node.serving = on
+
+    def _data_unlocked(self, queue: str) -> None:
+        if self.on_unlocked is not None:
+            self.on_unlocked(queue)
+
+    def _data_truncated(self) -> None:
+        if self.on_truncated is not None:
+            self.on_truncated()
+
+    # -- commands ------------------------------------------------------------------------
+
+    def submit(self, event: Event[R]) -> asyncio.Future[R]:
+        """Append ``event`` to the partition it belongs to (module doc)."""
+        if isinstance(event, DeclareQueue):
+            return cast("asyncio.Future[R]", asyncio.ensure_future(self._declare(event)))
+        if isinstance(event, RoutedEnqueue):
+            return cast("asyncio.Future[R]", asyncio.ensure_future(self._routed(event)))
+        queue = getattr(event, "queue", None)
+        if isinstance(queue, str) and not isinstance(event, _CONTROL_QUEUE_EVENTS):
+            node = self.part(queue)
+            if node is self:
+                fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+                fut.set_exception(QueueNotFound(f"queue {queue!r} does not exist"))
+                return fut
+            return node.submit(event)
+        return super().submit(event)
+
+    async def place(self, queue: str, partition: int) -> int:
+        if not 0 <= partition <= self.count:
+            raise InvalidArgument(
+                f"partition {partition} does not exist: this cluster's data partitions are"
+                f" 1 to {self.count}"
+            )
+        placed: Placed = await super().submit(PlaceQueues((queue,), partition, self.count))
+        return placed.partition
+
+    async def _declare(self, ev: DeclareQueue) -> Any:
+        """Place the queue (with its dead-letter queue) on control unless it is placed,
+        then declare it on its data partition."""
+        if ev.dead_letter_exchange is not None:
+            # Its exchanges are on the control partition, not on the queue's.
+            raise InvalidArgument(
+                "dead-letter exchanges are not built yet on a cluster of several data"
+                " partitions: name a dead-letter queue instead"
+            )
+        k = self.state.placement.get(ev.queue)
+        dlq = self.state.placement.get(ev.dead_letter) if ev.dead_letter else None
+        if k is None or (ev.dead_letter is not None and dlq is None):
+            names = (ev.queue,) if ev.dead_letter is None else (ev.queue, ev.dead_letter)
+            placed: Placed = await super().submit(PlaceQueues(names, 0, self.count))
+            k = placed.partition
+        elif dlq is not None and dlq != k:
+            raise InvalidArgument(
+                f"queue {ev.queue!r} is on partition {k} and its dead-letter queue"
+                f" {ev.dead_letter!r} on partition {dlq}: dead-lettering across partitions"
+                " is not built yet; choose a dead-letter queue on the same partition"
+            )
+        return await self.data[k].submit(ev)
+
+    async def _routed(self, ev: RoutedEnqueue) -> Routed:
+        """A publish through an exchange: one RoutedEnqueue per data partition reached
+        (each with that partition's queues), the results joined."""
+        by_part: dict[int, list[str]] = {}
+        missing: list[str] = []
+        for name in ev.queues:
+            node = self.part(name)
+            if node is self:
+                missing.append(name)
+            else:
+                by_part.setdefault(node.partition, []).append(name)
+        if len(by_part) <= 1 and not missing:
+            k = next(iter(by_part), 1)
+            return await self.data[k].submit(ev)
+        futures = [
+            self.data[k].submit(replace(ev, queues=tuple(names))) for k, names in sorted(by_part.items())
+        ]
+        queues: list[str] = []
+        positions: list[int] = []
+        full: list[str] = []
+        for res in await asyncio.gather(*futures):
+            queues += res.queues
+            positions += res.positions
+            full += res.full
+            missing += res.missing
+        return Routed(queues, positions, full, missing)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, address: str = "", timeout: float = 60.0) -> None:
+        """Start the control partition's node, then every data partition's, each
+        catching up with (or joining) its own partition."""
+        await super().start(address, timeout)
+        await asyncio.gather(*(n.start(address, timeout) for n in self.data.values()))
+        log.info("node %s: applying %d data partitions", self.key, self.count)
+
+    async def leave(self) -> None:
+        await asyncio.gather(*(n.leave() for n in self.data.values()), super().leave())
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(n.stop() for n in self.data.values()))
+        await super().stop()
+

@@ -1,0 +1,105 @@
+"""The placement map: which data partition each queue is on (docs/design.md §16).
+
+Pure: no I/O, no clock. Kept by the control partition's state and changed only by
+:class:`~batonmq.cluster.events.PlaceQueues` in log order, so every replica places
+alike. A name keeps its partition for the life of the cluster (a queue declared again
+under a name returns to the partition the name had): placement never races with a
+deletion on a data partition, at the price of one small entry per queue name ever
+placed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batonmq.cluster.errors import InvalidArgument, QueueExists
+from batonmq.cluster.events import PlaceQueues
+from batonmq.cluster.queues import MAX_QUEUE_NAME
+
+__all__ = ["Placement", "MAX_PARTITIONS"]
+
+#: The most data partitions a cluster may have (the log layer's own cap is higher).
+MAX_PARTITIONS = 1024
+
+
+class Placement:
+    """Queue name -> data partition (1..N), with each partition's count of names."""
+
+    __slots__ = ("placed", "counts")
+
+    def __init__(self) -> None:
+        self.placed: dict[str, int] = {}
+        self.counts: dict[int, int] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.placed
+
+    def __len__(self) -> int:
+        return len(self.placed)
+
+    def get(self, name: str) -> int | None:
+        """The partition ``name`` is on, or None if it was never placed."""
+        return self.placed.get(name)
+
+    def place(self, ev: PlaceQueues) -> int:
+        """Apply ``ev``; returns the partition its queues are on.
+
+        Raises:
+            InvalidArgument: a bad count, partition or name; queues that must go
+                together are already on different partitions.
+            QueueExists: the first queue is on another partition than the one asked.
+        """
+        if not 1 <= ev.count <= MAX_PARTITIONS:
+            raise InvalidArgument(f"a cluster has 1 to {MAX_PARTITIONS} data partitions, not {ev.count}")
+        if not 0 <= ev.partition <= ev.count:
+            raise InvalidArgument(
+                f"partition {ev.partition} does not exist: this cluster's data partitions are"
+                f" 1 to {ev.count}"
+            )
+        if not ev.queues:
+            raise InvalidArgument("PlaceQueues needs at least one queue")
+        for name in ev.queues:
+            if not name or len(name) > MAX_QUEUE_NAME or not name.isprintable():
+                raise InvalidArgument(
+                    f"queue name must be 1..{MAX_QUEUE_NAME} printable characters"
+                )
+        have = {name: self.placed[name] for name in ev.queues if name in self.placed}
+        where = set(have.values())
+        if len(where) > 1:
+            listed = ", ".join(f"{n!r} on partition {k}" for n, k in sorted(have.items()))
+            raise InvalidArgument(
+                f"these queues must be on one partition (a queue and its dead-letter queue)"
+                f" but are not: {listed}"
+            )
+        first = ev.queues[0]
+        if where:
+            k = where.pop()
+            if ev.partition and ev.partition != k and first in have:
+                raise QueueExists(f"queue {first!r} is on partition {k}, not {ev.partition}")
+            if ev.partition and ev.partition != k:
+                raise InvalidArgument(
+                    f"queue {first!r} cannot go to partition {ev.partition}: its dead-letter"
+                    f" queue is on partition {k}"
+                )
+        else:
+            k = ev.partition or self.emptiest(ev.count)
+        for name in ev.queues:
+            if name not in self.placed:
+                self.placed[name] = k
+                self.counts[k] = self.counts.get(k, 0) + 1
+        return k
+
+    def emptiest(self, count: int) -> int:
+        """The data partition of ``1..count`` with the fewest names (ties: the lowest)."""
+        return min(range(1, count + 1), key=lambda k: (self.counts.get(k, 0), k))
+
+    def snapshot(self) -> list[Any]:
+        """Canonical: [[name, partition], ...] by name."""
+        return [[name, self.placed[name]] for name in sorted(self.placed)]
+
+    def restore(self, snap: list[Any] | None) -> None:
+        """Restore from :meth:`snapshot` (None: nothing placed)."""
+        self.placed = {str(n): int(k) for n, k in snap or ()}
+        self.counts = {}
+        for k in self.placed.values():
+            self.counts[k] = self.counts.get(k, 0) + 1

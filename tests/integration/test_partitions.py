@@ -1,0 +1,235 @@
+"""A cluster on a log of a control partition and four data partitions (docs/design.md
+§16), real brokers: queues spread over the partitions, each partition applied and
+fenced on its own, a kill -9, a restart, a broker joining live (one update per
+partition), an exchange fanning out over partitions, a dead-letter queue with its
+queue; on the file log and on Kafka (a topic of five partitions)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batonmq import clients
+from batonmq.cluster.errors import InvalidArgument, QueueExists
+from tests.helpers import equal_digests, eventually, topology, wait_stats
+from tests.integration.conftest import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+N = 4
+
+
+def _brokers(tmp_path: Path, url: str, count: int = 3) -> list[BrokerProcess]:
+    return [
+        BrokerProcess(
+            tmp_path / f"node-{i}", log_url=url, node_id=f"node-{i}",
+            extra=["--partitions", str(N)],
+        )
+        for i in range(1, count + 1)
+    ]
+
+
+@pytest.fixture
+def parted(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Three brokers on one file: log of 1 + 4 partitions."""
+    brokers = _brokers(tmp_path, f"file:{tmp_path / 'shared-log'}")
+    try:
+        for b in brokers:
+            b.start()
+        yield brokers
+    finally:
+        for b in brokers:
+            b.stop()
+
+
+async def _spread(conn: clients.Connection, names: list[str]) -> dict[str, int]:
+    for name in names:
+        await conn.declare_queue(name)
+    return {name: (await conn.queue_stats(name))["partition"] for name in names}
+
+
+async def test_queues_spread_over_the_partitions_and_each_is_applied_alike(
+    parted: list[BrokerProcess], tmp_path: Path
+) -> None:
+    log_dir = tmp_path / "shared-log"
+    assert sorted(p.name for p in log_dir.iterdir() if p.name.startswith("partition-")) == [
+        f"partition-{k}" for k in range(1, N + 1)
+    ]
+    conn = await clients.connect([b.address for b in parted], timeout=5)
+    names = [f"q{i}" for i in range(8)]
+    where = await _spread(conn, names)
+    assert sorted(where.values()) == [1, 1, 2, 2, 3, 3, 4, 4], where
+    await conn.declare_queue("pinned", partition=3)
+    assert (await conn.queue_stats("pinned"))["partition"] == 3
+    with pytest.raises(QueueExists, match="partition 3, not 2"):
+        await conn.declare_queue("pinned", partition=2)
+    with pytest.raises(InvalidArgument, match="partition 9 does not exist"):
+        await conn.declare_queue("nowhere", partition=9)
+    # Every broker sees every queue where it was placed.
+    for b in parted:
+        async with await clients.connect(b.address, timeout=5) as c:
+            assert {n: (await c.queue_stats(n))["partition"] for n in names} == where
+    for i, name in enumerate(names):
+        await conn.publish_batch(name, [b"%s-%d" % (name.encode(), j) for j in range(10 + i)])
+    for i, name in enumerate(names):
+        got = []
+        async with conn.consume(name, prefetch=50) as consumer:
+            while len(got) < 10 + i:
+                batch = await consumer.get_many(50, timeout=10)
+                assert batch, f"{name}: {len(got)} of {10 + i}"
+                got += [m.body for m in batch]
+                await consumer.ack_many(batch)
+        assert sorted(got) == sorted(b"%s-%d" % (name.encode(), j) for j in range(10 + i))
+    top = await topology(parted[0].address)
+    assert [p["partition"] for p in top["partitions"]] == list(range(1, N + 1))
+    assert all(p["member"] and p["healthy"] for p in top["partitions"]), top["partitions"]
+    assert sum(p["queues"] for p in top["partitions"]) == len(names) + 1
+    await equal_digests(parted)
+    await conn.close()
+
+
+async def test_a_kill9_and_a_restart_lose_nothing_on_any_partition(
+    parted: list[BrokerProcess],
+) -> None:
+    addresses = [b.address for b in parted]
+    conn = await clients.connect(addresses[1:], timeout=5, failover_timeout=30)
+    names = [f"k{i}" for i in range(N)]
+    where = await _spread(conn, names)
+    assert sorted(where.values()) == list(range(1, N + 1))
+    for name in names:
+        await conn.publish_batch(name, [b"%s-%03d" % (name.encode(), j) for j in range(100)])
+    # Consumers on the broker about to die hold messages of every partition.
+    victim = parted[0]
+    doomed = await clients.connect(victim.address, timeout=5)
+    held = []
+    for name in names:
+        consumer = doomed.consume(name, prefetch=10)
+        await consumer.__aenter__()
+        msg = await consumer.get(timeout=10)
+        assert msg is not None
+        held.append(msg)
+    await asyncio.to_thread(victim.kill9)
+    # What the dead broker's consumers held goes back on every partition's view change.
+    for name in names:
+        await wait_stats(conn, name, timeout=40, acquired=0, ready=100)
+    survivors = parted[1:]
+    await equal_digests(survivors)
+    # Restarted on its data dir: it resumes every partition from its own store.
+    await asyncio.to_thread(victim.restart)
+    async with await clients.connect(victim.address, timeout=5) as c:
+        for name in names:
+            await wait_stats(c, name, timeout=30, ready=100)
+    await equal_digests(parted)
+    for name in names:
+        seen: set[bytes] = set()
+        async with conn.consume(name, prefetch=100) as consumer:
+            while len(seen) < 100:
+                batch = await consumer.get_many(100, timeout=10)
+                assert batch, f"{name}: {len(seen)} of 100"
+                for m in batch:
+                    assert m.body not in seen, m.body
+                    seen.add(m.body)
+                await consumer.ack_many(batch)
+    await conn.close()
+
+
+async def test_a_broker_joins_live_with_an_update_of_each_partition(
+    parted: list[BrokerProcess], tmp_path: Path
+) -> None:
+    conn = await clients.connect([b.address for b in parted], timeout=5)
+    names = [f"j{i}" for i in range(N)]
+    await _spread(conn, names)
+    for name in names:
+        await conn.publish_batch(name, [b"x" * 100] * 200)
+    joiner = _brokers(tmp_path, f"file:{tmp_path / 'shared-log'}", 4)[3]
+    try:
+        joiner.start(timeout=60)
+        top = await eventually(
+            lambda: topology(joiner.address), "the joiner a member of every partition",
+            timeout=30, until=lambda t: t["status"] == "ok",
+        )
+        assert [p["partition"] for p in top["partitions"]] == list(range(1, N + 1))
+        out = joiner.output()
+        for k in range(1, N + 1):
+            assert f"partition {k}: " in out, out  # each partition said its own lines
+        async with await clients.connect(joiner.address, timeout=5) as c:
+            for name in names:
+                stats = await c.queue_stats(name)
+                assert stats["ready"] == 200 and not stats["updating"], stats
+            async with c.consume(names[0], prefetch=200) as consumer:
+                got = await consumer.get_many(200, timeout=10)
+                await consumer.ack_many(got)
+            assert len(got) == 200
+        await equal_digests([*parted, joiner])
+    finally:
+        joiner.stop()
+    await conn.close()
+
+
+async def test_an_exchange_fans_out_over_partitions_and_a_dead_letter_queue_goes_with_its_queue(
+    parted: list[BrokerProcess],
+) -> None:
+    conn = await clients.connect(parted[0].address, timeout=5)
+    names = [f"f{i}" for i in range(N)]
+    where = await _spread(conn, names)
+    assert len(set(where.values())) == N
+    await conn.declare_exchange("fan", "fanout")
+    for name in names:
+        await conn.bind_queue(name, "fan")
+    for i in range(5):
+        routed = await conn.publish_to("fan", "", b"m%d" % i)
+        assert sorted(routed.queues) == names and not routed.missing, routed
+    for name in names:
+        await wait_stats(conn, name, ready=5)
+    # A queue declared with a dead-letter queue goes to the dead-letter queue's
+    # partition, so that dead-lettering stays within one partition.
+    await conn.declare_queue("dead")
+    await conn.declare_queue("live", dead_letter="dead")
+    assert (await conn.queue_stats("live"))["partition"] == (
+        await conn.queue_stats("dead")
+    )["partition"]
+    await conn.publish("live", b"bad")
+    async with conn.consume("live") as consumer:
+        msg = await consumer.get(timeout=10)
+        assert msg is not None
+        await msg.reject(confirm=True)
+    await wait_stats(conn, "dead", ready=1)
+    with pytest.raises(InvalidArgument, match="dead-letter exchanges"):
+        await conn.declare_queue("dlx", dead_letter_exchange="fan")
+    await conn.close()
+
+
+async def test_a_kafka_topic_of_five_partitions(tmp_path: Path, kafka_bootstrap: str) -> None:
+    topic = f"baton-parted-{uuid.uuid4().hex[:10]}"
+    brokers = _brokers(tmp_path, f"kafka://{kafka_bootstrap}/{topic}", 2)
+    try:
+        for b in brokers:
+            b.start(timeout=60)
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            (described,) = await admin.describe_topics([topic])
+        finally:
+            await admin.close()
+        assert len(described["partitions"]) == N + 1, described
+        conn = await clients.connect([b.address for b in brokers], timeout=5)
+        where = await _spread(conn, [f"kq{i}" for i in range(N)])
+        assert sorted(where.values()) == list(range(1, N + 1))
+        for name in where:
+            await conn.publish_batch(name, [b"a", b"b", b"c"])
+        for name in where:
+            async with conn.consume(name) as consumer:
+                got = await consumer.get_many(3, timeout=10)
+                await consumer.ack_many(got)
+            assert sorted(m.body for m in got) == [b"a", b"b", b"c"]
+        await equal_digests(brokers)
+        await conn.close()
+    finally:
+        for b in brokers:
+            b.stop()

@@ -1,0 +1,123 @@
+"""The placement map of a cluster of several data partitions (cluster/placement.py,
+docs/design.md §16): pure, applied in log order on the control partition."""
+
+from __future__ import annotations
+
+import pytest
+
+from batonmq.cluster.errors import InvalidArgument, QueueExists
+from batonmq.cluster.events import EnableFeatures, Heartbeat, PlaceQueues
+from batonmq.cluster.features import FEATURES
+from batonmq.cluster.placement import Placement
+from batonmq.cluster.snapshot import digest
+from batonmq.cluster.state import State
+from tests.unit.test_membership import Cluster
+
+
+def test_queues_go_to_the_partition_with_the_fewest_lowest_first() -> None:
+    p = Placement()
+    got = [p.place(PlaceQueues((f"q{i}",), 0, 4)) for i in range(10)]
+    assert got == [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    assert p.counts == {1: 3, 2: 3, 3: 2, 4: 2}
+    # An explicit placement counts too: the next chosen one goes around it.
+    assert p.place(PlaceQueues(("pinned",), 3, 4)) == 3
+    assert p.place(PlaceQueues(("next",), 0, 4)) == 4
+
+
+def test_a_name_keeps_its_partition_and_an_other_explicit_one_is_refused() -> None:
+    p = Placement()
+    assert p.place(PlaceQueues(("a",), 2, 4)) == 2
+    assert p.place(PlaceQueues(("a",), 0, 4)) == 2  # declared again: back where it was
+    assert p.place(PlaceQueues(("a",), 2, 4)) == 2
+    with pytest.raises(QueueExists, match="partition 2, not 3"):
+        p.place(PlaceQueues(("a",), 3, 4))
+    assert p.get("a") == 2 and len(p) == 1
+
+
+def test_a_queue_goes_with_its_dead_letter_queue() -> None:
+    p = Placement()
+    p.place(PlaceQueues(("x",), 0, 4))  # partition 1
+    assert p.place(PlaceQueues(("dlq",), 0, 4)) == 2
+    # The queue goes where its dead-letter queue already is, not to the emptiest.
+    assert p.place(PlaceQueues(("work", "dlq"), 0, 4)) == 2
+    # Placed together when neither was placed.
+    assert p.place(PlaceQueues(("w2", "d2"), 0, 4)) == 3 and p.get("d2") == 3
+    with pytest.raises(InvalidArgument, match="must be on one partition"):
+        p.place(PlaceQueues(("x", "dlq"), 0, 4))
+    with pytest.raises(InvalidArgument, match="its dead-letter queue is on partition 2"):
+        p.place(PlaceQueues(("new", "dlq"), 4, 4))
+    assert "new" not in p  # a refused placement places nothing
+
+
+@pytest.mark.parametrize(
+    ("event", "why"),
+    [
+        (PlaceQueues(("q",), 0, 0), "1 to 1024 data partitions"),
+        (PlaceQueues(("q",), 5, 4), "partition 5 does not exist"),
+        (PlaceQueues(("q",), -1, 4), "partition -1 does not exist"),
+        (PlaceQueues((), 0, 4), "at least one queue"),
+        (PlaceQueues(("",), 0, 4), "queue name"),
+        (PlaceQueues(("bad\nname",), 0, 4), "queue name"),
+    ],
+)
+def test_bad_placements_are_refused(event: PlaceQueues, why: str) -> None:
+    p = Placement()
+    with pytest.raises(InvalidArgument, match=why):
+        p.place(event)
+    assert len(p) == 0
+
+
+def test_the_snapshot_restores_the_map_and_its_counts() -> None:
+    p = Placement()
+    for i in range(5):
+        p.place(PlaceQueues((f"q{i}",), 0, 3))
+    again = Placement()
+    again.restore(p.snapshot())
+    assert again.placed == p.placed and again.counts == p.counts
+    assert again.snapshot() == p.snapshot()
+    empty = Placement()
+    empty.restore(None)
+    assert len(empty) == 0
+
+
+def _flagged() -> Cluster:
+    c = Cluster()
+    a = "n1/r1"
+    c.apply(a, Heartbeat("voter", "addr", {"features": sorted(FEATURES)}))
+    c.duties()
+    assert c.apply(a, EnableFeatures(tuple(FEATURES))).error is None
+    return c
+
+
+def test_the_state_places_only_with_the_flag_and_keeps_the_map_in_its_snapshot() -> None:
+    c = Cluster()
+    c.beat("n1/r1")
+    done = c.apply("n1/r1", PlaceQueues(("q",), 0, 4))
+    assert isinstance(done.error, InvalidArgument) and "flag partitions" in str(done.error)
+    assert len(c.state.placement) == 0
+
+    c = _flagged()
+    before = digest(c.state)
+    done = c.apply("n1/r1", PlaceQueues(("q", "q.dlq"), 0, 4))
+    assert done.error is None and done.result is not None and done.result.partition == 1
+    assert digest(c.state) != before  # the map is replicated state: the digest covers it
+    restored = State()
+    restored.restore_meta(c.state.meta_snapshot())
+    assert restored.placement.placed == {"q": 1, "q.dlq": 1}
+    joined = State()
+    joined.install(c.state.full_snapshot())
+    assert joined.placement.placed == {"q": 1, "q.dlq": 1}
+    assert digest(joined) == digest(c.state)
+
+
+def test_bindings_on_a_control_partition_name_placed_queues() -> None:
+    """On the control partition the queues are elsewhere: a binding may name a placed
+    queue, not one never placed."""
+    from batonmq.cluster.errors import QueueNotFound
+    from batonmq.cluster.events import Bind, DeclareExchange
+
+    c = _flagged()
+    assert c.apply("n1/r1", DeclareExchange("x", "fanout")).error is None
+    assert c.apply("n1/r1", PlaceQueues(("q",), 0, 2)).error is None
+    assert c.apply("n1/r1", Bind("q", "x")).error is None
+    assert isinstance(c.apply("n1/r1", Bind("nowhere", "x")).error, QueueNotFound)
