@@ -12,7 +12,7 @@ mix their figures.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -210,6 +210,7 @@ class BrokerCollector(Collector):
                      "The log's start after this broker's last truncation (as leader).",
                      node.truncated_before)
         yield from self._features(node)
+        yield from self._partitions(node)
         services = GaugeMetricFamily(
             "baton_service_terms", "Terms granted so far, per service.", labels=["service"]
         )
@@ -222,6 +223,36 @@ class BrokerCollector(Collector):
         yield services
         yield leaders
 
+
+    @staticmethod
+    def _partitions(node: Node) -> Iterator[Metric]:
+        """Each data partition of a log of several, as applied here (docs/design.md §16);
+        nothing for a log of one."""
+        data = node.parts()[1:]
+        if not data:
+            return
+        rows: list[tuple[str, str, Any]] = [
+            ("baton_partition_applied_offset", "The last offset of the data partition applied"
+             " here.", lambda n: n.state.applied),
+            ("baton_partition_member", "1 while this broker is in the data partition's view.",
+             lambda n: 1 if n.joined.is_set() else 0),
+            ("baton_partition_view_sequence", "The data partition's established view.",
+             lambda n: n.state.membership.view_seq),
+            ("baton_partition_healthy", "0 while the data partition's log or store cannot be"
+             " used.", lambda n: 1 if n.healthy else 0),
+            ("baton_partition_queues", "Queues on the data partition.",
+             lambda n: len(n.state.queues)),
+            ("baton_partition_last_checkpoint_offset", "Offset of the data partition's last"
+             " checkpoint applied here (-1: none).",
+             lambda n: n.last_checkpoint["offset"] if n.last_checkpoint else -1),
+            ("baton_partition_outbox_events", "Events waiting for their append to the data"
+             " partition.", lambda n: n.appender.outbox_depth),
+        ]
+        for name, doc, value in rows:
+            family = GaugeMetricFamily(name, doc, labels=["partition"])
+            for n in data:
+                family.add_metric([str(n.partition)], value(n))
+            yield family
 
     @staticmethod
     def _features(node: Node) -> Iterator[Metric]:

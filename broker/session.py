@@ -498,9 +498,9 @@ class Session(ClientConnection):
             case wire.UpdateRequest():
                 if self._update is not None and not self._update.done():
                     raise InvalidArgument("an update is already being served on this connection")
-                part = self.broker.node.partition_node(f.partition)
-                if part is None:
-                    raise InvalidArgument(f"this broker applies no log partition {f.partition}")
+                part = self.broker.node.partition_node(f.partition or 0)
+                if part is None or type(f.partition or 0) is not int:
+                    raise InvalidArgument(f"this broker applies no log partition {f.partition!r}")
                 donor = UpdateDonor(self, part, self.broker.config.update_max_rate,
                                     self.broker.refused)
                 self._update = asyncio.create_task(

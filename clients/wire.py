@@ -571,9 +571,10 @@ class UpdateRequest(Frame):
     #: says none (a build from before them). Sent only to a member whose HelloOk listed
     #: its own, so that older members, which refuse a longer frame, can serve it too.
     features: Any = None
-    #: The physical log partition whose state to stream (0: the control partition, or
-    #: the only one; docs/design.md §16). Written only when not 0.
-    partition: int = 0
+    #: The physical log partition whose state to stream (None or 0: the control
+    #: partition, or the only one; docs/design.md §16). Written only when not 0, so that
+    #: older members, which refuse a longer frame, can serve the others.
+    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,6 +204,10 @@ class Partitioned(Node):
                 "dead-letter exchanges are not built yet on a cluster of several data"
                 " partitions: name a dead-letter queue instead"
             )
+        if ev.user is not None:
+            # A user's queues are counted in one state; here they are spread over the
+            # partitions' states, whose user tables are empty: not counted yet.
+            ev = replace(ev, user=None)
         k = self.state.placement.get(ev.queue)
         dlq = self.state.placement.get(ev.dead_letter) if ev.dead_letter else None
         if k is None or (ev.dead_letter is not None and dlq is None):

@@ -35,6 +35,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "log": None,
     "faults": None,
     "disk_limit": None,
+    "partitions": 1,
     "old_build": None,
     "json": None,
     "report": None,
@@ -73,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--faults", default=None, metavar="SPEC",
                    help="fault schedule, e.g. 'kill9,sigstop,join@30s' or "
                    "'sigstop@random:20s' (docs/loadtest.md)")
+    p.add_argument("--partitions", type=int, default=None, metavar="N",
+                   help="data partitions of the Baton brokers' new log (1: one log; N > 1: a"
+                   " control partition and N data partitions, the queues spread over them)")
     p.add_argument("--disk-limit", type=int, default=None, metavar="MB",
                    help="put the brokers' data dirs and file log on a tmpfs of MB MiB "
                    "(needed by the diskfull fault; root)")
@@ -278,6 +282,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             faults=tuple(faults) if system == "baton" else (),
             faults_spec=(opts["faults"] or "") if system == "baton" else "",
             disk_limit_mb=disk_limit if system == "baton" else None,
+            partitions=int(opts["partitions"]),
             old_build=old_build if system in ("baton", "baton-amqp") else None,
         )
         try:

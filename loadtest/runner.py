@@ -100,6 +100,8 @@ class RunConfig:
     faults_spec: str = ""
     #: Put the Baton data dirs and file log on a tmpfs of this many MiB (diskfull).
     disk_limit_mb: int | None = None
+    #: Data partitions of the started Baton brokers' new log (``serve --partitions``).
+    partitions: int = 1
     #: Another build's ``baton`` executable (``--old-build``, resolved by
     #: :func:`batonmq.loadtest.builds.resolve_build`): the brokers start on it, and
     #: ``upgrade`` faults move them to the running build.
@@ -160,11 +162,12 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
         return BatonCluster(config.brokers, base_dir, config.log_url, config.disk_limit_mb,
                             net=any(e.kind in NET_KINDS for e in config.faults),
                             fake_clock=any(e.kind == "clockjump" for e in config.faults),
-                            old_baton=old)
+                            old_baton=old, extra_args=_partitions(config))
     if config.brokers_at:
         raise RuntimeError("--brokers-at is for Baton only: the harness runs the peers itself")
     if config.system == "baton-amqp":
-        return BatonCluster(config.brokers, base_dir, config.log_url, amqp=True, old_baton=old)
+        return BatonCluster(config.brokers, base_dir, config.log_url, amqp=True, old_baton=old,
+                            extra_args=_partitions(config))
     if config.system == "rabbitmq":
         from batonmq.loadtest.peers.rabbitmq import RabbitSystem
 
@@ -207,6 +210,13 @@ async def _prepare(
                 await conn.purge(q)
     finally:
         await conn.close()
+
+
+def _partitions(config: RunConfig) -> list[str]:
+    """The ``baton serve`` options of ``config.partitions`` (none for one log)."""
+    if config.partitions < 1:
+        raise RuntimeError(f"--partitions must be 1 or more, not {config.partitions}")
+    return ["--partitions", str(config.partitions)] if config.partitions > 1 else []
 
 
 def _spread(items: Sequence[str], parts: int, index: int) -> tuple[str, ...]:

@@ -233,3 +233,35 @@ async def test_a_kafka_topic_of_five_partitions(tmp_path: Path, kafka_bootstrap:
     finally:
         for b in brokers:
             b.stop()
+
+
+async def test_metrics_and_the_queue_list_name_each_data_partition(tmp_path: Path) -> None:
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.integration.test_admin import TOOL_HEADERS, admin_of
+
+    b = BrokerProcess(tmp_path / "one", extra=["--partitions", "2", "--admin-listen", "127.0.0.1:0"])
+    b.start()
+    try:
+        async with await clients.connect(b.address, timeout=5) as conn:
+            await conn.declare_queue("m1")
+            await conn.declare_queue("m2")
+            await conn.publish("m2", b"x")
+        async with aiohttp.ClientSession(headers=TOOL_HEADERS) as http:
+            async with http.get(f"{admin_of(b)}/metrics") as r:
+                assert r.status == 200
+                text = await r.text()
+            async with http.get(f"{admin_of(b)}/api/queues") as r:
+                listed = await r.json()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        by_part = {
+            s.labels["partition"]: s.value for s in families["baton_partition_queues"].samples
+        }
+        assert by_part == {"1": 1, "2": 1}, by_part
+        member = {s.labels["partition"]: s.value for s in families["baton_partition_member"].samples}
+        assert member == {"1": 1, "2": 1}
+        rows = listed if isinstance(listed, list) else listed["queues"]
+        assert sorted((q["queue"], q["partition"]) for q in rows) == [("m1", 1), ("m2", 2)], rows
+    finally:
+        b.stop()

@@ -110,4 +110,7 @@ def test_rolling_upgrade_then_enabling_the_feature_flags_under_load_keeps_every_
     assert len(enabled) == 1 and enabled[0]["t"] < DURATION, faults
     detail = dict(item.split("=", 1) for item in enabled[0]["detail"].split())
     assert detail["enabled"] == detail["features"] != "-", enabled
+    # Among them the log's partitions: a cluster of one log stays one (its queues on data
+    # partition 1), nothing written differently (docs/operations.md "Partitions").
+    assert "partitions" in detail["enabled"].split(","), enabled
     assert done.returncode == 0, context

@@ -165,8 +165,8 @@ def test_a_snapshot_with_a_flag_or_format_this_build_lacks_is_refused_naming_it(
     _beat(c, "a/1")
     c.apply("a/1", EnableFeatures(ALL))
     meta = snapshot.meta_snapshot(c.state)
-    newer = meta[:10] + [[MAX_FORMAT, meta[10][1] + [["partitions", 99]]]]
-    with pytest.raises(FormatUnsupported, match="partitions"):
+    newer = meta[:10] + [[MAX_FORMAT, meta[10][1] + [["from_the_future", 99]]]]
+    with pytest.raises(FormatUnsupported, match="from_the_future"):
         State(6).restore_meta(newer)
     later = meta[:10] + [[MAX_FORMAT + 1, meta[10][1]]]
     with pytest.raises(FormatUnsupported, match=f"format {MAX_FORMAT + 1}"):
