@@ -80,6 +80,7 @@ __all__ = [
     "SetUserTags",
     "MEMBERSHIP_EVENTS",
     "PlaceQueues",
+    "FenceTerm",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
@@ -671,6 +672,18 @@ class PlaceQueues(Event[Placed]):
     count: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class FenceTerm(Event[None]):
+    """On a data partition (flag ``partitions``): service ``service`` has a term of fencing
+    ``token`` (granted on the control partition). A range commit of that service with a
+    lower token is refused here from now on; appended by the broker of the new term's
+    leader to every data partition."""
+
+    OP: ClassVar[int] = 111
+    service: str
+    token: int
+
+
 EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
     cls.OP: cls
     for cls in (
@@ -709,6 +722,7 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         SetUserLimits,
         SetUserTags,
         PlaceQueues,
+        FenceTerm,
     )
 }
 

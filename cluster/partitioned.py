@@ -26,13 +26,15 @@ from dataclasses import replace
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
-from batonmq.cluster.appender import R
+from batonmq.cluster.appender import R, ignore_outcome
 from batonmq.cluster.applier import EffectListener
+from batonmq.cluster.effects import Effect, LeaderChanged
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound
 from batonmq.cluster.events import (
     Bind,
     DeclareQueue,
     Event,
+    FenceTerm,
     PlaceQueues,
     RoutedEnqueue,
     Unbind,
@@ -91,6 +93,7 @@ class Partitioned(Node):
         if logs.count < 2:
             raise InvalidArgument("a partitioned node needs a log of two partitions or more")
         self.data: dict[int, Node] = {}
+        self._listener: EffectListener | None = None
         super().__init__(node_id, logs.partition(0), store, partition=0, **options)
         #: How many data partitions the cluster has.
         self.count = logs.count - 1
@@ -101,6 +104,7 @@ class Partitioned(Node):
             )
             node.on_unlocked = self._data_unlocked
             node.on_truncated = self._data_truncated
+            node.state.data_partition = True  # range commits fenced by FenceTerm
             self.data[k] = node
         self._queues = _Queues(self)
 
@@ -142,13 +146,29 @@ class Partitioned(Node):
 
     @property
     def listener(self) -> EffectListener | None:
-        return self.applier.listener
+        return self._listener
 
     @listener.setter
     def listener(self, listener: EffectListener | None) -> None:
-        self.applier.listener = listener
+        self._listener = listener
+        self.applier.listener = self._control_effects
         for node in self.data.values():
             node.listener = listener
+
+    def _control_effects(self, effects: list[Effect]) -> None:
+        """The control partition's effects, to the broker; and a service term granted to
+        a candidate of this runtime goes to every data partition (FenceTerm), so that a
+        deposed term's range commits are refused there too."""
+        mine = self.key + "/"
+        for e in effects:
+            if (
+                isinstance(e, LeaderChanged) and e.leader is not None
+                and (e.leader == self.key or e.leader.startswith(mine))
+            ):
+                for node in self.data.values():
+                    node.submit(FenceTerm(e.service, e.token)).add_done_callback(ignore_outcome)
+        if self._listener is not None:
+            self._listener(effects)
 
     @property
     def serving(self) -> bool:

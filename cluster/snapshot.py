@@ -80,6 +80,8 @@ class Replicated(Protocol):
     @property
     def placement(self) -> Placement: ...
 
+    range_tokens: dict[str, int]
+
     @property
     def queues(self) -> dict[str, QueueState]: ...
 
@@ -101,8 +103,15 @@ def meta_snapshot(r: Replicated) -> list[Any]:
     ]
     if r.features.enabled:  # format 2 on (module docstring)
         snap += [None, r.features.snapshot()]
-        if len(r.placement):  # a control partition of several (docs/design.md §16)
-            snap.append(r.placement.snapshot())
+        # A split log's parts (docs/design.md §16), each only when set: the placement
+        # map (control) and the fencing tokens seen (a data partition).
+        more = [
+            r.placement.snapshot() if len(r.placement) else None,
+            sorted(r.range_tokens.items()) if r.range_tokens else None,
+        ]
+        while more and more[-1] is None:
+            more.pop()
+        snap += more
     return snap
 
 
@@ -148,6 +157,7 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
         r.exchanges.restore(snap[9])
     r.features.restore(snap[10] if len(snap) > 10 else None)
     r.placement.restore(snap[11] if len(snap) > 11 else None)
+    r.range_tokens = {str(k): int(v) for k, v in (snap[12] if len(snap) > 12 and snap[12] else ())}
 
 
 def full_snapshot(r: Replicated) -> list[Any]:

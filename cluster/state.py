@@ -64,6 +64,7 @@ from batonmq.cluster.events import (
     DeleteUser,
     EnableFeatures,
     Enqueue,
+    FenceTerm,
     Expire,
     Handoff,
     Handover,
@@ -132,6 +133,11 @@ class State:
         self.features = Features()  # enabled feature flags (cluster/features.py)
         # queue -> data partition, on the control partition (cluster/placement.py)
         self.placement = Placement()
+        # On a data partition of a split log (docs/design.md §16): the highest fencing
+        # token seen per service (FenceTerm, fenced range commits). ``data_partition`` is
+        # the node's setting, not replicated: it decides how range commits are fenced.
+        self.range_tokens: dict[str, int] = {}
+        self.data_partition = False
         self.clock = 0  # largest envelope time applied, ms
         self.applied = -1  # offset of the last applied record
         self.last_seq: dict[str, int] = {}  # "node/runtime" -> last applied origin seq
@@ -233,7 +239,9 @@ class State:
         """Count ``n`` events (or parts of one) ignored, deterministically, for ``reason``."""
         self.ignored[reason] = self.ignored.get(reason, 0) + n
 
-    def _dispatch(self, key: str, origin: Origin, ev: AnyEvent, out: list[Effect]) -> Result:
+    def _dispatch(
+        self, key: str, origin: Origin, ev: AnyEvent, out: list[Effect]
+    ) -> Result | None:
         # Ordered by frequency on the hot path.
         match ev:
             case Enqueue():
@@ -306,6 +314,14 @@ class State:
                 if "partitions" not in self.features.enabled:
                     raise InvalidArgument("placing queues needs the feature flag partitions")
                 return Placed(self.placement.place(ev))
+            case FenceTerm():
+                if "partitions" not in self.features.enabled:
+                    raise InvalidArgument("FenceTerm needs the feature flag partitions")
+                if not ev.service or ev.token < 0:
+                    raise InvalidArgument("FenceTerm needs a service and a token >= 0")
+                if ev.token > self.range_tokens.get(ev.service, -1):
+                    self.range_tokens[ev.service] = ev.token
+                return None
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
 
     def _bindable(self) -> Container[str]:
@@ -534,6 +550,20 @@ class State:
         if not ev.service:
             if ev.token != -1:
                 raise InvalidArgument("a fencing token needs the service it belongs to")
+            return
+        if self.data_partition:
+            # The terms are on the control partition: here a token is current unless a
+            # higher one of the service was seen (FenceTerm, or a commit with it).
+            if ev.token < 0:
+                raise InvalidArgument(f"a fencing token for service {ev.service!r} must be >= 0")
+            high = self.range_tokens.get(ev.service, -1)
+            if ev.token < high:
+                self.ignore("stale-token")
+                raise StaleToken(
+                    f"fencing token {ev.token} of service {ev.service!r} is stale: a later"
+                    f" term ({high}) has acted on this partition"
+                )
+            self.range_tokens[ev.service] = ev.token
             return
         try:
             self.services.check_token(ev.service, ev.token)

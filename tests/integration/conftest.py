@@ -96,6 +96,10 @@ class BrokerProcess:
         if self.node_id:
             cmd += ["--node-id", self.node_id]
         cmd += self.extra
+        parts = os.environ.get("BATON_TEST_PARTITIONS")
+        if parts and "--partitions" not in self.extra and self.baton is None:
+            # The suite run on a log of several partitions (docs/design.md §16).
+            cmd += ["--partitions", parts]
         env = {**os.environ, **self.env}
         self.starts += 1
         marker = f"== test: start {self.starts}\n".encode()

@@ -121,3 +121,44 @@ def test_bindings_on_a_control_partition_name_placed_queues() -> None:
     assert c.apply("n1/r1", PlaceQueues(("q",), 0, 2)).error is None
     assert c.apply("n1/r1", Bind("q", "x")).error is None
     assert isinstance(c.apply("n1/r1", Bind("nowhere", "x")).error, QueueNotFound)
+
+
+def test_a_data_partition_fences_range_commits_by_the_highest_token_it_has_seen() -> None:
+    """On a data partition the service terms are not in its own log: a FenceTerm (or a
+    commit) with a higher token makes every lower one stale there."""
+    from batonmq.cluster.errors import StaleToken
+    from batonmq.cluster.events import AcceptThrough, DeclareQueue, Enqueue, FenceTerm, Reserve
+
+    c = _flagged()
+    c.state.data_partition = True
+    a = "n1/r1"
+    assert c.apply(a, DeclareQueue("q")).error is None
+    assert c.apply(a, Enqueue("q", tuple((b"%d" % i, {}) for i in range(6)))).error is None
+    # A term no partition has seen yet acts (nothing higher is known here).
+    assert c.apply(a, Reserve("q", "reader-1", "spark", 7)).error is None
+    assert c.apply(a, AcceptThrough("q", 2, "reader-1", "spark", 7)).error is None
+    # The next term's leader announces it: the old one is refused from then on.
+    assert c.apply(a, FenceTerm("spark", 12)).error is None
+    late = c.apply(a, AcceptThrough("q", 4, "reader-1", "spark", 7))
+    assert isinstance(late.error, StaleToken) and "later term (12)" in str(late.error)
+    assert c.state.ignored.get("stale-token") == 1
+    # A lower FenceTerm arriving late changes nothing; the new term commits.
+    assert c.apply(a, FenceTerm("spark", 9)).error is None
+    assert c.state.range_tokens == {"spark": 12}
+    assert c.apply(a, AcceptThrough("q", 4, "reader-1", "spark", 12)).error is None
+    # The tokens seen are replicated state: in the snapshot, restored alike.
+    restored = State()
+    restored.restore_meta(c.state.meta_snapshot())
+    assert restored.range_tokens == {"spark": 12}
+    assert digest(restored) != digest(State())
+    bad = c.apply(a, FenceTerm("", 3))
+    assert isinstance(bad.error, InvalidArgument)
+
+
+def test_fence_term_needs_the_flag() -> None:
+    from batonmq.cluster.events import FenceTerm
+
+    c = Cluster()
+    c.beat("n1/r1")
+    done = c.apply("n1/r1", FenceTerm("spark", 3))
+    assert isinstance(done.error, InvalidArgument) and "flag partitions" in str(done.error)

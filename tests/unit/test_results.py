@@ -20,6 +20,7 @@ from batonmq.cluster.errors import ProtocolError
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import (
     EnableFeatures,
+    FenceTerm,
     PlaceQueues,
     EVENT_TYPES,
     Accept,
@@ -322,6 +323,7 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, SetUserTags("alice", ("monitoring",)))
     apply(a, DeleteUser("alice"))
     apply(a, PlaceQueues(("p1",), 0, 4))
+    apply(a, FenceTerm("svc", 99))
     apply(b, Join("addr"))
     apply(b, Leave())
     # Propose and Vote are applied by Cluster.beat (the view changes above).
