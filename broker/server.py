@@ -531,11 +531,7 @@ class Broker:
             "digest": self._digest(node),
             # docs/design.md §8: this broker's join (progress while it runs, then its figures),
             # the last checkpoint and any digest mismatch seen (a bug if not 0).
-            "join": (
-                {"state": "updating", "progress": node.catchup.progress.text()}
-                if node.catchup is not None
-                else node.join_report
-            ),
+            "join": _join_of(node.parts()),
             "checkpoint": node.last_checkpoint,
             "digest_mismatches": node.digest_mismatches,
             # docs/security.md: logins and commands refused here, by what was missing.
@@ -569,11 +565,7 @@ class Broker:
                 "checkpoint": n.last_checkpoint,
                 "digest_mismatches": n.digest_mismatches,
                 "log_truncated_before": n.truncated_before,
-                "join": (
-                    {"state": "updating", "progress": n.catchup.progress.text()}
-                    if n.catchup is not None
-                    else n.join_report
-                ),
+                "join": _join_of([n]),
             })
         return {"partitions": rows}
 
@@ -666,3 +658,27 @@ def admin_password(cfg: BrokerConfig) -> str | None:
 
 def _sorted_or_none(names: frozenset[str] | None) -> list[str] | None:
     return None if names is None else sorted(names)
+
+
+def _join_of(nodes: list[Node]) -> dict[str, Any] | None:
+    """This broker's join as the topology shows it: the update under way (each partition
+    still being updated, on a log of several), else the figures of the one it took (summed
+    over the partitions), else None."""
+    running = [n for n in nodes if n.catchup is not None]
+    if running:
+        text = "; ".join(
+            (f"partition {n.partition}: " if n.partition else "") + n.catchup.progress.text()
+            for n in running if n.catchup is not None
+        )
+        return {"state": "updating", "progress": text}
+    reports = [n.join_report for n in nodes if n.join_report is not None]
+    if not reports:
+        return None
+    if len(reports) == 1:
+        return reports[0]
+    return {
+        "queues": sum(r["queues"] for r in reports),
+        "messages": sum(r["messages"] for r in reports),
+        "received": sum(r["received"] for r in reports),
+        "seconds": max(r["seconds"] for r in reports),
+    }

@@ -28,6 +28,8 @@ from batonmq.cluster.events import (
     AnyEvent,
     EnableFeatures,
     Enqueue,
+    FanOut,
+    ForwardIn,
     Heartbeat,
     Origin,
     PlaceQueues,
@@ -201,6 +203,23 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         if not isinstance(values[0], list) or not all(isinstance(n, str) for n in values[0]):
             raise MalformedEvent("EnableFeatures.names must be a list of strings")
         values[0] = tuple(values[0])
+    elif op in (FanOut.OP, ForwardIn.OP):
+        q = 0 if op == FanOut.OP else 2  # the queues' field
+        if not isinstance(values[q], list) or not all(isinstance(x, str) for x in values[q]):
+            raise MalformedEvent(f"{EVENT_TYPES[op].__name__}.queues must be a list of strings")
+        values[q] = tuple(values[q])
+        values[q + 1] = _messages(values[q + 1])
+        if len(values) > q + 2:
+            values[q + 2] = _keys(values[q + 2], len(values[q + 1]))
+        if op == FanOut.OP and len(values) > 8:
+            raw = values[8]
+            if not isinstance(raw, list) or not all(
+                isinstance(g, list) and len(g) == 2 and type(g[0]) is int
+                and isinstance(g[1], list) and all(isinstance(x, str) for x in g[1])
+                for g in raw
+            ):
+                raise MalformedEvent("FanOut.forward must be [[partition, [queue, ...]], ...]")
+            values[8] = tuple((g[0], tuple(g[1])) for g in raw)
     elif op == PlaceQueues.OP:
         if not isinstance(values[0], list) or not all(isinstance(q, str) for q in values[0]):
             raise MalformedEvent("PlaceQueues.queues must be a list of strings")
@@ -318,6 +337,10 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "admin": (bool,),
     "initial": (bool,),
     "user": (str, type(None)),
+    "partition": (int,),
+    "home": (int,),
+    "number": (int,),
+    "target": (int,),
 }
 
 

@@ -81,6 +81,9 @@ __all__ = [
     "MEMBERSHIP_EVENTS",
     "PlaceQueues",
     "FenceTerm",
+    "FanOut",
+    "ForwardIn",
+    "ForwardDone",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
@@ -684,6 +687,54 @@ class FenceTerm(Event[None]):
     token: int
 
 
+@dataclass(frozen=True, slots=True)
+class FanOut(Event[Routed]):
+    """A publish through an exchange whose queues are on several data partitions
+    (flag ``partitions``; cluster/forwarding.py), appended to one of them, its *home*:
+    enqueued here on ``queues`` as a :class:`RoutedEnqueue` would be, and kept for each
+    other partition of ``forward`` (``[(partition, queues), ...]``) until forwarded."""
+
+    OP: ClassVar[int] = 112
+    queues: tuple[str, ...]
+    messages: tuple[tuple[bytes, dict[str, Any]], ...]
+    keys: tuple[tuple[str, int], ...] = ()
+    exchange: str = ""
+    routing_key: str = ""
+    delay_ms: int = 0
+    not_before: int = 0
+    priority: int = 0
+    forward: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardIn(Event[Routed]):
+    """Entry ``number`` that data partition ``home`` keeps for this one (flag
+    ``partitions``): enqueued on ``queues`` if it is the next one expected from ``home``;
+    a lower number is a duplicate (nothing enqueued), a higher one is refused."""
+
+    OP: ClassVar[int] = 113
+    home: int
+    number: int
+    queues: tuple[str, ...]
+    messages: tuple[tuple[bytes, dict[str, Any]], ...]
+    keys: tuple[tuple[str, int], ...] = ()
+    exchange: str = ""
+    routing_key: str = ""
+    delay_ms: int = 0
+    not_before: int = 0
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardDone(Event[None]):
+    """The entries this data partition kept for partition ``target``, numbered up to
+    ``through``, were applied there: dropped here (flag ``partitions``)."""
+
+    OP: ClassVar[int] = 114
+    target: int
+    through: int
+
+
 EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
     cls.OP: cls
     for cls in (
@@ -723,6 +774,9 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         SetUserTags,
         PlaceQueues,
         FenceTerm,
+        FanOut,
+        ForwardIn,
+        ForwardDone,
     )
 }
 

@@ -29,16 +29,20 @@ from typing import Any, cast
 from batonmq.cluster.appender import R, ignore_outcome
 from batonmq.cluster.applier import EffectListener
 from batonmq.cluster.effects import Effect, LeaderChanged
-from batonmq.cluster.errors import InvalidArgument, QueueNotFound
+from batonmq.cluster.errors import BatonError, InvalidArgument, QueueNotFound
 from batonmq.cluster.events import (
     Bind,
     DeclareQueue,
     Event,
+    FanOut,
     FenceTerm,
+    ForwardDone,
+    ForwardIn,
     PlaceQueues,
     RoutedEnqueue,
     Unbind,
 )
+from batonmq.cluster.forwarding import ForwardGap
 from batonmq.cluster.log import LogSet
 from batonmq.cluster.node import Node
 from batonmq.cluster.queues import QueueState
@@ -94,6 +98,7 @@ class Partitioned(Node):
             raise InvalidArgument("a partitioned node needs a log of two partitions or more")
         self.data: dict[int, Node] = {}
         self._listener: EffectListener | None = None
+        self._forwarding: set[tuple[int, int]] = set()  # (home, target) being forwarded
         super().__init__(node_id, logs.partition(0), store, partition=0, **options)
         #: How many data partitions the cluster has.
         self.count = logs.count - 1
@@ -104,7 +109,7 @@ class Partitioned(Node):
             )
             node.on_unlocked = self._data_unlocked
             node.on_truncated = self._data_truncated
-            node.state.data_partition = True  # range commits fenced by FenceTerm
+            node.state.data_partition = k  # range commits fenced by FenceTerm
             self.data[k] = node
         self._queues = _Queues(self)
 
@@ -152,8 +157,8 @@ class Partitioned(Node):
     def listener(self, listener: EffectListener | None) -> None:
         self._listener = listener
         self.applier.listener = self._control_effects
-        for node in self.data.values():
-            node.listener = listener
+        for k, node in self.data.items():
+            node.listener = self._data_effects(k)
 
     def _control_effects(self, effects: list[Effect]) -> None:
         """The control partition's effects, to the broker; and a service term granted to
@@ -243,8 +248,9 @@ class Partitioned(Node):
         return await self.data[k].submit(ev)
 
     async def _routed(self, ev: RoutedEnqueue) -> Routed:
-        """A publish through an exchange: one RoutedEnqueue per data partition reached
-        (each with that partition's queues), the results joined."""
+        """A publish through an exchange: on one data partition as it is; over several,
+        one FanOut on the first of them, which forwards it to the others
+        (cluster/forwarding.py)."""
         by_part: dict[int, list[str]] = {}
         missing: list[str] = []
         for name in ev.queues:
@@ -253,21 +259,72 @@ class Partitioned(Node):
                 missing.append(name)
             else:
                 by_part.setdefault(node.partition, []).append(name)
-        if len(by_part) <= 1 and not missing:
-            k = next(iter(by_part), 1)
-            return await self.data[k].submit(ev)
-        futures = [
-            self.data[k].submit(replace(ev, queues=tuple(names))) for k, names in sorted(by_part.items())
-        ]
-        queues: list[str] = []
-        positions: list[int] = []
-        full: list[str] = []
-        for res in await asyncio.gather(*futures):
-            queues += res.queues
-            positions += res.positions
-            full += res.full
-            missing += res.missing
-        return Routed(queues, positions, full, missing)
+        if not by_part:
+            return Routed([], [], [], missing)
+        home, *others = sorted(by_part)
+        if not others:
+            done = await self.data[home].submit(replace(ev, queues=tuple(by_part[home])))
+        else:
+            done = await self.data[home].submit(FanOut(
+                tuple(by_part[home]), ev.messages, ev.keys, ev.exchange, ev.routing_key,
+                ev.delay_ms, ev.not_before, ev.priority,
+                tuple((k, tuple(by_part[k])) for k in others),
+            ))
+        return Routed(done.queues, done.positions, done.full, done.missing + missing)
+
+    def _data_effects(self, k: int) -> EffectListener:
+        """Data partition ``k``'s effects, to the broker; then, if this runtime leads the
+        partition, its entries for other partitions are forwarded."""
+
+        def listen(effects: list[Effect]) -> None:
+            if self._listener is not None:
+                self._listener(effects)
+            node = self.data[k]
+            if node.state.forwards.outbound and node.state.membership.leader() == self.key:
+                for target in list(node.state.forwards.outbound):
+                    if (k, target) not in self._forwarding and target in self.data:
+                        self._forwarding.add((k, target))
+                        asyncio.ensure_future(self._forward(k, target))
+
+        return listen
+
+    async def _forward(self, home: int, target: int) -> None:
+        """Forward partition ``home``'s entries for ``target`` in number order: each
+        appended there (a duplicate counts as done), then ForwardDone on ``home``."""
+        src, dst = self.data[home], self.data[target]
+        try:
+            while src.state.membership.leader() == self.key:
+                entries = src.state.forwards.pending(target)
+                if not entries:
+                    return
+                sent = [
+                    dst.submit(ForwardIn(
+                        home, n, e.queues, e.messages, e.keys, e.exchange, e.routing_key,
+                        e.delay_ms, e.not_before, e.priority,
+                    ))
+                    for n, e in entries
+                ]
+                results = await asyncio.gather(*sent, return_exceptions=True)
+                through = -1
+                for (n, _), r in zip(entries, results):
+                    if isinstance(r, BaseException):
+                        break
+                    through = n
+                if through >= 0:
+                    await src.submit(ForwardDone(target, through))
+                failed = next((r for r in results if isinstance(r, BaseException)), None)
+                if failed is not None:
+                    if not isinstance(failed, ForwardGap):
+                        log.warning(
+                            "forwarding from partition %d to %d waits: %s", home, target, failed
+                        )
+                    await asyncio.sleep(0.5)
+        except (BatonError, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.warning("forwarding from partition %d to %d stopped: %s", home, target, exc)
+        finally:
+            self._forwarding.discard((home, target))
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from batonmq.cluster.errors import InvalidArgument
 from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.features import MAX_FORMAT, VERSION, Features, snapshot_format
 from batonmq.cluster.keys import PublishKeys
+from batonmq.cluster.forwarding import Forwards
 from batonmq.cluster.placement import Placement
 from batonmq.cluster.membership import Membership
 from batonmq.cluster.queues import QueueState
@@ -83,6 +84,9 @@ class Replicated(Protocol):
     range_tokens: dict[str, int]
 
     @property
+    def forwards(self) -> Forwards: ...
+
+    @property
     def queues(self) -> dict[str, QueueState]: ...
 
 
@@ -108,6 +112,7 @@ def meta_snapshot(r: Replicated) -> list[Any]:
         more = [
             r.placement.snapshot() if len(r.placement) else None,
             sorted(r.range_tokens.items()) if r.range_tokens else None,
+            r.forwards.snapshot() if r.forwards else None,
         ]
         while more and more[-1] is None:
             more.pop()
@@ -158,6 +163,7 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
     r.features.restore(snap[10] if len(snap) > 10 else None)
     r.placement.restore(snap[11] if len(snap) > 11 else None)
     r.range_tokens = {str(k): int(v) for k, v in (snap[12] if len(snap) > 12 and snap[12] else ())}
+    r.forwards.restore(snap[13] if len(snap) > 13 else None)
 
 
 def full_snapshot(r: Replicated) -> list[Any]:

@@ -265,3 +265,50 @@ async def test_metrics_and_the_queue_list_name_each_data_partition(tmp_path: Pat
         assert sorted((q["queue"], q["partition"]) for q in rows) == [("m1", 1), ("m2", 2)], rows
     finally:
         b.stop()
+
+
+async def test_a_fan_out_over_partitions_survives_its_forwarder_being_killed(
+    parted: list[BrokerProcess],
+) -> None:
+    """A publish through an exchange whose queues are on four partitions is one FanOut on
+    the first; that partition's leader forwards it to the others. With the leader stopped
+    the publish is confirmed and kept; killed, the next leader forwards every entry once."""
+    by_node = {b.node_id: b for b in parted}
+    top = await topology(parted[0].address)
+    leader = top["partitions"][0]["leader"]
+    forwarder = by_node[leader.split("/")[0]]
+    others = [b for b in parted if b is not forwarder]
+    conn = await clients.connect(others[0].address, timeout=5)
+    names = [f"t{i}" for i in range(N)]
+    where = await _spread(conn, names)
+    assert sorted(where.values()) == list(range(1, N + 1))
+    await conn.declare_exchange("fan", "fanout")
+    for name in names:
+        await conn.bind_queue(name, "fan")
+    await asyncio.to_thread(forwarder.pause)
+    try:
+        total = 60
+        for i in range(total):
+            routed = await conn.publish_to("fan", "", b"p%03d" % i)
+            assert sorted(routed.queues) == names, routed
+        home = next(n for n in names if where[n] == 1)
+        stats = {n: await conn.queue_stats(n) for n in names}
+        assert stats[home]["ready"] == total
+        # Held on the home partition: its forwarder is stopped (a view change may already
+        # have moved the duty on, so some may have gone).
+        await asyncio.to_thread(forwarder.kill9)
+    finally:
+        forwarder.resume() if forwarder.proc and forwarder.proc.poll() is None else None
+    for name in names:
+        await wait_stats(conn, name, timeout=40, ready=total)
+    for name in names:
+        seen: list[bytes] = []
+        async with conn.consume(name, prefetch=100) as consumer:
+            while len(seen) < total:
+                batch = await consumer.get_many(100, timeout=10)
+                assert batch, f"{name}: {len(seen)} of {total}"
+                seen += [m.body for m in batch]
+                await consumer.ack_many(batch)
+        assert sorted(seen) == [b"p%03d" % i for i in range(total)], name  # each once
+    await equal_digests(others)
+    await conn.close()

@@ -130,7 +130,7 @@ def test_a_data_partition_fences_range_commits_by_the_highest_token_it_has_seen(
     from batonmq.cluster.events import AcceptThrough, DeclareQueue, Enqueue, FenceTerm, Reserve
 
     c = _flagged()
-    c.state.data_partition = True
+    c.state.data_partition = 1
     a = "n1/r1"
     assert c.apply(a, DeclareQueue("q")).error is None
     assert c.apply(a, Enqueue("q", tuple((b"%d" % i, {}) for i in range(6)))).error is None

@@ -20,7 +20,10 @@ from batonmq.cluster.errors import ProtocolError
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import (
     EnableFeatures,
+    FanOut,
     FenceTerm,
+    ForwardDone,
+    ForwardIn,
     PlaceQueues,
     EVENT_TYPES,
     Accept,
@@ -324,6 +327,11 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, DeleteUser("alice"))
     apply(a, PlaceQueues(("p1",), 0, 4))
     apply(a, FenceTerm("svc", 99))
+    c.state.data_partition = 1  # (as on a data partition of a split log)
+    apply(a, FanOut(("q",), ((b"f", {}),), (), "x", "", 0, 0, 0, ((2, ("r",)),)))
+    apply(a, ForwardIn(2, 0, ("q",), ((b"g", {}),)))
+    apply(a, ForwardDone(2, 0))
+    c.state.data_partition = 0
     apply(b, Join("addr"))
     apply(b, Leave())
     # Propose and Vote are applied by Cluster.beat (the view changes above).
