@@ -17,12 +17,19 @@ until it does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from batonmq.cluster.effects import Effect
 from batonmq.cluster.errors import InvalidArgument
+from batonmq.cluster.events import FanOut, ForwardDone, ForwardIn, Origin, RoutedEnqueue
+from batonmq.cluster.results import Routed
 
-__all__ = ["Outbound", "Forwards", "ForwardGap"]
+if TYPE_CHECKING:
+    from batonmq.cluster.queues import QueueIndex
+
+__all__ = ["Outbound", "Forwards", "ForwardGap", "apply_forward"]
 
 
 class ForwardGap(InvalidArgument):
@@ -135,3 +142,59 @@ class Forwards:
             if entries:
                 self.outbound[t] = {n: Outbound.restore(e) for n, e in entries}
         self.expected = {h: n for h, n in snap[1]}
+
+
+def apply_forward(
+    forwards: Forwards,
+    index: "QueueIndex",
+    ignore: Callable[[str, int], None],
+    partition: int,
+    origin: Origin,
+    ev: FanOut | ForwardIn | ForwardDone,
+    out: list[Effect],
+) -> Routed | None:
+    """Apply one forwarding event on data ``partition``'s state (its ``forwards`` and its
+    queues' ``index``; ``ignore`` counts what is ignored).
+
+    Raises:
+        InvalidArgument: a malformed one; ForwardGap: an entry past the next expected.
+    """
+    if isinstance(ev, ForwardDone):
+        forwards.done(ev.target, ev.through)
+        return None
+    if ev.delay_ms < 0 or ev.not_before < 0:
+        raise InvalidArgument("a publish's delay and not_before must not be negative")
+    local = RoutedEnqueue(
+        ev.queues, ev.messages, ev.keys, ev.exchange, ev.routing_key, ev.delay_ms,
+        ev.not_before, ev.priority,
+    )
+    if isinstance(ev, ForwardIn):
+        if ev.home < 1 or ev.home == partition or not ev.queues:
+            raise InvalidArgument(f"ForwardIn from partition {ev.home} does not fit here")
+        if not forwards.take(ev.home, ev.number):
+            ignore("duplicate-forward", 1)
+            return Routed([], [], [], [])
+        done = index.enqueue_routed(origin, local, out)
+        if done.full or done.missing:
+            # Confirmed where it was published: what does not fit, or finds its queue
+            # gone, is counted here.
+            ignore("forward-dropped", len(done.full) + len(done.missing))
+        return done
+    targets = [t for t, _ in ev.forward]
+    if (
+        not ev.forward or len(set(targets)) != len(targets)
+        or any(t < 1 or t == partition or not qs for t, qs in ev.forward)
+    ):
+        raise InvalidArgument("FanOut.forward must name other data partitions, each once")
+    done = index.enqueue_routed(origin, local, out)
+    remote: list[str] = []
+    for target, queues in ev.forward:
+        forwards.add(target, Outbound(
+            queues, ev.messages, ev.keys, ev.exchange, ev.routing_key, ev.delay_ms,
+            ev.not_before, ev.priority, origin.ts,
+        ))
+        remote += queues
+    # The other partitions' queues take it once forwarded: no position yet (-1).
+    return Routed(
+        done.queues + remote, done.positions + [-1] * len(remote), done.full, done.missing
+    )

@@ -94,7 +94,7 @@ from batonmq.cluster.events import (
 )
 from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.features import FEATURES, Features, announced
-from batonmq.cluster.forwarding import Forwards, Outbound
+from batonmq.cluster.forwarding import Forwards, apply_forward
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import JOIN_KEY_BYTES, VOTER, Membership
 from batonmq.cluster.placement import Placement
@@ -340,47 +340,8 @@ class State:
         self, origin: Origin, ev: FanOut | ForwardIn | ForwardDone, out: list[Effect]
     ) -> Routed | None:
         """A publish forwarded between data partitions (cluster/forwarding.py)."""
-        if isinstance(ev, ForwardDone):
-            self.forwards.done(ev.target, ev.through)
-            return None
-        if ev.delay_ms < 0 or ev.not_before < 0:
-            raise InvalidArgument("a publish's delay and not_before must not be negative")
-        if isinstance(ev, ForwardIn):
-            if ev.home < 1 or ev.home == self.data_partition or not ev.queues:
-                raise InvalidArgument(f"ForwardIn from partition {ev.home} does not fit here")
-            if not self.forwards.take(ev.home, ev.number):
-                self.ignore("duplicate-forward")
-                return Routed([], [], [], [])
-            done = self.index.enqueue_routed(origin, RoutedEnqueue(
-                ev.queues, ev.messages, ev.keys, ev.exchange, ev.routing_key, ev.delay_ms,
-                ev.not_before, ev.priority,
-            ), out)
-            if done.full or done.missing:
-                # Confirmed where it was published: what does not fit, or finds its queue
-                # gone, is counted here.
-                self.ignore("forward-dropped", len(done.full) + len(done.missing))
-            return done
-        targets = [t for t, _ in ev.forward]
-        if (
-            not ev.forward or len(set(targets)) != len(targets)
-            or any(t < 1 or t == self.data_partition or not qs for t, qs in ev.forward)
-        ):
-            raise InvalidArgument("FanOut.forward must name other data partitions, each once")
-        done = self.index.enqueue_routed(origin, RoutedEnqueue(
-            ev.queues, ev.messages, ev.keys, ev.exchange, ev.routing_key, ev.delay_ms,
-            ev.not_before, ev.priority,
-        ), out)
-        remote: list[str] = []
-        for target, queues in ev.forward:
-            self.forwards.add(target, Outbound(
-                queues, ev.messages, ev.keys, ev.exchange, ev.routing_key, ev.delay_ms,
-                ev.not_before, ev.priority, origin.ts,
-            ))
-            remote += queues
-        # The other partitions' queues take it once forwarded: no position yet (-1).
-        return Routed(
-            done.queues + remote, done.positions + [-1] * len(remote), done.full, done.missing
-        )
+        return apply_forward(self.forwards, self.index, self.ignore, self.data_partition,
+                             origin, ev, out)
 
     def _bindable(self) -> Container[str]:
         """The queues a binding may name: this state's, or on a control partition of

@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--faults", default=None, metavar="SPEC",
                    help="fault schedule, e.g. 'kill9,sigstop,join@30s' or "
                    "'sigstop@random:20s' (docs/loadtest.md)")
-    p.add_argument("--partitions", type=int, default=None, metavar="N",
+    p.add_argument("--partitions", type=int, choices=range(1, 1025), default=None, metavar="N",
                    help="data partitions of the Baton brokers' new log (1: one log; N > 1: a"
                    " control partition and N data partitions, the queues spread over them)")
     p.add_argument("--disk-limit", type=int, default=None, metavar="MB",

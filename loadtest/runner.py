@@ -102,9 +102,8 @@ class RunConfig:
     disk_limit_mb: int | None = None
     #: Data partitions of the started Baton brokers' new log (``serve --partitions``).
     partitions: int = 1
-    #: Another build's ``baton`` executable (``--old-build``, resolved by
-    #: :func:`batonmq.loadtest.builds.resolve_build`): the brokers start on it, and
-    #: ``upgrade`` faults move them to the running build.
+    #: Another build's ``baton`` (``--old-build``, loadtest/builds.py): the brokers start
+    #: on it, and ``upgrade`` faults move them to the running build.
     old_build: str | None = None
     #: Seconds the consumers get to catch up after the producers finish.
     catch_up: float = 20.0
@@ -154,6 +153,7 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
         RuntimeError: an unknown system, or options that do not fit it.
     """
     old = Path(config.old_build) if config.old_build else None
+    parts = ["--partitions", str(config.partitions)] if config.partitions > 1 else []
     if old is not None and (config.brokers_at or config.system not in ("baton", "baton-amqp")):
         raise RuntimeError("--old-build is for Baton brokers the harness starts")
     if config.system == "baton":
@@ -162,12 +162,12 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
         return BatonCluster(config.brokers, base_dir, config.log_url, config.disk_limit_mb,
                             net=any(e.kind in NET_KINDS for e in config.faults),
                             fake_clock=any(e.kind == "clockjump" for e in config.faults),
-                            old_baton=old, extra_args=_partitions(config))
+                            old_baton=old, extra_args=parts)
     if config.brokers_at:
         raise RuntimeError("--brokers-at is for Baton only: the harness runs the peers itself")
     if config.system == "baton-amqp":
         return BatonCluster(config.brokers, base_dir, config.log_url, amqp=True, old_baton=old,
-                            extra_args=_partitions(config))
+                            extra_args=parts)
     if config.system == "rabbitmq":
         from batonmq.loadtest.peers.rabbitmq import RabbitSystem
 
@@ -210,13 +210,6 @@ async def _prepare(
                 await conn.purge(q)
     finally:
         await conn.close()
-
-
-def _partitions(config: RunConfig) -> list[str]:
-    """The ``baton serve`` options of ``config.partitions`` (none for one log)."""
-    if config.partitions < 1:
-        raise RuntimeError(f"--partitions must be 1 or more, not {config.partitions}")
-    return ["--partitions", str(config.partitions)] if config.partitions > 1 else []
 
 
 def _spread(items: Sequence[str], parts: int, index: int) -> tuple[str, ...]:
