@@ -31,6 +31,7 @@ from batonmq.cluster.applier import EffectListener
 from batonmq.cluster.effects import Effect, LeaderChanged
 from batonmq.cluster.errors import BatonError, InvalidArgument, QueueNotFound
 from batonmq.cluster.events import (
+    AcceptThrough,
     Bind,
     DeclareQueue,
     Event,
@@ -39,6 +40,7 @@ from batonmq.cluster.events import (
     ForwardDone,
     ForwardIn,
     PlaceQueues,
+    Reserve,
     RoutedEnqueue,
     Unbind,
 )
@@ -161,15 +163,12 @@ class Partitioned(Node):
             node.listener = self._data_effects(k)
 
     def _control_effects(self, effects: list[Effect]) -> None:
-        """The control partition's effects, to the broker; and a service term granted to
-        a candidate of this runtime goes to every data partition (FenceTerm), so that a
-        deposed term's range commits are refused there too."""
-        mine = self.key + "/"
+        """The control partition's effects, to the broker; and each service term granted
+        goes to every data partition (FenceTerm; every broker appends it, the first one
+        applied there counts), so that a deposed term's range commits are refused there
+        too, in that partition's log order."""
         for e in effects:
-            if (
-                isinstance(e, LeaderChanged) and e.leader is not None
-                and (e.leader == self.key or e.leader.startswith(mine))
-            ):
+            if isinstance(e, LeaderChanged) and e.leader is not None:
                 for node in self.data.values():
                     node.submit(FenceTerm(e.service, e.token)).add_done_callback(ignore_outcome)
         if self._listener is not None:
@@ -201,6 +200,15 @@ class Partitioned(Node):
             return cast("asyncio.Future[R]", asyncio.ensure_future(self._declare(event)))
         if isinstance(event, RoutedEnqueue):
             return cast("asyncio.Future[R]", asyncio.ensure_future(self._routed(event)))
+        if isinstance(event, (Reserve, AcceptThrough)) and event.service:
+            # A term over on control (as applied here) is refused at once; the data
+            # partition fences in its own order behind it (FenceTerm).
+            try:
+                self.state.services.check_token(event.service, event.token)
+            except BatonError as exc:
+                failed: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+                failed.set_exception(exc)
+                return failed
         queue = getattr(event, "queue", None)
         if isinstance(queue, str) and not isinstance(event, _CONTROL_QUEUE_EVENTS):
             node = self.part(queue)

@@ -114,7 +114,7 @@ class BrokerProcess:
         return self.log_path.read_bytes().rsplit(marker, 1)[-1].decode(errors="replace")
 
     def output(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+        return self.log_path.read_text(errors="replace")[-20000:]
 
     def pause(self) -> None:
         assert self.proc is not None
