@@ -139,6 +139,7 @@ def _queue_declare(args: argparse.Namespace) -> int:
             max_priority=args.max_priority,
             single_active_consumer=args.single_active_consumer,
             dedupe_window=args.dedupe_window,
+            expires=args.expires,
         )
     if args.json:
         print(json.dumps(result))
@@ -262,6 +263,9 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
                    help="one consumer at a time gets every message; the next takes over")
     d.add_argument("--dedupe-window", type=float, default=None, metavar="SECONDS",
                    help="how long a publish key is remembered (default 120; 0: never)")
+    d.add_argument("--expires", type=float, default=None, metavar="SECONDS",
+                   help="delete the queue once unused this long: no consumers, no get, not"
+                        " declared again (AMQP x-expires; needs the flag queue_expiry)")
     d.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
     d.set_defaults(func=_queue_declare)
     for name, func, what in (

@@ -516,6 +516,7 @@ class Connection:
         dedupe_window: float | None = None,
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
+        expires: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue, or check that it exists with these settings.
 
@@ -544,6 +545,9 @@ class Connection:
                 to ``dead_letter`` (``""``: the default exchange).
             dead_letter_routing_key: their routing key (None: the one each message
                 was published with).
+            expires: seconds the queue may stay unused (no consumers, no get, not
+                declared again) before it is deleted with its messages (None: never;
+                AMQP's ``x-expires``; needs the feature flag ``queue_expiry``).
 
         Returns:
             The broker's result, e.g. ``{"created": True}``.
@@ -566,6 +570,7 @@ class Connection:
             dedupe_window=dedupe_window,
             dead_letter_exchange=dead_letter_exchange,
             dead_letter_routing_key=dead_letter_routing_key,
+            expires=expires,
         )
         corr = self._next_corr()
         # Idempotent (create, or check the settings), so sent again after a failover.

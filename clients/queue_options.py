@@ -51,6 +51,7 @@ def declare_options(
     dedupe_window: float | None,
     dead_letter_exchange: str | None = None,
     dead_letter_routing_key: str | None = None,
+    expires: float | None = None,
 ) -> dict[str, Any]:
     """The ``DeclareQueue`` options map of :meth:`Connection.declare_queue`'s arguments
     (seconds become ms; options left at their defaults are not sent, so an older broker
@@ -80,6 +81,8 @@ def declare_options(
         options["dead_letter_exchange"] = dead_letter_exchange
     if dead_letter_routing_key is not None:
         options["dead_letter_routing_key"] = dead_letter_routing_key
+    if expires is not None:
+        options["expires_ms"] = int(round(expires * 1000))  # (<= 0: the broker refuses it)
     if retry is not None:
         if not isinstance(retry, Retry):
             raise InvalidArgument(f"retry must be a clients.Retry, got {retry!r}")

@@ -274,6 +274,7 @@ class SyncConnection:
         dedupe_window: float | None = None,
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
+        expires: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
         return self.run(
@@ -292,6 +293,7 @@ class SyncConnection:
                 dedupe_window=dedupe_window,
                 dead_letter_exchange=dead_letter_exchange,
                 dead_letter_routing_key=dead_letter_routing_key,
+                expires=expires,
             )
         )
 

@@ -77,6 +77,7 @@ __all__ = [
     "SetRights",
     "SetUserLimits",
     "SetUserTags",
+    "ExpireQueue",
     "MEMBERSHIP_EVENTS",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
@@ -164,6 +165,11 @@ class DeclareQueue(Event[Declared]):
     #: The user that declares it (flag ``user_limits``: its queues count against its
     #: ``max_queues``); None, and then left out of the record, before the flag.
     user: str | None = None
+    #: Queue expiry (flag ``queue_expiry``, AMQP's ``x-expires``): the queue is deleted
+    #: once it was unused (no consumers, no get, not declared again) for this many ms of
+    #: the replicated clock (:class:`ExpireQueue`); None, and then left out of the
+    #: record, for a queue that never expires.
+    expires_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +185,20 @@ class PurgeQueue(Event[Purged]):
     """Drop every ready message; acquired ones stay with their consumers."""
 
     OP: ClassVar[int] = 3
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireQueue(Event[Deleted]):
+    """Delete ``queue``: it has expired (flag ``queue_expiry``; ``DeclareQueue.expires_ms``).
+
+    Appended by the queue's owner, else the leader, when its clock says the queue has been
+    unused for its ``expires_ms``; the state machine checks again, in log order, against
+    the replicated clock and the queue's replicated last use, so a late or repeated one
+    (the queue was used, or declared anew, since) changes nothing (docs/design.md §4).
+    """
+
+    OP: ClassVar[int] = 22
     queue: str
 
 
@@ -687,6 +707,7 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         SetRights,
         SetUserLimits,
         SetUserTags,
+        ExpireQueue,
     )
 }
 

@@ -76,6 +76,12 @@ FEATURES: Final[dict[str, Feature]] = {
             " DeclareQueue and in the queue's snapshot; non-admin users get the default"
             " limit of 1,000 queues",
         ),
+        Feature(
+            "queue_expiry", 4, "0.4.0",
+            "queue expiry (AMQP x-expires): a queue's expires_ms in DeclareQueue and in the"
+            " queue's snapshot with the time it was last used, and the ExpireQueue event"
+            " that deletes a queue unused for that long",
+        ),
     )
 }
 

@@ -45,6 +45,8 @@ from batonmq.cluster.errors import (
     InvalidArgument,
     LimitExceeded,
     NotOwner,
+    PreconditionFailed,
+    QueueNotFound,
     StaleToken,
 )
 from batonmq.cluster.events import (
@@ -64,6 +66,7 @@ from batonmq.cluster.events import (
     EnableFeatures,
     Enqueue,
     Expire,
+    ExpireQueue,
     Handoff,
     Handover,
     Heartbeat,
@@ -105,6 +108,11 @@ from batonmq.cluster.services import Grant, Services, check_candidate
 from batonmq.cluster.users import User, Users, check_user_name
 
 __all__ = ["State"]
+
+_NEEDS_QUEUE_EXPIRY = (
+    "queue expiry (expires, AMQP x-expires) needs the feature flag queue_expiry: enable it"
+    " with 'baton feature enable queue_expiry' once every broker runs Baton 0.4.0 or later"
+)
 
 
 class State:
@@ -263,6 +271,9 @@ class State:
             case Handoff():
                 return self._handoff(key, ev, out)
             case DeclareQueue():
+                if ev.expires_ms is not None and "queue_expiry" not in self.features.enabled:
+                    # Written only once the flag is on; a forged one is refused alike.
+                    raise InvalidArgument(_NEEDS_QUEUE_EXPIRY)
                 if ev.user is not None and "user_limits" in self.features.enabled:
                     self._check_queue_limit(ev)
                     return self.index.declare(key, ev)
@@ -271,6 +282,8 @@ class State:
                 return self.index.declare(key, ev)
             case DeleteQueue():
                 return self._delete_queue(ev.queue, out)
+            case ExpireQueue():
+                return self._expire_queue(ev, out)
             case DeclareExchange():
                 return self.exchanges.declare(key, ev)
             case DeleteExchange():
@@ -305,6 +318,28 @@ class State:
         done = self.index.delete(name, out, declarer_left)
         self.exchanges.queue_deleted(name)
         return done
+
+    def _expire_queue(self, ev: ExpireQueue, out: list[Effect]) -> Deleted:
+        """Delete a queue that expired (docs/events.md "Queue expiry"), decided here by
+        the replicated clock and the queue's replicated last use, never by the appender's
+        clock: a late or repeated ExpireQueue, or one for a queue used (or declared anew)
+        since it was appended, is ignored alike on every replica.
+
+        Raises:
+            InvalidArgument: the flag queue_expiry is not enabled.
+            QueueNotFound: no such queue (deleted already).
+            PreconditionFailed: the queue does not expire, or not yet.
+        """
+        if "queue_expiry" not in self.features.enabled:
+            raise InvalidArgument(_NEEDS_QUEUE_EXPIRY)
+        q = self.queues.get(ev.queue)
+        if q is None:
+            self.ignore("not-expired")
+            raise QueueNotFound(f"queue {ev.queue!r} does not exist")
+        if not q.unused_past_expiry(self.clock):
+            self.ignore("not-expired")
+            raise PreconditionFailed(f"queue {ev.queue!r} is in use or not expired yet")
+        return self._delete_queue(ev.queue, out)
 
     def _own_consumer(self, key: str, consumer: str) -> None:
         """Only a consumer's own broker settles its messages.
@@ -350,6 +385,8 @@ class State:
                 q.interested.remove(key)
             if q.owner == key:
                 self._set_owner(q, self._next_interested(q, key), out)
+        if q.expires_ms is not None:
+            q.used_at = self.clock  # consumers came or went: a use (queue expiry)
         return Owner(q.owner)
 
     def _handoff(self, key: str, ev: Handoff, out: list[Effect]) -> Owner:
@@ -592,6 +629,8 @@ class State:
                 self.index.release(name, consumer, sorted(by_consumer[consumer]), out)
             if key in q.interested:
                 q.interested.remove(key)
+                if q.expires_ms is not None:
+                    q.used_at = self.clock  # its consumers went: a use (queue expiry)
                 self.dirty.add(name)
             if q.owner == key:
                 self._set_owner(q, self._next_interested(q, key), out)

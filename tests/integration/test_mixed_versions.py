@@ -97,6 +97,9 @@ async def test_old_and_new_brokers_share_a_cluster_until_a_flag_is_enabled(
             assert len(rows[FLAG]["unsupported_by"]) == 2
             with pytest.raises(InvalidArgument, match="n1/.*before feature flags.*n3/"):
                 await conn.enable_features()
+            # A setting a flag brings is refused meanwhile, saying what to enable.
+            with pytest.raises(InvalidArgument, match="baton feature enable queue_expiry"):
+                await conn.declare_queue("expiring", expires=60)
         # The rolling upgrade: each old broker restarts on this build, same data dir.
         for b in (old1, old3):
             b.stop()
@@ -106,6 +109,7 @@ async def test_old_and_new_brokers_share_a_cluster_until_a_flag_is_enabled(
         async with await clients.connect(old3.address) as conn:
             assert await conn.enable_features() == list(FEATURES)
             assert await conn.enable_features() == []  # once enabled, it stays
+            assert (await conn.declare_queue("expiring", expires=60))["created"]
         for b in (old1, new2, old3):
             rows = {r["name"]: r for r in await _features(b.address)}
             assert rows[FLAG]["state"] == "enabled", b.data_dir.name

@@ -36,6 +36,7 @@ from batonmq.cluster.events import (
     Enqueue,
     Event,
     Expire,
+    ExpireQueue,
     Handoff,
     Handover,
     Heartbeat,
@@ -318,6 +319,8 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, SetUserLimits("alice", (("max_queues", 3),)))
     apply(a, SetUserTags("alice", ("monitoring",)))
     apply(a, DeleteUser("alice"))
+    apply(a, DeclareQueue("brief", expires_ms=1))
+    apply(a, ExpireQueue("brief"))  # (one envelope ms later: unused for its 1 ms)
     apply(b, Join("addr"))
     apply(b, Leave())
     # Propose and Vote are applied by Cluster.beat (the view changes above).
