@@ -159,3 +159,24 @@ def test_expiry_and_last_use_survive_a_snapshot() -> None:
     _at(c, a, DeclareQueue("r", expires_ms=50), 50_002)
     r = QueueState.restore(c.state.queues["r"].snapshot())
     assert (r.user, r.expires_ms, r.used_at) == (None, 50, 50_002)
+
+
+async def test_a_message_s_history_says_its_queue_expired() -> None:
+    from batonmq.broker.history import message_history
+    from tests.unit.test_node import _close, _node
+
+    node = await _node("a", "memory:")
+    try:
+        assert "queue_expiry" in node.state.features.enabled  # (a new cluster's flags)
+        await node.submit(DeclareQueue("brief", expires_ms=1))
+        await node.submit(Enqueue("brief", ((b"m", {}),)))
+        while "brief" in node.state.queues:  # (each append is at least as late)
+            try:
+                await node.submit(ExpireQueue("brief"))
+            except PreconditionFailed:
+                pass
+        last = (await message_history(node, "brief", 0)).steps[-1]
+        assert (last["what"], last["reason"]) == (
+            "deleted with its queue", "the queue expired (unused for its expires)")
+    finally:
+        await _close(node)
