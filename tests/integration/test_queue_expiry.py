@@ -10,6 +10,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import aiohttp
 import pika
 import pika.exceptions
 import pytest
@@ -17,12 +18,13 @@ import pytest
 from batonmq import clients
 from tests.helpers import equal_digests, eventually, eventually_sync
 from tests.integration.conftest import BrokerProcess
+from tests.integration.test_admin import admin_broker, admin_of, get_json, http
 from tests.integration.test_amqp import amqp_broker, connect, queue_stats
 from tests.integration.test_cli import baton
 
 pytestmark = pytest.mark.integration
 
-__all__ = ["amqp_broker"]  # the fixture, imported for these tests
+__all__ = ["admin_broker", "amqp_broker", "http"]  # the fixtures, imported for these tests
 
 
 def _exists(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str) -> bool:
@@ -112,6 +114,20 @@ def test_the_native_client_and_the_cli_set_expiry(broker: BrokerProcess) -> None
             assert "forever" in await names()
 
     asyncio.run(run())
+
+
+async def test_the_admin_api_declares_an_expiring_queue(
+    admin_broker: BrokerProcess, http: aiohttp.ClientSession
+) -> None:
+    base = admin_of(admin_broker)
+    async with http.put(f"{base}/api/queues/temp", json={"expires_ms": 300}) as r:
+        assert r.status == 200 and await r.json() == {"created": True}
+    async with http.put(f"{base}/api/queues/bad", json={"expires_ms": 0}) as r:
+        assert r.status == 400 and "expires" in (await r.json())["error"]["message"]
+    status, body = await get_json(http, f"{base}/api/queues/temp")
+    assert status == 200 and body["expires_ms"] == 300
+    await eventually(lambda: get_json(http, f"{base}/api/queues/temp"), "the queue expired",
+                     until=lambda got: got[0] == 404, timeout=10)
 
 
 async def test_in_a_cluster_a_consumer_on_any_broker_keeps_it_and_all_delete_it_alike(
