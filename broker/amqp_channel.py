@@ -383,14 +383,7 @@ class Channel:
             case commands.Basic.Nack():
                 self._settle(m.delivery_tag or 0, bool(m.multiple), "release" if m.requeue else "reject")
             case commands.Basic.Qos():
-                if m.prefetch_count < 0:
-                    raise ChannelError(406, "prefetch_count must not be negative")
-                if m.global_:
-                    self.global_prefetch = m.prefetch_count
-                    self._share()
-                    self.pump()
-                else:
-                    self.prefetch = m.prefetch_count
+                self._qos(m)
                 self._method(commands.Basic.QosOk())
             case commands.Basic.Consume():
                 self._consume(m)
@@ -1012,6 +1005,44 @@ class Channel:
         """This channel's consumers, and the sum of their own prefetch."""
         subs = [s for s in self._by_int.values() if not s.getter]
         return len(subs), sum(s.limit for s in subs)
+
+    def _qos(self, m: commands.Basic.Qos) -> None:
+        """``Basic.Qos``: per consumer (``global`` false) or for the channel's consumers
+        together (true). Either takes effect at once for the consumers already running on
+        the channel, as for those started after it (kombu raises a running consumer's
+        prefetch for each ETA task it holds, docs/amqp.md "Frameworks").
+
+        Raises:
+            ChannelError: 406, a negative prefetch.
+            LimitExceeded: raising the running consumers' prefetch would take the
+                connection's past ``max_connection_prefetch``.
+        """
+        if m.prefetch_count < 0:
+            raise ChannelError(406, "prefetch_count must not be negative")
+        subs = [s for s in self._by_int.values() if not (s.getter or s.cancelled or s.no_ack)]
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+        else:
+            cfg = self.owner.config
+            limit = min(m.prefetch_count or DEFAULT_PREFETCH, cfg.max_prefetch)
+            grow = sum(limit - s.limit for s in subs)
+            total = self.owner.consumer_load()[1]
+            if grow > 0 and total + grow > cfg.max_connection_prefetch:
+                raise LimitExceeded(
+                    f"the prefetch of a connection's consumers may add up to"
+                    f" {cfg.max_connection_prefetch} (max_connection_prefetch), this would be"
+                    f" {total + grow}"
+                )
+            self.prefetch = m.prefetch_count
+            for s in subs:
+                s.limit = limit
+        if self.global_prefetch:
+            self._share()
+        else:
+            for s in subs:
+                s.consumer.prefetch = s.limit
+                s.consumer.refill = max(1, s.limit // 2)
+        self.pump()
 
     def _share(self) -> None:
         """``Basic.Qos`` global: the channel's consumers may hold ``global_prefetch``

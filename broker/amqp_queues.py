@@ -30,7 +30,7 @@ __all__ = ["error_code", "queue_options", "refusal_text"]
 #: (docs/amqp.md).
 _QUEUE_TYPES = ("quorum", "classic", "stream")
 #: RabbitMQ queue arguments Baton has no equivalent of: refused, not ignored.
-_REFUSED_ARGUMENTS = ("x-expires", "x-max-length-bytes")
+_REFUSED_ARGUMENTS = ("x-max-length-bytes",)
 
 
 def error_code(exc: BatonError) -> int:
@@ -54,6 +54,7 @@ _AMQP_ARGUMENTS: dict[str, tuple[str, Any]] = {
     # x-delivery-limit N is delivery_limit N + 1 (queue_options)
     "delivery_limit": ("x-delivery-limit", lambda v: None if v is None else v - 1),
     "message_ttl_ms": ("x-message-ttl", lambda v: v),
+    "expires_ms": ("x-expires", lambda v: v),
     "max_priority": ("x-max-priority", lambda v: v),
     "single_active_consumer": ("x-single-active-consumer", lambda v: v),
     "dead_letter_exchange": ("x-dead-letter-exchange", lambda v: v),
@@ -122,6 +123,15 @@ def queue_options(queue: str, arguments: dict[str, Any], durable: bool) -> dict[
         # check through the log (expiry_interval), so its closest is 1 ms: a message a
         # waiting consumer does not take before the next check expires (docs/amqp.md).
         options["message_ttl_ms"] = max(ttl, 1)
+    if "x-expires" in arguments:
+        # The queue is deleted once unused this long (needs the flag queue_expiry:
+        # declare_event says so); RabbitMQ refuses 0 and negative values alike.
+        expires = number("x-expires")
+        if expires < 1:
+            raise ChannelError(
+                406, f"invalid arg 'x-expires' for queue '{queue}': {expires} is not positive"
+            )
+        options["expires_ms"] = expires
     if "x-max-length" in arguments:
         options["max_length"] = number("x-max-length")
     if "x-max-priority" in arguments:

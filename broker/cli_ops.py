@@ -141,6 +141,7 @@ def _queue_declare(args: argparse.Namespace) -> int:
             single_active_consumer=args.single_active_consumer,
             partition=args.partition,
             dedupe_window=args.dedupe_window,
+            expires=args.expires,
         )
     if args.json:
         print(json.dumps(result))
@@ -267,6 +268,9 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     d.add_argument("--partition", type=int, default=None, metavar="K",
                    help="the data partition a new queue goes on, on a cluster of several"
                         " (default: the one with the fewest queues)")
+    d.add_argument("--expires", type=float, default=None, metavar="SECONDS",
+                   help="delete the queue once unused this long: no consumers, no get, not"
+                        " declared again (AMQP x-expires; needs the flag queue_expiry)")
     d.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
     d.set_defaults(func=_queue_declare)
     for name, func, what in (

@@ -29,8 +29,17 @@ from typing import Any
 from batonmq.broker.reply import Replier
 from batonmq.cluster.errors import BatonError, QueueNotFound
 from batonmq.clients.wire import Expired
-from batonmq.cluster.events import Acquire, Expire, Handoff, Interest, Release, ReleaseAll
+from batonmq.cluster.events import (
+    Acquire,
+    Expire,
+    ExpireQueue,
+    Handoff,
+    Interest,
+    Release,
+    ReleaseAll,
+)
 from batonmq.cluster.node import Node
+from batonmq.cluster.queue_state import QueueState
 from batonmq.cluster.update import wait_applied
 from batonmq.cluster.results import Counted, Owner, Settled
 from batonmq.cluster.effects import (
@@ -160,6 +169,8 @@ class Delivery:
         self._handing_off: set[str] = set()  # handoff appended, not applied yet
         self._deferred: set[str] = set()  # wanted while locked by a join update
         self._timed: set[Consumer] = set()  # consumers with an ack timeout
+        # ExpireQueue appended and not seen applied: queue -> (its used_at then, when).
+        self._expiring: dict[str, tuple[int, float]] = {}
         # An acquire applied later than this after its submission is late (module doc).
         self._late_after = node.heartbeat_ms * node.state.membership.suspect_beats / 2000
         self.on_fenced: Callable[[], None] | None = None
@@ -588,7 +599,13 @@ class Delivery:
             now = self.node.clock()  # not time.time(): a clock step must not expire early
             me = self.node.key
             leader = self.node.state.membership.leader()
+            if self._expiring:  # (forget the queues that went)
+                queues = self.node.queues
+                for name in [n for n in self._expiring if n not in queues]:
+                    del self._expiring[name]
             for q in list(self.node.queues.values()):
+                if q.expires_ms is not None:
+                    self._expire_queue(q, now, me, leader)
                 if q.message_ttl_ms is None or q.ready == 0 or self.node.locked(q.name):
                     continue
                 if q.reserved_by is not None:
@@ -605,6 +622,27 @@ class Delivery:
                         through = pos
                 if through >= head:
                     self.node.submit(Expire(q.name, through)).add_done_callback(_quiet)
+
+    def _expire_queue(self, q: QueueState, now: int, me: str, leader: str | None) -> None:
+        """Append ExpireQueue for ``q`` once it was unused for its ``expires_ms`` by this
+        broker's clock: the queue's owner does, else (no broker has consumers) the
+        leader. The state machine checks again in log order (cluster/state.py), so an
+        append that comes late, or twice, deletes nothing it should not."""
+        if q.owner != me and not (q.owner is None and leader == me):
+            return
+        if not q.unused_past_expiry(now) or self.node.locked(q.name):
+            return
+        sent = self._expiring.get(q.name)
+        mono = time.monotonic()
+        if sent is not None and sent[0] == q.used_at and mono - sent[1] < _EXPIRE_AGAIN:
+            return  # appended already, not applied yet
+        self._expiring[q.name] = (q.used_at, mono)
+        self.node.submit(ExpireQueue(q.name)).add_done_callback(_quiet)
+
+
+#: Seconds before an ExpireQueue that was appended, and whose queue is still there
+#: unused, is appended again (the first may have been lost with its broker's log append).
+_EXPIRE_AGAIN = 5.0
 
 
 def _after_acquire(d: Delivery, c: Consumer) -> Callable[[asyncio.Future[Counted]], None]:

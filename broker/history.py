@@ -34,6 +34,7 @@ from batonmq.cluster.events import (
     DeleteQueue,
     Enqueue,
     Expire,
+    ExpireQueue,
     Origin,
     PurgeQueue,
     Reject,
@@ -138,6 +139,9 @@ def _step(
             step["what"] = "purged"
         case DeleteQueue():
             step["what"] = "deleted with its queue"
+        case ExpireQueue():
+            step["what"] = "deleted with its queue"
+            step["reason"] = "the queue expired (unused for its expires)"
         case Enqueue() | RoutedEnqueue():
             step["what"] = "dead-lettered"
             step["reason"] = "overflow (drop-head)"

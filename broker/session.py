@@ -126,6 +126,7 @@ _DECLARE_OPTIONS: dict[str, tuple[type, ...]] = {
     "dead_letter_routing_key": (str, type(None)),
     # Where to place a new queue (docs/design.md §16); not part of the event.
     "partition": (int,),
+    "expires_ms": (int, type(None)),
 }
 
 
@@ -903,7 +904,8 @@ def declare_event(
 ) -> DeclareQueue:
     """The DeclareQueue event for ``queue`` with the client's ``options``, declared by
     ``user``: the event names the user only once the cluster (``state``) has the flag
-    ``user_limits`` (before, a record with it is one older builds cannot read).
+    ``user_limits`` (before, a record with it is one older builds cannot read). An
+    ``expires_ms`` needs the flag ``queue_expiry``.
 
     Raises:
         InvalidArgument: an unknown option, or one of the wrong type.
@@ -918,6 +920,14 @@ def declare_event(
             )
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise InvalidArgument(f"queue option {key!r} has the wrong type")
+    expires_ms = options.get("expires_ms")
+    if expires_ms is not None and (state is None or "queue_expiry" not in state.features.enabled):
+        # (a record with it is one older builds cannot read; the state refuses it too)
+        raise InvalidArgument(
+            "queue expiry (expires, AMQP x-expires) needs the feature flag queue_expiry:"
+            " enable it with 'baton feature enable queue_expiry' once every broker runs"
+            " Baton 0.4.0 or later"
+        )
     return DeclareQueue(
         queue,
         durable=options.get("durable", True),
@@ -936,6 +946,7 @@ def declare_event(
         dead_letter_exchange=options.get("dead_letter_exchange"),
         dead_letter_routing_key=options.get("dead_letter_routing_key"),
         user=user,
+        expires_ms=expires_ms,
     )
 
 

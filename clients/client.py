@@ -517,6 +517,7 @@ class Connection:
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
         partition: int | None = None,
+        expires: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue, or check that it exists with these settings.
 
@@ -548,6 +549,9 @@ class Connection:
             partition: the data partition (1..N) a new queue goes on, on a cluster of
                 several (docs/operations.md "Partitions"); None: the cluster places it
                 on the one with the fewest queues. A queue keeps its partition.
+            expires: seconds the queue may stay unused (no consumers, no get, not
+                declared again) before it is deleted with its messages (None: never;
+                AMQP's ``x-expires``; needs the feature flag ``queue_expiry``).
 
         Returns:
             The broker's result, e.g. ``{"created": True}``.
@@ -571,6 +575,7 @@ class Connection:
             dead_letter_exchange=dead_letter_exchange,
             dead_letter_routing_key=dead_letter_routing_key,
             partition=partition,
+            expires=expires,
         )
         corr = self._next_corr()
         # Idempotent (create, or check the settings), so sent again after a failover.

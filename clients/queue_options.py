@@ -52,6 +52,7 @@ def declare_options(
     dead_letter_exchange: str | None = None,
     dead_letter_routing_key: str | None = None,
     partition: int | None = None,
+    expires: float | None = None,
 ) -> dict[str, Any]:
     """The ``DeclareQueue`` options map of :meth:`Connection.declare_queue`'s arguments
     (seconds become ms; options left at their defaults are not sent, so an older broker
@@ -85,6 +86,8 @@ def declare_options(
         if type(partition) is not int or partition < 1:
             raise InvalidArgument(f"partition must be a data partition number, 1 or more, not {partition!r}")
         options["partition"] = partition
+    if expires is not None:
+        options["expires_ms"] = int(round(expires * 1000))  # (<= 0: the broker refuses it)
     if retry is not None:
         if not isinstance(retry, Retry):
             raise InvalidArgument(f"retry must be a clients.Retry, got {retry!r}")

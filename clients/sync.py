@@ -275,6 +275,7 @@ class SyncConnection:
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
         partition: int | None = None,
+        expires: float | None = None,
     ) -> dict[str, Any]:
         """Create a queue or check its settings (see :meth:`Connection.declare_queue`)."""
         return self.run(
@@ -294,6 +295,7 @@ class SyncConnection:
                 dead_letter_exchange=dead_letter_exchange,
                 dead_letter_routing_key=dead_letter_routing_key,
                 partition=partition,
+                expires=expires,
             )
         )
 

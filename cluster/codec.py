@@ -99,10 +99,14 @@ class EventEncoder:
         name: str
         for name in event.__slots__:  # a slotted dataclass's slots are its fields
             items.append(getattr(event, name))
-        if event.OP == _DECLARE and items[-1] is None:
-            # DeclareQueue.user (flag user_limits) is left out while not set, so that the
-            # record is the one builds before it write and read (docs/design.md §15).
-            items.pop()
+        if event.OP == _DECLARE:
+            # DeclareQueue.expires_ms (flag queue_expiry), then DeclareQueue.user (flag
+            # user_limits), are left out while not set, so that the record is the one
+            # builds before them write and read (docs/design.md §15).
+            if items[-1] is None:
+                items.pop()
+                if items[-1] is None:
+                    items.pop()
         return self._packer.pack(items)
 
 
@@ -341,6 +345,7 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "home": (int,),
     "number": (int,),
     "target": (int,),
+    "expires_ms": (int, type(None)),
 }
 
 

@@ -11,6 +11,9 @@ is :mod:`batonmq.cluster.codec`. No ad-hoc dicts in the logic. Each event class 
 what applying it answers (``class DeleteQueue(Event[Deleted])``, cluster/results.py;
 None for the membership events), so :meth:`batonmq.cluster.node.Node.submit` returns
 a future of that type.
+
+Size: a little over 800 lines, because every replicated event is one dataclass here,
+with what it does and what it answers, next to the op-code table that lists them all.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ __all__ = [
     "SetRights",
     "SetUserLimits",
     "SetUserTags",
+    "ExpireQueue",
     "MEMBERSHIP_EVENTS",
     "PlaceQueues",
     "FenceTerm",
@@ -170,6 +174,11 @@ class DeclareQueue(Event[Declared]):
     #: The user that declares it (flag ``user_limits``: its queues count against its
     #: ``max_queues``); None, and then left out of the record, before the flag.
     user: str | None = None
+    #: Queue expiry (flag ``queue_expiry``, AMQP's ``x-expires``): the queue is deleted
+    #: once it was unused (no consumers, no get, not declared again) for this many ms of
+    #: the replicated clock (:class:`ExpireQueue`); None, and then left out of the
+    #: record, for a queue that never expires.
+    expires_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +194,20 @@ class PurgeQueue(Event[Purged]):
     """Drop every ready message; acquired ones stay with their consumers."""
 
     OP: ClassVar[int] = 3
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireQueue(Event[Deleted]):
+    """Delete ``queue``: it has expired (flag ``queue_expiry``; ``DeclareQueue.expires_ms``).
+
+    Appended by the queue's owner, else the leader, when its clock says the queue has been
+    unused for its ``expires_ms``; the state machine checks again, in log order, against
+    the replicated clock and the queue's replicated last use, so a late or repeated one
+    (the queue was used, or declared anew, since) changes nothing (docs/design.md §4).
+    """
+
+    OP: ClassVar[int] = 22
     queue: str
 
 
@@ -772,6 +795,7 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         SetRights,
         SetUserLimits,
         SetUserTags,
+        ExpireQueue,
         PlaceQueues,
         FenceTerm,
         FanOut,

@@ -77,10 +77,17 @@ FEATURES: Final[dict[str, Feature]] = {
             " limit of 1,000 queues",
         ),
         Feature(
+            "queue_expiry", 4, "0.4.0",
+            "queue expiry (AMQP x-expires): a queue's expires_ms in DeclareQueue and in the"
+            " queue's snapshot with the time it was last used, and the ExpireQueue event"
+            " that deletes a queue unused for that long",
+        ),
+        Feature(
             "partitions", 7, "0.4.0",
             "a log of a control partition and N data partitions (docs/design.md §16): the"
-            " PlaceQueues event and the placement map on the control partition; a cluster"
-            " created with --partitions N > 1 needs it (its first leader enables it)",
+            " PlaceQueues event and the placement map on the control partition; FenceTerm,"
+            " FanOut, ForwardIn and ForwardDone on the data partitions; a cluster created"
+            " with --partitions N > 1 needs it (its first leader enables it)",
         ),
     )
 }

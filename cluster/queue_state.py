@@ -118,6 +118,12 @@ class QueueState:
     # The user that declared it (flag user_limits: it counts against the user's
     # max_queues); None for a queue declared before the flag, or by the broker itself.
     user: str | None = None
+    # Queue expiry (flag queue_expiry): deleted once unused for this long (None: never),
+    # and when it was last used, by the replicated clock: declared (again), an acquire,
+    # a broker's consumer interest coming or going (docs/events.md "Queue expiry").
+    # Kept only for a queue that expires, so other queues' snapshots stay as they were.
+    expires_ms: int | None = None
+    used_at: int = 0
 
     @property
     def head(self) -> int:
@@ -231,6 +237,17 @@ class QueueState:
             self.message_ttl_ms,
         ) + tuple(getattr(self, name) for name in WORK_SETTINGS)
 
+    def unused_past_expiry(self, clock: int) -> bool:
+        """Whether the queue expires at replicated time ``clock``: it has an
+        ``expires_ms`` and was unused that long (no broker's consumer interest, no range
+        reader, no acquire or declare since ``used_at``)."""
+        return (
+            self.expires_ms is not None
+            and not self.interested
+            and self.reserved_by is None
+            and clock - self.used_at >= self.expires_ms
+        )
+
     def retry_delay(self, count: int) -> int:
         """The retry policy's delay (ms) before a message that failed ``count`` times
         is ready again (0: no policy)."""
@@ -275,6 +292,8 @@ class QueueState:
             "dedupe_window_ms": self.dedupe_window_ms,
             "dead_letter_exchange": self.dead_letter_exchange,
             "dead_letter_routing_key": self.dead_letter_routing_key,
+            "expires_ms": self.expires_ms,
+            "used_at": self.used_at if self.expires_ms is not None else None,
             "timed_out": self.timed_out,
             "owner": self.owner,
             "interested": list(self.interested),
@@ -401,7 +420,16 @@ class QueueState:
             sorted(self.delayed.items()),
             [sorted(self.prio.items()), sorted(p for _, p in self.prio_heap)],
             [list(r) for r in self.rkeys],
-        ] + ([self.user] if self.user is not None else [])  # (docs/design.md §15)
+        ] + self._flagged_parts()
+
+    def _flagged_parts(self) -> list[Any]:
+        """The snapshot's trailing parts of flagged settings, each only when set, so a
+        queue without them has the snapshot (and digest) of builds before the flags
+        (docs/design.md §15): [user] (user_limits), [user, expires_ms, used_at]
+        (queue_expiry)."""
+        if self.expires_ms is not None:
+            return [self.user, self.expires_ms, self.used_at]
+        return [self.user] if self.user is not None else []
 
     @classmethod
     def restore(cls, snap: list[Any]) -> "QueueState":
@@ -445,4 +473,6 @@ class QueueState:
             q.rkeys = [(p, k) for p, k in snap[18]]
         if len(snap) > 19:  # only a queue a user declared under the flag user_limits
             q.user = snap[19]
+        if len(snap) > 21:  # only a queue that expires (flag queue_expiry)
+            q.expires_ms, q.used_at = snap[20], snap[21]
         return q

@@ -203,16 +203,23 @@ class QueueIndex:
         q = self.queues.get(ev.queue)
         if q is not None:
             current = q.settings()
-            if current != settings:
+            if current != settings or q.expires_ms != ev.expires_ms:
                 differing = [
                     (name, have, want)
-                    for name, have, want in zip(SETTING_NAMES, current, settings)
+                    for name, have, want in zip(
+                        SETTING_NAMES + ("expires_ms",),
+                        current + (q.expires_ms,),
+                        settings + (ev.expires_ms,),
+                    )
                     if have != want
                 ]
                 said = "; ".join(f"{n} is {h!r}, not {w!r}" for n, h, w in differing)
                 raise QueueExists(
                     f"queue {ev.queue!r} exists with other settings: {said}", differing
                 )
+            if q.expires_ms is not None:
+                q.used_at = self.ledger.clock  # declaring it again is a use (x-expires)
+                self.dirty.add(ev.queue)
             return Declared(created=False)
         self.queues[ev.queue] = QueueState(
             ev.queue,
@@ -225,6 +232,8 @@ class QueueIndex:
             message_ttl_ms=ev.message_ttl_ms,
             declared_by=key,
             user=ev.user,
+            expires_ms=ev.expires_ms,
+            used_at=self.ledger.clock if ev.expires_ms is not None else 0,
             **{name: getattr(ev, name) for name in WORK_SETTINGS},
         )
         self.dirty.add(ev.queue)
@@ -381,6 +390,8 @@ class QueueIndex:
             # Guarantee 2: only the owner at this log position acquires, for itself.
             self.ledger.ignore("not-owner")
             raise NotOwner(f"{key} does not own queue {q.name!r} (owner: {q.owner})")
+        if q.expires_ms is not None:
+            q.used_at = self.ledger.clock  # (queue expiry: a get or a consumer's acquire)
         if ev.count <= 0:
             return Counted(0)
         if q.reserved_by is not None:
@@ -755,6 +766,8 @@ def validate_declare(ev: DeclareQueue) -> None:
         raise InvalidArgument("max_length must be at least 1 (or None for no limit)")
     if ev.message_ttl_ms is not None and ev.message_ttl_ms < 1:
         raise InvalidArgument("message_ttl must be positive (or None)")
+    if ev.expires_ms is not None and ev.expires_ms < 1:
+        raise InvalidArgument("expires must be positive (or None: the queue never expires)")
     if ev.dead_letter is not None and (ev.dead_letter == ev.queue or not ev.dead_letter):
         raise InvalidArgument("a queue cannot be its own dead-letter queue")
     if ev.dead_letter_exchange is not None:

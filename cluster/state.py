@@ -46,6 +46,8 @@ from batonmq.cluster.errors import (
     InvalidArgument,
     LimitExceeded,
     NotOwner,
+    PreconditionFailed,
+    QueueNotFound,
     StaleToken,
 )
 from batonmq.cluster.events import (
@@ -69,6 +71,7 @@ from batonmq.cluster.events import (
     ForwardDone,
     ForwardIn,
     Expire,
+    ExpireQueue,
     Handoff,
     Handover,
     Heartbeat,
@@ -98,6 +101,7 @@ from batonmq.cluster.forwarding import Forwards, apply_forward
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import JOIN_KEY_BYTES, VOTER, Membership
 from batonmq.cluster.placement import Placement
+from batonmq.cluster.tokens import check_token, fence_term
 from batonmq.cluster.queues import QueueIndex, QueueState
 from batonmq.cluster.results import (
     Candidacy,
@@ -108,13 +112,17 @@ from batonmq.cluster.results import (
     Owner,
     Placed,
     Result,
-    Routed,
     UserChanged,
 )
 from batonmq.cluster.services import Grant, Services, check_candidate
 from batonmq.cluster.users import User, Users, check_user_name
 
 __all__ = ["State"]
+
+_NEEDS_QUEUE_EXPIRY = (
+    "queue expiry (expires, AMQP x-expires) needs the feature flag queue_expiry: enable it"
+    " with 'baton feature enable queue_expiry' once every broker runs Baton 0.4.0 or later"
+)
 
 
 class State:
@@ -285,6 +293,9 @@ class State:
             case Handoff():
                 return self._handoff(key, ev, out)
             case DeclareQueue():
+                if ev.expires_ms is not None and "queue_expiry" not in self.features.enabled:
+                    # Written only once the flag is on; a forged one is refused alike.
+                    raise InvalidArgument(_NEEDS_QUEUE_EXPIRY)
                 if ev.user is not None and "user_limits" in self.features.enabled:
                     self._check_queue_limit(ev)
                     return self.index.declare(key, ev)
@@ -293,6 +304,8 @@ class State:
                 return self.index.declare(key, ev)
             case DeleteQueue():
                 return self._delete_queue(ev.queue, out)
+            case ExpireQueue():
+                return self._expire_queue(ev, out)
             case DeclareExchange():
                 return self.exchanges.declare(key, ev)
             case DeleteExchange():
@@ -325,23 +338,15 @@ class State:
             case FanOut() | ForwardIn() | ForwardDone():
                 if "partitions" not in self.features.enabled:
                     raise InvalidArgument(f"{type(ev).__name__} needs the feature flag partitions")
-                return self._forward(origin, ev, out)
+                # A publish forwarded between data partitions (cluster/forwarding.py).
+                return apply_forward(self.forwards, self.index, self.ignore,
+                                     self.data_partition, origin, ev, out)
             case FenceTerm():
                 if "partitions" not in self.features.enabled:
                     raise InvalidArgument("FenceTerm needs the feature flag partitions")
-                if not ev.service or ev.token < 0:
-                    raise InvalidArgument("FenceTerm needs a service and a token >= 0")
-                if ev.token > self.range_tokens.get(ev.service, -1):
-                    self.range_tokens[ev.service] = ev.token
+                fence_term(self.range_tokens, ev.service, ev.token)
                 return None
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
-
-    def _forward(
-        self, origin: Origin, ev: FanOut | ForwardIn | ForwardDone, out: list[Effect]
-    ) -> Routed | None:
-        """A publish forwarded between data partitions (cluster/forwarding.py)."""
-        return apply_forward(self.forwards, self.index, self.ignore, self.data_partition,
-                             origin, ev, out)
 
     def _bindable(self) -> Container[str]:
         """The queues a binding may name: this state's, or on a control partition of
@@ -355,6 +360,28 @@ class State:
         done = self.index.delete(name, out, declarer_left)
         self.exchanges.queue_deleted(name)
         return done
+
+    def _expire_queue(self, ev: ExpireQueue, out: list[Effect]) -> Deleted:
+        """Delete a queue that expired (docs/events.md "Queue expiry"), decided here by
+        the replicated clock and the queue's replicated last use, never by the appender's
+        clock: a late or repeated ExpireQueue, or one for a queue used (or declared anew)
+        since it was appended, is ignored alike on every replica.
+
+        Raises:
+            InvalidArgument: the flag queue_expiry is not enabled.
+            QueueNotFound: no such queue (deleted already).
+            PreconditionFailed: the queue does not expire, or not yet.
+        """
+        if "queue_expiry" not in self.features.enabled:
+            raise InvalidArgument(_NEEDS_QUEUE_EXPIRY)
+        q = self.queues.get(ev.queue)
+        if q is None:
+            self.ignore("not-expired")
+            raise QueueNotFound(f"queue {ev.queue!r} does not exist")
+        if not q.unused_past_expiry(self.clock):
+            self.ignore("not-expired")
+            raise PreconditionFailed(f"queue {ev.queue!r} is in use or not expired yet")
+        return self._delete_queue(ev.queue, out)
 
     def _own_consumer(self, key: str, consumer: str) -> None:
         """Only a consumer's own broker settles its messages.
@@ -400,6 +427,8 @@ class State:
                 q.interested.remove(key)
             if q.owner == key:
                 self._set_owner(q, self._next_interested(q, key), out)
+        if q.expires_ms is not None:
+            q.used_at = self.clock  # consumers came or went: a use (queue expiry)
         return Owner(q.owner)
 
     def _handoff(self, key: str, ev: Handoff, out: list[Effect]) -> Owner:
@@ -570,19 +599,8 @@ class State:
             if ev.token != -1:
                 raise InvalidArgument("a fencing token needs the service it belongs to")
             return
-        if self.data_partition:
-            # The terms are on the control partition: here a token is current unless a
-            # higher one of the service was seen (FenceTerm, or a commit with it).
-            if ev.token < 0:
-                raise InvalidArgument(f"a fencing token for service {ev.service!r} must be >= 0")
-            high = self.range_tokens.get(ev.service, -1)
-            if ev.token < high:
-                self.ignore("stale-token")
-                raise StaleToken(
-                    f"fencing token {ev.token} of service {ev.service!r} is stale: a later"
-                    f" term ({high}) has acted on this partition"
-                )
-            self.range_tokens[ev.service] = ev.token
+        if self.data_partition:  # the terms are on control (cluster/tokens.py)
+            check_token(self.range_tokens, ev.service, ev.token, self.ignore)
             return
         try:
             self.services.check_token(ev.service, ev.token)
@@ -656,6 +674,8 @@ class State:
                 self.index.release(name, consumer, sorted(by_consumer[consumer]), out)
             if key in q.interested:
                 q.interested.remove(key)
+                if q.expires_ms is not None:
+                    q.used_at = self.clock  # its consumers went: a use (queue expiry)
                 self.dirty.add(name)
             if q.owner == key:
                 self._set_owner(q, self._next_interested(q, key), out)

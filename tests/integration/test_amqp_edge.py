@@ -377,6 +377,38 @@ def test_a_global_qos_raises_the_running_consumers_prefetch(broker: BrokerProces
     conn.close()
 
 
+def test_a_per_consumer_qos_applies_to_the_running_consumers(broker: BrokerProcess) -> None:
+    """kombu sends a per-consumer Basic.Qos (global false) to a broker that is not
+    RabbitMQ, and raises it for each ETA task its running consumer holds: the new
+    prefetch takes effect at once, raised and lowered."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("qos-consumer")
+    for i in range(8):
+        ch.basic_publish("", "qos-consumer", f"q{i}".encode())
+    ch.basic_qos(prefetch_count=1)
+    got: list[int] = []
+    ch.basic_consume("qos-consumer", lambda c, m, p, body: got.append(m.delivery_tag))
+    eventually_sync(lambda: conn.process_data_events(0.05) or len(got) >= 1, "the first")
+    conn.process_data_events(0.3)
+    assert len(got) == 1
+    ch.basic_qos(prefetch_count=3)
+    eventually_sync(lambda: conn.process_data_events(0.05) or len(got) >= 3,
+                    "three held at once after the raise")
+    conn.process_data_events(0.3)
+    assert len(got) == 3, got  # (and no more than the new limit)
+    ch.basic_qos(prefetch_count=1)  # lowered: nothing more until it holds less than 1
+    ch.basic_ack(got[0])
+    conn.process_data_events(0.5)
+    assert len(got) == 3
+    ch.basic_ack(got[-1], multiple=True)
+    eventually_sync(lambda: conn.process_data_events(0.05) or len(got) >= 4, "one more")
+    conn.process_data_events(0.3)
+    assert len(got) == 4, got
+    conn.close()
+
+
 # -- 9, 10. values RabbitMQ accepts --------------------------------------------------------
 
 

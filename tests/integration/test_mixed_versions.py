@@ -15,6 +15,8 @@ import subprocess
 from pathlib import Path
 
 import msgpack
+import pika
+import pika.exceptions
 import pytest
 
 from batonmq import clients
@@ -24,6 +26,7 @@ from batonmq.cluster.log import open_log
 from batonmq.loadtest.builds import BuildError, NoHistory, resolve_build
 from tests.helpers import drain, equal_digests, eventually, now, topology
 from tests.integration.conftest import BrokerProcess
+from tests.integration.test_amqp import amqp_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -63,7 +66,8 @@ async def test_old_and_new_brokers_share_a_cluster_until_a_flag_is_enabled(
     log_url = f"file:{tmp_path / 'log'}"
     old1 = BrokerProcess(tmp_path / "n1", log_url, "n1", baton=previous_build,
                          extra=["--checkpoint-ms", "500"])
-    new2 = BrokerProcess(tmp_path / "n2", log_url, "n2", extra=["--checkpoint-ms", "500"])
+    new2 = BrokerProcess(tmp_path / "n2", log_url, "n2",
+                         extra=["--checkpoint-ms", "500", "--amqp-listen", "127.0.0.1:0"])
     old3 = BrokerProcess(tmp_path / "n3", log_url, "n3", baton=previous_build,
                          extra=["--checkpoint-ms", "500"])
     late = BrokerProcess(tmp_path / "n4", log_url, "n4", baton=previous_build)
@@ -97,6 +101,20 @@ async def test_old_and_new_brokers_share_a_cluster_until_a_flag_is_enabled(
             assert len(rows[FLAG]["unsupported_by"]) == 2
             with pytest.raises(InvalidArgument, match="n1/.*before feature flags.*n3/"):
                 await conn.enable_features()
+            # A setting a flag brings is refused meanwhile, saying what to enable.
+            with pytest.raises(InvalidArgument, match="baton feature enable queue_expiry"):
+                await conn.declare_queue("expiring", expires=60)
+        # And over AMQP: x-expires (Celery's reply queues) is refused, saying the same.
+        amqp = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", amqp_port(new2), connection_attempts=1))
+        try:
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+                amqp.channel().queue_declare("pidbox", arguments={"x-expires": 10000})
+            assert refused.value.reply_code == 406
+            assert "enable it with 'baton feature enable queue_expiry'" in \
+                refused.value.reply_text
+        finally:
+            amqp.close()
         # The rolling upgrade: each old broker restarts on this build, same data dir.
         for b in (old1, old3):
             b.stop()
@@ -106,6 +124,7 @@ async def test_old_and_new_brokers_share_a_cluster_until_a_flag_is_enabled(
         async with await clients.connect(old3.address) as conn:
             assert await conn.enable_features() == list(FEATURES)
             assert await conn.enable_features() == []  # once enabled, it stays
+            assert (await conn.declare_queue("expiring", expires=60))["created"]
         for b in (old1, new2, old3):
             rows = {r["name"]: r for r in await _features(b.address)}
             assert rows[FLAG]["state"] == "enabled", b.data_dir.name

@@ -375,6 +375,8 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "dedupe_window_ms": 120000,
                 "dead_letter_exchange": None,
                 "dead_letter_routing_key": None,
+                "expires_ms": None,  # (it never expires: no last use kept)
+                "used_at": None,
                 "timed_out": 0,
                 "delayed": 0,
                 "consumers": 1,

@@ -26,7 +26,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from batonmq.cluster.errors import Fenced, NotOwner, QueueFull
+from batonmq.cluster.errors import Fenced, NotOwner, PreconditionFailed, QueueFull
 from batonmq.cluster import codec
 from batonmq.cluster.events import (
     Accept,
@@ -34,9 +34,11 @@ from batonmq.cluster.events import (
     Acquire,
     Checkpoint,
     DeclareQueue,
+    EnableFeatures,
     Enqueue,
     Event,
     Expire,
+    ExpireQueue,
     Handoff,
     Heartbeat,
     Interest,
@@ -49,7 +51,15 @@ from batonmq.cluster.events import (
     Reserve,
     Vote,
 )
-from batonmq.cluster.results import AcceptedThrough, Declared, Enqueued, Purged, Settled
+from batonmq.cluster.features import ANNOUNCE, FEATURES
+from batonmq.cluster.results import (
+    AcceptedThrough,
+    Declared,
+    Deleted,
+    Enqueued,
+    Purged,
+    Settled,
+)
 from batonmq.cluster.effects import Acquired, CheckpointApplied, Completed, Effect, Moved
 from batonmq.cluster.queues import MessageState, QueueState, TRANSITIONS
 from batonmq.cluster.state import State
@@ -104,13 +114,17 @@ class QueueModel(RuleBasedStateMachine):
         self.retry: tuple[str, int, int | None] | None = None  # the queue's retry policy
         self.max_priority = 0  # a priority queue's highest priority (0: not one)
         self.sac = False  # a single-active-consumer queue: its owner keeps it
+        self.expires: int | None = None  # queue expiry (flag queue_expiry), ms
+        self.used_at = 0  # the replicated clock when q was last used (declare, acquire, interest)
         # Two member runtimes: both beat, n1/r1 proposes, both vote (docs/design.md §7).
         for m in MEMBERS:
-            self._apply(Heartbeat("voter", "", {}), m)
+            self._apply(Heartbeat("voter", "", {ANNOUNCE: sorted(FEATURES)}), m)
         self._apply(Propose(1, MEMBERS, "cluster"), "n1/r1")
         for m in MEMBERS:
             self._apply(Vote(1, True), m)
         assert self.state.membership.members == list(MEMBERS)
+        self._apply(EnableFeatures(("queue_expiry",)))
+        assert "queue_expiry" in self.state.features.enabled
         self._apply(DeclareQueue("dlq"))
         self.owner = "n1/r1"
 
@@ -118,6 +132,12 @@ class QueueModel(RuleBasedStateMachine):
 
     def _apply(self, ev: Event, who: str = "n1/r1") -> list[Effect]:
         self.seq += 1  # a global clock for the envelope times
+        q = self.state.queues.get("q")
+        if q is not None and self.expires is not None and who in MEMBERS and (
+            isinstance(ev, Interest)
+            or isinstance(ev, Acquire) and q.owner == who and ev.consumer.startswith(who + "/")
+        ):
+            self.used_at = 1000 + self.seq  # (a use: the queue's expiry counts from here)
         self.seqs[who] = seq = self.seqs.get(who, 0) + 1
         node, runtime = who.split("/")
         record = codec.encode(Origin(node, runtime, seq, 1000 + self.seq), ev)
@@ -191,6 +211,7 @@ class QueueModel(RuleBasedStateMachine):
                                ("exponential", 2, 3)]),
         max_priority=st.sampled_from([0, 0, 3]),
         sac=st.booleans(),
+        expires=st.sampled_from([None, None, 3, 20]),
     )
     def declare(
         self,
@@ -199,9 +220,12 @@ class QueueModel(RuleBasedStateMachine):
         retry: tuple[str, int, int | None] | None,
         max_priority: int,
         sac: bool,
+        expires: int | None,
     ) -> None:
         overflow = "drop-head" if drop_head else "reject-publish"
         kind, delay, cap = retry or ("", 0, None)
+        self._forget_queue()
+        self.expires, self.used_at = expires, self._clock_next()
         done = self._completed(
             self._apply(
                 DeclareQueue(
@@ -215,6 +239,7 @@ class QueueModel(RuleBasedStateMachine):
                     retry_max_ms=cap,
                     max_priority=max_priority,
                     single_active_consumer=sac,
+                    expires_ms=expires,
                 )
             )
         )
@@ -224,6 +249,39 @@ class QueueModel(RuleBasedStateMachine):
         for m in MEMBERS:  # both have consumers; the first interest makes the owner
             self._apply(Interest("q", True), m)
         assert self.state.queues["q"].owner == "n1/r1"
+
+    def _forget_queue(self) -> None:
+        """The model of a queue declared anew (the last one expired): nothing in it."""
+        assert not self.msgs
+        self.next_pos = self.accepted = self.dropped = 0
+        self.acquisitions = self.failures = self.given_back = self.timed_out = 0
+        self.keyed = {}
+        self.owner = "n1/r1"
+
+    @precondition(lambda self: "q" in self.state.queues)
+    @rule(early=st.booleans())
+    def expire_queue(self, early: bool) -> None:
+        """Queue expiry (docs/events.md): while a broker is interested, or before its
+        expires_ms of the replicated clock since the last use, an ExpireQueue (late or
+        repeated) changes nothing; once both brokers' consumers left and the clock passed
+        it, the queue goes with all it holds. Here the brokers' consumers then come back
+        to a queue declared anew, or both stay on the queue that does not expire."""
+        before = self.state.queues["q"].snapshot()
+        done = self._completed(self._apply(ExpireQueue("q"), self.owner))
+        assert isinstance(done.error, PreconditionFailed)  # (both brokers are interested)
+        assert self.state.queues["q"].snapshot() == before
+        if self.expires is None or early:
+            return
+        for m in MEMBERS:  # every consumer leaves; held messages stay held
+            self._apply(Interest("q", False), m)
+        while self._clock_next() < self.used_at + self.expires:
+            done = self._completed(self._apply(ExpireQueue("q")))
+            assert isinstance(done.error, PreconditionFailed), "expired early"
+        done = self._completed(self._apply(ExpireQueue("q")))
+        assert done.error is None and isinstance(done.result, Deleted)
+        assert done.result.deleted == len(self.msgs)
+        assert "q" not in self.state.queues
+        self.msgs = {}  # (gone with the queue: neither dead-lettered nor accepted)
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule()
@@ -541,6 +599,12 @@ class QueueModel(RuleBasedStateMachine):
         assert self.state.queues["dlq"].ready == self.dlq_len
         assert q.accepted == self.accepted
         assert q.dropped + q.purged == self.dropped  # purged: dropped on request
+
+    @invariant()
+    def last_use_agrees(self) -> None:
+        q = self.state.queues.get("q")
+        if q is not None and self.expires is not None:
+            assert (q.expires_ms, q.used_at) == (self.expires, self.used_at)
 
     @invariant()
     def snapshot_round_trips(self) -> None:

@@ -16,6 +16,7 @@ from batonmq.cluster.state import State
 from batonmq.cluster.errors import (
     AccessRefused,
     InternalError,
+    InvalidArgument,
     LogUnavailable,
     QueueExists,
     QueueFull,
@@ -50,13 +51,26 @@ def test_values_rabbitmq_accepts_map_onto_the_closest_baton_option() -> None:
     assert queue_options("t", {"x-message-ttl": 0}, durable=True)["message_ttl_ms"] == 1
 
 
+def test_x_expires_is_the_queue_expiry_and_needs_its_flag() -> None:
+    options = queue_options("celery.pidbox", {"x-expires": 10000}, durable=False)
+    assert options == {"durable": False, "expires_ms": 10000}
+    state = State()
+    # Before the flag: refused (406 at the channel) with what to do.
+    with pytest.raises(InvalidArgument, match="baton feature enable queue_expiry"):
+        declare_event("celery.pidbox", options, state=state)
+    state.features.enabled["queue_expiry"] = 0
+    assert declare_event("celery.pidbox", options, state=state).expires_ms == 10000
+    assert error_code(InvalidArgument("x")) == 406
+
+
 @pytest.mark.parametrize(
     "arguments, says",
     [
         ({"x-max-priority": 256}, "must be 0..255"),
         ({"x-message-ttl": -1}, "is negative"),
         ({"x-queue-type": "weird"}, "unknown queue type 'weird'"),
-        ({"x-expires": 1000}, "'x-expires'"),
+        ({"x-expires": 0}, "'x-expires' for queue 'q': 0 is not positive"),
+        ({"x-expires": 1.5}, "'x-expires' for queue 'q': must be an integer"),
         ({"x-max-length-bytes": 1000}, "'x-max-length-bytes'"),
         ({"x-delivery-limit": "5"}, "must be an integer"),
         ({"x-delivery-limit": -1}, "cannot be turned off"),

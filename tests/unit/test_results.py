@@ -41,6 +41,7 @@ from batonmq.cluster.events import (
     Enqueue,
     Event,
     Expire,
+    ExpireQueue,
     Handoff,
     Handover,
     Heartbeat,
@@ -332,6 +333,8 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, ForwardIn(2, 0, ("q",), ((b"g", {}),)))
     apply(a, ForwardDone(2, 0))
     c.state.data_partition = 0
+    apply(a, DeclareQueue("brief", expires_ms=1))
+    apply(a, ExpireQueue("brief"))  # (one envelope ms later: unused for its 1 ms)
     apply(b, Join("addr"))
     apply(b, Leave())
     # Propose and Vote are applied by Cluster.beat (the view changes above).
