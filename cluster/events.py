@@ -31,6 +31,7 @@ from batonmq.cluster.results import (
     FeaturesEnabled,
     HandoverAsked,
     Owner,
+    PolicyChanged,
     Purged,
     Reserved,
     Result,
@@ -77,6 +78,8 @@ __all__ = [
     "SetRights",
     "SetUserLimits",
     "SetUserTags",
+    "SetPolicy",
+    "ClearPolicy",
     "MEMBERSHIP_EVENTS",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
@@ -650,6 +653,32 @@ class SetUserTags(Event[UserChanged]):
     tags: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SetPolicy(Event[PolicyChanged]):
+    """Add or replace a policy (flag ``policies``; cluster/policies.py,
+    docs/operations.md "Policies"): queues whose names match ``pattern`` (a Python
+    regular expression, searched) take the settings of ``definition``
+    (``[[key, value], ...]``, sorted) where RabbitMQ's rules let it; of the policies
+    that match a queue, the one with the highest ``priority`` applies (equal
+    priorities: the name that sorts first)."""
+
+    OP: ClassVar[int] = 100
+    name: str
+    pattern: str
+    apply_to: str
+    definition: tuple[tuple[str, Any], ...]
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPolicy(Event[PolicyChanged]):
+    """Remove a policy (flag ``policies``); its queues go back to their declared
+    settings, or take the next policy that matches them."""
+
+    OP: ClassVar[int] = 101
+    name: str
+
+
 EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
     cls.OP: cls
     for cls in (
@@ -687,6 +716,8 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         SetRights,
         SetUserLimits,
         SetUserTags,
+        SetPolicy,
+        ClearPolicy,
     )
 }
 

@@ -76,6 +76,12 @@ FEATURES: Final[dict[str, Feature]] = {
             " DeclareQueue and in the queue's snapshot; non-admin users get the default"
             " limit of 1,000 queues",
         ),
+        Feature(
+            "policies", 6, "0.4.0",
+            "policies (RabbitMQ-style): the SetPolicy and ClearPolicy events, and the"
+            " policy table as a twelfth part of the meta snapshot once a policy is set;"
+            " a matching queue's effective settings come from its policy",
+        ),
     )
 }
 

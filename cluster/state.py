@@ -83,6 +83,8 @@ from batonmq.cluster.events import (
     SetRights,
     SetUserLimits,
     SetUserTags,
+    ClearPolicy,
+    SetPolicy,
     Unbind,
     Vote,
 )
@@ -90,6 +92,7 @@ from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.features import FEATURES, Features, announced
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import JOIN_KEY_BYTES, VOTER, Membership
+from batonmq.cluster.policies import Policies
 from batonmq.cluster.queues import QueueIndex, QueueState
 from batonmq.cluster.results import (
     Candidacy,
@@ -126,6 +129,7 @@ class State:
         self.services = Services()  # service leadership (cluster/services.py)
         self.users = Users()  # users and their rights (cluster/users.py)
         self.features = Features()  # enabled feature flags (cluster/features.py)
+        self.policies = Policies()  # policies (cluster/policies.py, flag policies)
         self.clock = 0  # largest envelope time applied, ms
         self.applied = -1  # offset of the last applied record
         self.last_seq: dict[str, int] = {}  # "node/runtime" -> last applied origin seq
@@ -265,10 +269,12 @@ class State:
             case DeclareQueue():
                 if ev.user is not None and "user_limits" in self.features.enabled:
                     self._check_queue_limit(ev)
-                    return self.index.declare(key, ev)
-                if ev.user is not None:  # not counted before the flag (none is written)
+                elif ev.user is not None:  # not counted before the flag (none is written)
                     ev = replace(ev, user=None)
-                return self.index.declare(key, ev)
+                declared = self.index.declare(key, ev)
+                if declared.created and len(self.policies):
+                    self.policies.apply(self.queues[ev.queue])  # a policy matching it
+                return declared
             case DeleteQueue():
                 return self._delete_queue(ev.queue, out)
             case DeclareExchange():
@@ -294,6 +300,11 @@ class State:
                     # Written only once the flag is on; a forged one is refused alike.
                     raise InvalidArgument("user limits and tags need the feature flag user_limits")
                 return self._user_event(ev, out)
+            case SetPolicy() | ClearPolicy():
+                if "policies" not in self.features.enabled:
+                    # Written only once the flag is on; a forged one is refused alike.
+                    raise InvalidArgument("policies need the feature flag policies")
+                return self.policies.apply_event(ev, self.queues.values())
             case EnableFeatures():
                 return self._enable_features(ev)
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
@@ -644,8 +655,16 @@ class State:
         for qsnap in queues:
             q = QueueState.restore(qsnap)
             self.queues[q.name] = q
+        self.apply_policies()
         self.dirty = set(self.queues)
         self._meta_dirty = True
+
+    def apply_policies(self) -> None:
+        """Derive every queue's effective settings from the policies again (after the
+        queues and the meta snapshot are restored: a queue's snapshot keeps its declared
+        settings)."""
+        if len(self.policies):
+            self.policies.apply_all(self.queues.values())
 
     def key_entries(self) -> list[KeyEntry]:
         """The remembered publish keys as (seq, qid, key, first position, expires), in log

@@ -20,6 +20,8 @@ from batonmq.cluster.errors import ProtocolError
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import (
     EnableFeatures,
+    ClearPolicy,
+    SetPolicy,
     EVENT_TYPES,
     Accept,
     AcceptThrough,
@@ -92,6 +94,8 @@ from batonmq.cluster.results import (
     MessageHistory,
     UserChanged,
     UserList,
+    PolicyChanged,
+    PolicyList,
 )
 from batonmq.cluster.users import GUEST_COST, GUEST_SALT, GUEST_SERVER_KEY, GUEST_STORED_KEY
 from tests.unit.test_membership import Cluster
@@ -111,6 +115,11 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
         {"queues": ["a", "b"], "positions": [0, 7], "full": ["c"], "missing": []},
     ),
     (UserChanged(changed=True), {"changed": True}),
+    (PolicyChanged(changed=True, queues=3), {"changed": True, "queues": 3}),
+    (PolicyList([{"name": "jobs", "pattern": "^jobs", "apply_to": "queues",
+                  "definition": {"max-length": 5}, "priority": 0}]),
+     {"policies": [{"name": "jobs", "pattern": "^jobs", "apply_to": "queues",
+                    "definition": {"max-length": 5}, "priority": 0}]}),
     (FeaturesEnabled(enabled=["versioned_formats"], format=2), {"enabled": ["versioned_formats"], "format": 2}),
     (
         FeatureList([{"name": "versioned_formats", "state": "enabled"}], 2),
@@ -318,6 +327,8 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, SetUserLimits("alice", (("max_queues", 3),)))
     apply(a, SetUserTags("alice", ("monitoring",)))
     apply(a, DeleteUser("alice"))
+    apply(a, SetPolicy("p", "^q", "queues", (("max-length", 5),), 1))
+    apply(a, ClearPolicy("p"))
     apply(b, Join("addr"))
     apply(b, Leave())
     # Propose and Vote are applied by Cluster.beat (the view changes above).
