@@ -1,12 +1,13 @@
 """Policies on real brokers (docs/operations.md "Policies"): ``baton policy set`` on one
 broker is effective on every broker of a three-broker cluster, on queues that exist and
 on queues declared later; the state machine enforces the effective settings; they survive
-a restart; ``baton policy clear`` gives the declared settings back; a bad policy is one
+a restart and reach a broker that joins later; ``baton policy clear`` gives the declared settings back; a bad policy is one
 clear line and writes nothing; only admins change policies."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from batonmq.cluster.errors import AccessRefused, InvalidArgument, QueueFull
 from tests.helpers import equal_digests, eventually, wait_stats
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_cli import baton
+from tests.integration.test_join import join_done
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +33,7 @@ async def _effective(address: str, queue: str, **expected: object) -> None:
 
 
 async def test_a_policy_set_on_one_broker_is_effective_on_every_broker_and_survives_restart(
-    cluster: list[BrokerProcess],
+    cluster: list[BrokerProcess], tmp_path: Path,
 ) -> None:
     one, two, three = cluster
     async with await clients.connect(two.address) as conn:
@@ -74,6 +76,19 @@ async def test_a_policy_set_on_one_broker_is_effective_on_every_broker_and_survi
     two.restart()
     await _effective(two.address, "jobs.new", policy="jobs", max_length=2, dead_letter="jobs.dlq")
     await _effective(two.address, "jobs.old", policy="jobs", max_length=2)
+
+    # A broker joining now installs a member's state (docs/design.md §8) and derives the
+    # effective settings from the policies in it.
+    four = BrokerProcess(tmp_path / "node-4", log_url=f"file:{tmp_path / 'shared-log'}",
+                         node_id="node-4")
+    four.start()
+    try:
+        await eventually(lambda: join_done(four.address), "node-4's join", timeout=30)
+        await _effective(four.address, "jobs.new", policy="jobs", max_length=2)
+        await _effective(four.address, "other", policy=None)
+        await equal_digests([*cluster, four])
+    finally:
+        four.stop()
 
     said = _ok("policy", "clear", "jobs", "--broker", two.address)
     assert "policy jobs cleared; 0 queue(s) have a policy now" in said
