@@ -7,6 +7,7 @@ checked with the user's own rights; a get acks or requeues."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,7 +15,8 @@ import pytest
 
 from batonmq import clients
 from tests.integration.conftest import BrokerProcess
-from tests.integration.test_admin import admin_broker, admin_of, basic, http  # noqa: F401
+from tests.helpers import eventually
+from tests.integration.test_admin import ADMIN, admin_broker, admin_of, basic, http  # noqa: F401
 from tests.integration.test_admin_login import call, raw  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -154,3 +156,36 @@ async def test_exchanges_bindings_publish_and_get(
     for bad in ({"count": 0}, {"count": 101}, {"ack": "yes"}, {"requeue": True}):
         status, body, _ = await call(raw, "POST", url, headers=ALICE, json=bad)
         assert status == 400, (bad, body)
+
+
+async def test_a_get_through_another_broker_takes_the_queue_from_its_owner(
+    tmp_path: Path, raw: aiohttp.ClientSession
+) -> None:
+    """The queue's owner is another broker, whose consumer holds a message: the get's
+    consumer wants the queue too, ownership moves by time slices (docs/design.md §6),
+    and the other messages come."""
+    url = f"file:{tmp_path / 'shared-log'}"
+    one, two = (BrokerProcess(tmp_path / f"node-{i}", log_url=url, node_id=f"node-{i}",
+                              extra=ADMIN) for i in (1, 2))
+    one.start()
+    two.start()
+    try:
+        async with await clients.connect(one.address) as conn:
+            await conn.declare_queue("work")
+            await conn.publish_batch("work", [b"a", b"b", b"c"])
+            async with conn.consume("work", prefetch=1) as consumer:
+                async for msg in consumer:
+                    break  # "a", held by node-1's consumer
+                s = await conn.queue_stats("work")
+                assert s["owner"].startswith("node-1/") and s["acquired"] == 1, s
+                status, body, _ = await call(raw, "POST", f"{admin_of(two)}/api/queues/work/get",
+                                             headers=GUEST, json={"count": 2})
+                assert status == 200, body
+                assert [m["body_utf8"] for m in body["messages"]] == ["b", "c"]
+                await msg.ack()
+            s = await eventually(lambda: conn.queue_stats("work"), "all three accepted",
+                                 until=lambda s: s["accepted"] == 3)
+            assert (s["ready"], s["acquired"]) == (0, 0), s
+    finally:
+        two.stop()
+        one.stop()
