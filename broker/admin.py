@@ -31,7 +31,10 @@ Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
 * ``/api/overview``, ``/api/nodes``, ``/api/queues[/{name}[/purge|/peek|
   /messages/{position}/history]]``, ``/api/connections[/{id}]``, ``/api/consumers``,
   ``/api/services[/{name}/handover|/{name}/candidates/{candidate}]``, ``/api/log``,
-  ``/api/features[/enable]``.
+  ``/api/features[/enable]``;
+* ``/api/policies[/{name}]`` (broker/admin_policies.py); ``/api/exchanges``,
+  ``/api/bindings``, ``/api/exchanges/{name}/publish``, ``/api/queues/{name}/publish``,
+  ``/api/queues/{name}/get`` (broker/admin_messages.py).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ from aiohttp import web
 
 from batonmq.broker.access import limits_event, list_users, tags_event
 from batonmq.broker.admin_auth import REQUEST_HEADER
+from batonmq.broker.admin_messages import MessageRoutes
+from batonmq.broker.admin_policies import PolicyRoutes
 from batonmq.broker.admin_login import (
     ACTOR,
     AdminLogin,
@@ -68,6 +73,7 @@ from batonmq.broker.session import check_declare, declare_event
 from batonmq.cluster.errors import (
     AccessRefused,
     BatonError,
+    ExchangeNotFound,
     InternalError,
     InvalidArgument,
     LogUnavailable,
@@ -259,7 +265,7 @@ def _status_of(exc: BatonError) -> int:
             return 401
         case AccessRefused():
             return 403
-        case QueueNotFound() | UnknownConsumer():
+        case QueueNotFound() | UnknownConsumer() | ExchangeNotFound():
             return 404
         case InvalidArgument():
             return 400
@@ -375,6 +381,8 @@ class AdminServer:
         r.add_get("/api/log", self.log_info)
         r.add_get("/api/features", self.features)
         r.add_post("/api/features/enable", self.enable_features)
+        PolicyRoutes(self.broker.node).add_to(r)  # broker/admin_policies.py
+        MessageRoutes(self.broker).add_to(r)  # broker/admin_messages.py
         return app
 
     async def start(self, host: str, port: int) -> str:

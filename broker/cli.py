@@ -1,5 +1,6 @@
 """The ``baton`` command: global options, the subcommands (from ``cli_serve``,
-``cli_client``, ``cli_ops``, ``cli_users`` and ``cli_features``), and how an error ends
+``cli_client``, ``cli_ops``, ``cli_users``, ``cli_features``, ``cli_exchanges`` and
+``cli_policies``), and how an error ends
 the command."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from batonmq.broker import (
     cli_exchanges,
     cli_features,
     cli_ops,
+    cli_policies,
     cli_serve,
     cli_users,
     logs,
@@ -101,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_features.add_commands(sub)
     cli_context.add_commands(sub)
     cli_exchanges.add_commands(sub)
+    cli_policies.add_commands(sub)
 
     from batonmq.loadtest.__main__ import add_arguments
 

@@ -127,14 +127,14 @@ def _queues(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'queue':30} {'ready':>10} {'acquired':>9} {'consumers':>9} {'enqueued':>10}")
+    print(f"{'queue':30} {'ready':>10} {'acquired':>9} {'consumers':>9} {'enqueued':>10}  policy")
     for r in rows:
         consumers = r["consumers_cluster"]
         if consumers is None:
             consumers = r.get("consumers", 0)
         print(
             f"{r['queue']:30} {r['ready']:>10} {r['acquired']:>9} "
-            f"{consumers:>9} {r['enqueued']:>10}"
+            f"{consumers:>9} {r['enqueued']:>10}  {r.get('policy') or ''}".rstrip()
         )
     if note:
         print(note, file=sys.stderr)
@@ -323,7 +323,8 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=_topology)
 
-    q = sub.add_parser("queues", help="list queues and their counters")
+    q = sub.add_parser("queues", help="list queues and their counters (--json: with their"
+                                      " effective settings and the policy that gave them)")
     q.add_argument("--broker", default=None, help=BROKER_HELP)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_queues)

@@ -55,6 +55,7 @@ from batonmq.broker.inspect import ConnectionView, list_connections, peek
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.limits import check_event, check_headers, check_key, check_name
 from batonmq.broker.networks import Networks, allows
+from batonmq.broker.policies import clear_policy_event, list_policies, set_policy_event
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
 from batonmq.clients import wire
@@ -540,6 +541,17 @@ class Session(ClientConnection):
             case wire.ListUsers():
                 self.rights.check_admin("list users")
                 self.send(wire.ok(f.corr, list_users(self.broker.node.state.users)))
+            case wire.ListPolicies():
+                self.send(wire.ok(f.corr, list_policies(self.broker.node.state)))
+            case wire.SetPolicy():
+                self.rights.check_admin("manage policies")
+                self._submit(f.corr, set_policy_event(
+                    self.broker.node.state, f.name, f.pattern, f.apply_to, f.definition,
+                    f.priority,
+                ), as_is)
+            case wire.ClearPolicy():
+                self.rights.check_admin("manage policies")
+                self._submit(f.corr, clear_policy_event(self.broker.node.state, f.name), as_is)
             case wire.ListFeatures():
                 self.send(wire.ok(f.corr, feature_list(self.broker.node.state)))
             case wire.EnableFeatures():

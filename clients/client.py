@@ -73,6 +73,9 @@ from batonmq.clients.wire import (
     SetRights,
     SetUserLimits,
     SetUserTags,
+    ListPolicies,
+    SetPolicy,
+    ClearPolicy,
     Topology,
     read_result,
 )
@@ -97,6 +100,8 @@ from batonmq.cluster.results import (
     UserChanged,
     UserList,
     FeatureList,
+    PolicyChanged,
+    PolicyList,
     FeaturesEnabled,
 )
 
@@ -848,6 +853,53 @@ class Connection:
         """
         corr = self._next_corr()
         await self._request(SetUserTags(corr, name, list(tags)), corr, retry=True)
+
+    async def list_policies(self) -> list[dict[str, Any]]:
+        """Every policy (docs/operations.md "Policies"), by name: ``name``, ``pattern``,
+        ``apply_to``, ``definition`` and ``priority``."""
+        corr = self._next_corr()
+        result = await self._request(ListPolicies(corr), corr, retry=True)
+        return read_result(PolicyList, result).policies
+
+    async def set_policy(
+        self,
+        name: str,
+        pattern: str,
+        definition: dict[str, Any],
+        *,
+        priority: int = 0,
+        apply_to: str = "queues",
+    ) -> PolicyChanged:
+        """Add or replace policy ``name`` (admin): the queues whose names match
+        ``pattern`` (a regular expression, searched) take ``definition``'s settings
+        (``max-length``, ``message-ttl``, ``delivery-limit``, ``overflow``,
+        ``dead-letter``, ``dead-letter-exchange``, ``dead-letter-routing-key``,
+        ``retry``); of the policies matching a queue the highest ``priority`` applies.
+
+        Returns:
+            whether it is new, and how many queues have a policy now.
+
+        Raises:
+            InvalidArgument: a bad name, pattern or definition, or the feature flag
+                ``policies`` is not enabled.
+        """
+        corr = self._next_corr()
+        result = await self._request(
+            SetPolicy(corr, name, pattern, apply_to, dict(definition), priority), corr, retry=True
+        )
+        return read_result(PolicyChanged, result)
+
+    async def clear_policy(self, name: str) -> PolicyChanged:
+        """Remove policy ``name`` (admin); its queues go back to their declared settings
+        or to the next policy matching them.
+
+        Raises:
+            InvalidArgument: no such policy, or the feature flag ``policies`` is not
+                enabled.
+        """
+        corr = self._next_corr()
+        result = await self._request(ClearPolicy(corr, name), corr, retry=True)
+        return read_result(PolicyChanged, result)
 
     async def connections(self) -> list[dict[str, Any]]:
         """The connected broker's client connections and their consumers

@@ -49,6 +49,9 @@ __all__ = [
     "SetRights",
     "SetUserLimits",
     "SetUserTags",
+    "ListPolicies",
+    "SetPolicy",
+    "ClearPolicy",
     "DeclareQueue",
     "DeleteQueue",
     "PurgeQueue",
@@ -837,6 +840,41 @@ class SetUserTags(Frame):
     tags: list[Any]
 
 
+@dataclass(frozen=True, slots=True)
+class ListPolicies(Frame):
+    """C->S: the cluster's policies, Ok({"policies": [{"name", "pattern", "apply_to",
+    "definition", "priority"}, ...]}) (docs/operations.md "Policies")."""
+
+    OP: ClassVar[int] = 110
+    corr: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetPolicy(Frame):
+    """C->S (admin): add or replace policy ``name``: queues whose names match
+    ``pattern`` take ``definition``'s settings ({key: value}); ``apply_to`` "queues"
+    (or "all"); the highest ``priority`` applies. Needs the feature flag ``policies``.
+    Ok({"changed": new?, "queues": n})."""
+
+    OP: ClassVar[int] = 111
+    corr: int
+    name: str
+    pattern: str
+    apply_to: str
+    definition: dict[str, Any]
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPolicy(Frame):
+    """C->S (admin): remove policy ``name``. Needs the feature flag ``policies``.
+    Ok({"changed": existed?, "queues": n})."""
+
+    OP: ClassVar[int] = 112
+    corr: int
+    name: str
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -894,6 +932,9 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         EnableFeatures,
         SetUserLimits,
         SetUserTags,
+        ListPolicies,
+        SetPolicy,
+        ClearPolicy,
     )
 }
 

@@ -42,6 +42,7 @@ from batonmq.cluster.events import (
     SetRights,
     SetUserLimits,
     SetUserTags,
+    SetPolicy,
 )
 
 from batonmq.cluster.features import MAX_FORMAT, VERSION
@@ -203,6 +204,13 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         if not isinstance(values[1], list) or not all(isinstance(t, str) for t in values[1]):
             raise MalformedEvent("SetUserTags.tags must be a list of strings")
         values[1] = tuple(values[1])
+    elif op == SetPolicy.OP:
+        raw = values[3]
+        if not isinstance(raw, list) or not all(
+            isinstance(r, list) and len(r) == 2 and isinstance(r[0], str) for r in raw
+        ):
+            raise MalformedEvent("SetPolicy.definition must be [[key, value], ...]")
+        values[3] = tuple((r[0], r[1]) for r in raw)
     elif op == EnableFeatures.OP:
         if not isinstance(values[0], list) or not all(isinstance(n, str) for n in values[0]):
             raise MalformedEvent("EnableFeatures.names must be a list of strings")
@@ -346,6 +354,8 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "number": (int,),
     "target": (int,),
     "expires_ms": (int, type(None)),
+    "pattern": (str,),
+    "apply_to": (str,),
 }
 
 

@@ -35,6 +35,7 @@ from batonmq.cluster.results import (
     HandoverAsked,
     Owner,
     Placed,
+    PolicyChanged,
     Purged,
     Reserved,
     Result,
@@ -82,6 +83,8 @@ __all__ = [
     "SetUserLimits",
     "SetUserTags",
     "ExpireQueue",
+    "SetPolicy",
+    "ClearPolicy",
     "MEMBERSHIP_EVENTS",
     "PlaceQueues",
     "FenceTerm",
@@ -679,6 +682,32 @@ class SetUserTags(Event[UserChanged]):
     tags: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SetPolicy(Event[PolicyChanged]):
+    """Add or replace a policy (flag ``policies``; cluster/policies.py,
+    docs/operations.md "Policies"): queues whose names match ``pattern`` (a Python
+    regular expression, searched) take the settings of ``definition``
+    (``[[key, value], ...]``, sorted) where RabbitMQ's rules let it; of the policies
+    that match a queue, the one with the highest ``priority`` applies (equal
+    priorities: the name that sorts first)."""
+
+    OP: ClassVar[int] = 100
+    name: str
+    pattern: str
+    apply_to: str
+    definition: tuple[tuple[str, Any], ...]
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPolicy(Event[PolicyChanged]):
+    """Remove a policy (flag ``policies``); its queues go back to their declared
+    settings, or take the next policy that matches them."""
+
+    OP: ClassVar[int] = 101
+    name: str
+
+
 # --- partitions (docs/design.md §16) -------------------------------------------------------
 
 
@@ -801,6 +830,8 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         FanOut,
         ForwardIn,
         ForwardDone,
+        SetPolicy,
+        ClearPolicy,
     )
 }
 

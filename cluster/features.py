@@ -83,6 +83,12 @@ FEATURES: Final[dict[str, Feature]] = {
             " that deletes a queue unused for that long",
         ),
         Feature(
+            "policies", 6, "0.4.0",
+            "policies (RabbitMQ-style): the SetPolicy and ClearPolicy events, and the"
+            " policy table as a twelfth part of the meta snapshot once a policy is set;"
+            " a matching queue's effective settings come from its policy",
+        ),
+        Feature(
             "partitions", 7, "0.4.0",
             "a log of a control partition and N data partitions (docs/design.md §16): the"
             " PlaceQueues event and the placement map on the control partition; FenceTerm,"

@@ -350,6 +350,7 @@ class Node:
         self.state.exchanges.restore(loaded.exchanges)
         for name, snap in loaded.queues.items():
             self.state.queues[name] = QueueState.restore(snap)
+        self.state.apply_policies()  # the effective settings (cluster/policies.py)
         self.state.applied = loaded.applied
         self.appender.format = self.state.features.format
         if not have and end > first and self.join_mode != "replay":

@@ -33,7 +33,9 @@ from batonmq.cluster.errors import BatonError, InvalidArgument, QueueNotFound
 from batonmq.cluster.events import (
     AcceptThrough,
     Bind,
+    ClearPolicy,
     DeclareQueue,
+    EnableFeatures,
     Event,
     FanOut,
     FenceTerm,
@@ -42,6 +44,7 @@ from batonmq.cluster.events import (
     PlaceQueues,
     Reserve,
     RoutedEnqueue,
+    SetPolicy,
     Unbind,
 )
 from batonmq.cluster.forwarding import ForwardGap
@@ -60,6 +63,10 @@ log = logging.getLogger("baton.node")
 #: Events that name a queue but belong to the control partition (bindings are
 #: with the exchanges).
 _CONTROL_QUEUE_EVENTS = (Bind, Unbind)
+
+#: Events that every partition applies: feature flags (each partition's state writes and
+#: reads by its own), and policies (a queue's effective settings are its partition's).
+_EVERYWHERE = (EnableFeatures, SetPolicy, ClearPolicy)
 
 
 class _Queues(Mapping[str, QueueState]):
@@ -200,6 +207,8 @@ class Partitioned(Node):
             return cast("asyncio.Future[R]", asyncio.ensure_future(self._declare(event)))
         if isinstance(event, RoutedEnqueue):
             return cast("asyncio.Future[R]", asyncio.ensure_future(self._routed(event)))
+        if isinstance(event, _EVERYWHERE):
+            return cast("asyncio.Future[R]", asyncio.ensure_future(self._everywhere(event)))
         if isinstance(event, (Reserve, AcceptThrough)) and event.service:
             # A term over on control (as applied here) is refused at once; the data
             # partition fences in its own order behind it (FenceTerm).
@@ -218,6 +227,19 @@ class Partitioned(Node):
                 return fut
             return node.submit(event)
         return super().submit(event)
+
+    async def _everywhere(self, event: Event[R]) -> R:
+        """An event every partition's state applies in its own order (feature flags,
+        policies): control decides and answers; then each data partition has it."""
+        result = await super().submit(event)
+        done = await asyncio.gather(
+            *(n.submit(event) for n in self.data.values()), return_exceptions=True
+        )
+        for node, outcome in zip(self.data.values(), done):
+            if isinstance(outcome, BaseException):
+                log.warning("partition %d did not take %s: %s", node.partition,
+                            type(event).__name__, outcome)
+        return result
 
     async def place(self, queue: str, partition: int) -> int:
         if not 0 <= partition <= self.count:

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from batonmq.cluster.events import DEFAULT_DEDUPE_WINDOW_MS
 
-__all__ = ["QueueState", "WORK_SETTINGS", "RETRY_POLICIES", "MAX_PRIORITY"]
+__all__ = ["QueueState", "WORK_SETTINGS", "POLICY_FIELDS", "RETRY_POLICIES", "MAX_PRIORITY"]
 
 #: The work-queue settings of DeclareQueue after the first six (docs/events.md), in the
 #: order they are compared and snapshotted; each is a QueueState field of that name.
@@ -29,6 +29,21 @@ WORK_SETTINGS: Final = (
     "dedupe_window_ms",
     "dead_letter_exchange",
     "dead_letter_routing_key",
+)
+#: The settings a policy may change (cluster/policies.py): a queue's attributes of these
+#: names hold its *effective* values; :attr:`QueueState.declared` keeps the declared ones
+#: while a policy applies.
+POLICY_FIELDS: Final = (
+    "max_length",
+    "overflow",
+    "delivery_limit",
+    "dead_letter",
+    "dead_letter_exchange",
+    "dead_letter_routing_key",
+    "message_ttl_ms",
+    "retry",
+    "retry_delay_ms",
+    "retry_max_ms",
 )
 #: The highest message priority a queue may allow.
 MAX_PRIORITY: Final = 9
@@ -124,6 +139,12 @@ class QueueState:
     # Kept only for a queue that expires, so other queues' snapshots stay as they were.
     expires_ms: int | None = None
     used_at: int = 0
+    # The policy that applies (flag policies, cluster/policies.py), and the declared
+    # values of POLICY_FIELDS while one does (the attributes then hold the effective
+    # ones). Derived from the replicated policies, so not part of the snapshot: it
+    # keeps the declared settings, and a restore applies the policies again.
+    policy: str | None = None
+    declared: dict[str, Any] | None = None
 
     @property
     def head(self) -> int:
@@ -227,15 +248,29 @@ class QueueState:
         i = bisect.bisect_right(self.rkeys, (pos, "\U0010ffff")) - 1
         return self.rkeys[i][1] if i >= 0 else self.name
 
+    def declared_settings(self) -> dict[str, Any]:
+        """The declared values of :data:`POLICY_FIELDS` (a policy may have changed the
+        attributes)."""
+        if self.declared is not None:
+            return dict(self.declared)
+        return {name: getattr(self, name) for name in POLICY_FIELDS}
+
     def settings(self) -> tuple[Any, ...]:
+        """The settings as declared (what a declare again is compared with, and what the
+        snapshot keeps), whatever a policy made of them."""
+        d = self.declared or {}
+
+        def get(name: str) -> Any:
+            return d[name] if name in d else getattr(self, name)
+
         return (
             self.durable,
-            self.max_length,
-            self.overflow,
-            self.delivery_limit,
-            self.dead_letter,
-            self.message_ttl_ms,
-        ) + tuple(getattr(self, name) for name in WORK_SETTINGS)
+            get("max_length"),
+            get("overflow"),
+            get("delivery_limit"),
+            get("dead_letter"),
+            get("message_ttl_ms"),
+        ) + tuple(get(name) for name in WORK_SETTINGS)
 
     def unused_past_expiry(self, clock: int) -> bool:
         """Whether the queue expires at replicated time ``clock``: it has an
@@ -300,6 +335,7 @@ class QueueState:
             "reserved_by": self.reserved_by,
             "head": self.head,
             "delayed": len(self.delayed),
+            "policy": self.policy,
         }
 
     def forget(self, positions: list[int] | tuple[int, ...]) -> None:

@@ -36,6 +36,8 @@ __all__ = [
     "Routed",
     "UserChanged",
     "UserList",
+    "PolicyChanged",
+    "PolicyList",
     "FeaturesEnabled",
     "FeatureList",
     "Enqueued",
@@ -123,6 +125,23 @@ class UserChanged(Result):
     (DeleteUser); True for SetRights."""
 
     changed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyChanged(Result):
+    """SetPolicy, ClearPolicy: whether the policy is new (SetPolicy) or existed
+    (ClearPolicy), and how many queues have a policy after it (``queues``)."""
+
+    changed: bool
+    queues: int
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyList(Result):
+    """ListPolicies: every policy, by name, a map each: ``name``, ``pattern``,
+    ``apply_to``, ``definition`` and ``priority``."""
+
+    policies: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +418,8 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     Routed,
     UserChanged,
     UserList,
+    PolicyChanged,
+    PolicyList,
     FeaturesEnabled,
     FeatureList,
     Enqueued,

@@ -16,7 +16,8 @@ Formats (cluster/features.py): while no feature flag is enabled the meta snapsho
 format-1 list that builds before flags write and read (nine parts; a full snapshot adds
 the exchanges as a tenth). Once one is, it has an eleventh part, the feature-flag state
 ``[format, [[flag, offset], ...]]``, which says the snapshot's format (the tenth is then
-None in the stored meta snapshot, which keeps the exchanges apart). A reader that finds
+None in the stored meta snapshot, which keeps the exchanges apart); once a policy is
+set (flag ``policies``), a twelfth part holds the policy table. A reader that finds
 a format above its own, or a flag it does not know, refuses it (:func:`check_format`).
 """
 
@@ -35,6 +36,7 @@ from batonmq.cluster.keys import PublishKeys
 from batonmq.cluster.forwarding import Forwards
 from batonmq.cluster.placement import Placement
 from batonmq.cluster.membership import Membership
+from batonmq.cluster.policies import Policies
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.services import Services
 from batonmq.cluster.users import Users
@@ -87,6 +89,9 @@ class Replicated(Protocol):
     def forwards(self) -> Forwards: ...
 
     @property
+    def policies(self) -> Policies: ...
+
+    @property
     def queues(self) -> dict[str, QueueState]: ...
 
 
@@ -107,6 +112,9 @@ def meta_snapshot(r: Replicated) -> list[Any]:
     ]
     if r.features.enabled:  # format 2 on (module docstring)
         snap += [None, r.features.snapshot()]
+        policies = r.policies.snapshot()
+        if policies is not None:  # flag policies, only once one is set (design §15)
+            snap.append(policies)
         # A split log's parts (docs/design.md §16), each only when set: the placement
         # map (control) and the fencing tokens seen (a data partition).
         more = [
@@ -116,6 +124,8 @@ def meta_snapshot(r: Replicated) -> list[Any]:
         ]
         while more and more[-1] is None:
             more.pop()
+        if more and len(snap) == 11:
+            snap.append(None)  # (no policies)
         snap += more
     return snap
 
@@ -161,9 +171,12 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
     if len(snap) > 9 and snap[9] is not None:
         r.exchanges.restore(snap[9])
     r.features.restore(snap[10] if len(snap) > 10 else None)
-    r.placement.restore(snap[11] if len(snap) > 11 else None)
-    r.range_tokens = {str(k): int(v) for k, v in (snap[12] if len(snap) > 12 and snap[12] else ())}
-    r.forwards.restore(snap[13] if len(snap) > 13 else None)
+    # The policies (flag policies): the queues' effective settings are derived from
+    # them again once the queues are restored too (State.apply_policies).
+    r.policies.restore(snap[11] if len(snap) > 11 else None)
+    r.placement.restore(snap[12] if len(snap) > 12 else None)
+    r.range_tokens = {str(k): int(v) for k, v in (snap[13] if len(snap) > 13 and snap[13] else ())}
+    r.forwards.restore(snap[14] if len(snap) > 14 else None)
 
 
 def full_snapshot(r: Replicated) -> list[Any]:

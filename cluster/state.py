@@ -92,6 +92,8 @@ from batonmq.cluster.events import (
     SetRights,
     SetUserLimits,
     SetUserTags,
+    ClearPolicy,
+    SetPolicy,
     Unbind,
     Vote,
 )
@@ -102,6 +104,7 @@ from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import JOIN_KEY_BYTES, VOTER, Membership
 from batonmq.cluster.placement import Placement
 from batonmq.cluster.tokens import check_token, fence_term
+from batonmq.cluster.policies import Policies
 from batonmq.cluster.queues import QueueIndex, QueueState
 from batonmq.cluster.results import (
     Candidacy,
@@ -115,7 +118,7 @@ from batonmq.cluster.results import (
     UserChanged,
 )
 from batonmq.cluster.services import Grant, Services, check_candidate
-from batonmq.cluster.users import User, Users, check_user_name
+from batonmq.cluster.users import User, Users, check_queue_limit, check_user_name
 
 __all__ = ["State"]
 
@@ -154,6 +157,7 @@ class State:
         self.forwards = Forwards()
         # Which data partition this state applies: 0 on a log of one and on control.
         self.data_partition = 0
+        self.policies = Policies()  # policies (cluster/policies.py, flag policies)
         self.clock = 0  # largest envelope time applied, ms
         self.applied = -1  # offset of the last applied record
         self.last_seq: dict[str, int] = {}  # "node/runtime" -> last applied origin seq
@@ -297,11 +301,13 @@ class State:
                     # Written only once the flag is on; a forged one is refused alike.
                     raise InvalidArgument(_NEEDS_QUEUE_EXPIRY)
                 if ev.user is not None and "user_limits" in self.features.enabled:
-                    self._check_queue_limit(ev)
-                    return self.index.declare(key, ev)
-                if ev.user is not None:  # not counted before the flag (none is written)
+                    check_queue_limit(self.users, self.queues, ev.queue, ev.user, self.ignore)
+                elif ev.user is not None:  # not counted before the flag (none is written)
                     ev = replace(ev, user=None)
-                return self.index.declare(key, ev)
+                declared = self.index.declare(key, ev)
+                if declared.created and len(self.policies):
+                    self.policies.apply(self.queues[ev.queue])  # a policy matching it
+                return declared
             case DeleteQueue():
                 return self._delete_queue(ev.queue, out)
             case ExpireQueue():
@@ -329,6 +335,11 @@ class State:
                     # Written only once the flag is on; a forged one is refused alike.
                     raise InvalidArgument("user limits and tags need the feature flag user_limits")
                 return self._user_event(ev, out)
+            case SetPolicy() | ClearPolicy():
+                if "policies" not in self.features.enabled:
+                    # Written only once the flag is on; a forged one is refused alike.
+                    raise InvalidArgument("policies need the feature flag policies")
+                return self.policies.apply_event(ev, self.queues.values())
             case EnableFeatures():
                 return self._enable_features(ev)
             case PlaceQueues():
@@ -502,28 +513,6 @@ class State:
         return []
 
     # -- users (cluster/users.py, docs/security.md) -------------------------------------------
-
-    def _check_queue_limit(self, ev: DeclareQueue) -> None:
-        """A new queue of ``ev.user`` within the user's ``max_queues`` (docs/security.md
-        "Per-user limits"): decided here, in log order, so every replica decides alike.
-
-        Raises:
-            LimitExceeded: the user has that many queues already.
-        """
-        if ev.queue in self.queues or ev.user is None:
-            return
-        limit = self.users.limit(ev.user, "max_queues")
-        if limit is None:
-            return
-        # A scan (no derived count to keep in step with every way a queue goes): only
-        # for a new queue of a user with a limit.
-        held = sum(1 for q in self.queues.values() if q.user == ev.user)
-        if held >= limit:
-            self.ignore("user-limit")
-            raise LimitExceeded(
-                f"user {ev.user!r} has {held} queues, its limit (max_queues {limit}): delete"
-                " some, or an admin raises it (baton user limits)"
-            )
 
     def _user_event(
         self, ev: PutUser | DeleteUser | SetRights | SetUserLimits | SetUserTags,
@@ -728,8 +717,16 @@ class State:
         for qsnap in queues:
             q = QueueState.restore(qsnap)
             self.queues[q.name] = q
+        self.apply_policies()
         self.dirty = set(self.queues)
         self._meta_dirty = True
+
+    def apply_policies(self) -> None:
+        """Derive every queue's effective settings from the policies again (after the
+        queues and the meta snapshot are restored: a queue's snapshot keeps its declared
+        settings)."""
+        if len(self.policies):
+            self.policies.apply_all(self.queues.values())
 
     def key_entries(self) -> list[KeyEntry]:
         """The remembered publish keys as (seq, qid, key, first position, expires), in log

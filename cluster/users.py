@@ -20,11 +20,12 @@ has every right, and manages users and sees the cluster's addresses.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from batonmq.cluster.errors import InvalidArgument
+from batonmq.cluster.errors import InvalidArgument, LimitExceeded
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -37,6 +38,7 @@ __all__ = [
     "User",
     "Users",
     "check_limits",
+    "check_queue_limit",
     "check_pattern",
     "check_tags",
     "check_user_name",
@@ -353,3 +355,30 @@ class Users:
                 if isinstance(extra, dict):
                     self.default_limits = {k: v for k, v in extra.get("default_limits", ())}
             self._users = {u.name: u for u in (User.restore(s) for s in users)}
+
+
+def check_queue_limit(
+    users: Users, queues: Mapping[str, Any], queue: str, user: str | None,
+    ignore: Callable[[str], None],
+) -> None:
+    """A new queue ``queue`` of ``user`` within the user's ``max_queues``
+    (docs/security.md "Per-user limits"): decided by the state, in log order, so every
+    replica decides alike (``queues``: the state's, each with its ``user``).
+
+    Raises:
+        LimitExceeded: the user has that many queues already (counted ``user-limit``).
+    """
+    if queue in queues or user is None:
+        return
+    limit = users.limit(user, "max_queues")
+    if limit is None:
+        return
+    # A scan (no derived count to keep in step with every way a queue goes): only
+    # for a new queue of a user with a limit.
+    held = sum(1 for q in queues.values() if q.user == user)
+    if held >= limit:
+        ignore("user-limit")
+        raise LimitExceeded(
+            f"user {user!r} has {held} queues, its limit (max_queues {limit}): delete"
+            " some, or an admin raises it (baton user limits)"
+        )

@@ -26,6 +26,8 @@ const state = {
   historySeq: 0,       // the latest history asked: older answers are dropped
   peekSeq: 0,
   features: null,      // the last /api/features answer (for "Enable all")
+  queues: new Map(),   // queue name -> its last stats (the detail panel's settings)
+  exchangeNames: null, // the exchanges the publish form lists (rebuilt when they change)
   user: null,          // who is logged in (null: the login screen shows)
   csrf: null,          // the session's CSRF token, sent on every state-changing request
 };
@@ -258,6 +260,8 @@ function ownerName(owner) {
 }
 
 function renderQueues(queues) {
+  state.queues = new Map(queues.map((q) => [q.queue, q]));
+  renderSettings();
   updateRates(queues);
   setText("q-count", queues.length);
   const rows = queues.map((q) => {
@@ -279,6 +283,7 @@ function renderQueues(queues) {
       numCell("ack_rate", r.ack, fmtRate(r.ack)),
       numCell("dead_lettered", q.dead_lettered),
       el("td", { title: q.owner || "" }, ownerName(q.owner)),
+      el("td", { "data-field": "policy" }, q.policy || "–"),
       el("td", { class: "actions" },
         el("button", { class: "btn small", "data-action": "purge",
           disabled: safe ? null : "", title: safe ? null : DOT_NAME,
@@ -350,6 +355,117 @@ function renderLog(info) {
 }
 
 // -- feature flags (docs/operations.md "Upgrading") --------------------------------------
+
+// -- exchanges, bindings and policies ------------------------------------------------------
+
+const DEFAULT_EXCHANGE = "amq.default";  // the default exchange ("") in an API path
+function exchangeName(name) {
+  return name === "" ? "(default)" : name;
+}
+
+function renderExchanges(exchanges) {
+  setText("x-count", exchanges.length);
+  replaceRows("exchanges", exchanges.map((x) => el("tr", { "data-exchange": x.exchange },
+    el("td", { class: "name", "data-field": "exchange" }, exchangeName(x.exchange)),
+    el("td", { "data-field": "type" }, x.type),
+    el("td", {}, x.durable ? "yes" : "no"),
+    el("td", {}, [x.auto_delete ? "auto-delete" : "", x.internal ? "internal" : ""]
+      .filter(Boolean).join(", ") || "–"),
+    numCell("bindings", x.bindings.length))));
+  const bindings = exchanges.flatMap((x) => x.bindings.map((b) => ({ exchange: x.exchange, ...b })));
+  replaceRows("bindings", bindings.map((b) => el("tr", { "data-binding": `${b.exchange} ${b.queue}` },
+    el("td", { "data-field": "exchange" }, exchangeName(b.exchange)),
+    el("td", { "data-field": "queue" }, b.queue),
+    el("td", { "data-field": "routing_key" }, el("code", {}, b.routing_key)),
+    el("td", {}, Object.keys(b.arguments || {}).length
+      ? el("code", {}, JSON.stringify(b.arguments)) : "–"))), "bindings-empty");
+  // The publish form's exchanges: those one may publish to (not internal), kept selected.
+  const select = document.getElementById("xp-exchange");
+  const chosen = select.value;
+  const names = exchanges.filter((x) => !x.internal).map((x) => x.exchange);
+  if (names.join("\u0000") !== state.exchangeNames) {
+    state.exchangeNames = names.join("\u0000");
+    select.replaceChildren(...names.map((n) => el("option",
+      { value: n === "" ? DEFAULT_EXCHANGE : n }, exchangeName(n))));
+    if (chosen) select.value = chosen;
+  }
+}
+
+function renderPolicies(policies) {
+  setText("p-count", policies.length);
+  replaceRows("policies", policies.map((p) => el("tr", { "data-policy": p.name },
+    el("td", { class: "name", "data-field": "name" }, p.name),
+    el("td", { "data-field": "pattern" }, el("code", {}, p.pattern)),
+    el("td", { "data-field": "apply_to" }, p.apply_to),
+    numCell("priority", p.priority),
+    el("td", { "data-field": "definition" }, el("code", {}, JSON.stringify(p.definition))),
+    el("td", { class: "actions" },
+      el("button", { class: "btn small danger", "data-action": "clear",
+        disabled: pathSafe(p.name) ? null : "",
+        onclick: () => confirmThen("Clear policy",
+          `Clear policy “${p.name}”? Its queues go back to their declared settings` +
+          " (or to the next policy that matches them).",
+          "Clear", () => api("DELETE", `/api/policies/${enc(p.name)}`),
+          (res) => `Cleared policy “${p.name}”; ${fmt(res.queues)} queue(s) have a policy now.`) },
+        "Clear")))), "policies-empty");
+}
+
+// Parses a form's optional JSON object field; throws with a message naming it.
+function jsonField(id, what, required) {
+  const text = document.getElementById(id).value.trim();
+  if (!text && !required) return {};
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    throw new Error(`${what} is not JSON: ${e.message}`);
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    throw new Error(`${what} must be a JSON object`);
+  }
+  return value;
+}
+
+function routedText(res, where) {
+  if (!res.queues.length) return `Published through ${where}: it reached no queue.`;
+  const full = res.full && res.full.length ? ` (refused, full: ${res.full.join(", ")})` : "";
+  return `Published through ${where} to ${res.queues.join(", ")}${full}.`;
+}
+
+async function submitAction(title, action, done) {
+  try {
+    notice(done(await action()), "ok");
+  } catch (e) {
+    notice(`${title} failed: ${e.message}`, "bad");
+  }
+  poll();
+}
+
+function setUpExchanges() {
+  document.getElementById("xp-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const exchange = document.getElementById("xp-exchange").value;
+    submitAction("Publish", () => api("POST", `/api/exchanges/${enc(exchange)}/publish`, {
+      routing_key: document.getElementById("xp-key").value,
+      body: document.getElementById("xp-body").value,
+      headers: jsonField("xp-headers", "Headers", false),
+    }), (res) => routedText(res, `exchange “${exchange}”`));
+  });
+  document.getElementById("pa-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const name = document.getElementById("pa-name").value;
+    submitAction("Add policy", () => {
+      if (!pathSafe(name)) throw new Error(DOT_NAME);
+      return api("PUT", `/api/policies/${enc(name)}`, {
+        pattern: document.getElementById("pa-pattern").value,
+        apply_to: document.getElementById("pa-apply").value,
+        priority: Number(document.getElementById("pa-priority").value || "0"),
+        definition: jsonField("pa-definition", "The definition", true),
+      });
+    }, (res) => `Policy “${name}” ${res.changed ? "added" : "replaced"};` +
+      ` ${fmt(res.queues)} queue(s) have a policy now.`);
+  });
+}
 
 const FLAG_BADGE = { enabled: "ok", disabled: "warn", unknown: "bad" };
 const FLAG_STATE = { enabled: "enabled", disabled: "disabled", unknown: "unknown: a newer build's" };
@@ -446,6 +562,58 @@ function headersPreview(headers) {
   return el("code", { title: short(text, 2000) }, short(text, HEADERS_PREVIEW));
 }
 
+const SETTINGS = [
+  ["max_length", "max-length"], ["overflow", "overflow"], ["message_ttl_ms", "message-ttl"],
+  ["delivery_limit", "delivery-limit"], ["dead_letter", "dead-letter"],
+  ["dead_letter_exchange", "dead-letter-exchange"],
+  ["dead_letter_routing_key", "dead-letter-routing-key"], ["retry", "retry"],
+];
+
+// The open queue's effective settings and the policy that gave them, from the last poll.
+function renderSettings() {
+  if (state.detail === null) return;
+  const q = state.queues.get(state.detail);
+  if (!q) return;
+  const parts = SETTINGS.filter(([f]) => q[f] !== null && q[f] !== undefined)
+    .map(([f, label]) => `${label} ${q[f]}`);
+  setText("d-settings", parts.join(" · ") || "none");
+  const policy = document.getElementById("d-policy");
+  policy.textContent = q.policy || "none";
+  policy.className = "badge " + (q.policy ? "ok" : "muted");
+}
+
+async function getMessages() {
+  const queue = state.detail;
+  if (queue === null) return;
+  const count = Number(document.getElementById("qg-count").value || "1");
+  const ack = document.getElementById("qg-mode").value === "ack";
+  detailError("");
+  try {
+    const res = await api("POST", `/api/queues/${enc(queue)}/get`, { count, ack });
+    if (state.detail !== queue) return;
+    const rows = res.messages.map((m) => el("tr", { "data-position": m.position },
+      numCell("position", m.position), numCell("delivery_count", m.delivery_count),
+      el("td", {}, headersPreview(m.headers)), el("td", {}, bodyPreview(m))));
+    replaceRows("got", rows, "got-empty");
+    document.getElementById("got").hidden = rows.length === 0;
+    notice(`Got ${rows.length} message(s) from “${queue}” and ` +
+      `${ack ? "acked them (removed)" : "requeued them"}.`, "ok");
+  } catch (e) {
+    detailError(`Get failed: ${e.message}`);
+  }
+  poll();
+  refreshPeek();
+}
+
+function publishToQueue() {
+  const queue = state.detail;
+  if (queue === null) return;
+  submitAction("Publish", () => api("POST", `/api/queues/${enc(queue)}/publish`, {
+    body: document.getElementById("qp-body").value,
+    headers: jsonField("qp-headers", "Headers", false),
+  }), (res) => routedText(res, "the default exchange")).then(refreshPeek);
+}
+
 function detailError(message) {
   const box = document.getElementById("d-error");
   box.textContent = message;
@@ -464,6 +632,10 @@ function openDetail(queue) {
   document.getElementById("h-position").value = "";
   replaceRows("peek", []);
   document.getElementById("peek-empty").hidden = true;
+  replaceRows("got", [], "got-empty");
+  document.getElementById("got").hidden = true;
+  document.getElementById("got-empty").hidden = true;
+  renderSettings();
   refreshPeek();
   section.scrollIntoView({ block: "nearest" });
 }
@@ -584,6 +756,14 @@ async function showHistory(position) {
 function setUpDetail() {
   document.getElementById("d-close").addEventListener("click", closeDetail);
   document.getElementById("d-refresh").addEventListener("click", refreshPeek);
+  document.getElementById("qg-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    getMessages();
+  });
+  document.getElementById("qp-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    publishToQueue();
+  });
   document.getElementById("h-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const raw = document.getElementById("h-position").value.trim();
@@ -641,12 +821,13 @@ async function poll() {
   if (state.busy || !state.user) return;
   state.busy = true;
   try {
-    const [ov, nodes, queues, conns, consumers, services, logInfo, features] =
-      await Promise.all([
+    const [ov, nodes, queues, conns, consumers, services, logInfo, features, exchanges,
+      policies] = await Promise.all([
         api("GET", "/api/overview"), api("GET", "/api/nodes"), api("GET", "/api/queues"),
         apiOr("/api/connections", { connections: [] }),
         apiOr("/api/consumers", { consumers: [] }),
         api("GET", "/api/services"), apiOr("/api/log", {}), api("GET", "/api/features"),
+        api("GET", "/api/exchanges"), api("GET", "/api/policies"),
       ]);
     if (!state.user) return;  // logged out meanwhile
     clearError();
@@ -658,6 +839,8 @@ async function poll() {
     renderServices(services.services);
     renderLog(logInfo);
     renderFeatures(features, nodes);
+    renderExchanges(exchanges.exchanges);
+    renderPolicies(policies.policies);
   } catch (e) {
     if (e.status === 401) {
       showLogin("Your session ended (idle too long, logged out, or the user changed):"
@@ -733,6 +916,7 @@ function setUpLogin() {
 document.addEventListener("DOMContentLoaded", async () => {
   setUpDetail();
   setUpFeatures();
+  setUpExchanges();
   setUpLogin();
   try {
     const who = await api("GET", "/api/session");  // a session cookie still good?

@@ -85,7 +85,7 @@ def test_publish_headers_stdin_and_table(broker: BrokerProcess) -> None:
     r = baton("queues", "--broker", addr)
     assert r.returncode == 0, r.stderr
     header, row = r.stdout.splitlines()
-    assert header.split() == ["queue", "ready", "acquired", "consumers", "enqueued"]
+    assert header.split() == ["queue", "ready", "acquired", "consumers", "enqueued", "policy"]
     assert row.split() == ["h", "4", "0", "0", "4"]
     # --no-ack releases "not now": the message stays, with a raised acquired count;
     # --fail releases it as a failed delivery: its delivery count goes up too.

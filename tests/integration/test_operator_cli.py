@@ -338,6 +338,18 @@ MISTAKES = [
     (["feature", "enable", "no_such_flag", "--broker", "{running}"],
      "unknown feature flag(s) no_such_flag; this broker's build knows versioned_formats"),
     (["feature", "frobnicate"], "invalid choice: 'frobnicate'"),
+    (["policy", "set", "p", "--pattern", "(", "--definition", '{{"max-length": 1}}',
+      "--broker", "{running}"], "bad policy pattern '('"),
+    (["policy", "set", "p", "--pattern", "(a+)+", "--definition", '{{"max-length": 1}}',
+      "--broker", "{running}"], "nests a repetition inside another"),
+    (["policy", "set", "p", "--pattern", "x", "--definition", '{{"max-lenght": 1}}',
+      "--broker", "{running}"], "unknown policy key 'max-lenght'"),
+    (["policy", "set", "p", "--pattern", "x", "--definition", "{{max-length: 1}}",
+      "--broker", "{running}"], "--definition is not JSON"),
+    (["policy", "set", "p", "--pattern", "x", "--definition", '{{"message-ttl": "1m"}}',
+      "--broker", "{running}"], "'message-ttl' must be an integer"),
+    (["policy", "clear", "nope", "--broker", "{running}"], "no policy 'nope'"),
+    (["policy", "list", "--broker", "{refused}"], "could not connect"),
 ]
 
 

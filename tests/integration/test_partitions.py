@@ -200,6 +200,17 @@ async def test_an_exchange_fans_out_over_partitions_and_a_dead_letter_queue_goes
     await wait_stats(conn, "dead", ready=1)
     with pytest.raises(InvalidArgument, match="dead-letter exchanges"):
         await conn.declare_queue("dlx", dead_letter_exchange="fan")
+    # A policy is set on control and applied by every data partition to its queues.
+    await conn.set_policy("cap", "^f", {"max-length": 7})
+    for b in parted:
+        async with await clients.connect(b.address, timeout=5) as c:
+            for name in names:
+                stats = await eventually(
+                    lambda c=c, name=name: c.queue_stats(name), f"{name} under the policy",
+                    until=lambda st: st.get("policy") == "cap",
+                )
+                assert stats["max_length"] == 7, stats
+    await equal_digests(parted)
     await conn.close()
 
 

@@ -379,6 +379,7 @@ async def test_stats_and_list_queues(broker: BrokerProcess) -> None:
                 "used_at": None,
                 "timed_out": 0,
                 "delayed": 0,
+                "policy": None,
                 "consumers": 1,
             }
         listed = await conn.list_queues()

@@ -30,6 +30,8 @@ from batonmq.cluster.errors import Fenced, NotOwner, PreconditionFailed, QueueFu
 from batonmq.cluster import codec
 from batonmq.cluster.events import (
     Accept,
+    ClearPolicy,
+    SetPolicy,
     AcceptThrough,
     Acquire,
     Checkpoint,
@@ -62,6 +64,7 @@ from batonmq.cluster.results import (
 )
 from batonmq.cluster.effects import Acquired, CheckpointApplied, Completed, Effect, Moved
 from batonmq.cluster.queues import MessageState, QueueState, TRANSITIONS
+from batonmq.cluster.features import ANNOUNCE, FEATURES
 from batonmq.cluster.state import State
 from tests.unit.test_digest_cache import hashed_afresh
 
@@ -107,7 +110,12 @@ class QueueModel(RuleBasedStateMachine):
         self.timed_out = 0  # failed deliveries that were an ack timeout
         self.next_pos = 0
         self.dlq_len = 0
-        self.max_length: int | None = None
+        # The declared max-length, and a policy's (flag policies, cluster/policies.py):
+        # the state machine enforces the lower of the two (max_length below); ``grace``
+        # is the most the queue held when a policy lowered it (nothing is removed then).
+        self.declared_max: int | None = None
+        self.policy_cap: int | None = None
+        self.grace = 0
         self.accepted = 0  # messages of q that ended ACCEPTED
         self.dropped = 0  # ... and DROPPED
         self.keyed: dict[str, tuple[int, int]] = {}  # idempotency key -> (first, count)
@@ -117,7 +125,7 @@ class QueueModel(RuleBasedStateMachine):
         self.expires: int | None = None  # queue expiry (flag queue_expiry), ms
         self.used_at = 0  # the replicated clock when q was last used (declare, acquire, interest)
         # Two member runtimes: both beat, n1/r1 proposes, both vote (docs/design.md §7).
-        for m in MEMBERS:
+        for m in MEMBERS:  # (their builds announce their flags: some are enabled below)
             self._apply(Heartbeat("voter", "", {ANNOUNCE: sorted(FEATURES)}), m)
         self._apply(Propose(1, MEMBERS, "cluster"), "n1/r1")
         for m in MEMBERS:
@@ -127,6 +135,14 @@ class QueueModel(RuleBasedStateMachine):
         assert "queue_expiry" in self.state.features.enabled
         self._apply(DeclareQueue("dlq"))
         self.owner = "n1/r1"
+        self._apply(EnableFeatures(("policies",)))
+        assert "policies" in self.state.features.enabled
+
+    @property
+    def max_length(self) -> int | None:
+        """The queue's effective max-length (docs/operations.md "Policies": the lower)."""
+        d, p = self.declared_max, self.policy_cap
+        return d if p is None else p if d is None else min(d, p)
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -244,7 +260,8 @@ class QueueModel(RuleBasedStateMachine):
             )
         )
         assert done.result == Declared(created=True)
-        self.max_length, self.overflow, self.retry = max_length, overflow, retry
+        self.declared_max, self.overflow, self.retry = max_length, overflow, retry
+        self.grace = 0
         self.max_priority, self.sac = max_priority, sac
         for m in MEMBERS:  # both have consumers; the first interest makes the owner
             self._apply(Interest("q", True), m)
@@ -282,6 +299,23 @@ class QueueModel(RuleBasedStateMachine):
         assert done.result.deleted == len(self.msgs)
         assert "q" not in self.state.queues
         self.msgs = {}  # (gone with the queue: neither dead-lettered nor accepted)
+
+    @rule(cap=st.one_of(st.none(), st.integers(1, 8)))
+    def policy(self, cap: int | None) -> None:
+        """An operator sets a max-length policy on q, or clears it; it applies at once,
+        whether q exists yet or not, and removes nothing."""
+        if cap is None:
+            ev: Event = ClearPolicy("cap")
+        else:
+            ev = SetPolicy("cap", "^q$", "queues", (("max-length", cap),), 0)
+        done = self._completed(self._apply(ev))
+        assert done.error is None or (cap is None and self.policy_cap is None), done.error
+        self.policy_cap = cap
+        q = self.state.queues.get("q")
+        if q is not None:
+            self.grace = max(self.grace, q.length)
+            assert q.max_length == self.max_length
+            assert q.policy == (None if cap is None else "cap")
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule()
@@ -595,7 +629,7 @@ class QueueModel(RuleBasedStateMachine):
             self.acquisitions, self.failures, self.given_back, self.timed_out
         )
         assert q.next_pos == self.next_pos
-        assert q.length <= (self.max_length or q.length)
+        assert q.length <= max(self.max_length or q.length, self.grace)
         assert self.state.queues["dlq"].ready == self.dlq_len
         assert q.accepted == self.accepted
         assert q.dropped + q.purged == self.dropped  # purged: dropped on request
@@ -624,6 +658,7 @@ class QueueModel(RuleBasedStateMachine):
         restored.restore_keys(replica.key_entries())
         for name, q in replica.queues.items():
             restored.queues[name] = QueueState.restore(q.snapshot())
+        restored.apply_policies()  # as the node does once the queues are restored
         for i, record in enumerate(self.records[half:], start=half):
             origin, ev = codec.decode(record)
             restored.apply(i, origin, ev, [])

@@ -25,6 +25,8 @@ from batonmq.cluster.events import (
     ForwardDone,
     ForwardIn,
     PlaceQueues,
+    ClearPolicy,
+    SetPolicy,
     EVENT_TYPES,
     Accept,
     AcceptThrough,
@@ -99,6 +101,8 @@ from batonmq.cluster.results import (
     MessageHistory,
     UserChanged,
     UserList,
+    PolicyChanged,
+    PolicyList,
 )
 from batonmq.cluster.users import GUEST_COST, GUEST_SALT, GUEST_SERVER_KEY, GUEST_STORED_KEY
 from tests.unit.test_membership import Cluster
@@ -118,6 +122,11 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
         {"queues": ["a", "b"], "positions": [0, 7], "full": ["c"], "missing": []},
     ),
     (UserChanged(changed=True), {"changed": True}),
+    (PolicyChanged(changed=True, queues=3), {"changed": True, "queues": 3}),
+    (PolicyList([{"name": "jobs", "pattern": "^jobs", "apply_to": "queues",
+                  "definition": {"max-length": 5}, "priority": 0}]),
+     {"policies": [{"name": "jobs", "pattern": "^jobs", "apply_to": "queues",
+                    "definition": {"max-length": 5}, "priority": 0}]}),
     (FeaturesEnabled(enabled=["versioned_formats"], format=2), {"enabled": ["versioned_formats"], "format": 2}),
     (
         FeatureList([{"name": "versioned_formats", "state": "enabled"}], 2),
@@ -335,6 +344,8 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     c.state.data_partition = 0
     apply(a, DeclareQueue("brief", expires_ms=1))
     apply(a, ExpireQueue("brief"))  # (one envelope ms later: unused for its 1 ms)
+    apply(a, SetPolicy("p", "^q", "queues", (("max-length", 5),), 1))
+    apply(a, ClearPolicy("p"))
     apply(b, Join("addr"))
     apply(b, Leave())
     # Propose and Vote are applied by Cluster.beat (the view changes above).
