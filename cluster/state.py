@@ -44,7 +44,6 @@ from batonmq.cluster.errors import (
     BatonError,
     Fenced,
     InvalidArgument,
-    LimitExceeded,
     NotOwner,
     PreconditionFailed,
     QueueNotFound,
