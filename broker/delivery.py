@@ -303,7 +303,9 @@ class Delivery:
                 case MembersChanged():
                     if not e.properties:
                         log.info(
-                            "view %d established: %d member(s)%s", e.view_seq, len(e.members),
+                            "%sview %d established: %d member(s)%s",
+                            f"partition {e.partition}: " if e.partition else "",
+                            e.view_seq, len(e.members),
                             f"; left it: {', '.join(e.removed)}" if e.removed else "",
                         )
                     if self.node.key in e.removed and not self.node.leaving:

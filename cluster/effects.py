@@ -138,12 +138,14 @@ class OwnerChanged(Effect):
 
 @dataclass(frozen=True, slots=True)
 class MembersChanged(Effect):
-    """A view was established (``removed`` left it), or a member's properties changed."""
+    """A view was established (``removed`` left it), or a member's properties changed;
+    ``partition``: of that data partition's view, on a log of several (0: the cluster's)."""
 
     view_seq: int
     members: list[str]
     removed: list[str]
     properties: bool = False
+    partition: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -643,7 +643,9 @@ class State:
                     members, removed = established
                     for gone in removed:
                         self._drop_member(gone, out)
-                    out.append(MembersChanged(ms.view_seq, members, removed))
+                    out.append(MembersChanged(
+                        ms.view_seq, members, removed, partition=self.data_partition
+                    ))
 
     def _drop_member(self, key: str, out: list[Effect]) -> None:
         """A runtime left the view: what its consumers held goes back (guarantee 6),
