@@ -76,6 +76,11 @@ FEATURES: Final[dict[str, Feature]] = {
             " DeclareQueue and in the queue's snapshot; non-admin users get the default"
             " limit of 1,000 queues",
         ),
+        Feature(
+            "exchange_bindings", 5, "0.4.0",
+            "exchange-to-exchange bindings: the BindExchange and UnbindExchange events, and"
+            " an exchange's bindings to other exchanges as a trailing part of its snapshot",
+        ),
     )
 }
 

@@ -54,6 +54,7 @@ from batonmq.cluster.events import (
     Acquire,
     AnyEvent,
     Bind,
+    BindExchange,
     Checkpoint,
     Candidate,
     DeclareExchange,
@@ -84,6 +85,7 @@ from batonmq.cluster.events import (
     SetUserLimits,
     SetUserTags,
     Unbind,
+    UnbindExchange,
     Vote,
 )
 from batonmq.cluster.exchanges import Exchanges
@@ -279,6 +281,15 @@ class State:
                 return self.exchanges.bind(ev, self.queues)
             case Unbind():
                 return self.exchanges.unbind(ev, self.queues)
+            case BindExchange() | UnbindExchange():
+                if "exchange_bindings" not in self.features.enabled:
+                    # Written only once the flag is on; a forged one is refused alike.
+                    raise InvalidArgument(
+                        "exchange-to-exchange bindings need the feature flag exchange_bindings"
+                    )
+                if isinstance(ev, BindExchange):
+                    return self.exchanges.bind_exchange(ev)
+                return self.exchanges.unbind_exchange(ev)
             case PurgeQueue():
                 return self.index.purge(ev, out)
             case Checkpoint():
