@@ -31,7 +31,8 @@ Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
 * ``/api/overview``, ``/api/nodes``, ``/api/queues[/{name}[/purge|/peek|
   /messages/{position}/history]]``, ``/api/connections[/{id}]``, ``/api/consumers``,
   ``/api/services[/{name}/handover|/{name}/candidates/{candidate}]``, ``/api/log``,
-  ``/api/features[/enable]``.
+  ``/api/features[/enable]``, ``/api/exchanges``, ``/api/bindings/e/{source}/q|e/{name}``
+  (broker/admin_exchanges.py).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from batonmq.broker.admin_login import (
     request_body,
 )
 from batonmq.broker.config import BrokerConfig
+from batonmq.broker.admin_exchanges import ExchangeRoutes
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.features import enable_event, feature_list
 from batonmq.broker.history import message_history
@@ -68,6 +70,7 @@ from batonmq.broker.session import check_declare, declare_event
 from batonmq.cluster.errors import (
     AccessRefused,
     BatonError,
+    ExchangeNotFound,
     InternalError,
     InvalidArgument,
     LogUnavailable,
@@ -259,7 +262,7 @@ def _status_of(exc: BatonError) -> int:
             return 401
         case AccessRefused():
             return 403
-        case QueueNotFound() | UnknownConsumer():
+        case QueueNotFound() | ExchangeNotFound() | UnknownConsumer():
             return 404
         case InvalidArgument():
             return 400
@@ -375,6 +378,7 @@ class AdminServer:
         r.add_get("/api/log", self.log_info)
         r.add_get("/api/features", self.features)
         r.add_post("/api/features/enable", self.enable_features)
+        ExchangeRoutes(lambda: self.broker.node).add(r)  # /api/exchanges, /api/bindings
         return app
 
     async def start(self, host: str, port: int) -> str:
