@@ -78,14 +78,18 @@ async def test_a_fresh_broker_lists_its_flags_enabled_through_cli_api_and_metric
     assert re.fullmatch(
         rf"user_limits\s+enabled\s+3\s+0\.3\.0\s+{re.escape(me['node_id'])}\s+-",
         lines[2]), lines
-    assert lines[3] == f"cluster format {MAX_FORMAT}; 2 of 2 flag(s) enabled"
-    assert len(lines) == 4, lines  # nothing disabled: no hint to enable
+    assert re.fullmatch(
+        rf"exchange_bindings\s+enabled\s+5\s+0\.4\.0\s+{re.escape(me['node_id'])}\s+-",
+        lines[3]), lines
+    assert lines[4] == f"cluster format {MAX_FORMAT}; 3 of 3 flag(s) enabled"
+    assert len(lines) == 5, lines  # nothing disabled: no hint to enable
     r = baton("feature", "list", "--json", "--broker", addr)
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [(x["name"], x["state"], x["format"], x["supported_by"], x["unsupported_by"])
             for x in rows] == [("versioned_formats", "enabled", 2, [key], []),
-                               ("user_limits", "enabled", 3, [key], [])]
+                               ("user_limits", "enabled", 3, [key], []),
+                               ("exchange_bindings", "enabled", 5, [key], [])]
     assert rows[0]["enabled_at"] >= 0 and rows[0]["doc"] == FEATURES["versioned_formats"].doc
 
     # Enabling what is enabled changes nothing, and says so.
@@ -104,7 +108,7 @@ async def test_a_fresh_broker_lists_its_flags_enabled_through_cli_api_and_metric
     assert status == 400 and body["error"]["name"] == "InvalidArgument"
     assert body["error"]["message"] == (
         "unknown feature flag(s) nope; this broker's build knows versioned_formats,"
-        " user_limits")
+        " user_limits, exchange_bindings")
     r = baton("feature", "enable", "nope", "--broker", addr)
     assert one_line_error(r) == body["error"]["message"]  # the same words
     for bad in ({}, {"names": []}, {"names": [1]}, {"names": "versioned_formats"},
@@ -116,7 +120,7 @@ async def test_a_fresh_broker_lists_its_flags_enabled_through_cli_api_and_metric
 
     text = await metrics(http, admin_broker)
     assert samples(text, "baton_feature_enabled", "feature") == {
-        "versioned_formats": 1.0, "user_limits": 1.0}
+        "versioned_formats": 1.0, "user_limits": 1.0, "exchange_bindings": 1.0}
     assert samples(text, "baton_format", "") == {"": float(MAX_FORMAT)}
     assert samples(text, "baton_apply_stopped", "reason") == {"unreadable": 0.0, "error": 0.0}
 
@@ -125,7 +129,7 @@ async def test_a_fresh_broker_lists_its_flags_enabled_through_cli_api_and_metric
     r = baton("topology", "--broker", addr)
     assert r.returncode == 0, r.stderr
     (row,) = [line for line in r.stdout.splitlines() if line.startswith("  ")]
-    assert " 2 flags " in row and "versioned_formats" not in row and "features" not in row
+    assert f" {len(FEATURES)} flags " in row and "versioned_formats" not in row and "features" not in row
     r = baton("topology", "--json", "--broker", addr)
     (instance,) = json.loads(r.stdout)["instances"]
     assert instance["features"] == sorted(FEATURES) and "features" not in instance["properties"]
@@ -187,7 +191,8 @@ async def test_a_flag_a_live_member_lacks_is_refused_naming_it_and_enabled_once_
                 "InvalidArgument"
         text = await metrics(http, new)
         assert samples(text, "baton_feature_enabled", "feature") == {
-            "versioned_formats": 1.0, "user_limits": 1.0, NEWER_FLAG: 0.0}
+            "versioned_formats": 1.0, "user_limits": 1.0, "exchange_bindings": 1.0,
+            NEWER_FLAG: 0.0}
 
         # Once the older broker has left, every live member has the flag: enabled.
         old.stop()
