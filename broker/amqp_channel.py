@@ -1,4 +1,5 @@
-"""One AMQP 0-9-1 channel: its queues, publishes, confirms and consumers (docs/amqp.md).
+"""One AMQP 0-9-1 channel: its queues, exchanges and bindings, publishes, confirms,
+transactions and consumers (docs/amqp.md).
 
 A :class:`Channel` turns the methods of one channel into Baton's commands, through the
 same parts a native session uses: publishes are ``Enqueue`` events with an idempotency
@@ -16,11 +17,16 @@ message back without a failure (the acquired count only); either without requeue
 dead-letters (or drops) it. A closed channel or a lost connection gives back what it
 held as failed deliveries.
 
-Size: over 1,100 lines, because the methods of AMQP's Basic, Queue and Confirm classes
-share one channel's state (delivery tags, consumers and getters, a shared prefetch,
-unconfirmed publishes); what needs none of it is in modules of its own (broker/amqp_queues.py, the
-arguments; broker/amqp_routes.py, the exchange seam; broker/amqp_message.py, the
-properties; broker/amqp_order.py, the channel's order).
+A transactional channel (``Tx.Select``) holds its publishes and settlements in a
+:class:`~batonmq.broker.amqp_tx.Transaction` and submits them at ``Tx.Commit`` through
+the same paths as above, answering once they are applied here.
+
+Size: over 1,100 lines, because the methods of AMQP's Basic, Queue, Confirm and Tx
+classes share one channel's state (delivery tags, consumers and getters, a shared
+prefetch, unconfirmed publishes, a transaction); what needs none of it is in modules of
+its own (broker/amqp_queues.py, the arguments; broker/amqp_routes.py, the exchange seam;
+broker/amqp_message.py, the properties; broker/amqp_order.py, the channel's order;
+broker/amqp_tx.py, what a transaction holds).
 """
 
 from __future__ import annotations

@@ -292,8 +292,8 @@ def test_a_cluster_upgraded_from_a_build_without_the_flag(tmp_path: Path) -> Non
         conn = connect(b)
         assert conn._impl.server_capabilities["exchange_exchange_bindings"] is False
         ch = conn.channel()
-        ch.exchange_declare("up-src", "fanout")
-        ch.exchange_declare("up-dst", "fanout")
+        ch.exchange_declare("up-src", "fanout", durable=True)
+        ch.exchange_declare("up-dst", "fanout", durable=True)
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
             ch.exchange_bind("up-dst", "up-src")
         assert info.value.reply_code == 540 and LACKING in info.value.reply_text
@@ -308,6 +308,21 @@ def test_a_cluster_upgraded_from_a_build_without_the_flag(tmp_path: Path) -> Non
         )
         ch = conn.channel()
         ch.exchange_bind("up-dst", "up-src")
+        ch.queue_declare("up-q", durable=True)
+        ch.queue_bind("up-q", "up-dst")
+        conn.close()
+        # A restart keeps the binding (the exchange table in the store).
+        b.stop()
+        b.start()
+        src = _exchange(b, "up-src")
+        assert src is not None and src["exchange_bindings"] == [
+            {"destination": "up-dst", "routing_key": "", "arguments": {}}
+        ]
+        conn = connect(b)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("up-src", "", b"after a restart", mandatory=True)
+        assert _get_all(ch, "up-q", 1) == [b"after a restart"]
         conn.close()
         assert "Traceback" not in b.output()
     finally:
