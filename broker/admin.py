@@ -32,8 +32,9 @@ Routes (every body JSON; errors are ``{"error": {"code", "name", "message"}}``):
   /messages/{position}/history]]``, ``/api/connections[/{id}]``, ``/api/consumers``,
   ``/api/services[/{name}/handover|/{name}/candidates/{candidate}]``, ``/api/log``,
   ``/api/features[/enable]``;
-* ``/api/policies[/{name}]`` (broker/admin_policies.py); ``/api/exchanges``,
-  ``/api/bindings``, ``/api/exchanges/{name}/publish``, ``/api/queues/{name}/publish``,
+* ``/api/exchanges``, ``/api/bindings/e/{source}/q|e/{name}`` (broker/admin_exchanges.py);
+* ``/api/policies[/{name}]`` (broker/admin_policies.py); ``/api/bindings``,
+  ``/api/exchanges/{name}/publish``, ``/api/queues/{name}/publish``,
   ``/api/queues/{name}/get`` (broker/admin_messages.py).
 """
 
@@ -63,6 +64,7 @@ from batonmq.broker.admin_login import (
     request_body,
 )
 from batonmq.broker.config import BrokerConfig
+from batonmq.broker.admin_exchanges import ExchangeRoutes
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.features import enable_event, feature_list
 from batonmq.broker.history import message_history
@@ -383,6 +385,7 @@ class AdminServer:
         r.add_post("/api/features/enable", self.enable_features)
         PolicyRoutes(self.broker.node).add_to(r)  # broker/admin_policies.py
         MessageRoutes(self.broker).add_to(r)  # broker/admin_messages.py
+        ExchangeRoutes(lambda: self.broker.node).add(r)  # /api/exchanges, /api/bindings
         return app
 
     async def start(self, host: str, port: int) -> str:

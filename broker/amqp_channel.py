@@ -1,4 +1,5 @@
-"""One AMQP 0-9-1 channel: its queues, publishes, confirms and consumers (docs/amqp.md).
+"""One AMQP 0-9-1 channel: its queues, exchanges and bindings, publishes, confirms,
+transactions and consumers (docs/amqp.md).
 
 A :class:`Channel` turns the methods of one channel into Baton's commands, through the
 same parts a native session uses: publishes are ``Enqueue`` events with an idempotency
@@ -16,11 +17,16 @@ message back without a failure (the acquired count only); either without requeue
 dead-letters (or drops) it. A closed channel or a lost connection gives back what it
 held as failed deliveries.
 
-Size: over 1,100 lines, because the methods of AMQP's Basic, Queue and Confirm classes
-share one channel's state (delivery tags, consumers and getters, a shared prefetch,
-unconfirmed publishes); what needs none of it is in modules of its own (broker/amqp_queues.py, the
-arguments; broker/amqp_routes.py, the exchange seam; broker/amqp_message.py, the
-properties; broker/amqp_order.py, the channel's order).
+A transactional channel (``Tx.Select``) holds its publishes and settlements in a
+:class:`~batonmq.broker.amqp_tx.Transaction` and submits them at ``Tx.Commit`` through
+the same paths as above, answering once they are applied here.
+
+Size: over 1,100 lines, because the methods of AMQP's Basic, Queue, Confirm and Tx
+classes share one channel's state (delivery tags, consumers and getters, a shared
+prefetch, unconfirmed publishes, a transaction); what needs none of it is in modules of
+its own (broker/amqp_queues.py, the arguments; broker/amqp_routes.py, the exchange seam;
+broker/amqp_message.py, the properties; broker/amqp_order.py, the channel's order;
+broker/amqp_tx.py, what a transaction holds).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import msgpack
 from pamqp import base, commands
 
 from batonmq.broker import amqp_routes as routes
+from batonmq.broker import amqp_tx as tx
 from batonmq.broker.access import Rights, check_user_limit
 from batonmq.broker.amqp_codec import (
     ChannelError,
@@ -52,7 +59,7 @@ from batonmq.broker.amqp_order import READS, ChannelOrder
 from batonmq.broker.amqp_queues import error_code, queue_options, refusal_text
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
-from batonmq.broker.exchanges import ExchangeFacade
+from batonmq.broker.exchanges import EXCHANGE_BINDINGS, ExchangeFacade
 from batonmq.broker.limits import check_event, check_headers, check_name
 from batonmq.broker.reply import Shape
 from batonmq.broker.session import declare_event
@@ -226,6 +233,10 @@ class Channel:
         self._publishes: dict[str, list[_Publish]] = {}
         self._last_queue = ""  # the last queue declared (Basic.Consume/Get of "")
         self._packer = msgpack.Packer(use_bin_type=True)
+        # tx.select: what the channel holds until tx.commit (broker/amqp_tx.py)
+        self.tx: tx.Transaction[Content, tuple[_Sub, int]] | None = None
+        # During a commit: its commands' futures, each (future, a settlement)
+        self._collect: list[tuple[asyncio.Future[Any], bool]] | None = None
         # (AMQP: a channel's methods take effect in order; broker/amqp_order.py)
         self._order = ChannelOrder(self._run_held, self.flush)
 
@@ -396,9 +407,11 @@ class Channel:
             case commands.Basic.Recover():
                 if not m.requeue:
                     raise ConnectionFault(540, "basic.recover with requeue=false is not supported", (60, 110))
-                self._settle(0, True, "release")
+                self._settle(0, True, "release", now=True)  # (not held by a transaction)
                 self._method(commands.Basic.RecoverOk())
             case commands.Confirm.Select():
+                if self.tx is not None:
+                    raise ChannelError(406, tx.TO_CONFIRM)
                 self.confirming = True
                 if not m.nowait:
                     self._method(commands.Confirm.SelectOk())
@@ -420,15 +433,17 @@ class Channel:
             case commands.Exchange.Delete():
                 self._delete_exchange(m)
             case commands.Exchange.Bind() | commands.Exchange.Unbind():
-                raise ConnectionFault(
-                    540, "exchange-to-exchange bindings are not supported: bind queues",
-                    (commands.Exchange.frame_id, m.frame_id),
-                )
-            case commands.Tx.Select() | commands.Tx.Commit() | commands.Tx.Rollback():
-                raise ConnectionFault(
-                    540, "transactions (tx.*) are not supported: use publisher confirms",
-                    (commands.Tx.frame_id, m.frame_id),
-                )
+                self._bind_exchange(m)
+            case commands.Tx.Select():
+                if self.confirming:
+                    raise ChannelError(406, tx.TO_TX)
+                if self.tx is None:
+                    self.tx = tx.Transaction()
+                self._method(commands.Tx.SelectOk())
+            case commands.Tx.Commit():
+                self._commit()
+            case commands.Tx.Rollback():
+                self._rollback()
             case _:
                 raise ConnectionFault(540, f"{m.name} is not supported")
 
@@ -501,6 +516,8 @@ class Channel:
             nowait = bool(m.nowait)
             self._after(facade.bind(queue, m.exchange, key, arguments),
                         lambda r: None if nowait else self._method(commands.Queue.BindOk()))
+            if nowait:
+                self._routes_changed()
         else:
             # RabbitMQ (since 3.2) answers an unbind of a missing exchange, queue or
             # binding with Unbind-Ok: aio-pika's RPC unbinds from an auto-delete
@@ -508,6 +525,42 @@ class Channel:
             self._after(facade.unbind(queue, m.exchange, key, arguments),
                         lambda r: self._method(commands.Queue.UnbindOk()),
                         gone_ok=lambda: self._method(commands.Queue.UnbindOk()))
+
+    def _bind_exchange(self, m: commands.Exchange.Bind | commands.Exchange.Unbind) -> None:
+        """``Exchange.Bind`` / ``Unbind`` (flag exchange_bindings; before it, 540 as
+        RabbitMQ answers a method it does not implement)."""
+        if EXCHANGE_BINDINGS not in self.owner.node.state.features.enabled:
+            raise ConnectionFault(
+                540, "exchange-to-exchange bindings need the feature flag exchange_bindings"
+                " (baton feature enable exchange_bindings, once every broker has it)",
+                (commands.Exchange.frame_id, m.frame_id),
+            )
+        for name in (m.destination, m.source):
+            if name:
+                check_name("exchange name", name)
+        if routes.DEFAULT_EXCHANGE in (m.destination, m.source):
+            raise ChannelError(403, "operation not permitted on the default exchange")
+        facade = self._exchanges()
+        arguments = dict(m.arguments or {})
+        nowait = bool(m.nowait)
+        if isinstance(m, commands.Exchange.Bind):
+            self._after(facade.bind_exchange(m.destination, m.source, m.routing_key, arguments),
+                        lambda r: None if nowait else self._method(commands.Exchange.BindOk()))
+        else:
+            # (RabbitMQ answers an unbind of a missing binding or exchange with Unbind-Ok)
+            self._after(facade.unbind_exchange(m.destination, m.source, m.routing_key, arguments),
+                        lambda r: None if nowait else self._method(commands.Exchange.UnbindOk()),
+                        gone_ok=lambda: None if nowait else self._method(
+                            commands.Exchange.UnbindOk()))
+        if nowait:
+            self._routes_changed()
+
+    def _routes_changed(self) -> None:
+        """A ``nowait`` bind or unbind was submitted: the client has no Ok to wait for,
+        so what it sends next (a publish routed by the bindings applied here) waits
+        until it is applied (AMQP's channel order)."""
+        if self._order.pending and not self._order.waiting:
+            self._order.wait(lambda: None)
 
     def _after(self, fut: asyncio.Future[Any], then: Callable[[Any], None],
                gone_ok: Callable[[], None] | None = None) -> None:
@@ -715,6 +768,18 @@ class Channel:
                 f" {self.owner.config.max_message}"
             )
         queues = self._route(m, content.properties)
+        if self.tx is not None:
+            self._headers(content)  # (checked now; routed again at the commit)
+            try:
+                self.tx.hold_publish(content, len(content.body))
+            except tx.TooLarge as exc:
+                raise ChannelError(406, str(exc)) from None
+            return
+        self._publish_routed(content, queues)
+
+    def _publish_routed(self, content: Content, queues: list[str]) -> None:
+        """A publish routed to ``queues`` (none: returned if mandatory)."""
+        m = content.method
         seq = 0
         if self.confirming:
             self._seq += 1
@@ -733,14 +798,7 @@ class Channel:
             if seq:
                 self._confirmed(seq, True)
             return
-        headers = to_headers(content.properties, m.exchange, m.routing_key)
-        if headers:
-            size = len(self._packer.pack(headers))
-            if size > self.owner.config.max_headers:
-                raise MessageTooLarge(
-                    f"headers of {size} bytes are above the maximum of"
-                    f" {self.owner.config.max_headers}"
-                )
+        headers = self._headers(content)
         priority = min(content.properties.priority or 0, 9)
         if len(queues) > 1:
             # One atomic append onto every routed queue, after what this channel
@@ -752,6 +810,65 @@ class Channel:
         p = _Publish(seq, content.body, headers, self.owner.next_key(), priority)
         self._publishes.setdefault(queues[0], []).append(p)
 
+    def _headers(self, content: Content) -> dict[str, Any]:
+        """A publish's headers as Baton stores them.
+
+        Raises:
+            MessageTooLarge: above the broker's ``max_headers``.
+        """
+        m = content.method
+        headers = to_headers(content.properties, m.exchange, m.routing_key)
+        if headers:
+            size = len(self._packer.pack(headers))
+            if size > self.owner.config.max_headers:
+                raise MessageTooLarge(
+                    f"headers of {size} bytes are above the maximum of"
+                    f" {self.owner.config.max_headers}"
+                )
+        return headers
+
+    # -- transactions (broker/amqp_tx.py) ------------------------------------------------
+
+    def _commit(self) -> None:
+        """``tx.commit``: submit what the transaction held (the publishes, routed now,
+        then the settlements); ``Commit-Ok`` once all are applied here, or the channel
+        closes (406) if one failed. What the client sends next waits behind it."""
+        if self.tx is None:
+            raise ChannelError(406, tx.NOT_TRANSACTIONAL)
+        publishes, settlements = self.tx.take()
+        futures: list[tuple[asyncio.Future[Any], bool]] = []
+        self._collect = futures
+        try:
+            for content in publishes:
+                self._publish_routed(content, self._route(content.method, content.properties))
+            self.flush()
+            for how, entries in settlements:
+                self._settle_entries(how, entries)
+        finally:
+            self._collect = None
+
+        def committed() -> None:
+            if tx.failed(futures):
+                raise ChannelError(406, tx.PARTIAL)
+            self._method(commands.Tx.CommitOk())
+
+        if self._order.pending:
+            self._order.wait(committed)
+        else:
+            committed()
+
+    def _rollback(self) -> None:
+        """``tx.rollback``: drop the held publishes; the held settlements' deliveries
+        are the client's to settle again."""
+        if self.tx is None:
+            raise ChannelError(406, tx.NOT_TRANSACTIONAL)
+        _, settlements = self.tx.take()
+        if settlements:
+            for _, entries in settlements:
+                self._unacked.update(entries)
+            self._unacked = dict(sorted(self._unacked.items()))
+        self._method(commands.Tx.RollbackOk())
+
     def _fan_out(self, seq: int, queues: list[str], body: bytes, headers: dict[str, Any],
                  priority: int, m: commands.Basic.Publish) -> None:
         event = RoutedEnqueue(
@@ -761,6 +878,8 @@ class Channel:
         check_event(event)
         fut = self.owner.node.submit(event)
         self._order.track(fut)
+        if self._collect is not None:
+            self._collect.append((fut, False))
         self.commands_started(1)
 
         def done(f: asyncio.Future[Routed]) -> None:
@@ -800,6 +919,8 @@ class Channel:
         )
         fut = self.owner.node.submit(event)
         self._order.track(fut)
+        if self._collect is not None:
+            self._collect.append((fut, False))
         self.commands_started(len(items))
         seqs = [p.seq for p in items if p.seq]
 
@@ -1070,10 +1191,11 @@ class Channel:
 
     # -- settling ----------------------------------------------------------------------------
 
-    def _settle(self, tag: int, multiple: bool, how: str) -> None:
+    def _settle(self, tag: int, multiple: bool, how: str, now: bool = False) -> None:
         """Settle delivery ``tag`` (with ``multiple``, every one up to it; tag 0 with
         multiple: all). ``how``: accept, fail (failed release), release ("not now"),
-        reject (dead-letter or drop).
+        reject (dead-letter or drop). On a transactional channel the settlement is
+        held until the commit (``now``: it is not, Basic.Recover's).
 
         Raises:
             ChannelError: 406, a tag this channel has not delivered or was settled.
@@ -1085,9 +1207,19 @@ class Channel:
             if tag not in unacked:
                 raise ChannelError(406, f"unknown delivery tag {tag}")
             tags = [tag]
+        entries = [(t, unacked.pop(t)) for t in tags]
+        if self.tx is not None and not now:
+            try:
+                self.tx.hold_settlement(how, entries)
+            except tx.TooLarge as exc:
+                raise ChannelError(406, str(exc)) from None
+            return
+        self._settle_entries(how, entries)
+
+    def _settle_entries(self, how: str, entries: list[tuple[int, tuple[_Sub, int]]]) -> None:
+        """Settle these deliveries (taken from the unacked map), one command per consumer."""
         by_sub: dict[int, tuple[_Sub, list[int]]] = {}
-        for t in tags:
-            sub, position = unacked.pop(t)
+        for _, (sub, position) in entries:
             by_sub.setdefault(id(sub), (sub, []))[1].append(position)
         for sub, positions in by_sub.values():
             if sub.consumer.closed:
@@ -1095,6 +1227,8 @@ class Channel:
             fut = self._settle_positions(sub.consumer, positions, how)
             if fut is not None:
                 self._order.track(fut)
+                if self._collect is not None:
+                    self._collect.append((fut, True))
 
     def _settle_positions(
         self, c: Consumer, positions: list[int], how: str
@@ -1163,6 +1297,7 @@ class Channel:
         it held goes back (a failed delivery for what the client had)."""
         self.open = False
         self._publishes.clear()
+        self.tx = None  # (what it held is dropped; the deliveries go back below)
         self._order.clear()
         if self._get is not None and self._get.timer is not None:
             self._get.timer.cancel()

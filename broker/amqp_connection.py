@@ -44,6 +44,7 @@ from batonmq.broker.amqp_codec import (
 )
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
+from batonmq.broker.exchanges import EXCHANGE_BINDINGS
 from batonmq.broker.inspect import ConnectionView
 from batonmq.broker.memory import BodyBudget
 from batonmq.broker.networks import LOOPBACK, Networks, allows
@@ -498,7 +499,9 @@ class AmqpConnection(asyncio.Protocol):
                 "per_consumer_qos": True,
                 "authentication_failure_close": True,
                 "connection.blocked": False,
-                "exchange_exchange_bindings": False,
+                # (flag exchange_bindings: advertised once enabled; before, Exchange.Bind
+                # is refused with 540, docs/amqp.md)
+                "exchange_exchange_bindings": EXCHANGE_BINDINGS in self.node.state.features.enabled,
                 "direct_reply_to": False,
             },
         }

@@ -1,6 +1,7 @@
 """``baton exchange list|declare|delete`` and ``baton binding list|add|remove``: the
 exchanges and bindings of docs/design.md §14 on the command line (``baton publish
---exchange`` publishes through one)."""
+--exchange`` publishes through one). ``baton binding add DESTINATION --from-exchange
+SOURCE`` binds an exchange to an exchange (flag ``exchange_bindings``)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ def _exchange_list(args: argparse.Namespace) -> int:
     print(f"{'exchange':30} {'type':8} {'durable':>7} {'bindings':>8}  flags")
     for r in rows:
         flags = ",".join(f for f in ("auto_delete", "internal") if r.get(f))
+        n = len(r["bindings"]) + len(r.get("exchange_bindings", ()))
         print(f"{_name(r['exchange']):30} {r['type']:8} {str(r['durable']).lower():>7}"
-              f" {len(r['bindings']):>8}  {flags}")
+              f" {n:>8}  {flags}")
     return 0
 
 
@@ -70,34 +72,46 @@ def _exchange_delete(args: argparse.Namespace) -> int:
 def _binding_list(args: argparse.Namespace) -> int:
     with open_broker(args) as conn:
         rows = conn.list_exchanges()
-    out: list[dict[str, Any]] = [
-        {"exchange": r["exchange"], **b}
-        for r in rows
-        if args.exchange is None or r["exchange"] == args.exchange
-        for b in r["bindings"]
-        if args.queue is None or b["queue"] == args.queue
-    ]
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        if args.exchange is not None and r["exchange"] != args.exchange:
+            continue
+        out += [{"exchange": r["exchange"], **b} for b in r["bindings"]
+                if args.queue is None or b["queue"] == args.queue]
+        if args.queue is None:  # (an exchange binding's destination is an exchange)
+            out += [{"exchange": r["exchange"], **b} for b in r.get("exchange_bindings", ())]
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{'exchange':24} {'queue':24} {'routing key':24} arguments")
+    print(f"{'exchange':24} {'queue (or -> exchange)':24} {'routing key':24} arguments")
     for b in out:
         arguments = json.dumps(b["arguments"]) if b["arguments"] else ""
-        print(f"{_name(b['exchange']):24} {b['queue']:24} {b['routing_key']:24} {arguments}")
+        to = b["queue"] if "queue" in b else f"-> {b['destination']}"
+        print(f"{_name(b['exchange']):24} {to:24} {b['routing_key']:24} {arguments}")
     return 0
 
 
 def _binding_change(args: argparse.Namespace) -> int:
     unbind = args.binding_command == "remove"
-    with open_broker(args) as conn:
-        changed = conn.bind_queue(
-            args.queue, args.exchange, args.routing_key, key_values(args.arg, "--arg"),
-            unbind=unbind,
+    source = args.from_exchange
+    if (source is None) == (args.exchange is None):
+        raise InvalidArgument(
+            "name the exchange to bind to: QUEUE EXCHANGE, or DESTINATION --from-exchange"
+            " SOURCE (an exchange to an exchange), not both"
         )
+    arguments = key_values(args.arg, "--arg")
+    with open_broker(args) as conn:
+        if source is not None:
+            changed = conn.bind_exchange(args.queue, source, args.routing_key, arguments,
+                                         unbind=unbind)
+        else:
+            changed = conn.bind_queue(args.queue, args.exchange, args.routing_key, arguments,
+                                      unbind=unbind)
     what = ("removed" if changed else "was not there") if unbind else (
         "added" if changed else "exists")
-    print(f"binding {args.exchange} -> {args.queue} ({args.routing_key!r}) {what}",
-          file=sys.stderr)
+    frm = source if source is not None else args.exchange
+    to = f"exchange {args.queue}" if source is not None else args.queue
+    print(f"binding {frm} -> {to} ({args.routing_key!r}) {what}", file=sys.stderr)
     return 0
 
 
@@ -127,7 +141,7 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     dl.add_argument("--broker", default=None, help=BROKER_HELP)
     dl.set_defaults(func=_exchange_delete)
 
-    b = sub.add_parser("binding", help="list, add, remove bindings of queues to exchanges")
+    b = sub.add_parser("binding", help="list, add, remove bindings (to queues, or exchanges)")
     bs = b.add_subparsers(dest="binding_command", required=True)
     bl = bs.add_parser("list", help="bindings, of one exchange or queue if given")
     bl.add_argument("--exchange", default=None)
@@ -135,11 +149,16 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     bl.add_argument("--json", action="store_true")
     bl.add_argument("--broker", default=None, help=BROKER_HELP)
     bl.set_defaults(func=_binding_list)
-    for name, what in (("add", "bind a queue to an exchange"),
-                       ("remove", "remove a queue's binding")):
+    for name, what in (("add", "bind a queue (or, --from-exchange, an exchange) to an exchange"),
+                       ("remove", "remove a queue's (or an exchange's) binding")):
         c = bs.add_parser(name, help=what)
-        c.add_argument("queue")
-        c.add_argument("exchange")
+        c.add_argument("queue", metavar="QUEUE",
+                       help="the queue bound; with --from-exchange the destination exchange")
+        c.add_argument("exchange", nargs="?", default=None, metavar="EXCHANGE",
+                       help="the exchange it is bound to")
+        c.add_argument("--from-exchange", default=None, metavar="SOURCE",
+                       help="bind exchange QUEUE to exchange SOURCE instead: what SOURCE routes"
+                            " by the binding goes on to it (flag exchange_bindings)")
         c.add_argument("--routing-key", default="", metavar="KEY",
                        help="the binding key (a topic pattern for a topic exchange)")
         c.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",

@@ -42,7 +42,8 @@ Errors (:func:`error_kind` names the kind, for an edge's reply codes):
 Rights (broker/access.py; queues and exchanges share the name patterns), as RabbitMQ
 checks them: declaring or deleting an exchange needs ``configure`` on its name (a
 passive declare none); binding and unbinding need ``write`` on the queue and ``read``
-on the exchange; publishing needs ``write`` on the exchange, or, through the default
+on the exchange (an exchange to an exchange: ``write`` on the destination, ``read`` on the
+source); publishing needs ``write`` on the exchange, or, through the default
 exchange, on the queue the routing key names (as a native publish does).
 """
 
@@ -62,18 +63,52 @@ from batonmq.cluster.errors import (
     PreconditionFailed,
     QueueNotFound,
 )
-from batonmq.cluster.events import Bind, DeclareExchange, DeleteExchange, RoutedEnqueue, Unbind
+from batonmq.cluster.events import (
+    Bind,
+    BindExchange,
+    DeclareExchange,
+    DeleteExchange,
+    RoutedEnqueue,
+    Unbind,
+    UnbindExchange,
+)
 from batonmq.cluster.exchanges import BUILTIN_EXCHANGES, DEFAULT_EXCHANGE
 from batonmq.cluster.node import Node
 from batonmq.cluster.queue_state import MAX_PRIORITY
 from batonmq.cluster.results import Bound, Declared, ExchangeDeleted, Routed
+from batonmq.cluster.state import State
 
-__all__ = ["ERROR_KINDS", "ExchangeFacade", "error_kind", "exchange_options"]
+__all__ = [
+    "ERROR_KINDS",
+    "EXCHANGE_BINDINGS",
+    "ExchangeFacade",
+    "check_exchange_bindings",
+    "error_kind",
+    "exchange_options",
+]
 
 T = TypeVar("T")
 
 #: The kinds :func:`error_kind` answers.
 ERROR_KINDS: Final = ("not-found", "precondition", "access-refused", "invalid", "unavailable", "other")
+
+
+#: The feature flag of exchange-to-exchange bindings (cluster/features.py).
+EXCHANGE_BINDINGS: Final = "exchange_bindings"
+
+
+def check_exchange_bindings(state: State) -> None:
+    """Exchange-to-exchange bindings need their feature flag.
+
+    Raises:
+        InvalidArgument: the flag ``exchange_bindings`` is not enabled.
+    """
+    if EXCHANGE_BINDINGS not in state.features.enabled:
+        raise InvalidArgument(
+            "exchange-to-exchange bindings need the feature flag exchange_bindings: enable it"
+            " once every broker runs a build that has it (baton feature enable"
+            " exchange_bindings)"
+        )
 
 
 def error_kind(exc: BaseException) -> str:
@@ -221,6 +256,51 @@ class ExchangeFacade:
         event = Unbind(queue, exchange, routing_key, dict(arguments or {}))
         self._binding(event)
         return self.node.submit(event)
+
+    def bind_exchange(
+        self,
+        destination: str,
+        source: str,
+        routing_key: str = "",
+        arguments: Mapping[str, Any] | None = None,
+    ) -> asyncio.Future[Bound]:
+        """Bind exchange ``destination`` to exchange ``source`` (what ``source`` routes
+        by this binding goes on to ``destination``): ``changed`` False if that binding
+        existed. Needs the feature flag ``exchange_bindings``.
+
+        Raises:
+            AccessRefused (the default exchange, a missing right), ExchangeNotFound,
+                InvalidArgument (the flag is not enabled, a bad ``x-match``, an overlong
+                key).
+        """
+        event = BindExchange(destination, source, routing_key, dict(arguments or {}))
+        self._exchange_binding(event)
+        return self.node.submit(event)
+
+    def unbind_exchange(
+        self,
+        destination: str,
+        source: str,
+        routing_key: str = "",
+        arguments: Mapping[str, Any] | None = None,
+    ) -> asyncio.Future[Bound]:
+        """Remove an exchange-to-exchange binding: ``changed`` False if there was none.
+
+        Raises:
+            AccessRefused, ExchangeNotFound, InvalidArgument (the flag is not enabled).
+        """
+        event = UnbindExchange(destination, source, routing_key, dict(arguments or {}))
+        self._exchange_binding(event)
+        return self.node.submit(event)
+
+    def _exchange_binding(self, event: BindExchange | UnbindExchange) -> None:
+        check_exchange_bindings(self.node.state)
+        if DEFAULT_EXCHANGE in (event.source, event.destination):
+            raise AccessRefused("operation not permitted on the default exchange")
+        # (as RabbitMQ: write on the destination, read on the source)
+        self._check("write", event.destination, "exchange")
+        self._check("read", event.source, "exchange")
+        check_event(event)
 
     def _binding(self, event: Bind | Unbind) -> None:
         if event.exchange == DEFAULT_EXCHANGE:

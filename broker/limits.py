@@ -16,6 +16,7 @@ from typing import Any, Final
 from batonmq.cluster.errors import InvalidArgument
 from batonmq.cluster.events import (
     Bind,
+    BindExchange,
     DeclareExchange,
     DeclareQueue,
     DeleteExchange,
@@ -23,6 +24,7 @@ from batonmq.cluster.events import (
     Event,
     RoutedEnqueue,
     Unbind,
+    UnbindExchange,
 )
 
 __all__ = [
@@ -138,6 +140,11 @@ def check_event(event: Event[Any]) -> None:
         case Bind() | Unbind():
             check_name("queue name", event.queue)
             check_name("exchange name", event.exchange)
+            check_key(event.routing_key, "routing key")
+            check_headers(event.arguments)
+        case BindExchange() | UnbindExchange():
+            check_name("exchange name", event.destination)
+            check_name("exchange name", event.source)
             check_key(event.routing_key, "routing key")
             check_headers(event.arguments)
         case _:

@@ -453,6 +453,10 @@ class Session(ClientConnection):
                 ex = self._exchanges()
                 call = ex.bind if isinstance(f, wire.Bind) else ex.unbind
                 self.reply(f.corr, call(f.queue, f.exchange, f.routing_key, f.arguments), as_is)
+            case wire.BindExchange() | wire.UnbindExchange():
+                ex = self._exchanges()
+                xcall = ex.bind_exchange if isinstance(f, wire.BindExchange) else ex.unbind_exchange
+                self.reply(f.corr, xcall(f.destination, f.source, f.routing_key, f.arguments), as_is)
             case wire.PublishTo():
                 self._check_body(f.body, f.headers)
                 delay_ms, not_before, priority = _publish_options(f.options)

@@ -47,10 +47,12 @@ from batonmq.clients.watch import TopologyWatch
 from batonmq.clients.wire import (
     AcceptThrough,
     Bind,
+    BindExchange,
     DeclareExchange,
     DeleteExchange,
     ListExchanges,
     Unbind,
+    UnbindExchange,
     DeclareQueue,
     DeleteQueue,
     Frame,
@@ -673,6 +675,25 @@ class Connection:
         corr = self._next_corr()
         kind = Unbind if unbind else Bind
         frame = kind(corr, queue, exchange, routing_key, dict(arguments or {}))
+        return read_result(Bound, await self._request(frame, corr, retry=True)).changed
+
+    async def bind_exchange(
+        self, destination: str, source: str, routing_key: str = "",
+        arguments: Mapping[str, Any] | None = None, *, unbind: bool = False,
+    ) -> bool:
+        """Bind exchange ``destination`` to exchange ``source`` (``unbind``: remove that
+        binding): what ``source`` routes by the binding goes on to ``destination``'s
+        bindings, as RabbitMQ's exchange-to-exchange bindings. Returns whether anything
+        changed. Needs the cluster's feature flag ``exchange_bindings``.
+
+        Raises:
+            ExchangeNotFound (either end); AccessRefused (the default exchange, no
+                ``write`` right on ``destination`` or ``read`` right on ``source``);
+                InvalidArgument (the flag is not enabled).
+        """
+        corr = self._next_corr()
+        kind = UnbindExchange if unbind else BindExchange
+        frame = kind(corr, destination, source, routing_key, dict(arguments or {}))
         return read_result(Bound, await self._request(frame, corr, retry=True)).changed
 
     def publish_to(

@@ -326,6 +326,16 @@ class SyncConnection:
             self._conn.bind_queue(queue, exchange, routing_key, arguments, unbind=unbind)
         )
 
+    def bind_exchange(
+        self, destination: str, source: str, routing_key: str = "",
+        arguments: Mapping[str, Any] | None = None, *, unbind: bool = False,
+    ) -> bool:
+        """Bind exchange ``destination`` to exchange ``source``, or (``unbind``) remove
+        the binding (see :meth:`Connection.bind_exchange`)."""
+        return self.run(
+            self._conn.bind_exchange(destination, source, routing_key, arguments, unbind=unbind)
+        )
+
     def publish_to(
         self, exchange: str, routing_key: str, body: bytes | bytearray | memoryview,
         headers: Mapping[str, Any] | None = None, **options: Any,

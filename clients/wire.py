@@ -61,6 +61,8 @@ __all__ = [
     "DeleteExchange",
     "Bind",
     "Unbind",
+    "BindExchange",
+    "UnbindExchange",
     "PublishTo",
     "ListExchanges",
     "Publish",
@@ -325,6 +327,33 @@ class Unbind(Frame):
     corr: int
     queue: str
     exchange: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BindExchange(Frame):
+    """C->S: bind exchange ``destination`` to exchange ``source`` (what ``source``
+    routes by this binding goes on to ``destination``); Ok({"changed": bool}). Needs the
+    feature flag ``exchange_bindings``."""
+
+    OP: ClassVar[int] = 24
+    corr: int
+    destination: str
+    source: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class UnbindExchange(Frame):
+    """C->S: remove an exchange-to-exchange binding; Ok({"changed": bool}). Needs the
+    feature flag ``exchange_bindings``."""
+
+    OP: ClassVar[int] = 25
+    corr: int
+    destination: str
+    source: str
     routing_key: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
 
@@ -894,6 +923,8 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         DeleteExchange,
         Bind,
         Unbind,
+        BindExchange,
+        UnbindExchange,
         PublishTo,
         ListExchanges,
         Publish,

@@ -325,6 +325,8 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "arguments": (dict,),
     "if_unused": (bool,),
     "routing_key": (str,),
+    "source": (str,),
+    "destination": (str,),
     "to": (str,),
     "holder": (str, type(None)),
     "role": (str,),

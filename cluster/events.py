@@ -55,6 +55,8 @@ __all__ = [
     "DeleteExchange",
     "Bind",
     "Unbind",
+    "BindExchange",
+    "UnbindExchange",
     "Enqueue",
     "RoutedEnqueue",
     "Acquire",
@@ -262,6 +264,32 @@ class Unbind(Event[Bound]):
     OP: ClassVar[int] = 7
     queue: str
     exchange: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BindExchange(Event[Bound]):
+    """Bind exchange ``destination`` to exchange ``source``: what ``source`` routes by
+    this binding goes on to ``destination``'s bindings (RabbitMQ's exchange-to-exchange
+    bindings). Flag ``exchange_bindings``: written only once it is enabled, refused by
+    the state before."""
+
+    OP: ClassVar[int] = 8
+    destination: str
+    source: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class UnbindExchange(Event[Bound]):
+    """Remove the binding of exchange ``destination`` to exchange ``source`` with this
+    key and arguments (flag ``exchange_bindings``)."""
+
+    OP: ClassVar[int] = 9
+    destination: str
+    source: str
     routing_key: str = ""
     arguments: dict[str, Any] = field(default_factory=dict)
 
@@ -797,6 +825,8 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         DeleteExchange,
         Bind,
         Unbind,
+        BindExchange,
+        UnbindExchange,
         Enqueue,
         RoutedEnqueue,
         Acquire,

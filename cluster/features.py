@@ -83,6 +83,11 @@ FEATURES: Final[dict[str, Feature]] = {
             " that deletes a queue unused for that long",
         ),
         Feature(
+            "exchange_bindings", 5, "0.4.0",
+            "exchange-to-exchange bindings: the BindExchange and UnbindExchange events, and"
+            " an exchange's bindings to other exchanges as a trailing part of its snapshot",
+        ),
+        Feature(
             "policies", 6, "0.4.0",
             "policies (RabbitMQ-style): the SetPolicy and ClearPolicy events, and the"
             " policy table as a twelfth part of the meta snapshot once a policy is set;"

@@ -56,6 +56,7 @@ from batonmq.cluster.events import (
     Acquire,
     AnyEvent,
     Bind,
+    BindExchange,
     Checkpoint,
     Candidate,
     DeclareExchange,
@@ -94,6 +95,7 @@ from batonmq.cluster.events import (
     ClearPolicy,
     SetPolicy,
     Unbind,
+    UnbindExchange,
     Vote,
 )
 from batonmq.cluster.exchanges import Exchanges
@@ -319,6 +321,11 @@ class State:
                 return self.exchanges.bind(ev, self._bindable())
             case Unbind():
                 return self.exchanges.unbind(ev, self._bindable())
+            case BindExchange() | UnbindExchange():
+                self._need("exchange_bindings", "exchange-to-exchange bindings need")
+                if isinstance(ev, BindExchange):
+                    return self.exchanges.bind_exchange(ev)
+                return self.exchanges.unbind_exchange(ev)
             case PurgeQueue():
                 return self.index.purge(ev, out)
             case Checkpoint():
@@ -330,33 +337,31 @@ class State:
             case PutUser() | DeleteUser() | SetRights():
                 return self._user_event(ev, out)
             case SetUserLimits() | SetUserTags():
-                if "user_limits" not in self.features.enabled:
-                    # Written only once the flag is on; a forged one is refused alike.
-                    raise InvalidArgument("user limits and tags need the feature flag user_limits")
+                self._need("user_limits", "user limits and tags need")
                 return self._user_event(ev, out)
             case SetPolicy() | ClearPolicy():
-                if "policies" not in self.features.enabled:
-                    # Written only once the flag is on; a forged one is refused alike.
-                    raise InvalidArgument("policies need the feature flag policies")
+                self._need("policies", "policies need")
                 return self.policies.apply_event(ev, self.queues.values())
             case EnableFeatures():
                 return self._enable_features(ev)
             case PlaceQueues():
-                if "partitions" not in self.features.enabled:
-                    raise InvalidArgument("placing queues needs the feature flag partitions")
+                self._need("partitions", "placing queues needs")
                 return Placed(self.placement.place(ev))
             case FanOut() | ForwardIn() | ForwardDone():
-                if "partitions" not in self.features.enabled:
-                    raise InvalidArgument(f"{type(ev).__name__} needs the feature flag partitions")
+                self._need("partitions", f"{type(ev).__name__} needs")
                 # A publish forwarded between data partitions (cluster/forwarding.py).
                 return apply_forward(self.forwards, self.index, self.ignore,
                                      self.data_partition, origin, ev, out)
             case FenceTerm():
-                if "partitions" not in self.features.enabled:
-                    raise InvalidArgument("FenceTerm needs the feature flag partitions")
+                self._need("partitions", "FenceTerm needs")
                 fence_term(self.range_tokens, ev.service, ev.token)
                 return None
         raise InvalidArgument(f"event {type(ev).__name__} is not applicable")
+
+    def _need(self, flag: str, what: str) -> None:
+        """A flag's events are written once it is on; before, one is refused alike."""
+        if flag not in self.features.enabled:
+            raise InvalidArgument(f"{what} the feature flag {flag}")
 
     def _bindable(self) -> Container[str]:
         """The queues a binding may name: this state's, or on a control partition of

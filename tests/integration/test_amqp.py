@@ -370,7 +370,7 @@ def test_unsupported_methods_close_with_540_and_a_wrong_vhost_with_530(
 ) -> None:
     conn = connect(amqp_broker)
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
-        conn.channel().tx_select()
+        conn.channel().basic_recover(requeue=False)
     assert info.value.reply_code == 540
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as info2:
         connect(amqp_broker, virtual_host="other")

@@ -132,9 +132,9 @@ async def test_bad_password_and_unsupported_methods(amqp_broker: BrokerProcess) 
     with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
         await ch.declare_queue("missing", passive=True)
     ch = await conn.channel(publisher_confirms=False)
-    tx = ch.transaction()
+    raw = await ch.get_underlay_channel()
     with pytest.raises(aio_pika.exceptions.AMQPConnectionError) as info:
-        await tx.select()
+        await raw.basic_recover(requeue=False)
     assert "540" in str(info.value) or "NOT_IMPLEMENTED" in str(info.value)
     await conn.close()
     assert "Traceback" not in amqp_broker.output()

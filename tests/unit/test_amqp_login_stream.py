@@ -16,6 +16,7 @@ from batonmq.broker.admission import LoginGate
 from batonmq.broker.amqp_codec import PROTOCOL_HEADER
 from batonmq.broker.amqp_connection import MAX_BEFORE_LOGIN, AmqpConnection
 from batonmq.broker.config import BrokerConfig
+from batonmq.cluster.features import Features
 from batonmq.cluster.users import Users
 
 
@@ -64,7 +65,7 @@ class FakeTransport:
 def fake_broker() -> Any:
     cfg = BrokerConfig(data_dir="unused")
     return SimpleNamespace(
-        config=cfg, version="test", node=SimpleNamespace(state=SimpleNamespace(users=Users())),
+        config=cfg, version="test", node=SimpleNamespace(state=SimpleNamespace(users=Users(), features=Features())),
         delivery=None, allow_from=None, amqp_connections=set(),
         refused=lambda what: None, logins=LoginGate(10, 10),
     )

@@ -76,6 +76,7 @@ async def test_a_fanout_publish_lands_on_every_bound_queue(node: Node) -> None:
         "internal": False, "arguments": {},
         "bindings": [{"queue": "q1", "routing_key": "", "arguments": {}},
                      {"queue": "q2", "routing_key": "ignored", "arguments": {}}],
+        "exchange_bindings": [],
     }
 
 

@@ -62,6 +62,8 @@ from batonmq.cluster.events import (
     DeleteUser,
     SetRights,
     SetUserLimits,
+    BindExchange,
+    UnbindExchange,
     SetUserTags,
 )
 from batonmq.cluster.results import (
@@ -334,6 +336,9 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, SetRights("alice", (("read", "q.*"),)))
     apply(a, SetUserLimits("alice", (("max_queues", 3),)))
     apply(a, SetUserTags("alice", ("monitoring",)))
+    apply(a, DeclareExchange("x", "fanout"))
+    apply(a, BindExchange("x", "amq.fanout"))
+    apply(a, UnbindExchange("x", "amq.fanout"))
     apply(a, DeleteUser("alice"))
     apply(a, PlaceQueues(("p1",), 0, 4))
     apply(a, FenceTerm("svc", 99))

@@ -68,6 +68,8 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.ListExchanges: wire.ListExchanges(8),
     wire.Bind: wire.Bind(8, "orders", "amq.match", "", {"x-match": "any", "a": None}),
     wire.Unbind: wire.Unbind(8, "orders", "amq.topic", "a.#"),
+    wire.BindExchange: wire.BindExchange(8, "audit", "orders", "#", {}),
+    wire.UnbindExchange: wire.UnbindExchange(8, "audit", "amq.match", "", {"x-match": "all"}),
     wire.PublishTo: wire.PublishTo(8, "amq.topic", "a.b", b"body", {"k": 1}, "c0ffee:3", {"priority": 2}),
     wire.Publish: wire.Publish(9, "orders", b"\x00\xffbody", {"k": "v", "n": 1}, "c0ffee:1"),
     wire.PublishBatch: wire.PublishBatch(
