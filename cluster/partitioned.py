@@ -118,7 +118,7 @@ class Partitioned(Node):
             )
             node.on_unlocked = self._data_unlocked
             node.on_truncated = self._data_truncated
-            node.state.data_partition = k  # range commits fenced by FenceTerm
+            node.state.data_partition = k  # (its tokens and forwarded publishes)
             self.data[k] = node
         self._queues = _Queues(self)
 
