@@ -800,15 +800,23 @@ class Channel:
             return
         headers = self._headers(content)
         priority = min(content.properties.priority or 0, 9)
-        if len(queues) > 1:
+        if len(queues) > 1 or self._keeps_key(queues[0], m.routing_key):
             # One atomic append onto every routed queue, after what this channel
             # published before it; confirmed once every queue has it, nacked if any
-            # refused it (a full queue with reject-publish), as RabbitMQ does.
+            # refused it (a full queue with reject-publish), as RabbitMQ does. (Also
+            # one queue that dead-letters by the key a message was published with.)
             self.flush()
             self._fan_out(seq, queues, content.body, headers, priority, m)
             return
         p = _Publish(seq, content.body, headers, self.owner.next_key(), priority)
         self._publishes.setdefault(queues[0], []).append(p)
+
+    def _keeps_key(self, queue: str, routing_key: str) -> bool:
+        """Does ``queue`` keep the routing key its messages were published with (its
+        dead letters go through an exchange by it), which is not its name? An Enqueue
+        names no key: such a publish goes as a RoutedEnqueue, which does."""
+        q = self.owner.node.queues.get(queue)
+        return q is not None and q.tracks_keys and routing_key != queue
 
     def _headers(self, content: Content) -> dict[str, Any]:
         """A publish's headers as Baton stores them.

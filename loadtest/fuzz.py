@@ -451,7 +451,7 @@ class _StandInDelivery:
 
 def _amqp_broker(loop: asyncio.AbstractEventLoop) -> AmqpBroker:
     config = BrokerConfig(data_dir="unused", max_message=AMQP_MAX_BODY, hello_timeout=30)
-    queue = SimpleNamespace(ready=3, length=3, max_length=None, max_priority=0)
+    queue = SimpleNamespace(ready=3, length=3, max_length=None, max_priority=0, tracks_keys=False)
     broker = SimpleNamespace(
         config=config,
         version="fuzz",

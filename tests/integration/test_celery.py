@@ -6,8 +6,9 @@ task retried with a countdown runs again.
 
 Its reply queues are declared with ``x-expires`` (the flag ``queue_expiry``) and kombu
 raises a running consumer's prefetch for ETA tasks (``Basic.Qos`` on running consumers).
-The countdown is on Celery's default, classic queues: on quorum queues Celery's native
-delayed delivery needs exchange-to-exchange bindings.
+The countdown runs on Celery's default, classic queues, and on quorum queues with a topic
+default exchange, where Celery's native delayed delivery routes it through a chain of
+exchange-to-exchange bindings and dead-letter exchanges by its routing key.
 """
 
 from __future__ import annotations
@@ -145,6 +146,75 @@ def test_a_celery_worker_with_defaults_runs_tasks_and_answers_ping(
         text = log.read_text()
         assert "Traceback" not in text and "PRECONDITION_FAILED" not in text, text[-3000:]
         assert "Task app.flaky" in text and "retry: Retry in 1s" in text, text[-3000:]
+    finally:
+        if worker is not None:
+            _stop(worker)
+        b.stop()
+
+
+QUORUM = '''
+import os
+
+from celery import Celery
+
+app = Celery("app", broker=os.environ["BATON_TEST_AMQP"], backend="rpc://")
+app.conf.task_default_queue_type = "quorum"
+app.conf.task_default_exchange_type = "topic"
+
+
+@app.task
+def add(x, y):
+    return x + y
+'''
+
+QUORUM_CLIENT = '''
+import json
+import time
+
+from app import add
+
+t = time.monotonic()
+r = add.apply_async((20, 22), countdown=2)
+print(json.dumps({"eta": r.get(timeout=30), "took": time.monotonic() - t}))
+'''
+
+
+@pytest.mark.timeout(90)
+def test_a_countdown_task_runs_on_quorum_queues_with_a_topic_exchange(
+    tmp_path: Path, celery_dir: tuple[Path, dict[str, str]]
+) -> None:
+    """Celery's native delayed delivery (quorum queues): the task waits in the
+    celery_delayed_* queues, whose messages expire into the next level's exchange and
+    on, by the routing key they were published with, until the task's own queue."""
+    app_dir, env = celery_dir
+    (app_dir / "app.py").write_text(QUORUM)
+    (app_dir / "client.py").write_text(QUORUM_CLIENT)
+    b = BrokerProcess(tmp_path / "broker", extra=AMQP)
+    b.start()
+    worker: subprocess.Popen[bytes] | None = None
+    log = tmp_path / "worker.log"
+    try:
+        env["BATON_TEST_AMQP"] = f"amqp://guest:guest@127.0.0.1:{amqp_port(b)}//"
+        with log.open("wb") as out:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "app", "worker", "--loglevel=INFO",
+                 "--concurrency=1", "--hostname=w1@%h"],
+                cwd=app_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        eventually_sync(
+            lambda: worker is not None and worker.poll() is None
+            and " ready." in log.read_text(),
+            "the worker ready", timeout=30, context=lambda: log.read_text()[-3000:],
+        )
+        r = subprocess.run([sys.executable, "client.py"], cwd=app_dir, env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr + log.read_text()[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["eta"] == 42 and got["took"] >= 2.0, got
+        text = log.read_text()
+        assert "Failed to setup delayed delivery" not in text, text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
     finally:
         if worker is not None:
             _stop(worker)

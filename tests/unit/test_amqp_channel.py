@@ -29,7 +29,7 @@ class Owner:
         self.paused = False
         self.frame_max = 131072
         self.config = BrokerConfig(data_dir="unused")
-        queue = SimpleNamespace(max_length=None, max_priority=0, ready=0)
+        queue = SimpleNamespace(max_length=None, max_priority=0, ready=0, tracks_keys=False)
         self.submitted: list[tuple[Any, asyncio.Future[Any]]] = []
         queues = {"q": queue, "r": queue}
         self.node = SimpleNamespace(
@@ -219,7 +219,7 @@ async def test_a_channel_keeps_few_idle_getters() -> None:
     owner.delivery = SimpleNamespace(add=add, remove=removed.append, pump=lambda q: None,
                                      by_queue={})  # type: ignore[attr-defined]
     names = [f"g{i}" for i in range(amqp_channel._MAX_GETTERS + 5)]
-    ready = SimpleNamespace(max_length=None, max_priority=0, ready=1)
+    ready = SimpleNamespace(max_length=None, max_priority=0, ready=1, tracks_keys=False)
     owner.node.state.queues = owner.node.queues = {n: ready for n in names}
     ch = Channel(cast(ChannelOwner, owner), 1)
     for n in names:
