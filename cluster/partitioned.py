@@ -188,7 +188,7 @@ class Partitioned(Node):
     @serving.setter
     def serving(self, on: bool) -> None:
         self._serving = on
-        for node in getattr(self, "data", {}).values():
+        for node in self.data.values():  # (set before Node.__init__ sets this)
             node.serving = on
 
     def _data_unlocked(self, queue: str) -> None:

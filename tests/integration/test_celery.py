@@ -91,6 +91,31 @@ def celery_dir(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     yield app_dir, env
 
 
+def _worker(
+    app_dir: Path, env: dict[str, str], log: Path, concurrency: int
+) -> subprocess.Popen[bytes]:
+    """Start ``celery -A app worker`` (its own process group) and wait until it is ready
+    (it connected, mingled and consumes)."""
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "app", "worker", "--loglevel=INFO",
+             f"--concurrency={concurrency}", "--hostname=w1@%h"],
+            cwd=app_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        eventually_sync(
+            lambda: worker.poll() is None
+            and "w1@" in log.read_text() and " ready." in log.read_text(),
+            "the worker ready (it connected, mingled and consumes)", timeout=30,
+            context=lambda: log.read_text()[-3000:],
+        )
+    except BaseException:
+        _stop(worker)
+        raise
+    return worker
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop the worker we started (its own process group: the pool's children too)."""
     if proc.poll() is None:
@@ -113,19 +138,7 @@ def test_a_celery_worker_with_defaults_runs_tasks_and_answers_ping(
     log = tmp_path / "worker.log"
     try:
         env["BATON_TEST_AMQP"] = f"amqp://guest:guest@127.0.0.1:{amqp_port(b)}//"
-        with log.open("wb") as out:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "app", "worker", "--loglevel=INFO",
-                 "--concurrency=2", "--hostname=w1@%h"],
-                cwd=app_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        eventually_sync(
-            lambda: worker is not None and worker.poll() is None
-            and "w1@" in log.read_text() and " ready." in log.read_text(),
-            "the worker ready (it connected, mingled and consumes)", timeout=30,
-            context=lambda: log.read_text()[-3000:],
-        )
+        worker = _worker(app_dir, env, log, concurrency=2)
         r = subprocess.run([sys.executable, "client.py"], cwd=app_dir, env=env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr + log.read_text()[-3000:]
@@ -195,18 +208,7 @@ def test_a_countdown_task_runs_on_quorum_queues_with_a_topic_exchange(
     log = tmp_path / "worker.log"
     try:
         env["BATON_TEST_AMQP"] = f"amqp://guest:guest@127.0.0.1:{amqp_port(b)}//"
-        with log.open("wb") as out:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "app", "worker", "--loglevel=INFO",
-                 "--concurrency=1", "--hostname=w1@%h"],
-                cwd=app_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        eventually_sync(
-            lambda: worker is not None and worker.poll() is None
-            and " ready." in log.read_text(),
-            "the worker ready", timeout=30, context=lambda: log.read_text()[-3000:],
-        )
+        worker = _worker(app_dir, env, log, concurrency=1)
         r = subprocess.run([sys.executable, "client.py"], cwd=app_dir, env=env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr + log.read_text()[-3000:]

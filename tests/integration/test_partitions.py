@@ -309,7 +309,7 @@ async def test_a_fan_out_over_partitions_survives_its_forwarder_being_killed(
         # have moved the duty on, so some may have gone).
         await asyncio.to_thread(forwarder.kill9)
     finally:
-        forwarder.resume() if forwarder.proc and forwarder.proc.poll() is None else None
+        forwarder.stop()  # (resumed first, if it is still there)
     for name in names:
         await wait_stats(conn, name, timeout=40, ready=total)
     for name in names:
