@@ -187,7 +187,7 @@ class MessageRoutes:
             raise InvalidArgument("a publish to a queue takes no routing_key")
         data, headers = _body(body)
         request[ACTOR].rights.check("write", name)
-        if name not in self.broker.node.state.queues:
+        if name not in self.broker.node.queues:
             raise QueueNotFound(f"queue {name!r} does not exist")
         return json_response(await self._publish(request, "", name, data, headers))
 
@@ -207,7 +207,7 @@ class MessageRoutes:
         if type(ack) is not bool:
             raise InvalidArgument("ack must be true (accept) or false (requeue)")
         node, delivery = self.broker.node, self.broker.delivery
-        q = node.state.queues.get(name)
+        q = node.queues.get(name)
         if q is None:
             raise QueueNotFound(f"queue {name!r} does not exist")
         if q.ready == 0:
@@ -220,7 +220,7 @@ class MessageRoutes:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + GET_WAIT
             while True:
-                q = node.state.queues.get(name)
+                q = node.queues.get(name)
                 if getter.cancelled is not None or q is None:
                     break
                 got = len(getter.messages)

@@ -30,6 +30,7 @@ from batonmq.cluster.appender import R, ignore_outcome
 from batonmq.cluster.applier import EffectListener
 from batonmq.cluster.effects import Effect, LeaderChanged
 from batonmq.cluster.errors import BatonError, InvalidArgument, QueueNotFound
+from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import (
     AcceptThrough,
     Bind,
@@ -51,7 +52,8 @@ from batonmq.cluster.forwarding import ForwardGap
 from batonmq.cluster.log import LogSet
 from batonmq.cluster.node import Node
 from batonmq.cluster.queues import QueueState
-from batonmq.cluster.results import Placed, Routed
+from batonmq.cluster.results import Placed, PolicyChanged, Routed
+from batonmq.cluster.state import State
 from batonmq.store import Store
 
 __all__ = ["Partitioned"]
@@ -67,6 +69,27 @@ _CONTROL_QUEUE_EVENTS = (Bind, Unbind)
 #: Events that every partition applies: feature flags (each partition's state writes and
 #: reads by its own), and policies (a queue's effective settings are its partition's).
 _EVERYWHERE = (EnableFeatures, SetPolicy, ClearPolicy)
+
+#: How often a data partition's leader compares its flags and policies with control's.
+FOLLOW_INTERVAL = 1.0
+
+
+def lacking(control: State, data: State) -> list[Event[Any]]:
+    """What a data partition's state lacks of the ``control`` state's feature flags and
+    policies: the events that would make it equal (none: equal)."""
+    events: list[Event[Any]] = []
+    flags = sorted(
+        n for n in control.features.enabled if n in FEATURES and n not in data.features.enabled
+    )
+    if flags:
+        events.append(EnableFeatures(tuple(flags)))
+    want = {p.name: p for p in control.policies.listed()}
+    have = {p.name: p for p in data.policies.listed()}
+    for name, p in want.items():
+        if have.get(name) != p:
+            events.append(SetPolicy(p.name, p.pattern, p.apply_to, p.definition, p.priority))
+    events.extend(ClearPolicy(name) for name in sorted(have.keys() - want.keys()))
+    return events
 
 
 class _Queues(Mapping[str, QueueState]):
@@ -237,9 +260,42 @@ class Partitioned(Node):
         )
         for node, outcome in zip(self.data.values(), done):
             if isinstance(outcome, BaseException):
-                log.warning("partition %d did not take %s: %s", node.partition,
-                            type(event).__name__, outcome)
+                log.info("partition %d did not take %s yet (%s): its leader takes it from"
+                         " control later", node.partition, type(event).__name__, outcome)
+        if isinstance(result, PolicyChanged):
+            # Control has no queues: those with a policy are counted where they are.
+            queues = sum(r.queues for r in done if isinstance(r, PolicyChanged))
+            return cast(R, replace(result, queues=queues))
         return result
+
+    async def _follow_control(self) -> None:
+        """Each data partition this runtime leads takes control's feature flags and
+        policies that it lacks — a partition without a view when they were set refused
+        them. A difference is acted on only when two looks a second apart see the same
+        one, so that what is on its way (or control's own catching up) is not undone."""
+        seen: dict[int, list[Event[Any]]] = {}
+        while True:
+            await asyncio.sleep(FOLLOW_INTERVAL)
+            for k, node in self.data.items():
+                events = (
+                    lacking(self.state, node.state)
+                    if node.state.membership.leader() == self.key and self.joined.is_set()
+                    else []
+                )
+                if not events or seen.get(k) != events:
+                    seen[k] = events
+                    continue
+                seen.pop(k)
+                for ev in events:
+                    try:
+                        await node.submit(ev)
+                    except BatonError as exc:
+                        log.warning("partition %d could not take control's %s: %s",
+                                    k, type(ev).__name__, exc)
+                        break
+                else:
+                    log.info("partition %d took control's %s", k,
+                             ", ".join(type(ev).__name__ for ev in events))
 
     async def place(self, queue: str, partition: int) -> int:
         if not 0 <= partition <= self.count:
@@ -363,6 +419,7 @@ class Partitioned(Node):
         catching up with (or joining) its own partition."""
         await super().start(address, timeout)
         await asyncio.gather(*(n.start(address, timeout) for n in self.data.values()))
+        self._tasks.append(asyncio.create_task(self._follow_control(), name="baton-follow"))
         log.info("node %s: applying %d data partitions", self.key, self.count)
 
     async def leave(self) -> None:
