@@ -21,6 +21,13 @@ REPO = Path(__file__).resolve().parents[2]
 _OUTPUTS = itertools.count(1)  # one output file per BrokerProcess, also on one data dir
 
 
+
+def partitions_under_test() -> int:
+    """The data partitions the suite's brokers are given (``BATON_TEST_PARTITIONS``; 1:
+    the log of one partition)."""
+    return int(os.environ.get("BATON_TEST_PARTITIONS") or 1)
+
+
 class BrokerProcess:
     """One ``baton serve`` process on 127.0.0.1, restartable on the same data dir and port.
 

@@ -9,6 +9,7 @@ the behaviour at sizes CI can afford.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 import uuid
@@ -20,7 +21,7 @@ import pytest
 from batonmq import clients
 from batonmq.cluster.errors import BatonError
 from tests.helpers import drain, equal_digests, eventually, topology
-from tests.integration.conftest import BrokerProcess
+from tests.integration.conftest import BrokerProcess, partitions_under_test
 
 pytestmark = pytest.mark.integration
 
@@ -46,23 +47,47 @@ def brokers(tmp_path: Path, url: str, n: int, extra: list[str]) -> list[BrokerPr
 
 
 async def join_done(address: str) -> dict[str, Any] | None:
+    """The broker's join figures once its update is done (every partition's, on a log of
+    several), else None."""
     top = await topology(address)
     j = top.get("join")
     return j if j is not None and "seconds" in j else None
 
 
+def _rows(top: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Each partition's topology row by partition (0: the whole log, or control)."""
+    return {0: top, **{r["partition"]: r for r in top.get("partitions", [])}}
+
+
+async def partition_of(address: str, queue: str) -> int:
+    """The data partition that holds ``queue`` on a log of several, else 0 (the log)."""
+    if partitions_under_test() == 1:
+        return 0
+    async with await clients.connect(address) as conn:
+        return int((await conn.queue_stats(queue))["partition"])
+
+
+def log_dir(tmp_path: Path, partition: int) -> Path:
+    """The file log's directory of ``partition`` (0: the log of one partition)."""
+    base = tmp_path / "shared-log"
+    return base / f"partition-{partition}" if partition else base
+
+
 async def checkpoint_agreement(nodes: list[BrokerProcess], timeout: float = 30) -> None:
     """Every broker verified the leader's digest at a checkpoint after now, and none saw
     a mismatch (the cross-replica check of docs/design.md §8)."""
-    start = {b.address: (await topology(b.address))["applied"] for b in nodes}
+    start = {
+        (b.address, k): row["applied"]
+        for b in nodes for k, row in _rows(await topology(b.address)).items()
+    }
 
     async def verified() -> bool:
         for b in nodes:
-            top = await topology(b.address)
-            assert top["digest_mismatches"] == 0, (b.address, top)
-            cp = top["checkpoint"] or {}
-            if cp.get("verified", -1) <= start[b.address]:
-                return False
+            for k, row in _rows(await topology(b.address)).items():
+                assert row["digest_mismatches"] == 0, (b.address, k, row)
+                cp = row["checkpoint"] or {}
+                if cp.get("verified", -1) <= start[b.address, k]:
+                    return False
         return True
 
     await eventually(verified, "a digest check at a checkpoint on every broker", timeout=timeout)
@@ -216,7 +241,9 @@ async def test_the_joiner_finishes_from_another_member_when_the_updater_dies(
     url = log_url("file", tmp_path)
     # Both old members cap the update at 20,000 messages/s: 40,000 messages take two
     # seconds, so the kill lands in the middle.
-    nodes = brokers(tmp_path, url, 3, FAST + ["--update-max-rate", "20000"])
+    # (On a log of several partitions each partition's update is capped alike.)
+    rate = 20000 // partitions_under_test()
+    nodes = brokers(tmp_path, url, 3, FAST + ["--update-max-rate", str(rate)])
     queues = [f"q{i}" for i in range(8)]
     try:
         for b in nodes[:2]:
@@ -226,15 +253,19 @@ async def test_the_joiner_finishes_from_another_member_when_the_updater_dies(
                 await conn.declare_queue(q)
         backlog = await publish_backlog(nodes[0].address, queues, 5000, 200)
 
-        served = {b.address: b.log_path.read_text().count("serving a join update") for b in nodes[:2]}
+        def under_way(b: BrokerProcess) -> int:
+            """Updates ``b`` is serving now (begun and not done)."""
+            text = b.log_path.read_text()
+            done = re.findall(r"join update to \S+ done:", text)
+            return text.count("serving a join update") - len(done)
+
         started = threading.Thread(target=nodes[2].start, args=(60,))
         started.start()
 
         async def serving() -> list[BrokerProcess]:
-            return [
-                b for b in nodes[:2]
-                if b.log_path.read_text().count("serving a join update") > served[b.address]
-            ]
+            # (On a log of several partitions, control's update is done at once and each
+            # data partition's is served by either member: the busier one is killed.)
+            return sorted((b for b in nodes[:2] if under_way(b) > 0), key=under_way)
 
         donor = (await eventually(serving, "a member serving the update", timeout=30))[-1]
         # The fault's timing, not a wait for something: the update takes about two
@@ -286,6 +317,7 @@ async def test_the_log_is_truncated_under_a_steady_load(
         a = nodes[0].address
         async with await clients.connect(a) as conn:
             await conn.declare_queue("steady")
+        k = await partition_of(a, "steady")
         load = Load(["steady"], poison="")
         tasks = [
             asyncio.create_task(load.produce(a, "a", batch=50, size=1000)),
@@ -295,14 +327,14 @@ async def test_the_log_is_truncated_under_a_steady_load(
         for _ in range(12):  # sampling the log's size under the load, once a second
             await asyncio.sleep(1)
             if kind == "file":
-                sizes.append(_log_bytes(tmp_path / "shared-log")[0])
+                sizes.append(_log_bytes(log_dir(tmp_path, k))[0])
         load.stop.set()
         await asyncio.gather(*tasks)
         written = sum(len(b) for b in load.sent["steady"])
-        top = await topology(a)
+        top = _rows(await topology(a))[k]
         assert top["log_truncated_before"] > 0, top
         if kind == "file":
-            size, first = _log_bytes(tmp_path / "shared-log")
+            size, first = _log_bytes(log_dir(tmp_path, k))
             assert first > 0
             # Bounded: about two checkpoint intervals of records (plus a heartbeat's
             # lag in the holds; more when the machine is busy: the median of the last
@@ -325,12 +357,13 @@ async def test_a_broker_whose_offset_was_truncated_rejoins_as_new(tmp_path: Path
         a = nodes[0].address
         async with await clients.connect(a) as conn:
             await conn.declare_queue("keep")
-        backlog = await publish_backlog(a, ["keep"], 2000, 100)
-        gone = (await topology(nodes[1].address))["applied"]
-        assert nodes[1].terminate() == 0
-        async with await clients.connect(a) as conn:
             await conn.declare_queue("churn")
-        await churn_until_truncated(a, tmp_path / "shared-log", gone)
+        k = await partition_of(a, "churn")
+        backlog = await publish_backlog(a, ["keep"], 2000, 100)
+        await eventually(lambda: _has(nodes[1].address, "keep", 2000), "replicated", timeout=10)
+        gone = _rows(await topology(nodes[1].address))[k]["applied"]
+        assert nodes[1].terminate() == 0
+        await churn_until_truncated(a, log_dir(tmp_path, k), gone)
         nodes[1].restart()
         assert "starts again as a new broker" in nodes[1].log_path.read_text()
 
@@ -358,11 +391,12 @@ async def test_a_paused_broker_left_behind_by_truncation_rejoins_by_itself(tmp_p
         async with await clients.connect(a) as conn:
             await conn.declare_queue("keep")
             await conn.declare_queue("churn")
+        k = await partition_of(a, "churn")
         backlog = await publish_backlog(a, ["keep"], 500, 100)
         await eventually(lambda: _has(nodes[1].address, "keep", 500), "replicated", timeout=10)
-        paused_at = (await topology(nodes[1].address))["applied"]
+        paused_at = _rows(await topology(nodes[1].address))[k]["applied"]
         nodes[1].pause()
-        await churn_until_truncated(a, tmp_path / "shared-log", paused_at)
+        await churn_until_truncated(a, log_dir(tmp_path, k), paused_at)
         nodes[1].resume()
 
         async def rejoined() -> bool:
