@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
+from batonmq import clients
 from batonmq.loadtest.builds import BuildError, NoHistory, resolve_build
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -114,3 +115,38 @@ def test_rolling_upgrade_then_enabling_the_feature_flags_under_load_keeps_every_
     # partition 1), nothing written differently (docs/operations.md "Partitions").
     assert "partitions" in detail["enabled"].split(","), enabled
     assert done.returncode == 0, context
+
+
+async def test_a_cluster_of_the_previous_build_keeps_its_one_log_and_its_queues_on_partition_1(
+    tmp_path: Path, previous_build: Path
+) -> None:
+    """A cluster made by the previous build upgrades in place and enables every flag, the
+    partitions one among them: its log stays one partition (a --partitions asked of an
+    existing log is said and not applied), its queues are on data partition 1 with their
+    messages, and so is a queue declared after (docs/operations.md "Partitions")."""
+    url = f"file:{tmp_path / 'log'}"
+    old = BrokerProcess(tmp_path / "node-1", log_url=url, node_id="node-1", baton=previous_build)
+    old.start()
+    try:
+        async with await clients.connect(old.address) as conn:
+            await conn.declare_queue("kept")
+            await conn.publish_batch("kept", [b"one", b"two"])
+    finally:
+        assert old.terminate() == 0
+    new = BrokerProcess(tmp_path / "node-1", log_url=url, node_id="node-1",
+                        extra=["--partitions", "4"])
+    new.port = old.port
+    new.start()
+    try:
+        assert "--partitions 4" in new.output(), new.output()  # said, not applied
+        async with await clients.connect(new.address) as conn:
+            enabled = await conn.enable_features()
+            assert "partitions" in enabled, enabled
+            await conn.declare_queue("after")
+            for name, ready in (("kept", 2), ("after", 0)):
+                stats = await conn.queue_stats(name)
+                assert stats["partition"] == 1 and stats["ready"] == ready, stats
+            top = await conn.topology()
+            assert "partitions" not in top, top  # one log: no data partition rows
+    finally:
+        new.stop()
