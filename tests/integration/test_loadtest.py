@@ -15,13 +15,16 @@ from pathlib import Path
 import pytest
 
 from batonmq.loadtest.history import OpKind, load_run, write_ops
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, partitions_under_test
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def loadtest(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
+    parts = partitions_under_test()
+    if parts > 1 and "--check" not in args and "--partitions" not in args:
+        args = (*args, "--partitions", str(parts))  # the suite on a split log
     return subprocess.run(
         [sys.executable, "-m", "batonmq.loadtest", *args],
         capture_output=True,
