@@ -1031,9 +1031,28 @@ class Channel:
         others = self.owner.delivery.consumers_of(queue)
         if others and (m.exclusive or any(c.exclusive for c in others)):
             raise AccessRefused(f"queue '{queue}' in vhost '/' in exclusive use")
+        prefetch = self._consumer_limits(bool(m.no_ack))
+        shared = self.global_prefetch and not m.no_ack
+        sub = self._add(queue, 0 if shared else prefetch, tag, m.no_ack, False)
+        sub.consumer.exclusive = bool(m.exclusive)
+        sub.limit = prefetch
+        if shared:
+            self._share()
+        if not m.nowait:
+            self._method(commands.Basic.ConsumeOk(tag))
+        self.owner.delivery.pump(sub.consumer.queue)
+
+    def _consumer_limits(self, no_ack: bool) -> int:
+        """The prefetch of a new consumer, once the connection's and the user's limits
+        allow one more.
+
+        Raises:
+            LimitExceeded: ``max_consumers`` (the connection's or the user's) or
+                ``max_connection_prefetch``.
+        """
         cfg = self.owner.config
         prefetch = min(self.prefetch or DEFAULT_PREFETCH, cfg.max_prefetch)
-        if m.no_ack:
+        if no_ack:
             prefetch = min(DEFAULT_PREFETCH, cfg.max_prefetch)
         count, total = self.owner.consumer_load()
         if count >= cfg.max_consumers:
@@ -1049,15 +1068,7 @@ class Channel:
                 f" {cfg.max_connection_prefetch} (max_connection_prefetch), this would be"
                 f" {total + prefetch}"
             )
-        shared = self.global_prefetch and not m.no_ack
-        sub = self._add(queue, 0 if shared else prefetch, tag, m.no_ack, False)
-        sub.consumer.exclusive = bool(m.exclusive)
-        sub.limit = prefetch
-        if shared:
-            self._share()
-        if not m.nowait:
-            self._method(commands.Basic.ConsumeOk(tag))
-        self.owner.delivery.pump(sub.consumer.queue)
+        return prefetch
 
     def _consume_reply(self, m: commands.Basic.Consume) -> None:
         """Direct reply-to (RabbitMQ's ``amq.rabbitmq.reply-to``, docs/amqp.md): a
@@ -1068,6 +1079,7 @@ class Channel:
 
         Raises:
             ChannelError: 406, a consumer that acks, or a second one on the channel.
+            LimitExceeded: one consumer more than the limits allow (before any queue).
         """
         if not m.no_ack:
             raise ChannelError(406, "reply consumer cannot acknowledge")
@@ -1076,6 +1088,7 @@ class Channel:
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in self._subs:
             raise ConnectionFault(530, f"attempt to reuse consumer tag '{tag}'", (60, 20))
+        self._consumer_limits(True)
         name = f"{REPLY_TO}.{secrets.token_urlsafe(18)}"
         event = declare_event(name, queue_options(name, {}, False), self.owner.rights.name,
                               self.owner.node.state)
@@ -1086,15 +1099,25 @@ class Channel:
 
         def done(f: asyncio.Future[Any]) -> None:
             self.commands_finished(1)
-            if not self._failed(f, queue=name):
+            if self._failed(f, queue=name):
+                return
+            if self.open and not self.owner.closed:
                 self.owner.queue_declared(name, True, True)
+            else:  # (closed meanwhile: no consumer will ever end it)
+                self.owner.node.submit(DeleteQueue(name)).add_done_callback(_quiet)
+
+        def start() -> None:
+            try:
+                self._consume(commands.Basic.Consume(
+                    queue=name, consumer_tag=tag, no_ack=True, exclusive=True,
+                    nowait=m.nowait, arguments=m.arguments), reply=True)
+            except BatonError as exc:
+                raise ChannelError(error_code(exc), exc.message) from None
 
         fut.add_done_callback(done)
         # The consumer starts once the queue is applied here; what the client sends
         # next waits behind it (a publish naming it as its reply_to goes after).
-        self._order.wait(lambda: self._consume(commands.Basic.Consume(
-            queue=name, consumer_tag=tag, no_ack=True, exclusive=True, nowait=m.nowait,
-            arguments=m.arguments), reply=True))
+        self._order.wait(start)
 
     def _replies(self, sub: _Sub) -> bool:
         """Is ``sub`` the channel's direct reply-to consumer?"""

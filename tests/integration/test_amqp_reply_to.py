@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pika
 import pika.exceptions
 import pytest
+from pamqp import commands, frame
 
 from batonmq import clients
-from tests.helpers import eventually_sync
+from tests.helpers import eventually, eventually_sync
 from tests.integration.conftest import BrokerProcess
-from tests.integration.test_amqp import amqp_broker, amqp_port  # noqa: F401 (a fixture)
+from tests.integration.test_amqp import AMQP, amqp_broker, amqp_port  # noqa: F401 (a fixture)
 from tests.integration.test_amqp_aio import amqp_cluster  # noqa: F401 (a fixture)
+from tests.integration.test_hostile_frames import RawAmqp
 
 pytestmark = pytest.mark.integration
 
@@ -151,3 +154,59 @@ def test_what_rabbitmq_refuses_about_direct_reply_to_is_refused(
         assert err.value.reply_code == 406
     finally:
         conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_reply_consumer_beyond_the_limits_makes_no_queue(tmp_path: Path) -> None:
+    """The consumer limits are checked before the reply queue is declared: a client
+    refused again and again leaves no queue behind."""
+    b = BrokerProcess(tmp_path / "limits", extra=AMQP + ["--max-consumers", "1"])
+    b.start()
+    try:
+        conn = _connect(b)
+        conn.channel().basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
+        for _ in range(5):
+            ch = conn.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+                ch.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
+            assert err.value.reply_code == 406 and "max_consumers" in err.value.reply_text
+
+        async def reply_queues() -> list[str]:
+            async with await clients.connect(b.address) as guest:
+                return [q["queue"] for q in await guest.list_queues()
+                        if q["queue"].startswith(REPLY_TO)]
+
+        assert len(asyncio.run(reply_queues())) == 1
+        conn.close()
+        eventually_sync(lambda: asyncio.run(reply_queues()), "the reply queue gone with its"
+                        " connection", until=lambda names: names == [])
+    finally:
+        b.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_a_reply_queue_whose_channel_closed_before_it_was_made_goes(
+    amqp_broker: BrokerProcess,  # noqa: F811 (the fixture)
+) -> None:
+    """A channel closed right after its Basic.Consume of the pseudo-queue (one write:
+    the broker reads both at once), before the queue made for it is applied: the queue
+    goes all the same, while its connection stays."""
+    raw = RawAmqp(f"127.0.0.1:{amqp_port(amqp_broker)}", "guest", "guest")
+    try:
+        for number in (1, 2, 3):
+            raw.open_channel(number)
+            assert isinstance(raw.read()[1], commands.Channel.OpenOk)
+            raw.sock.sendall(
+                frame.marshal(commands.Basic.Consume(queue=REPLY_TO, no_ack=True), number)
+                + frame.marshal(commands.Channel.Close(200, "bye", 0, 0), number))
+            while not isinstance(raw.read()[1], commands.Channel.CloseOk):
+                pass  # (Consume-Ok, or nothing, comes first)
+
+        async def reply_queues() -> list[str]:
+            async with await clients.connect(amqp_broker.address) as guest:
+                return [q["queue"] for q in await guest.list_queues()
+                        if q["queue"].startswith(REPLY_TO)]
+
+        await eventually(reply_queues, "the reply queues gone", until=lambda n: n == [])
+    finally:
+        raw.close()
