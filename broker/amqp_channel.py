@@ -92,6 +92,8 @@ R = TypeVar("R")
 
 #: The prefetch of a consumer on a channel without ``Basic.Qos`` (AMQP: unlimited).
 DEFAULT_PREFETCH = 1000
+#: RabbitMQ's direct reply-to pseudo-queue (docs/amqp.md, "Direct reply-to").
+REPLY_TO = "amq.rabbitmq.reply-to"
 #: A channel keeps a getter (a consumer of prefetch 0, raised to 1 for each Basic.Get)
 #: for each queue it gets from; past this many, those that hold nothing end.
 _MAX_GETTERS = 16
@@ -232,6 +234,8 @@ class Channel:
         self._unacked: dict[int, tuple[_Sub, int]] = {}  # delivery tag -> (sub, position)
         self._publishes: dict[str, list[_Publish]] = {}
         self._last_queue = ""  # the last queue declared (Basic.Consume/Get of "")
+        # Direct reply-to: (consumer tag, the queue made for it) while it consumes.
+        self._reply: tuple[str, str] | None = None
         self._packer = msgpack.Packer(use_bin_type=True)
         # tx.select: what the channel holds until tx.commit (broker/amqp_tx.py)
         self.tx: tx.Transaction[Content, tuple[_Sub, int]] | None = None
@@ -332,6 +336,8 @@ class Channel:
         if sub.getter:
             self._getters.pop(sub.consumer.queue, None)
             return
+        if self._replies(sub):
+            self._reply = None  # (a publish naming it as its reply_to is refused again)
         if self.open and self.owner.cancel_notify and not sub.cancelled:
             self._method(commands.Basic.Cancel(sub.tag, nowait=True))
 
@@ -396,6 +402,8 @@ class Channel:
             case commands.Basic.Qos():
                 self._qos(m)
                 self._method(commands.Basic.QosOk())
+            case commands.Basic.Consume() if m.queue == REPLY_TO:
+                self._consume_reply(m)
             case commands.Basic.Consume():
                 self._consume(m)
             case commands.Basic.Cancel():
@@ -601,6 +609,10 @@ class Channel:
         state = self.owner.node.state
         rights = self.owner.rights
         check_name("queue name", name)
+        if name == REPLY_TO:  # (as RabbitMQ: always there, empty; declared or not)
+            if not m.nowait:
+                self.owner.write(declare_ok(self.number, name, 0, 0))
+            return
         if m.passive:
             rights.check_any(name)
             if name not in self.owner.node.queues:
@@ -729,7 +741,8 @@ class Channel:
                 # Rights only: where it goes may be declared by a method that waits
                 # before it (the route is found when its turn comes).
                 if method.exchange == routes.DEFAULT_EXCHANGE:
-                    self.owner.rights.check("write", method.routing_key)
+                    if not method.routing_key.startswith(REPLY_TO + "."):
+                        self.owner.rights.check("write", method.routing_key)
                 else:
                     self.owner.rights.check("write", method.exchange, "exchange")
                 return
@@ -751,7 +764,9 @@ class Channel:
             # routing: a user without the right gets 403 for a queue that exists and for
             # one that does not alike, so a (mandatory) publish cannot tell which queues
             # exist (docs/amqp.md).
-            self.owner.rights.check("write", m.routing_key)
+            if not m.routing_key.startswith(REPLY_TO + "."):
+                # (a reply queue's random name is the right to reply, as RabbitMQ)
+                self.owner.rights.check("write", m.routing_key)
         node = self.owner.node
         queues = routes.route(node.state, node.queues, m.exchange, m.routing_key,
                               properties.headers or {})
@@ -767,6 +782,10 @@ class Channel:
                 406, f"message size {content.size} is larger than configured max size"
                 f" {self.owner.config.max_message}"
             )
+        if content.properties.reply_to == REPLY_TO:
+            if self._reply is None:
+                raise ChannelError(406, "fast reply consumer does not exist")
+            content.properties.reply_to = self._reply[1]
         queues = self._route(m, content.properties)
         if self.tx is not None:
             self._headers(content)  # (checked now; routed again at the commit)
@@ -990,9 +1009,10 @@ class Channel:
             self._subs[tag] = sub
         return sub
 
-    def _consume(self, m: commands.Basic.Consume) -> None:
+    def _consume(self, m: commands.Basic.Consume, reply: bool = False) -> None:
         queue = self._queue_name(m.queue)
-        self.owner.rights.check("read", queue)
+        if not reply:  # (the channel's own reply queue: no right needed, as RabbitMQ)
+            self.owner.rights.check("read", queue)
         self._locked(queue)
         if queue not in self.owner.node.queues:
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
@@ -1011,9 +1031,28 @@ class Channel:
         others = self.owner.delivery.consumers_of(queue)
         if others and (m.exclusive or any(c.exclusive for c in others)):
             raise AccessRefused(f"queue '{queue}' in vhost '/' in exclusive use")
+        prefetch = self._consumer_limits(bool(m.no_ack))
+        shared = self.global_prefetch and not m.no_ack
+        sub = self._add(queue, 0 if shared else prefetch, tag, m.no_ack, False)
+        sub.consumer.exclusive = bool(m.exclusive)
+        sub.limit = prefetch
+        if shared:
+            self._share()
+        if not m.nowait:
+            self._method(commands.Basic.ConsumeOk(tag))
+        self.owner.delivery.pump(sub.consumer.queue)
+
+    def _consumer_limits(self, no_ack: bool) -> int:
+        """The prefetch of a new consumer, once the connection's and the user's limits
+        allow one more.
+
+        Raises:
+            LimitExceeded: ``max_consumers`` (the connection's or the user's) or
+                ``max_connection_prefetch``.
+        """
         cfg = self.owner.config
         prefetch = min(self.prefetch or DEFAULT_PREFETCH, cfg.max_prefetch)
-        if m.no_ack:
+        if no_ack:
             prefetch = min(DEFAULT_PREFETCH, cfg.max_prefetch)
         count, total = self.owner.consumer_load()
         if count >= cfg.max_consumers:
@@ -1029,15 +1068,60 @@ class Channel:
                 f" {cfg.max_connection_prefetch} (max_connection_prefetch), this would be"
                 f" {total + prefetch}"
             )
-        shared = self.global_prefetch and not m.no_ack
-        sub = self._add(queue, 0 if shared else prefetch, tag, m.no_ack, False)
-        sub.consumer.exclusive = bool(m.exclusive)
-        sub.limit = prefetch
-        if shared:
-            self._share()
-        if not m.nowait:
-            self._method(commands.Basic.ConsumeOk(tag))
-        self.owner.delivery.pump(sub.consumer.queue)
+        return prefetch
+
+    def _consume_reply(self, m: commands.Basic.Consume) -> None:
+        """Direct reply-to (RabbitMQ's ``amq.rabbitmq.reply-to``, docs/amqp.md): a
+        consumer of the pseudo-queue consumes a queue made for it, non-durable,
+        exclusive and auto-delete, named ``amq.rabbitmq.reply-to.<random>``; the
+        channel's publishes with ``reply_to`` = the pseudo-queue name that queue, so
+        replies published to it by the default exchange, on any broker, come back here.
+
+        Raises:
+            ChannelError: 406, a consumer that acks, or a second one on the channel.
+            LimitExceeded: one consumer more than the limits allow (before any queue).
+        """
+        if not m.no_ack:
+            raise ChannelError(406, "reply consumer cannot acknowledge")
+        if self._reply is not None:
+            raise ChannelError(406, "reply consumer already set")
+        tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
+        if tag in self._subs:
+            raise ConnectionFault(530, f"attempt to reuse consumer tag '{tag}'", (60, 20))
+        self._consumer_limits(True)
+        name = f"{REPLY_TO}.{secrets.token_urlsafe(18)}"
+        event = declare_event(name, queue_options(name, {}, False), self.owner.rights.name,
+                              self.owner.node.state)
+        fut = self.owner.node.submit(event)
+        self._order.track(fut)
+        self.commands_started(1)
+        self._reply = (tag, name)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self.commands_finished(1)
+            if self._failed(f, queue=name):
+                return
+            if self.open and not self.owner.closed:
+                self.owner.queue_declared(name, True, True)
+            else:  # (closed meanwhile: no consumer will ever end it)
+                self.owner.node.submit(DeleteQueue(name)).add_done_callback(_quiet)
+
+        def start() -> None:
+            try:
+                self._consume(commands.Basic.Consume(
+                    queue=name, consumer_tag=tag, no_ack=True, exclusive=True,
+                    nowait=m.nowait, arguments=m.arguments), reply=True)
+            except BatonError as exc:
+                raise ChannelError(error_code(exc), exc.message) from None
+
+        fut.add_done_callback(done)
+        # The consumer starts once the queue is applied here; what the client sends
+        # next waits behind it (a publish naming it as its reply_to goes after).
+        self._order.wait(start)
+
+    def _replies(self, sub: _Sub) -> bool:
+        """Is ``sub`` the channel's direct reply-to consumer?"""
+        return self._reply is not None and self._reply == (sub.tag, sub.consumer.queue)
 
     def _cancel(self, tag: str) -> None:
         """Stop a consumer: it gets nothing more, and ends once the messages it had are
@@ -1045,6 +1129,8 @@ class Channel:
         sub = self._subs.pop(tag, None)
         if sub is None:
             return
+        if self._reply is not None and self._reply[0] == tag:
+            self._reply = None  # (its queue goes with it: auto-delete)
         sub.cancelled = True
         sub.consumer.prefetch = 0
         sub.consumer.counted = False
@@ -1287,8 +1373,8 @@ class Channel:
         ended = False
         for number, sub in list(self._by_int.items()):
             c = sub.consumer
-            if sub.getter or c.closed or rights.allowed("read", c.queue):
-                continue
+            if sub.getter or c.closed or rights.allowed("read", c.queue) or self._replies(sub):
+                continue  # (the channel's reply consumer needs no right)
             del self._by_int[number]
             self._subs.pop(sub.tag, None)
             self.owner.delivery.remove(c, received=0)
