@@ -120,6 +120,8 @@ async def test_a_live_cluster_grows_from_2_to_4_data_partitions(
     assert sorted(where.values()) == [1, 1, 2, 2], where
     for name in old:
         await conn.publish_batch(name, [b"%s-before-%d" % (name.encode(), j) for j in range(20)])
+    # A policy set before the growth applies on the new partitions too.
+    await conn.set_policy("cap", "^new", {"max-length": 7})
 
     # A small load on the old queues while the cluster grows.
     published = {name: 20 for name in old}
@@ -161,8 +163,14 @@ async def test_a_live_cluster_grows_from_2_to_4_data_partitions(
         assert (await other.queue_stats("new1"))["partition"] == 3
         assert (await other.queue_stats("new2"))["partition"] == 4
         assert {n: (await other.queue_stats(n))["partition"] for n in old} == where
-        await other.publish_batch("new1", [b"n1-%d" % j for j in range(10)])
-        await other.publish_batch("new2", [b"n2-%d" % j for j in range(10)])
+        for name in ("new1", "new2"):
+            stats = await eventually(
+                lambda name=name: other.queue_stats(name), f"{name} under the policy",
+                until=lambda st: st.get("policy") == "cap",
+            )
+            assert stats["max_length"] == 7, stats
+        await other.publish_batch("new1", [b"n1-%d" % j for j in range(7)])
+        await other.publish_batch("new2", [b"n2-%d" % j for j in range(7)])
     for name in old:
         await wait_stats(conn, name, ready=published[name])
 
@@ -188,14 +196,16 @@ async def test_a_live_cluster_grows_from_2_to_4_data_partitions(
         async with await clients.connect(joiner.address, timeout=5) as c:
             assert (await c.queue_stats("new2"))["partition"] == 4
             async with c.consume("new2", prefetch=10) as consumer:
-                got = await consumer.get_many(10, timeout=10)
+                got = await consumer.get_many(7, timeout=10)
                 await consumer.ack_many(got)
-            assert sorted(m.body for m in got) == sorted(b"n2-%d" % j for j in range(10))
+            assert sorted(m.body for m in got) == sorted(b"n2-%d" % j for j in range(7))
         listed = await asyncio.to_thread(
             baton, "partitions", "list", "--broker", joiner.address
         )
         assert listed.returncode == 0, listed.stderr
         assert "4 data partition(s); this broker applies 4" in listed.stdout, listed.stdout
+        shown = await asyncio.to_thread(baton, "topology", "--broker", joiner.address)
+        assert "data partitions 4, open here: 1, 2, 3, 4" in shown.stdout, shown
         await equal_digests([*pair, joiner])
     finally:
         joiner.stop()
