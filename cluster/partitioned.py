@@ -126,9 +126,9 @@ class Partitioned(Node):
 
     @property
     def count(self) -> int:
-        """How many data partitions the cluster has: the log's when this node began, or
-        the count a GrowPartitions recorded on control since, the higher."""
-        return max(self._opened, self.state.placement.partitions)
+        """How many data partitions the cluster has: the count a GrowPartitions recorded
+        on control, else (never grown) the log's when this node began."""
+        return self.state.placement.partitions or self._opened
 
     def new_data_node(self, k: int, store: Store) -> Node:
         """A node for data partition ``k`` (of :attr:`logs`), wired to this one: not

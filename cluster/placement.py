@@ -10,7 +10,8 @@ placed.
 The cluster's count of data partitions is first the log's (every broker opens the
 log with it); :class:`~batonmq.cluster.events.GrowPartitions` records a higher one in
 log order (docs/design.md §16, "Growing N"), and placement chooses among that many
-from then on, whatever count an appender that has not applied it yet says.
+from then on, whatever count an appender says (one that has not applied the growth yet
+says fewer; one started on a log grown further than recorded, more).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class Placement:
 
     def place(self, ev: PlaceQueues) -> int:
         """Apply ``ev``; returns the partition its queues are on. The partitions to
-        choose from are ``ev.count`` or the count recorded by growing, the higher.
+        choose from are the count recorded by growing, else (never grown) ``ev.count``.
 
         Raises:
             InvalidArgument: a bad count, partition or name; queues that must go
@@ -104,7 +105,7 @@ class Placement:
         """
         if not 1 <= ev.count <= MAX_PARTITIONS:
             raise InvalidArgument(f"a cluster has 1 to {MAX_PARTITIONS} data partitions, not {ev.count}")
-        count = max(ev.count, self.partitions)
+        count = self.partitions or ev.count
         if not 0 <= ev.partition <= count:
             raise InvalidArgument(
                 f"partition {ev.partition} does not exist: this cluster's data partitions are"

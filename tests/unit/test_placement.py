@@ -186,6 +186,11 @@ def test_a_grown_count_puts_new_queues_on_the_new_partitions_and_old_ones_stay()
     )
     with pytest.raises(InvalidArgument, match="partition 5 does not exist"):
         p.place(PlaceQueues(("five",), 5, 2))
+    # An appender whose log has more partitions than recorded (grown, not recorded yet)
+    # places among the recorded ones only.
+    with pytest.raises(InvalidArgument, match="partition 5 does not exist"):
+        p.place(PlaceQueues(("five",), 5, 6))
+    assert p.place(PlaceQueues(("new5",), 0, 6)) in (1, 2, 3, 4)
     # Growing again: higher only.
     assert p.grow(GrowPartitions(6)).before == 4
     for bad, why in ((6, "cannot go to 6"), (3, "cannot go to 3"), (1, "2 to 1024"),
