@@ -441,10 +441,14 @@ class Broker:
 
             logs = await SealedLogSet.wrap(logs, keys)
         if logs.count != want and cfg.partitions > 1:
+            have = max(1, logs.count - 1)
             log.warning(
                 "--partitions %d is for a new cluster: the log %s exists with %d data"
-                " partition(s), which this broker applies", cfg.partitions,
-                cfg.resolved_log_url(), max(1, logs.count - 1),
+                " partition(s), which this broker applies%s", cfg.partitions,
+                cfg.resolved_log_url(), have,
+                # (docs/operations.md "Growing N")
+                f"; to grow a running cluster: baton partitions add --count {cfg.partitions}"
+                if logs.count > 1 and cfg.partitions > have else "",
             )
         return logs
 

@@ -189,10 +189,12 @@ async def test_a_live_cluster_grows_from_2_to_4_data_partitions(
     await asyncio.to_thread(pair[1].restart)
     await _open_everywhere(pair[1], 4)
     # A broker joining after the growth gets every partition.
-    joiner = _broker(tmp_path, log_url, 3)
+    # (--partitions on an existing log is for a new cluster: it applies the log's 4.)
+    joiner = _broker(tmp_path, log_url, 3, "--partitions", "6")
     try:
         joiner.start(timeout=90)
         await _open_everywhere(joiner, 4)
+        assert "to grow a running cluster: baton partitions add --count 6" in joiner.output()
         async with await clients.connect(joiner.address, timeout=5) as c:
             assert (await c.queue_stats("new2"))["partition"] == 4
             async with c.consume("new2", prefetch=10) as consumer:
