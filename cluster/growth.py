@@ -80,6 +80,7 @@ class Growth:
         self._task: asyncio.Task[None] | None = None
         self._running = False  # begin() called: the owner has started
         self._starting: dict[int, Node] = {}  # nodes started and not yet members
+        self._refused: set[int] = set()  # partitions whose node was refused: not retried
         self._waiters: dict[int, list[asyncio.Future[Node]]] = {}
         #: Why a recorded partition is not open here (None: every one is, or opening).
         self.problem: str | None = None
@@ -149,13 +150,17 @@ class Growth:
 
     async def _open_missing(self) -> None:
         delay = 0.5
-        while self._running and self.missing:
+        while self._running and (todo := [k for k in self.missing if k not in self._refused]):
             try:
-                for k in self.missing:
+                for k in todo:
                     await self._open(k)
                 delay = 0.5
+            except _Refused as exc:
+                self._refused.add(exc.partition)
+                self._say(f"data partition {exc.partition} was refused here: {exc.why};"
+                          " this broker keeps serving the others; restart it to open it")
             except BatonError as exc:
-                missing = ", ".join(map(str, self.missing))
+                missing = ", ".join(map(str, todo))
                 self._say(f"cannot open data partition(s) {missing} here:"
                           f" {exc.message}; this broker keeps serving the others and tries"
                           " again")
@@ -195,12 +200,12 @@ class Growth:
                 await node.start(owner.address)
             except Timeout:
                 pass  # its tasks run on: wait for its membership below
-            except BatonError:
+            except BatonError as exc:
                 # Refused (its store does not fit the log, say): not retried with the
                 # same runtime id, which would reuse its origin sequence numbers.
                 del self._starting[k]
                 await node.stop()
-                raise
+                raise _Refused(k, exc.message) from exc
         if not node.joined.is_set():
             log.warning("node %s: data partition %d: not a member of its view yet; waiting",
                         owner.key, k)
@@ -235,3 +240,12 @@ class Growth:
         if problem not in self._said:
             self._said.add(problem)
             log.error("node %s: %s", self._owner.key, problem)
+
+
+class _Refused(Exception):
+    """A data partition's node was refused at its start (not retried in this process)."""
+
+    def __init__(self, partition: int, why: str) -> None:
+        super().__init__(why)
+        self.partition = partition
+        self.why = why

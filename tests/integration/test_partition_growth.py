@@ -268,6 +268,52 @@ async def test_a_broker_that_cannot_open_a_new_partition_says_so_and_serves_on(
             b.stop()
 
 
+async def test_a_broker_whose_new_partition_node_is_refused_says_so_and_serves_on(
+    tmp_path: Path,
+) -> None:
+    """A new partition's node refused at its start (here: broker 2 finds a store for it
+    that does not fit the new partition's log) is not retried under the same runtime;
+    the broker says so, serves the other partitions, and opens it once restarted."""
+    import shutil
+
+    url = f"file:{tmp_path / 'shared-log'}"
+    brokers = [_broker(tmp_path, url, i) for i in (1, 2)]
+    try:
+        for b in brokers:
+            b.start()
+        async with await clients.connect(brokers[0].address, timeout=5) as conn:
+            await conn.declare_queue("one", partition=1)
+            for i in range(100):  # partition 1's log well past what partition 3's will be
+                await conn.publish("one", b"%d" % i)
+        await wait_stats_on(brokers[1], "one", 100)
+        await asyncio.to_thread(brokers[1].terminate)
+        shutil.copytree(tmp_path / "node-2" / "store-p1", tmp_path / "node-2" / "store-p3")
+        await asyncio.to_thread(brokers[1].restart)
+        async with await clients.connect(brokers[0].address, timeout=5) as conn:
+            grown = await conn.grow_partitions(3)
+            assert grown.started == [3]
+        top = await eventually(
+            lambda: topology(brokers[1].address), "broker 2 saying partition 3 was refused",
+            timeout=30, until=lambda t: "data partition 3 was refused here" in t["status"],
+        )
+        assert top["healthy"] and [p["partition"] for p in top["partitions"]] == [1, 2], top
+        assert "restart it to open it" in top["status"]
+        await wait_stats_on(brokers[1], "one", 100)  # still served
+        await asyncio.to_thread(brokers[1].terminate)
+        shutil.rmtree(tmp_path / "node-2" / "store-p3")
+        await asyncio.to_thread(brokers[1].restart)
+        await _open_everywhere(brokers[1], 3)
+        await equal_digests(brokers)
+    finally:
+        for b in brokers:
+            b.stop()
+
+
+async def wait_stats_on(b: BrokerProcess, queue: str, ready: int) -> None:
+    async with await clients.connect(b.address, timeout=5) as c:
+        await wait_stats(c, queue, ready=ready)
+
+
 async def test_a_cluster_of_one_partition_is_not_grown(tmp_path: Path) -> None:
     b = BrokerProcess(tmp_path / "one", extra=["--partitions", "1"])
     b.start()
