@@ -1,6 +1,6 @@
 """The ``baton`` command: global options, the subcommands (from ``cli_serve``,
-``cli_client``, ``cli_ops``, ``cli_users``, ``cli_features``, ``cli_exchanges`` and
-``cli_policies``), and how an error ends
+``cli_client``, ``cli_ops``, ``cli_users``, ``cli_features``, ``cli_exchanges``,
+``cli_policies`` and ``cli_partitions``), and how an error ends
 the command."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from batonmq.broker import (
     cli_exchanges,
     cli_features,
     cli_ops,
+    cli_partitions,
     cli_policies,
     cli_serve,
     cli_users,
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_context.add_commands(sub)
     cli_exchanges.add_commands(sub)
     cli_policies.add_commands(sub)
+    cli_partitions.add_commands(sub)
 
     from batonmq.loadtest.__main__ import add_arguments
 

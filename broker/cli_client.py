@@ -197,6 +197,10 @@ def _topology(args: argparse.Namespace) -> int:
         print(f"  {i['node_id']:16} {i['role']:8} {i['address']:22}"
               f" {_announced(i):9} {_properties(i['properties']):20} {flags}")
     print(f"this broker applied offset {topo['applied']}, digest {topo['digest'][:16]}")
+    rows = topo.get("partitions")
+    if rows is not None:  # a log of several partitions (docs/operations.md "Partitions")
+        opened = ", ".join(str(r["partition"]) for r in rows)
+        print(f"data partitions {topo.get('partition_count', len(rows))}, open here: {opened}")
     join = topo.get("join")
     if join and join.get("state") == "updating":
         print(f"this broker is joining: {join['progress']} (those queues wait here)")

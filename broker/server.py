@@ -28,7 +28,7 @@ from batonmq.broker.session import Session
 from batonmq.clients import scram
 from batonmq.clients.tls import client_context, server_context
 from batonmq.cluster.features import ANNOUNCE, announced
-from batonmq.cluster.errors import InvalidArgument, QueueNotFound
+from batonmq.cluster.errors import InvalidArgument, QueueNotFound, StoreError
 from batonmq.cluster.events import PutUser
 from batonmq.broker.memory import BodyBudget
 from batonmq.cluster.log import LogSet, open_log_set
@@ -174,12 +174,9 @@ class Broker:
         if self._logs.count > 1:
             # A control partition and data partitions (docs/design.md §16): a store each.
             for k in range(1, self._logs.count):
-                part = RocksStore.open_checked(os.path.join(cfg.data_dir, f"store-p{k}"))
-                if part.damaged is not None:
-                    log.critical("store of partition %d damaged (%s): moved to %s; that"
-                                 " partition joins afresh", k, part.reason, part.damaged)
-                self._stores[k] = part.store
+                self._open_store(k)
             self._node = Partitioned(node_id, self._logs, self._store, dict(self._stores), **options)
+            self._node.open_store = self._open_store  # growing N (cluster/growth.py)
         else:
             self._node = Node(node_id, self._logs.partition(0), self._store, **options)
         self._delivery = Delivery(
@@ -414,6 +411,23 @@ class Broker:
         if self._started:  # (a start that failed has said why: nothing more to say)
             log.info("broker stopped")
 
+    def _open_store(self, k: int) -> RocksStore:
+        """Data partition ``k``'s store (``store-pK``; docs/design.md §16), closed at stop.
+
+        Raises:
+            StoreError: it cannot be opened.
+        """
+        path = os.path.join(self.config.data_dir, f"store-p{k}")
+        try:
+            part = RocksStore.open_checked(path)
+        except OSError as exc:  # (e.g. its directory cannot be made)
+            raise StoreError(f"cannot open the store {path}: {exc.strerror or exc}") from exc
+        if part.damaged is not None:
+            log.critical("store of partition %d damaged (%s): moved to %s; that"
+                         " partition joins afresh", k, part.reason, part.damaged)
+        self._stores[k] = part.store
+        return part.store
+
     async def _open_logs(self, keys: Any) -> LogSet:
         """The log set: a new one with ``--partitions`` data partitions (a control
         partition more when there are several), an existing one as it is."""
@@ -427,10 +441,14 @@ class Broker:
 
             logs = await SealedLogSet.wrap(logs, keys)
         if logs.count != want and cfg.partitions > 1:
+            have = max(1, logs.count - 1)
             log.warning(
                 "--partitions %d is for a new cluster: the log %s exists with %d data"
-                " partition(s), which this broker applies", cfg.partitions,
-                cfg.resolved_log_url(), max(1, logs.count - 1),
+                " partition(s), which this broker applies%s", cfg.partitions,
+                cfg.resolved_log_url(), have,
+                # (docs/operations.md "Growing N")
+                f"; to grow a running cluster: baton partitions add --count {cfg.partitions}"
+                if logs.count > 1 and cfg.partitions > have else "",
             )
         return logs
 
@@ -484,6 +502,11 @@ class Broker:
             status = "not a member"
         elif not all(n.joined.is_set() for n in node.parts()):
             status = "not a member of every partition"
+        elif isinstance(node, Partitioned) and node.growth.missing:
+            # Growing N (cluster/growth.py): recorded on control, not open here (yet).
+            status = node.growth.problem or (
+                f"opening data partition(s) {', '.join(map(str, node.growth.missing))}"
+            )
         else:
             status = "ok"
         instances = []
@@ -567,7 +590,11 @@ class Broker:
                 "log_truncated_before": n.truncated_before,
                 "join": _join_of([n]),
             })
-        return {"partitions": rows}
+        node = self.node
+        # The cluster's count as control recorded it (growing N): rows show the
+        # partitions open here, which a growth under way has fewer of.
+        count = node.count if isinstance(node, Partitioned) else len(rows)
+        return {"partitions": rows, "partition_count": count}
 
     def reload_log_keys(self) -> bool:
         """Read the log key file again now (SIGHUP); False if the log is not sealed or

@@ -55,6 +55,7 @@ from batonmq.broker.inspect import ConnectionView, list_connections, peek
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.limits import check_event, check_headers, check_key, check_name
 from batonmq.broker.networks import Networks, allows
+from batonmq.broker.partitions import grow_partitions
 from batonmq.broker.policies import clear_policy_event, list_policies, set_policy_event
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
@@ -561,6 +562,11 @@ class Session(ClientConnection):
             case wire.EnableFeatures():
                 self.rights.check_admin("enable feature flags")
                 self._submit(f.corr, enable_event(self.broker.node.state, f.names), as_is)
+            case wire.GrowPartitions():
+                self.rights.check_admin("grow partitions")
+                self.reply(f.corr, asyncio.ensure_future(
+                    grow_partitions(self.broker.node, f.count)
+                ), as_is)
             case wire.Hello():
                 raise ProtocolError("Hello was already sent on this connection")
             case _:

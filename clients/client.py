@@ -78,6 +78,7 @@ from batonmq.clients.wire import (
     ListPolicies,
     SetPolicy,
     ClearPolicy,
+    GrowPartitions as GrowPartitionsFrame,
     Topology,
     read_result,
 )
@@ -105,6 +106,7 @@ from batonmq.cluster.results import (
     PolicyChanged,
     PolicyList,
     FeaturesEnabled,
+    PartitionsGrown,
 )
 
 __all__ = [
@@ -817,6 +819,24 @@ class Connection:
         corr = self._next_corr()
         result = await self._request(EnableFeatures(corr, names), corr, retry=True)
         return read_result(FeaturesEnabled, result).enabled
+
+    async def grow_partitions(self, count: int) -> PartitionsGrown:
+        """Grow the cluster to ``count`` data partitions (admin; docs/operations.md
+        "Growing N"): new queues go to the new partitions, existing ones stay. As many
+        as it has: nothing changes.
+
+        Returns:
+            The count now and ``before``, and which new partitions the broker asked
+            applies already (``started``; every broker opens them as it applies the growth).
+
+        Raises:
+            InvalidArgument: fewer than the cluster has (shrinking is not possible), a
+                cluster of one partition, the flag ``partitions`` off, or the log refused.
+            LogUnavailable: the log could not be grown, or the growth not recorded.
+        """
+        corr = self._next_corr()
+        result = await self._request(GrowPartitionsFrame(corr, count), corr, retry=True)
+        return read_result(PartitionsGrown, result)
 
     async def set_permissions(
         self,

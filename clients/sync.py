@@ -36,7 +36,13 @@ from batonmq.clients import client as _aio
 from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.cluster.errors import ConnectionClosed, InvalidArgument, Timeout
-from batonmq.cluster.results import MessageHistory, Peeked, PolicyChanged, Routed
+from batonmq.cluster.results import (
+    MessageHistory,
+    PartitionsGrown,
+    Peeked,
+    PolicyChanged,
+    Routed,
+)
 
 __all__ = ["connect", "SyncConnection", "SyncConsumer", "SyncMessage", "SyncTerm"]
 
@@ -378,6 +384,10 @@ class SyncConnection:
     def enable_features(self, names: list[str] | None = None) -> list[str]:
         """Enable feature flags (see :meth:`Connection.enable_features`)."""
         return self.run(self._conn.enable_features(names))
+
+    def grow_partitions(self, count: int) -> PartitionsGrown:
+        """Grow the cluster's data partitions (see :meth:`Connection.grow_partitions`)."""
+        return self.run(self._conn.grow_partitions(count))
 
     def set_permissions(
         self,

@@ -52,6 +52,7 @@ __all__ = [
     "ListPolicies",
     "SetPolicy",
     "ClearPolicy",
+    "GrowPartitions",
     "DeclareQueue",
     "DeleteQueue",
     "PurgeQueue",
@@ -904,6 +905,18 @@ class ClearPolicy(Frame):
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class GrowPartitions(Frame):
+    """C->S (admin): grow the cluster to ``count`` data partitions (more than it has; as
+    many: nothing changes; fewer: refused). Needs a cluster of several partitions and
+    the feature flag ``partitions`` (docs/operations.md "Growing N").
+    Ok({"count": n, "before": n, "started": [partitions this broker applies already]})."""
+
+    OP: ClassVar[int] = 120
+    corr: int
+    count: int
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -966,6 +979,7 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         ListPolicies,
         SetPolicy,
         ClearPolicy,
+        GrowPartitions,
     )
 }
 

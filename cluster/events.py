@@ -34,6 +34,7 @@ from batonmq.cluster.results import (
     FeaturesEnabled,
     HandoverAsked,
     Owner,
+    PartitionsGrown,
     Placed,
     PolicyChanged,
     Purged,
@@ -89,6 +90,7 @@ __all__ = [
     "ClearPolicy",
     "MEMBERSHIP_EVENTS",
     "PlaceQueues",
+    "GrowPartitions",
     "FenceTerm",
     "FanOut",
     "ForwardIn",
@@ -756,6 +758,21 @@ class PlaceQueues(Event[Placed]):
 
 
 @dataclass(frozen=True, slots=True)
+class GrowPartitions(Event[PartitionsGrown]):
+    """On the control partition (flag ``partitions``): the cluster has ``count`` data
+    partitions from here on, more than before (docs/design.md §16, "Growing N").
+
+    Appended by the broker an operator asks, once the log has the partitions; every
+    broker that applies it opens the new partitions' logs and starts their replicas.
+    Placement chooses among ``count`` from here on; a count not above the one recorded
+    is refused (shrinking is not possible; ignore reason ``not-grown``).
+    """
+
+    OP: ClassVar[int] = 120
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class FenceTerm(Event[None]):
     """On a data partition (flag ``partitions``): service ``service`` has a term of fencing
     ``token`` (granted on the control partition). A range commit of that service with a
@@ -856,6 +873,7 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         SetUserTags,
         ExpireQueue,
         PlaceQueues,
+        GrowPartitions,
         FenceTerm,
         FanOut,
         ForwardIn,

@@ -16,6 +16,10 @@ partition it belongs to — a queue's events to the queue's data partition, ever
 else to control; a declare places the queue on control first (its dead-letter queue
 with it), and a publish through an exchange is appended once per data partition it
 reaches (each deduplicates by the publish keys, so a publisher's retry completes it).
+
+Growing N (cluster/growth.py): when control applies a GrowPartitions, the broker opens
+the new partitions and starts a node for each, which joins :attr:`Partitioned.data`
+once it is a member of its partition's view.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 from batonmq.cluster.appender import R, ignore_outcome
@@ -49,6 +53,7 @@ from batonmq.cluster.events import (
     Unbind,
 )
 from batonmq.cluster.forwarding import ForwardGap
+from batonmq.cluster.growth import Growth
 from batonmq.cluster.log import LogSet
 from batonmq.cluster.node import Node
 from batonmq.cluster.queues import QueueState
@@ -132,18 +137,35 @@ class Partitioned(Node):
         self._listener: EffectListener | None = None
         self._forwarding: set[tuple[int, int]] = set()  # (home, target) being forwarded
         super().__init__(node_id, logs.partition(0), store, partition=0, **options)
-        #: How many data partitions the cluster has.
-        self.count = logs.count - 1
+        self.logs = logs
+        self._options = options
+        self._opened = logs.count - 1  # data partitions the log had when this node began
+        #: Opens data partition k's store (set by the broker; growing N needs it).
+        self.open_store: Callable[[int], Store] | None = None
         for k in range(1, logs.count):
-            node = Node(
-                node_id, logs.partition(k), stores[k], runtime_id=self.runtime_id, partition=k,
-                **options,
-            )
-            node.on_unlocked = self._data_unlocked
-            node.on_truncated = self._data_truncated
-            node.state.data_partition = k  # (its tokens and forwarded publishes)
-            self.data[k] = node
+            self.data[k] = self.new_data_node(k, stores[k])
         self._queues = _Queues(self)
+        self.growth = Growth(self)
+
+    @property
+    def count(self) -> int:
+        """How many data partitions the cluster has: the count a GrowPartitions recorded
+        on control, else (never grown) the log's when this node began."""
+        return self.state.placement.partitions or self._opened
+
+    def new_data_node(self, k: int, store: Store) -> Node:
+        """A node for data partition ``k`` (of :attr:`logs`), wired to this one: not
+        started, not in :attr:`data` yet."""
+        node = Node(
+            self.node_id, self.logs.partition(k), store, runtime_id=self.runtime_id,
+            partition=k, **self._options,
+        )
+        node.on_unlocked = self._data_unlocked
+        node.on_truncated = self._data_truncated
+        node.state.data_partition = k  # (its tokens and forwarded publishes)
+        if self._listener is not None:
+            node.listener = self._data_effects(k)
+        return node
 
     # -- what the broker reads ---------------------------------------------------------
 
@@ -203,6 +225,7 @@ class Partitioned(Node):
                     node.submit(FenceTerm(e.service, e.token)).add_done_callback(ignore_outcome)
         if self._listener is not None:
             self._listener(effects)
+        self.growth.check()  # a GrowPartitions applied: open the new partitions
 
     @property
     def serving(self) -> bool:
@@ -276,7 +299,7 @@ class Partitioned(Node):
         seen: dict[int, list[Event[Any]]] = {}
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL)
-            for k, node in self.data.items():
+            for k, node in list(self.data.items()):  # (growth may add to it meanwhile)
                 events = (
                     lacking(self.state, node.state)
                     if node.state.membership.leader() == self.key and self.joined.is_set()
@@ -331,7 +354,8 @@ class Partitioned(Node):
                 f" {ev.dead_letter!r} on partition {dlq}: dead-lettering across partitions"
                 " is not built yet; choose a dead-letter queue on the same partition"
             )
-        return await self.data[k].submit(ev)
+        node = self.data.get(k) or await self.growth.started(k)  # (a new partition)
+        return await node.submit(ev)
 
     async def _routed(self, ev: RoutedEnqueue) -> Routed:
         """A publish through an exchange: on one data partition as it is; over several,
@@ -365,7 +389,9 @@ class Partitioned(Node):
         def listen(effects: list[Effect]) -> None:
             if self._listener is not None:
                 self._listener(effects)
-            node = self.data[k]
+            node = self.data.get(k)  # (None while a new partition's node starts)
+            if node is None:
+                return
             if node.state.forwards.outbound and node.state.membership.leader() == self.key:
                 for target in list(node.state.forwards.outbound):
                     if (k, target) not in self._forwarding and target in self.data:
@@ -420,12 +446,14 @@ class Partitioned(Node):
         await super().start(address, timeout)
         await asyncio.gather(*(n.start(address, timeout) for n in self.data.values()))
         self._tasks.append(asyncio.create_task(self._follow_control(), name="baton-follow"))
-        log.info("node %s: applying %d data partitions", self.key, self.count)
+        log.info("node %s: applying %d data partitions", self.key, len(self.data))
+        self.growth.begin()  # partitions recorded on control that the log did not have
 
     async def leave(self) -> None:
         await asyncio.gather(*(n.leave() for n in self.data.values()), super().leave())
 
     async def stop(self) -> None:
+        await self.growth.stop()
         await asyncio.gather(*(n.stop() for n in self.data.values()))
         await super().stop()
 

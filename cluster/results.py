@@ -50,6 +50,7 @@ __all__ = [
     "HandoverAsked",
     "Checkpointed",
     "Placed",
+    "PartitionsGrown",
     "Published",
     "Subscribed",
     "Cancelled",
@@ -270,6 +271,18 @@ class Placed(Result):
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionsGrown(Result):
+    """GrowPartitions: the cluster's data partitions, ``count`` now and ``before`` (0 from
+    the state of a cluster never grown, whose first count only the log says; the broker's
+    answer says it). The broker's answer adds ``started``: which of the new partitions
+    this broker applies already (docs/design.md §16, "Growing N")."""
+
+    count: int
+    before: int
+    started: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpointed(Result):
     """Checkpoint: applied at log ``offset``, where this replica's digest is ``digest``."""
 
@@ -432,6 +445,7 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     HandoverAsked,
     Checkpointed,
     Placed,
+    PartitionsGrown,
     Published,
     Subscribed,
     Cancelled,

@@ -118,7 +118,7 @@ def meta_snapshot(r: Replicated) -> list[Any]:
         # A split log's parts (docs/design.md §16), each only when set: the placement
         # map (control) and the fencing tokens seen (a data partition).
         more = [
-            r.placement.snapshot() if len(r.placement) else None,
+            r.placement.snapshot() if r.placement else None,
             sorted(r.range_tokens.items()) if r.range_tokens else None,
             r.forwards.snapshot() if r.forwards else None,
         ]

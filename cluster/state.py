@@ -80,6 +80,7 @@ from batonmq.cluster.events import (
     Leave,
     Origin,
     PlaceQueues,
+    GrowPartitions,
     Propose,
     PurgeQueue,
     PutUser,
@@ -114,7 +115,6 @@ from batonmq.cluster.results import (
     FeaturesEnabled,
     HandoverAsked,
     Owner,
-    Placed,
     Result,
     UserChanged,
 )
@@ -344,9 +344,9 @@ class State:
                 return self.policies.apply_event(ev, self.queues.values())
             case EnableFeatures():
                 return self._enable_features(ev)
-            case PlaceQueues():
-                self._need("partitions", "placing queues needs")
-                return Placed(self.placement.place(ev))
+            case PlaceQueues() | GrowPartitions():  # (docs/design.md §16)
+                self._need("partitions", f"{type(ev).__name__} needs")
+                return self.placement.apply_event(ev, self.ignore)
             case FanOut() | ForwardIn() | ForwardDone():
                 self._need("partitions", f"{type(ev).__name__} needs")
                 # A publish forwarded between data partitions (cluster/forwarding.py).

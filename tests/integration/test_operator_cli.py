@@ -354,6 +354,12 @@ MISTAKES = [
       "--broker", "{running}"], "'message-ttl' must be an integer"),
     (["policy", "clear", "nope", "--broker", "{running}"], "no policy 'nope'"),
     (["policy", "list", "--broker", "{refused}"], "could not connect"),
+    (["partitions", "add", "--count", "1", "--broker", "{running}"],
+     "the count of data partitions is an integer from 2 to 255, not 1"),
+    (["partitions", "add", "--count", "x"], "argument --count: invalid int value: 'x'"),
+    (["partitions", "add", "--broker", "{running}"], "the following arguments are required: --count"),
+    (["partitions", "list", "--broker", "{refused}"], "could not connect"),
+    (["partitions", "frobnicate"], "invalid choice: 'frobnicate'"),
 ]
 
 

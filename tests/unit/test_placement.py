@@ -162,3 +162,100 @@ def test_fence_term_needs_the_flag() -> None:
     c.beat("n1/r1")
     done = c.apply("n1/r1", FenceTerm("spark", 3))
     assert isinstance(done.error, InvalidArgument) and "flag partitions" in str(done.error)
+
+
+def test_a_grown_count_puts_new_queues_on_the_new_partitions_and_old_ones_stay() -> None:
+    """Growing N (docs/design.md §16): after GrowPartitions(4) on a cluster of 2, new
+    queues go to the emptiest partitions, the new ones, whatever count an appender that
+    has not applied the growth yet says; names placed before keep their partitions."""
+    from batonmq.cluster.events import GrowPartitions
+
+    p = Placement()
+    before = [p.place(PlaceQueues((f"old{i}",), 0, 2)) for i in range(4)]
+    assert before == [1, 2, 1, 2]
+    grown = p.grow(GrowPartitions(4))
+    assert (grown.count, grown.before) == (4, 0)
+    assert p.place(PlaceQueues(("new1",), 0, 2)) == 3  # an appender's stale count: 2
+    assert p.place(PlaceQueues(("new2",), 0, 4)) == 4
+    assert p.place(PlaceQueues(("new3",), 0, 2)) == 3
+    assert p.place(PlaceQueues(("pinned",), 4, 2)) == 4  # 4 exists now, asked with count 2
+    assert p.place(PlaceQueues(("new4",), 0, 2)) == 1  # 1, 2, 3 have two, 4 three: the lowest
+    assert p.place(PlaceQueues(("old1",), 0, 4)) == 2  # declared again: where it was
+    assert {f"old{i}": p.get(f"old{i}") for i in range(4)} == dict(
+        old0=1, old1=2, old2=1, old3=2
+    )
+    with pytest.raises(InvalidArgument, match="partition 5 does not exist"):
+        p.place(PlaceQueues(("five",), 5, 2))
+    # An appender whose log has more partitions than recorded (grown, not recorded yet)
+    # places among the recorded ones only.
+    with pytest.raises(InvalidArgument, match="partition 5 does not exist"):
+        p.place(PlaceQueues(("five",), 5, 6))
+    assert p.place(PlaceQueues(("new5",), 0, 6)) in (1, 2, 3, 4)
+    # Growing again: higher only.
+    assert p.grow(GrowPartitions(6)).before == 4
+    for bad, why in ((6, "cannot go to 6"), (3, "cannot go to 3"), (1, "2 to 1024"),
+                     (2000, "2 to 1024")):
+        with pytest.raises(InvalidArgument, match=why):
+            p.grow(GrowPartitions(bad))
+    assert p.partitions == 6
+
+
+def test_a_grown_count_is_in_the_snapshot_only_once_grown() -> None:
+    from batonmq.cluster.events import GrowPartitions
+
+    p = Placement()
+    p.place(PlaceQueues(("a",), 0, 2))
+    assert p.snapshot() == [["a", 1]]  # never grown: the form (and digest) of before
+    p.grow(GrowPartitions(3))
+    assert p.snapshot() == [[["a", 1]], 3]
+    again = Placement()
+    again.restore(p.snapshot())
+    assert (again.placed, again.counts, again.partitions) == ({"a": 1}, {1: 1}, 3)
+    assert again.place(PlaceQueues(("b",), 0, 2)) == 2
+    assert again.place(PlaceQueues(("c",), 0, 2)) == 3
+    only = Placement()  # grown before any queue was placed
+    only.grow(GrowPartitions(2))
+    assert bool(only) and only.snapshot() == [[], 2]
+    copy = Placement()
+    copy.restore(only.snapshot())
+    assert copy.partitions == 2 and len(copy) == 0
+    copy.restore([["x", 2], ["y", 1]])  # two names: not the grown form
+    assert copy.placed == {"x": 2, "y": 1} and copy.partitions == 0
+
+
+def test_the_state_grows_only_with_the_flag_and_keeps_the_count_in_its_snapshot() -> None:
+    from batonmq.cluster.events import GrowPartitions
+    from batonmq.cluster.results import PartitionsGrown
+
+    c = Cluster()
+    c.beat("n1/r1")
+    done = c.apply("n1/r1", GrowPartitions(4))
+    assert isinstance(done.error, InvalidArgument) and "flag partitions" in str(done.error)
+    assert c.state.placement.partitions == 0
+
+    c = _flagged()
+    unused = c.state.meta_snapshot()
+    assert len(unused) == 11  # nothing placed, never grown: no placement part
+    before = digest(c.state)
+    done = c.apply("n1/r1", GrowPartitions(4))
+    assert done.error is None and done.result == PartitionsGrown(4, 0)
+    assert digest(c.state) != before
+    shrink = c.apply("n1/r1", GrowPartitions(3))
+    assert isinstance(shrink.error, InvalidArgument) and "has 4 data partitions" in str(
+        shrink.error
+    )
+    assert c.state.ignored.get("not-grown") == 1
+    assert c.apply("n1/r1", GrowPartitions(1)).error is not None  # out of range: not counted
+    assert c.state.ignored.get("not-grown") == 1
+    restored = State()
+    restored.restore_meta(c.state.meta_snapshot())
+    assert restored.placement.partitions == 4
+    joined = State()
+    joined.install(c.state.full_snapshot())
+    assert joined.placement.partitions == 4 and digest(joined) == digest(c.state)
+    placed = c.apply("n1/r1", PlaceQueues(("q",), 0, 2))
+    assert placed.result is not None and placed.result.partition == 1
+    placed = c.apply("n1/r1", PlaceQueues(("r",), 0, 2))
+    assert placed.result is not None and placed.result.partition == 2
+    placed = c.apply("n1/r1", PlaceQueues(("s",), 0, 2))
+    assert placed.result is not None and placed.result.partition == 3

@@ -24,6 +24,7 @@ from batonmq.cluster.events import (
     FenceTerm,
     ForwardDone,
     ForwardIn,
+    GrowPartitions,
     PlaceQueues,
     ClearPolicy,
     SetPolicy,
@@ -69,6 +70,7 @@ from batonmq.cluster.events import (
 from batonmq.cluster.results import (
     FeatureList,
     Placed,
+    PartitionsGrown,
     FeaturesEnabled,
     RESULT_TYPES,
     AcceptedThrough,
@@ -166,6 +168,8 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
     ),
     (Checkpointed(offset=99, digest="ab12"), {"offset": 99, "digest": "ab12"}),
     (Placed(partition=3), {"partition": 3}),
+    (PartitionsGrown(4, 2, [3, 4]), {"count": 4, "before": 2, "started": [3, 4]}),
+    (PartitionsGrown(4, 0), {"count": 4, "before": 0}),
     (Published(position=12), {"position": 12}),
     (Subscribed(consumer=1), {"consumer": 1}),
     (Cancelled(released=3), {"released": 3}),
@@ -341,6 +345,7 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, UnbindExchange("x", "amq.fanout"))
     apply(a, DeleteUser("alice"))
     apply(a, PlaceQueues(("p1",), 0, 4))
+    apply(a, GrowPartitions(6))
     apply(a, FenceTerm("svc", 99))
     c.state.data_partition = 1  # (as on a data partition of a split log)
     apply(a, FanOut(("q",), ((b"f", {}),), (), "x", "", 0, 0, 0, ((2, ("r",)),)))

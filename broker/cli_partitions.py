@@ -1,0 +1,80 @@
+"""``baton partitions list`` and ``baton partitions add --count M``: a split cluster's data
+partitions, and growing their number while it serves (docs/operations.md "Growing N").
+
+``add`` asks one broker (an admin's command), which grows the log and records the new
+count on the control partition; every broker then opens the new partitions. New queues
+go to the new partitions (the emptiest); existing queues stay where they are. ``--count``
+is the number the cluster is to have, not how many to add, so running the command
+again changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from batonmq.broker.cli_ops import BROKER_HELP, open_broker
+from batonmq.cluster.errors import InvalidArgument
+
+__all__ = ["add_commands"]
+
+
+def _list(args: argparse.Namespace) -> int:
+    with open_broker(args) as conn:
+        topo = conn.topology()
+    rows = topo.get("partitions")
+    if rows is None:
+        raise InvalidArgument(
+            "this cluster's log is one partition (started without --partitions N > 1)"
+        )
+    if args.json:
+        print(json.dumps({"count": topo.get("partition_count", len(rows)), "partitions": rows},
+                         indent=2))
+        return 0
+    print(f"{'partition':>9}  {'queues':>6}  {'applied':>8}  {'view':>4}  {'member':6}  leader")
+    for r in rows:
+        print(f"{r['partition']:>9}  {r['queues']:>6}  {r['applied']:>8}  {r['view']:>4}"
+              f"  {'yes' if r['member'] else 'no':6}  {r['leader'] or '-'}")
+    count = topo.get("partition_count", len(rows))
+    print(f"{count} data partition(s); this broker applies {len(rows)}")
+    if count > len(rows):
+        print(f"not open here yet: {topo.get('status')}")
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    with open_broker(args) as conn:
+        grown = conn.grow_partitions(args.count)
+    if grown.count == grown.before:
+        print(f"the cluster has {grown.count} data partitions already: nothing changed",
+              file=sys.stderr)
+        return 0
+    started = grown.started or []
+    new = list(range(grown.before + 1, grown.count + 1))
+    print(f"grew the cluster from {grown.before} to {grown.count} data partitions; new"
+          " queues go to the new ones, existing queues stay where they are", file=sys.stderr)
+    if len(started) < len(new):
+        waiting = ", ".join(str(k) for k in new if k not in started)
+        print(f"the broker asked has not opened partition(s) {waiting} yet: see"
+              " 'baton partitions list' and its log", file=sys.stderr)
+    return 0
+
+
+def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Add ``partitions`` to the ``baton`` parser's subcommands."""
+    p = sub.add_parser("partitions", help="a cluster's data partitions: list them, or add"
+                                          " more while it serves (docs/operations.md)")
+    ps = p.add_subparsers(dest="partitions_command", required=True)
+    ls = ps.add_parser("list", help="each data partition as the broker asked applies it")
+    ls.add_argument("--broker", default=None, help=BROKER_HELP)
+    ls.add_argument("--json", action="store_true", help="the count and the rows as JSON")
+    ls.set_defaults(func=_list)
+    add = ps.add_parser(
+        "add", help="grow the cluster to COUNT data partitions (admin): new queues go to"
+                    " the new ones, existing queues do not move; never shrinks")
+    add.add_argument("--count", type=int, required=True, metavar="COUNT",
+                     help="the number of data partitions the cluster is to have (more than"
+                          " it has; as many: nothing changes)")
+    add.add_argument("--broker", default=None, help=BROKER_HELP)
+    add.set_defaults(func=_add)
