@@ -93,6 +93,7 @@ __all__ = [
     "FanOut",
     "ForwardIn",
     "ForwardDone",
+    "RouteDeadLetter",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
@@ -815,6 +816,20 @@ class ForwardDone(Event[None]):
     through: int
 
 
+@dataclass(frozen=True, slots=True)
+class RouteDeadLetter(Event[None]):
+    """The routes of the dead letter numbered ``number`` in this data partition's outbox
+    (flag ``partitions``; cluster/forwarding.py), as its leader resolved them: copied to
+    the queues ``local`` here, and kept for each other partition of ``forward``
+    (``[(partition, queues), ...]``) until forwarded. The first one applied for a number
+    decides; a later one is a duplicate."""
+
+    OP: ClassVar[int] = 115
+    number: int
+    local: tuple[str, ...] = ()
+    forward: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
 EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
     cls.OP: cls
     for cls in (
@@ -860,6 +875,7 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         FanOut,
         ForwardIn,
         ForwardDone,
+        RouteDeadLetter,
         SetPolicy,
         ClearPolicy,
     )

@@ -44,11 +44,12 @@ from batonmq.cluster.events import (
     ForwardIn,
     PlaceQueues,
     Reserve,
+    RouteDeadLetter,
     RoutedEnqueue,
     SetPolicy,
     Unbind,
 )
-from batonmq.cluster.forwarding import ForwardGap
+from batonmq.cluster.forwarding import OUTBOX_QID, DeadLetter, ForwardGap
 from batonmq.cluster.log import LogSet
 from batonmq.cluster.node import Node
 from batonmq.cluster.queues import QueueState
@@ -142,6 +143,8 @@ class Partitioned(Node):
             node.on_unlocked = self._data_unlocked
             node.on_truncated = self._data_truncated
             node.state.data_partition = k  # (its tokens and forwarded publishes)
+            # Dead letters for queues elsewhere wait in its outbox (cluster/forwarding.py).
+            node.state.index.away = node.state.forwards
             self.data[k] = node
         self._queues = _Queues(self)
 
@@ -309,12 +312,6 @@ class Partitioned(Node):
     async def _declare(self, ev: DeclareQueue) -> Any:
         """Place the queue (with its dead-letter queue) on control unless it is placed,
         then declare it on its data partition."""
-        if ev.dead_letter_exchange is not None:
-            # Its exchanges are on the control partition, not on the queue's.
-            raise InvalidArgument(
-                "dead-letter exchanges are not built yet on a cluster of several data"
-                " partitions: name a dead-letter queue instead"
-            )
         if ev.user is not None:
             # A user's queues are counted in one state; here they are spread over the
             # partitions' states, whose user tables are empty: not counted yet.
@@ -325,12 +322,6 @@ class Partitioned(Node):
             names = (ev.queue,) if ev.dead_letter is None else (ev.queue, ev.dead_letter)
             placed: Placed = await super().submit(PlaceQueues(names, 0, self.count))
             k = placed.partition
-        elif dlq is not None and dlq != k:
-            raise InvalidArgument(
-                f"queue {ev.queue!r} is on partition {k} and its dead-letter queue"
-                f" {ev.dead_letter!r} on partition {dlq}: dead-lettering across partitions"
-                " is not built yet; choose a dead-letter queue on the same partition"
-            )
         return await self.data[k].submit(ev)
 
     async def _routed(self, ev: RoutedEnqueue) -> Routed:
@@ -360,19 +351,79 @@ class Partitioned(Node):
 
     def _data_effects(self, k: int) -> EffectListener:
         """Data partition ``k``'s effects, to the broker; then, if this runtime leads the
-        partition, its entries for other partitions are forwarded."""
+        partition, its dead letters are routed and its entries for other partitions
+        forwarded."""
 
         def listen(effects: list[Effect]) -> None:
             if self._listener is not None:
                 self._listener(effects)
-            node = self.data[k]
-            if node.state.forwards.outbound and node.state.membership.leader() == self.key:
-                for target in list(node.state.forwards.outbound):
-                    if (k, target) not in self._forwarding and target in self.data:
-                        self._forwarding.add((k, target))
-                        asyncio.ensure_future(self._forward(k, target))
+            self._kick(k)
 
         return listen
+
+    def _kick(self, k: int) -> None:
+        """Start what partition ``k``'s leader has to route or forward (one task each)."""
+        node = self.data[k]
+        forwards = node.state.forwards
+        if not (forwards.outbound or forwards.unrouted):
+            return
+        if node.state.membership.leader() != self.key:
+            return
+        if forwards.unrouted and (k, 0) not in self._forwarding:
+            self._forwarding.add((k, 0))
+            asyncio.ensure_future(self._route(k))
+        for target in list(forwards.outbound):
+            if (k, target) not in self._forwarding and target in self.data:
+                self._forwarding.add((k, target))
+                asyncio.ensure_future(self._forward(k, target))
+
+    def routes(self, letter: DeadLetter) -> tuple[list[str], dict[int, list[str]]]:
+        """Where a dead letter goes, by the placement map and the bindings as applied
+        here on control (as a publish is routed at the edge): its queues, by data
+        partition; names placed nowhere are left out."""
+        if letter.exchange is None:
+            names = [letter.dead_letter] if letter.dead_letter else []
+        else:
+            try:
+                names = self.state.exchanges.route(
+                    letter.exchange, letter.routing_key, {}, self.state.placement
+                )
+            except BatonError:
+                names = []  # the exchange is gone: dead-lettered nowhere
+        by_part: dict[int, list[str]] = {}
+        for name in names:
+            k = self.state.placement.get(name)
+            if k is not None and name != letter.queue:
+                by_part.setdefault(k, []).append(name)
+        return names, by_part
+
+    async def _route(self, home: int) -> None:
+        """Route partition ``home``'s dead letters in its outbox, in number order: one
+        RouteDeadLetter each on ``home`` (the first applied decides)."""
+        src = self.data[home]
+        try:
+            while src.state.membership.leader() == self.key:
+                unrouted = sorted(src.state.forwards.unrouted.items())
+                if not unrouted:
+                    return
+                sent = []
+                for n, letter in unrouted:
+                    _, by_part = self.routes(letter)
+                    local = tuple(by_part.pop(home, ()))
+                    forward = tuple((k, tuple(qs)) for k, qs in sorted(by_part.items()))
+                    sent.append(src.submit(RouteDeadLetter(n, local, forward)))
+                results = await asyncio.gather(*sent, return_exceptions=True)
+                failed = next((r for r in results if isinstance(r, BaseException)), None)
+                if failed is not None:
+                    log.warning("routing dead letters of partition %d waits: %s", home, failed)
+                    await asyncio.sleep(0.5)
+        except (BatonError, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.warning("routing dead letters of partition %d stopped: %s", home, exc)
+        finally:
+            self._forwarding.discard((home, 0))
+            self._kick(home)  # (what was routed meanwhile is forwarded)
 
     async def _forward(self, home: int, target: int) -> None:
         """Forward partition ``home``'s entries for ``target`` in number order: each
@@ -383,13 +434,18 @@ class Partitioned(Node):
                 entries = src.state.forwards.pending(target)
                 if not entries:
                     return
-                sent = [
-                    dst.submit(ForwardIn(
-                        home, n, e.queues, e.messages, e.keys, e.exchange, e.routing_key,
+                sent = []
+                for n, e in entries:
+                    messages = e.messages
+                    if e.outbox >= 0:  # a dead letter: its body is in the outbox
+                        body = src.store.get_messages(OUTBOX_QID, [e.outbox])[0]
+                        if body is None:
+                            break  # not stored here yet (or still on its way to a joiner)
+                        messages = ((body.body, body.headers),)
+                    sent.append(dst.submit(ForwardIn(
+                        home, n, e.queues, messages, e.keys, e.exchange, e.routing_key,
                         e.delay_ms, e.not_before, e.priority,
-                    ))
-                    for n, e in entries
-                ]
+                    )))
                 results = await asyncio.gather(*sent, return_exceptions=True)
                 through = -1
                 for (n, _), r in zip(entries, results):
@@ -399,8 +455,8 @@ class Partitioned(Node):
                 if through >= 0:
                     await src.submit(ForwardDone(target, through))
                 failed = next((r for r in results if isinstance(r, BaseException)), None)
-                if failed is not None:
-                    if not isinstance(failed, ForwardGap):
+                if failed is not None or len(sent) < len(entries):
+                    if failed is not None and not isinstance(failed, ForwardGap):
                         log.warning(
                             "forwarding from partition %d to %d waits: %s", home, target, failed
                         )

@@ -44,9 +44,12 @@ class Placement:
     def place(self, ev: PlaceQueues) -> int:
         """Apply ``ev``; returns the partition its queues are on.
 
+        The queues not placed yet go where the first one is; if it is not placed, to the
+        partition asked, else where another of them is (a queue goes with its dead-letter
+        queue: dead letters then stay on their partition), else to the emptiest.
+
         Raises:
-            InvalidArgument: a bad count, partition or name; queues that must go
-                together are already on different partitions.
+            InvalidArgument: a bad count, partition or name.
             QueueExists: the first queue is on another partition than the one asked.
         """
         if not 1 <= ev.count <= MAX_PARTITIONS:
@@ -64,25 +67,18 @@ class Placement:
                     f"queue name must be 1..{MAX_QUEUE_NAME} printable characters"
                 )
         have = {name: self.placed[name] for name in ev.queues if name in self.placed}
-        where = set(have.values())
-        if len(where) > 1:
-            listed = ", ".join(f"{n!r} on partition {k}" for n, k in sorted(have.items()))
-            raise InvalidArgument(
-                f"these queues must be on one partition (a queue and its dead-letter queue)"
-                f" but are not: {listed}"
-            )
         first = ev.queues[0]
-        if where:
-            k = where.pop()
-            if ev.partition and ev.partition != k and first in have:
-                raise QueueExists(f"queue {first!r} is on partition {k}, not {ev.partition}")
+        if first in have:
+            k = have[first]
             if ev.partition and ev.partition != k:
-                raise InvalidArgument(
-                    f"queue {first!r} cannot go to partition {ev.partition}: its dead-letter"
-                    f" queue is on partition {k}"
-                )
+                raise QueueExists(f"queue {first!r} is on partition {k}, not {ev.partition}")
+        elif ev.partition:
+            # (its dead-letter queue may be on another: dead letters are forwarded)
+            k = ev.partition
+        elif have:
+            k = min(have.values())  # with its dead-letter queue: cheaper
         else:
-            k = ev.partition or self.emptiest(ev.count)
+            k = self.emptiest(ev.count)
         for name in ev.queues:
             if name not in self.placed:
                 self.placed[name] = k

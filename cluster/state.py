@@ -69,6 +69,7 @@ from batonmq.cluster.events import (
     FanOut,
     FenceTerm,
     ForwardDone,
+    RouteDeadLetter,
     ForwardIn,
     Expire,
     ExpireQueue,
@@ -150,9 +151,8 @@ class State:
         self.features = Features()  # enabled feature flags (cluster/features.py)
         # queue -> data partition, on the control partition (cluster/placement.py)
         self.placement = Placement()
-        # On a data partition of a split log (docs/design.md §16): the highest fencing
-        # token seen per service (FenceTerm, fenced range commits). ``data_partition`` is
-        # the node's setting, not replicated: it decides how range commits are fenced.
+        # On a data partition of a split log (§16): the highest fencing token seen per service
+        # (FenceTerm). ``data_partition``: the node's setting, not replicated (fencing).
         self.range_tokens: dict[str, int] = {}
         # Publishes forwarded between data partitions (cluster/forwarding.py).
         self.forwards = Forwards()
@@ -347,7 +347,7 @@ class State:
             case PlaceQueues():
                 self._need("partitions", "placing queues needs")
                 return Placed(self.placement.place(ev))
-            case FanOut() | ForwardIn() | ForwardDone():
+            case FanOut() | ForwardIn() | ForwardDone() | RouteDeadLetter():
                 self._need("partitions", f"{type(ev).__name__} needs")
                 # A publish forwarded between data partitions (cluster/forwarding.py).
                 return apply_forward(self.forwards, self.index, self.ignore,

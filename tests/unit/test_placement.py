@@ -42,11 +42,11 @@ def test_a_queue_goes_with_its_dead_letter_queue() -> None:
     assert p.place(PlaceQueues(("work", "dlq"), 0, 4)) == 2
     # Placed together when neither was placed.
     assert p.place(PlaceQueues(("w2", "d2"), 0, 4)) == 3 and p.get("d2") == 3
-    with pytest.raises(InvalidArgument, match="must be on one partition"):
-        p.place(PlaceQueues(("x", "dlq"), 0, 4))
-    with pytest.raises(InvalidArgument, match="its dead-letter queue is on partition 2"):
-        p.place(PlaceQueues(("new", "dlq"), 4, 4))
-    assert "new" not in p  # a refused placement places nothing
+    # Both placed apart already: each stays (dead letters are forwarded between them).
+    assert p.place(PlaceQueues(("x", "dlq"), 0, 4)) == 1 and p.get("dlq") == 2
+    # A partition asked for the queue is kept, its dead-letter queue elsewhere or not.
+    assert p.place(PlaceQueues(("new", "dlq"), 4, 4)) == 4 and p.get("dlq") == 2
+    assert p.place(PlaceQueues(("new2", "d3"), 4, 4)) == 4 and p.get("d3") == 4
 
 
 @pytest.mark.parametrize(
