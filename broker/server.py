@@ -565,6 +565,7 @@ class Broker:
                 # Forwarded publishes and dead letters not yet on their partitions (§16).
                 "forwards_pending": n.state.forwards.pending_count,
                 "dead_letters_in_flight": n.state.forwards.in_flight,
+                "forwarding": n.state.forwards.progress(),
                 "ignored": dict(sorted(n.state.ignored.items())),
                 "checkpoint": n.last_checkpoint,
                 "digest_mismatches": n.digest_mismatches,

@@ -142,6 +142,15 @@ class Forwards:
         self.unrouted[n] = letter
         return n
 
+    def progress(self) -> dict[str, list[list[int]]]:
+        """Where forwarding stands: ``to``: [target, its first entry not done (the next
+        number if none), the next number]; ``from``: [home, the next number taken]."""
+        to = []
+        for t in sorted(self.next_number):
+            nxt = self.next_number[t]
+            to.append([t, min(self.outbound.get(t, {nxt: None})), nxt])
+        return {"to": to, "from": sorted([h, n] for h, n in self.expected.items())}
+
     @property
     def pending_count(self) -> int:
         """Entries kept for other partitions, not forwarded yet (publishes and dead
