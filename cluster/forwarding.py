@@ -44,11 +44,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Outbound", "DeadLetter", "Forwards", "ForwardGap", "apply_forward", "OUTBOX_QID",
+    "OUTBOX_NAME",
 ]
 
 #: The store's queue id of a data partition's dead letters in flight (their bodies, by
 #: number); far above any queue's id (a log offset).
 OUTBOX_QID = 1 << 62
+#: Its name in a join update (not a valid queue name: never a queue's).
+OUTBOX_NAME = "\x00dead-letter outbox"
 
 
 class ForwardGap(InvalidArgument):
@@ -156,6 +159,10 @@ class Forwards:
         """Entries kept for other partitions, not forwarded yet (publishes and dead
         letters)."""
         return sum(len(e) for e in self.outbound.values())
+
+    def in_outbox(self, n: int) -> bool:
+        """Does dead letter ``n`` still need its body in the outbox?"""
+        return n in self.unrouted or n in self.refs
 
     @property
     def in_flight(self) -> int:
