@@ -94,6 +94,7 @@ __all__ = [
     "ForwardIn",
     "ForwardDone",
     "RouteDeadLetter",
+    "ReleaseQueue",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
@@ -754,6 +755,21 @@ class PlaceQueues(Event[Placed]):
     queues: tuple[str, ...]
     partition: int = 0
     count: int = 1
+    # The user a new queue (the first) counts for, on a split log (flag user_limits):
+    # refused past the user's max_queues, in control's log order.
+    user: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseQueue(Event[None]):
+    """On the control partition of a split log (flags ``partitions`` and
+    ``user_limits``): ``queue`` of ``user`` was deleted on its data partition, so it no
+    longer counts for the user's max_queues (every broker appends it; the first applied
+    counts)."""
+
+    OP: ClassVar[int] = 116
+    queue: str
+    user: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -876,6 +892,7 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         ForwardIn,
         ForwardDone,
         RouteDeadLetter,
+        ReleaseQueue,
         SetPolicy,
         ClearPolicy,
     )

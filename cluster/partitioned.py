@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from batonmq.cluster.appender import R, ignore_outcome
 from batonmq.cluster.applier import EffectListener
-from batonmq.cluster.effects import Effect, LeaderChanged
+from batonmq.cluster.effects import Effect, LeaderChanged, QueueGone
 from batonmq.cluster.errors import BatonError, InvalidArgument, QueueNotFound
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import (
@@ -43,6 +43,7 @@ from batonmq.cluster.events import (
     ForwardDone,
     ForwardIn,
     PlaceQueues,
+    ReleaseQueue,
     Reserve,
     RouteDeadLetter,
     RoutedEnqueue,
@@ -311,18 +312,34 @@ class Partitioned(Node):
 
     async def _declare(self, ev: DeclareQueue) -> Any:
         """Place the queue (with its dead-letter queue) on control unless it is placed,
-        then declare it on its data partition."""
+        then declare it on its data partition. A new queue of a user (flag user_limits)
+        is placed with the user, on control, which counts the user's queues there."""
+        user = ev.user if "user_limits" in self.state.features.enabled else None
         if ev.user is not None:
-            # A user's queues are counted in one state; here they are spread over the
-            # partitions' states, whose user tables are empty: not counted yet.
+            # The data partitions do not count (their user tables are empty): control does.
             ev = replace(ev, user=None)
         k = self.state.placement.get(ev.queue)
         dlq = self.state.placement.get(ev.dead_letter) if ev.dead_letter else None
-        if k is None or (ev.dead_letter is not None and dlq is None):
+        new = k is None or ev.queue not in self.data[k].state.queues
+        claim = user if new and self.state.placement.claims.get(ev.queue) != user else None
+        if k is None or (ev.dead_letter is not None and dlq is None) or claim is not None:
             names = (ev.queue,) if ev.dead_letter is None else (ev.queue, ev.dead_letter)
-            placed: Placed = await super().submit(PlaceQueues(names, 0, self.count))
+            placed: Placed = await super().submit(PlaceQueues(names, 0, self.count, claim))
             k = placed.partition
-        return await self.data[k].submit(ev)
+        try:
+            return await self.data[k].submit(ev)
+        except BatonError:
+            if claim is not None and ev.queue not in self.data[k].state.queues:
+                # Not declared after all (bad settings): it does not count for the user.
+                self._release(ev.queue)
+            raise
+
+    def _release(self, queue: str) -> None:
+        """``queue`` is gone from its data partition: if it counts for a user on control,
+        it does no more (every broker appends it; the first applied counts)."""
+        user = self.state.placement.claims.get(queue)
+        if user is not None:
+            super().submit(ReleaseQueue(queue, user)).add_done_callback(ignore_outcome)
 
     async def _routed(self, ev: RoutedEnqueue) -> Routed:
         """A publish through an exchange: on one data partition as it is; over several,
@@ -357,6 +374,9 @@ class Partitioned(Node):
         def listen(effects: list[Effect]) -> None:
             if self._listener is not None:
                 self._listener(effects)
+            for e in effects:
+                if isinstance(e, QueueGone) and e.queue not in self.data[k].state.queues:
+                    self._release(e.queue)
             self._kick(k)
 
         return listen

@@ -6,15 +6,25 @@ alike. A name keeps its partition for the life of the cluster (a queue declared 
 under a name returns to the partition the name had): placement never races with a
 deletion on a data partition, at the price of one small entry per queue name ever
 placed.
+
+It also counts a user's queues for ``max_queues`` (flag ``user_limits``), as the state
+of a log of one does from its queues: there they are spread over the data partitions,
+so the control partition keeps which user each queue counts for (``claims``): a
+declare of a new queue for a user places it with the user (refused past the limit, in
+control's log order), and a deletion on the data partition releases it
+(:class:`~batonmq.cluster.events.ReleaseQueue`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from batonmq.cluster.errors import InvalidArgument, QueueExists
-from batonmq.cluster.events import PlaceQueues
+from batonmq.cluster.events import PlaceQueues, ReleaseQueue
 from batonmq.cluster.queues import MAX_QUEUE_NAME
+from batonmq.cluster.results import Placed
+from batonmq.cluster.users import Users, check_queue_count
 
 __all__ = ["Placement", "MAX_PARTITIONS"]
 
@@ -25,11 +35,12 @@ MAX_PARTITIONS = 1024
 class Placement:
     """Queue name -> data partition (1..N), with each partition's count of names."""
 
-    __slots__ = ("placed", "counts")
+    __slots__ = ("placed", "counts", "claims")
 
     def __init__(self) -> None:
         self.placed: dict[str, int] = {}
         self.counts: dict[int, int] = {}
+        self.claims: dict[str, str] = {}  # queue -> the user it counts for (max_queues)
 
     def __contains__(self, name: object) -> bool:
         return name in self.placed
@@ -41,7 +52,25 @@ class Placement:
         """The partition ``name`` is on, or None if it was never placed."""
         return self.placed.get(name)
 
-    def place(self, ev: PlaceQueues) -> int:
+    def apply(
+        self, ev: PlaceQueues | ReleaseQueue, users: Users, ignore: Callable[[str], None]
+    ) -> Placed | None:
+        """Apply a placement, or a user's queue released.
+
+        Raises:
+            as :meth:`place`; LimitExceeded: the user has its max_queues already.
+        """
+        if isinstance(ev, ReleaseQueue):
+            if ev.user is not None and self.claims.get(ev.queue) == ev.user:
+                del self.claims[ev.queue]
+            return None
+        k = self.place(ev, users, ignore)
+        return Placed(k)
+
+    def place(
+        self, ev: PlaceQueues, users: Users | None = None,
+        ignore: Callable[[str], None] = lambda reason: None,
+    ) -> int:
         """Apply ``ev``; returns the partition its queues are on.
 
         The queues not placed yet go where the first one is; if it is not placed, to the
@@ -66,8 +95,11 @@ class Placement:
                 raise InvalidArgument(
                     f"queue name must be 1..{MAX_QUEUE_NAME} printable characters"
                 )
-        have = {name: self.placed[name] for name in ev.queues if name in self.placed}
         first = ev.queues[0]
+        if ev.user is not None and self.claims.get(first) != ev.user:
+            # A new queue of the user: within its max_queues (before any change).
+            check_queue_count(users or Users(), ev.user, self.claims.values(), ignore)
+        have = {name: self.placed[name] for name in ev.queues if name in self.placed}
         if first in have:
             k = have[first]
             if ev.partition and ev.partition != k:
@@ -83,6 +115,8 @@ class Placement:
             if name not in self.placed:
                 self.placed[name] = k
                 self.counts[k] = self.counts.get(k, 0) + 1
+        if ev.user is not None:
+            self.claims[first] = ev.user
         return k
 
     def emptiest(self, count: int) -> int:
@@ -90,12 +124,19 @@ class Placement:
         return min(range(1, count + 1), key=lambda k: (self.counts.get(k, 0), k))
 
     def snapshot(self) -> list[Any]:
-        """Canonical: [[name, partition], ...] by name."""
-        return [[name, self.placed[name]] for name in sorted(self.placed)]
+        """Canonical: [[name, partition], ...] by name; [name, partition, user] for a
+        queue that counts for a user."""
+        claims = self.claims
+        return [
+            [name, self.placed[name], claims[name]] if name in claims
+            else [name, self.placed[name]]
+            for name in sorted(self.placed)
+        ]
 
     def restore(self, snap: list[Any] | None) -> None:
         """Restore from :meth:`snapshot` (None: nothing placed)."""
-        self.placed = {str(n): int(k) for n, k in snap or ()}
+        self.placed = {str(e[0]): int(e[1]) for e in snap or ()}
+        self.claims = {str(e[0]): str(e[2]) for e in snap or () if len(e) > 2}
         self.counts = {}
         for k in self.placed.values():
             self.counts[k] = self.counts.get(k, 0) + 1

@@ -18,9 +18,8 @@ the established view, dispatches each event, and answers it with a
 * ``cluster/effects.py`` — what ``apply`` asks the store and the broker to do;
 * ``cluster/membership.py`` and ``cluster/services.py`` — views and service leadership.
 
-Queue ownership (who may acquire, docs/design.md §6), what a member leaving the view releases,
-and checkpoints are applied here. Everything those modules define that other code
-uses is importable from this module too.
+Queue ownership (who may acquire, §6), what a member leaving the view releases, and
+checkpoints are applied here. What those modules define is importable from here too.
 """
 
 from __future__ import annotations
@@ -69,6 +68,7 @@ from batonmq.cluster.events import (
     FanOut,
     FenceTerm,
     ForwardDone,
+    ReleaseQueue,
     RouteDeadLetter,
     ForwardIn,
     Expire,
@@ -115,7 +115,6 @@ from batonmq.cluster.results import (
     FeaturesEnabled,
     HandoverAsked,
     Owner,
-    Placed,
     Result,
     UserChanged,
 )
@@ -344,9 +343,11 @@ class State:
                 return self.policies.apply_event(ev, self.queues.values())
             case EnableFeatures():
                 return self._enable_features(ev)
-            case PlaceQueues():
+            case PlaceQueues() | ReleaseQueue():
                 self._need("partitions", "placing queues needs")
-                return Placed(self.placement.place(ev))
+                if isinstance(ev, ReleaseQueue) or ev.user is not None:
+                    self._need("user_limits", "a user's queues on a split log need")
+                return self.placement.apply(ev, self.users, self.ignore)
             case FanOut() | ForwardIn() | ForwardDone() | RouteDeadLetter():
                 self._need("partitions", f"{type(ev).__name__} needs")
                 # A publish forwarded between data partitions (cluster/forwarding.py).
@@ -364,8 +365,7 @@ class State:
             raise InvalidArgument(f"{what} the feature flag {flag}")
 
     def _bindable(self) -> Container[str]:
-        """The queues a binding may name: this state's, or on a control partition of
-        several data partitions, the placed ones (docs/design.md §16)."""
+        """The queues a binding may name: this state's, or on control, the placed (§16)."""
         return self.placement if len(self.placement) else self.queues
 
     def _delete_queue(

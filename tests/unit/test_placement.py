@@ -162,3 +162,44 @@ def test_fence_term_needs_the_flag() -> None:
     c.beat("n1/r1")
     done = c.apply("n1/r1", FenceTerm("spark", 3))
     assert isinstance(done.error, InvalidArgument) and "flag partitions" in str(done.error)
+
+
+def test_control_counts_a_users_queues_for_max_queues_in_log_order() -> None:
+    from batonmq.cluster.codec import decode, encode
+    from batonmq.cluster.errors import LimitExceeded
+    from batonmq.cluster.events import Origin, PutUser, ReleaseQueue, SetUserLimits
+    from tests.unit.test_users import _creds
+
+    c = _flagged()
+    a = "n1/r1"
+    assert c.apply(a, PutUser("alice", *_creds("pw"), False)).error is None
+    assert c.apply(a, SetUserLimits("alice", (("max_queues", 2),))).error is None
+    plain = c.state.placement.snapshot()
+    for name in ("a1", "a2"):
+        done = c.apply(a, PlaceQueues((name,), 0, 4, "alice"))
+        assert done.error is None and done.result.partition in (1, 2)
+    assert c.state.placement.snapshot() != plain  # (the claims are replicated state)
+    over = c.apply(a, PlaceQueues(("a3", "a3.dlq"), 0, 4, "alice"))
+    assert isinstance(over.error, LimitExceeded) and "max_queues 2" in str(over.error)
+    assert "a3" not in c.state.placement and c.state.ignored.get("user-limit") == 1
+    # One it has (declared again after a deletion not released yet): no second count.
+    assert c.apply(a, PlaceQueues(("a1",), 0, 4, "alice")).error is None
+    # Released by its deletion (a second release, or another user's, changes nothing).
+    for user in ("bob", "alice", "alice"):
+        assert c.apply(a, ReleaseQueue("a1", user)).error is None
+    assert c.apply(a, PlaceQueues(("a3",), 0, 4, "alice")).error is None
+    joined = State()
+    joined.install(c.state.full_snapshot())
+    assert joined.placement.claims == {"a2": "alice", "a3": "alice"}
+    assert digest(joined) == digest(c.state)
+    origin = Origin("n", "r", 1, 0)
+    for ev in (PlaceQueues(("q",), 0, 4, "alice"), ReleaseQueue("q", "alice")):
+        assert decode(encode(origin, ev))[1] == ev
+    # Without the flag user_limits, control refuses a user's placement and a release.
+    c2 = Cluster()
+    c2.apply(a, Heartbeat("voter", "addr", {"features": sorted(FEATURES)}))
+    c2.duties()
+    assert c2.apply(a, EnableFeatures(("partitions",))).error is None
+    for ev in (PlaceQueues(("q",), 0, 4, "alice"), ReleaseQueue("q", "alice")):
+        done = c2.apply(a, ev)
+        assert isinstance(done.error, InvalidArgument) and "user_limits" in str(done.error)
