@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from batonmq.cluster.effects import Effect, Removed
 from batonmq.cluster.errors import InvalidArgument
@@ -39,8 +39,7 @@ from batonmq.cluster.events import (
 )
 from batonmq.cluster.results import Routed
 
-if TYPE_CHECKING:
-    from batonmq.cluster.queues import QueueIndex
+from batonmq.cluster.queue_state import QueueState
 
 __all__ = [
     "Outbound", "DeadLetter", "Forwards", "ForwardGap", "apply_forward", "OUTBOX_QID",
@@ -52,6 +51,22 @@ __all__ = [
 OUTBOX_QID = 1 << 62
 #: Its name in a join update (not a valid queue name: never a queue's).
 OUTBOX_NAME = "\x00dead-letter outbox"
+
+
+class IndexView(Protocol):
+    """What forwarding uses of a partition's queues (cluster/queues.py's QueueIndex)."""
+
+    queues: dict[str, QueueState]
+
+    def enqueue_routed(self, origin: Origin, ev: RoutedEnqueue, out: list[Effect]) -> Routed:
+        ...
+
+    def move_dead_letter(
+        self, src_qid: int, src_pos: int, targets: list[QueueState], key: str | None,
+        headers: dict[str, object], first: dict[str, object] | None, out: list[Effect],
+        keep: bool = False,
+    ) -> bool:
+        ...
 
 
 class ForwardGap(InvalidArgument):
@@ -250,7 +265,7 @@ class Forwards:
 
 def apply_forward(
     forwards: Forwards,
-    index: "QueueIndex",
+    index: IndexView,
     ignore: Callable[[str, int], None],
     partition: int,
     origin: Origin,
@@ -312,7 +327,7 @@ def apply_forward(
 
 def _route_dead_letter(
     forwards: Forwards,
-    index: "QueueIndex",
+    index: IndexView,
     ignore: Callable[[str, int], None],
     partition: int,
     origin: Origin,

@@ -14,8 +14,12 @@ To the broker it is one node: :attr:`queues` reads every data partition's queues
 :meth:`part` names the node of a queue, and :meth:`submit` sends each event to the
 partition it belongs to — a queue's events to the queue's data partition, everything
 else to control; a declare places the queue on control first (its dead-letter queue
-with it), and a publish through an exchange is appended once per data partition it
-reaches (each deduplicates by the publish keys, so a publisher's retry completes it).
+with it, and a user's new queue counted there), and a publish through an exchange over
+several data partitions is one FanOut on the first, forwarded to the others.
+
+As the leader of a data partition it forwards that partition's entries for others
+(cluster/forwarding.py): its publishes, and its dead letters for queues elsewhere, which
+it routes first (RouteDeadLetter) by the placement map and the bindings it applied.
 """
 
 from __future__ import annotations
@@ -443,7 +447,6 @@ class Partitioned(Node):
             log.warning("routing dead letters of partition %d stopped: %s", home, exc)
         finally:
             self._forwarding.discard((home, 0))
-            self._kick(home)  # (what was routed meanwhile is forwarded)
 
     async def _forward(self, home: int, target: int) -> None:
         """Forward partition ``home``'s entries for ``target`` in number order: each
