@@ -247,6 +247,12 @@ class BrokerCollector(Collector):
              lambda n: n.last_checkpoint["offset"] if n.last_checkpoint else -1),
             ("baton_partition_outbox_events", "Events waiting for their append to the data"
              " partition.", lambda n: n.appender.outbox_depth),
+            ("baton_partition_forwards_pending", "Publishes and dead letters the data"
+             " partition keeps for other partitions, not forwarded yet.",
+             lambda n: n.state.forwards.pending_count),
+            ("baton_partition_dead_letters_in_flight", "Dead letters that left a queue of"
+             " the data partition and are not yet on every partition they go to.",
+             lambda n: n.state.forwards.in_flight),
         ]
         for name, doc, value in rows:
             family = GaugeMetricFamily(name, doc, labels=["partition"])

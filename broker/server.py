@@ -585,6 +585,11 @@ class Broker:
                 "applied": n.state.applied,
                 "digest": self._digest(n),
                 "queues": len(n.state.queues),
+                # Forwarded publishes and dead letters not yet on their partitions (§16).
+                "forwards_pending": n.state.forwards.pending_count,
+                "dead_letters_in_flight": n.state.forwards.in_flight,
+                "forwarding": n.state.forwards.progress(),
+                "ignored": dict(sorted(n.state.ignored.items())),
                 "checkpoint": n.last_checkpoint,
                 "digest_mismatches": n.digest_mismatches,
                 "log_truncated_before": n.truncated_before,

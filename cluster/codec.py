@@ -29,6 +29,7 @@ from batonmq.cluster.events import (
     EnableFeatures,
     Enqueue,
     FanOut,
+    RouteDeadLetter,
     ForwardIn,
     Heartbeat,
     Origin,
@@ -232,6 +233,22 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
             ):
                 raise MalformedEvent("FanOut.forward must be [[partition, [queue, ...]], ...]")
             values[8] = tuple((g[0], tuple(g[1])) for g in raw)
+    elif op == RouteDeadLetter.OP:
+        if len(values) > 1:
+            if not isinstance(values[1], list) or not all(isinstance(x, str) for x in values[1]):
+                raise MalformedEvent("RouteDeadLetter.local must be a list of strings")
+            values[1] = tuple(values[1])
+        if len(values) > 2:
+            raw = values[2]
+            if not isinstance(raw, list) or not all(
+                isinstance(g, list) and len(g) == 2 and type(g[0]) is int
+                and isinstance(g[1], list) and all(isinstance(x, str) for x in g[1])
+                for g in raw
+            ):
+                raise MalformedEvent(
+                    "RouteDeadLetter.forward must be [[partition, [queue, ...]], ...]"
+                )
+            values[2] = tuple((g[0], tuple(g[1])) for g in raw)
     elif op == PlaceQueues.OP:
         if not isinstance(values[0], list) or not all(isinstance(q, str) for q in values[0]):
             raise MalformedEvent("PlaceQueues.queues must be a list of strings")

@@ -95,6 +95,8 @@ __all__ = [
     "FanOut",
     "ForwardIn",
     "ForwardDone",
+    "RouteDeadLetter",
+    "ReleaseQueue",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
@@ -755,6 +757,21 @@ class PlaceQueues(Event[Placed]):
     queues: tuple[str, ...]
     partition: int = 0
     count: int = 1
+    # The user a new queue (the first) counts for, on a split log (flag user_limits):
+    # refused past the user's max_queues, in control's log order.
+    user: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseQueue(Event[None]):
+    """On the control partition of a split log (flags ``partitions`` and
+    ``user_limits``): ``queue`` of ``user`` was deleted on its data partition, so it no
+    longer counts for the user's max_queues (every broker appends it; the first applied
+    counts)."""
+
+    OP: ClassVar[int] = 116
+    queue: str
+    user: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -832,6 +849,20 @@ class ForwardDone(Event[None]):
     through: int
 
 
+@dataclass(frozen=True, slots=True)
+class RouteDeadLetter(Event[None]):
+    """The routes of the dead letter numbered ``number`` in this data partition's outbox
+    (flag ``partitions``; cluster/forwarding.py), as its leader resolved them: copied to
+    the queues ``local`` here, and kept for each other partition of ``forward``
+    (``[(partition, queues), ...]``) until forwarded. The first one applied for a number
+    decides; a later one is a duplicate."""
+
+    OP: ClassVar[int] = 115
+    number: int
+    local: tuple[str, ...] = ()
+    forward: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
 EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
     cls.OP: cls
     for cls in (
@@ -878,6 +909,8 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         FanOut,
         ForwardIn,
         ForwardDone,
+        RouteDeadLetter,
+        ReleaseQueue,
         SetPolicy,
         ClearPolicy,
     )

@@ -96,8 +96,9 @@ FEATURES: Final[dict[str, Feature]] = {
         Feature(
             "partitions", 7, "0.4.0",
             "a log of a control partition and N data partitions (docs/design.md §16): the"
-            " PlaceQueues event and the placement map on the control partition; FenceTerm,"
-            " FanOut, ForwardIn and ForwardDone on the data partitions; GrowPartitions and"
+            " PlaceQueues event and the placement map on the control partition (with"
+            " user_limits: PlaceQueues.user and ReleaseQueue); FenceTerm, FanOut, ForwardIn,"
+            " ForwardDone and RouteDeadLetter on the data partitions; GrowPartitions and"
             " the grown count on the control partition (growing N); a cluster created"
             " with --partitions N > 1 needs it (its first leader enables it)",
         ),

@@ -14,8 +14,12 @@ To the broker it is one node: :attr:`queues` reads every data partition's queues
 :meth:`part` names the node of a queue, and :meth:`submit` sends each event to the
 partition it belongs to — a queue's events to the queue's data partition, everything
 else to control; a declare places the queue on control first (its dead-letter queue
-with it), and a publish through an exchange is appended once per data partition it
-reaches (each deduplicates by the publish keys, so a publisher's retry completes it).
+with it, and a user's new queue counted there), and a publish through an exchange over
+several data partitions is one FanOut on the first, forwarded to the others.
+
+As the leader of a data partition it forwards that partition's entries for others
+(cluster/forwarding.py): its publishes, and its dead letters for queues elsewhere, which
+it routes first (RouteDeadLetter) by the placement map and the bindings it applied.
 
 Growing N (cluster/growth.py): when control applies a GrowPartitions, the broker opens
 the new partitions and starts a node for each, which joins :attr:`Partitioned.data`
@@ -32,7 +36,7 @@ from typing import Any, cast
 
 from batonmq.cluster.appender import R, ignore_outcome
 from batonmq.cluster.applier import EffectListener
-from batonmq.cluster.effects import Effect, LeaderChanged
+from batonmq.cluster.effects import Effect, LeaderChanged, QueueGone
 from batonmq.cluster.errors import BatonError, InvalidArgument, QueueNotFound
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import (
@@ -47,12 +51,14 @@ from batonmq.cluster.events import (
     ForwardDone,
     ForwardIn,
     PlaceQueues,
+    ReleaseQueue,
     Reserve,
+    RouteDeadLetter,
     RoutedEnqueue,
     SetPolicy,
     Unbind,
 )
-from batonmq.cluster.forwarding import ForwardGap
+from batonmq.cluster.forwarding import OUTBOX_QID, DeadLetter, ForwardGap
 from batonmq.cluster.growth import Growth
 from batonmq.cluster.log import LogSet
 from batonmq.cluster.node import Node
@@ -163,6 +169,8 @@ class Partitioned(Node):
         node.on_unlocked = self._data_unlocked
         node.on_truncated = self._data_truncated
         node.state.data_partition = k  # (its tokens and forwarded publishes)
+        # Dead letters for queues elsewhere wait in its outbox (cluster/forwarding.py).
+        node.state.index.away = node.state.forwards
         if self._listener is not None:
             node.listener = self._data_effects(k)
         return node
@@ -331,31 +339,35 @@ class Partitioned(Node):
 
     async def _declare(self, ev: DeclareQueue) -> Any:
         """Place the queue (with its dead-letter queue) on control unless it is placed,
-        then declare it on its data partition."""
-        if ev.dead_letter_exchange is not None:
-            # Its exchanges are on the control partition, not on the queue's.
-            raise InvalidArgument(
-                "dead-letter exchanges are not built yet on a cluster of several data"
-                " partitions: name a dead-letter queue instead"
-            )
+        then declare it on its data partition. A new queue of a user (flag user_limits)
+        is placed with the user, on control, which counts the user's queues there."""
+        user = ev.user if "user_limits" in self.state.features.enabled else None
         if ev.user is not None:
-            # A user's queues are counted in one state; here they are spread over the
-            # partitions' states, whose user tables are empty: not counted yet.
+            # The data partitions do not count (their user tables are empty): control does.
             ev = replace(ev, user=None)
         k = self.state.placement.get(ev.queue)
         dlq = self.state.placement.get(ev.dead_letter) if ev.dead_letter else None
-        if k is None or (ev.dead_letter is not None and dlq is None):
+        new = k is None or k not in self.data or ev.queue not in self.data[k].state.queues
+        claim = user if new and self.state.placement.claims.get(ev.queue) != user else None
+        if k is None or (ev.dead_letter is not None and dlq is None) or claim is not None:
             names = (ev.queue,) if ev.dead_letter is None else (ev.queue, ev.dead_letter)
-            placed: Placed = await super().submit(PlaceQueues(names, 0, self.count))
+            placed: Placed = await super().submit(PlaceQueues(names, 0, self.count, claim))
             k = placed.partition
-        elif dlq is not None and dlq != k:
-            raise InvalidArgument(
-                f"queue {ev.queue!r} is on partition {k} and its dead-letter queue"
-                f" {ev.dead_letter!r} on partition {dlq}: dead-lettering across partitions"
-                " is not built yet; choose a dead-letter queue on the same partition"
-            )
         node = self.data.get(k) or await self.growth.started(k)  # (a new partition)
-        return await node.submit(ev)
+        try:
+            return await node.submit(ev)
+        except BatonError:
+            if claim is not None and ev.queue not in node.state.queues:
+                # Not declared after all (bad settings): it does not count for the user.
+                self._release(ev.queue)
+            raise
+
+    def _release(self, queue: str) -> None:
+        """``queue`` is gone from its data partition: if it counts for a user on control,
+        it does no more (every broker appends it; the first applied counts)."""
+        user = self.state.placement.claims.get(queue)
+        if user is not None:
+            super().submit(ReleaseQueue(queue, user)).add_done_callback(ignore_outcome)
 
     async def _routed(self, ev: RoutedEnqueue) -> Routed:
         """A publish through an exchange: on one data partition as it is; over several,
@@ -384,7 +396,8 @@ class Partitioned(Node):
 
     def _data_effects(self, k: int) -> EffectListener:
         """Data partition ``k``'s effects, to the broker; then, if this runtime leads the
-        partition, its entries for other partitions are forwarded."""
+        partition, its dead letters are routed and its entries for other partitions
+        forwarded."""
 
         def listen(effects: list[Effect]) -> None:
             if self._listener is not None:
@@ -392,13 +405,75 @@ class Partitioned(Node):
             node = self.data.get(k)  # (None while a new partition's node starts)
             if node is None:
                 return
-            if node.state.forwards.outbound and node.state.membership.leader() == self.key:
-                for target in list(node.state.forwards.outbound):
-                    if (k, target) not in self._forwarding and target in self.data:
-                        self._forwarding.add((k, target))
-                        asyncio.ensure_future(self._forward(k, target))
+            for e in effects:
+                if isinstance(e, QueueGone) and e.queue not in node.state.queues:
+                    self._release(e.queue)
+            self._kick(k)
 
         return listen
+
+    def _kick(self, k: int) -> None:
+        """Start what partition ``k``'s leader has to route or forward (one task each)."""
+        node = self.data[k]
+        forwards = node.state.forwards
+        if not (forwards.outbound or forwards.unrouted):
+            return
+        if node.state.membership.leader() != self.key:
+            return
+        if forwards.unrouted and (k, 0) not in self._forwarding:
+            self._forwarding.add((k, 0))
+            asyncio.ensure_future(self._route(k))
+        for target in list(forwards.outbound):
+            if (k, target) not in self._forwarding and target in self.data:
+                self._forwarding.add((k, target))
+                asyncio.ensure_future(self._forward(k, target))
+
+    def routes(self, letter: DeadLetter) -> tuple[list[str], dict[int, list[str]]]:
+        """Where a dead letter goes, by the placement map and the bindings as applied
+        here on control (as a publish is routed at the edge): its queues, by data
+        partition; names placed nowhere are left out."""
+        if letter.exchange is None:
+            names = [letter.dead_letter] if letter.dead_letter else []
+        else:
+            try:
+                names = self.state.exchanges.route(
+                    letter.exchange, letter.routing_key, {}, self.state.placement
+                )
+            except BatonError:
+                names = []  # the exchange is gone: dead-lettered nowhere
+        by_part: dict[int, list[str]] = {}
+        for name in names:
+            k = self.state.placement.get(name)
+            if k is not None and name != letter.queue:
+                by_part.setdefault(k, []).append(name)
+        return names, by_part
+
+    async def _route(self, home: int) -> None:
+        """Route partition ``home``'s dead letters in its outbox, in number order: one
+        RouteDeadLetter each on ``home`` (the first applied decides)."""
+        src = self.data[home]
+        try:
+            while src.state.membership.leader() == self.key:
+                unrouted = sorted(src.state.forwards.unrouted.items())
+                if not unrouted:
+                    return
+                sent = []
+                for n, letter in unrouted:
+                    _, by_part = self.routes(letter)
+                    local = tuple(by_part.pop(home, ()))
+                    forward = tuple((k, tuple(qs)) for k, qs in sorted(by_part.items()))
+                    sent.append(src.submit(RouteDeadLetter(n, local, forward)))
+                results = await asyncio.gather(*sent, return_exceptions=True)
+                failed = next((r for r in results if isinstance(r, BaseException)), None)
+                if failed is not None:
+                    log.warning("routing dead letters of partition %d waits: %s", home, failed)
+                    await asyncio.sleep(0.5)
+        except (BatonError, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.warning("routing dead letters of partition %d stopped: %s", home, exc)
+        finally:
+            self._forwarding.discard((home, 0))
 
     async def _forward(self, home: int, target: int) -> None:
         """Forward partition ``home``'s entries for ``target`` in number order: each
@@ -409,13 +484,18 @@ class Partitioned(Node):
                 entries = src.state.forwards.pending(target)
                 if not entries:
                     return
-                sent = [
-                    dst.submit(ForwardIn(
-                        home, n, e.queues, e.messages, e.keys, e.exchange, e.routing_key,
+                sent = []
+                for n, e in entries:
+                    messages = e.messages
+                    if e.outbox >= 0:  # a dead letter: its body is in the outbox
+                        body = src.store.get_messages(OUTBOX_QID, [e.outbox])[0]
+                        if body is None:
+                            break  # not stored here yet (or still on its way to a joiner)
+                        messages = ((body.body, body.headers),)
+                    sent.append(dst.submit(ForwardIn(
+                        home, n, e.queues, messages, e.keys, e.exchange, e.routing_key,
                         e.delay_ms, e.not_before, e.priority,
-                    ))
-                    for n, e in entries
-                ]
+                    )))
                 results = await asyncio.gather(*sent, return_exceptions=True)
                 through = -1
                 for (n, _), r in zip(entries, results):
@@ -425,8 +505,8 @@ class Partitioned(Node):
                 if through >= 0:
                     await src.submit(ForwardDone(target, through))
                 failed = next((r for r in results if isinstance(r, BaseException)), None)
-                if failed is not None:
-                    if not isinstance(failed, ForwardGap):
+                if failed is not None or len(sent) < len(entries):
+                    if failed is not None and not isinstance(failed, ForwardGap):
                         log.warning(
                             "forwarding from partition %d to %d waits: %s", home, target, failed
                         )

@@ -7,6 +7,13 @@ under a name returns to the partition the name had): placement never races with 
 deletion on a data partition, at the price of one small entry per queue name ever
 placed.
 
+It also counts a user's queues for ``max_queues`` (flag ``user_limits``), as the state
+of a log of one does from its queues: there they are spread over the data partitions,
+so the control partition keeps which user each queue counts for (``claims``): a
+declare of a new queue for a user places it with the user (refused past the limit, in
+control's log order), and a deletion on the data partition releases it
+(:class:`~batonmq.cluster.events.ReleaseQueue`).
+
 The cluster's count of data partitions is first the log's (every broker opens the
 log with it); :class:`~batonmq.cluster.events.GrowPartitions` records a higher one in
 log order (docs/design.md §16, "Growing N"), and placement chooses among that many
@@ -20,9 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 from batonmq.cluster.errors import InvalidArgument, QueueExists
-from batonmq.cluster.events import GrowPartitions, PlaceQueues
-from batonmq.cluster.results import PartitionsGrown, Placed
+from batonmq.cluster.events import GrowPartitions, PlaceQueues, ReleaseQueue
 from batonmq.cluster.queues import MAX_QUEUE_NAME
+from batonmq.cluster.results import PartitionsGrown, Placed
+from batonmq.cluster.users import Users, check_queue_count
 
 __all__ = ["Placement", "MAX_PARTITIONS"]
 
@@ -31,14 +39,16 @@ MAX_PARTITIONS = 1024
 
 
 class Placement:
-    """Queue name -> data partition (1..N), with each partition's count of names, and the
-    count of data partitions recorded by growing (0: never grown, the log's count)."""
+    """Queue name -> data partition (1..N), with each partition's count of names, the
+    user each counts for, and the count of data partitions recorded by growing (0: never
+    grown, the log's count)."""
 
-    __slots__ = ("placed", "counts", "partitions")
+    __slots__ = ("placed", "counts", "claims", "partitions")
 
     def __init__(self) -> None:
         self.placed: dict[str, int] = {}
         self.counts: dict[int, int] = {}
+        self.claims: dict[str, str] = {}  # queue -> the user it counts for (max_queues)
         self.partitions = 0
 
     def __bool__(self) -> bool:
@@ -55,24 +65,30 @@ class Placement:
         """The partition ``name`` is on, or None if it was never placed."""
         return self.placed.get(name)
 
-    def apply_event(
-        self, ev: PlaceQueues | GrowPartitions, ignore: Callable[[str], None] | None = None
-    ) -> Placed | PartitionsGrown:
-        """Apply a placement event (the control partition's state calls this, with its
-        count of ignored events: a GrowPartitions not above the count is ``not-grown``).
+    def apply(
+        self, ev: PlaceQueues | ReleaseQueue | GrowPartitions, users: Users,
+        ignore: Callable[[str], None],
+    ) -> Placed | PartitionsGrown | None:
+        """Apply a placement, a user's queue released, or a grown count (one not above
+        the count is ignored as ``not-grown``).
 
         Raises:
-            InvalidArgument: as :meth:`place` and :meth:`grow` say.
-            QueueExists: as :meth:`place` says.
+            as :meth:`place` and :meth:`grow`; LimitExceeded: the user has its
+            max_queues already.
         """
         if isinstance(ev, GrowPartitions):
             try:
                 return self.grow(ev)
             except InvalidArgument:
-                if ignore is not None and 2 <= ev.count <= self.partitions:
+                if 2 <= ev.count <= self.partitions:
                     ignore("not-grown")
                 raise
-        return Placed(self.place(ev))
+        if isinstance(ev, ReleaseQueue):
+            if ev.user is not None and self.claims.get(ev.queue) == ev.user:
+                del self.claims[ev.queue]
+            return None
+        k = self.place(ev, users, ignore)
+        return Placed(k)
 
     def grow(self, ev: GrowPartitions) -> PartitionsGrown:
         """Record that the cluster has ``ev.count`` data partitions from now on.
@@ -94,13 +110,19 @@ class Placement:
         self.partitions = ev.count
         return PartitionsGrown(ev.count, before)
 
-    def place(self, ev: PlaceQueues) -> int:
+    def place(
+        self, ev: PlaceQueues, users: Users | None = None,
+        ignore: Callable[[str], None] = lambda reason: None,
+    ) -> int:
         """Apply ``ev``; returns the partition its queues are on. The partitions to
         choose from are the count recorded by growing, else (never grown) ``ev.count``.
 
+        The queues not placed yet go where the first one is; if it is not placed, to the
+        partition asked, else where another of them is (a queue goes with its dead-letter
+        queue: dead letters then stay on their partition), else to the emptiest.
+
         Raises:
-            InvalidArgument: a bad count, partition or name; queues that must go
-                together are already on different partitions.
+            InvalidArgument: a bad count, partition or name.
             QueueExists: the first queue is on another partition than the one asked.
         """
         if not 1 <= ev.count <= MAX_PARTITIONS:
@@ -118,30 +140,28 @@ class Placement:
                 raise InvalidArgument(
                     f"queue name must be 1..{MAX_QUEUE_NAME} printable characters"
                 )
-        have = {name: self.placed[name] for name in ev.queues if name in self.placed}
-        where = set(have.values())
-        if len(where) > 1:
-            listed = ", ".join(f"{n!r} on partition {k}" for n, k in sorted(have.items()))
-            raise InvalidArgument(
-                f"these queues must be on one partition (a queue and its dead-letter queue)"
-                f" but are not: {listed}"
-            )
         first = ev.queues[0]
-        if where:
-            k = where.pop()
-            if ev.partition and ev.partition != k and first in have:
-                raise QueueExists(f"queue {first!r} is on partition {k}, not {ev.partition}")
+        if ev.user is not None and self.claims.get(first) != ev.user:
+            # A new queue of the user: within its max_queues (before any change).
+            check_queue_count(users or Users(), ev.user, self.claims.values(), ignore)
+        have = {name: self.placed[name] for name in ev.queues if name in self.placed}
+        if first in have:
+            k = have[first]
             if ev.partition and ev.partition != k:
-                raise InvalidArgument(
-                    f"queue {first!r} cannot go to partition {ev.partition}: its dead-letter"
-                    f" queue is on partition {k}"
-                )
+                raise QueueExists(f"queue {first!r} is on partition {k}, not {ev.partition}")
+        elif ev.partition:
+            # (its dead-letter queue may be on another: dead letters are forwarded)
+            k = ev.partition
+        elif have:
+            k = min(have.values())  # with its dead-letter queue: cheaper
         else:
-            k = ev.partition or self.emptiest(count)
+            k = self.emptiest(count)
         for name in ev.queues:
             if name not in self.placed:
                 self.placed[name] = k
                 self.counts[k] = self.counts.get(k, 0) + 1
+        if ev.user is not None:
+            self.claims[first] = ev.user
         return k
 
     def emptiest(self, count: int) -> int:
@@ -149,19 +169,25 @@ class Placement:
         return min(range(1, count + 1), key=lambda k: (self.counts.get(k, 0), k))
 
     def snapshot(self) -> list[Any]:
-        """Canonical: ``[[name, partition], ...]`` by name; once grown,
-        ``[[[name, partition], ...], count]`` (a cluster never grown keeps the first
-        form, and so its digest)."""
-        pairs = [[name, self.placed[name]] for name in sorted(self.placed)]
-        return [pairs, self.partitions] if self.partitions else pairs
+        """Canonical: ``[[name, partition], ...]`` by name, ``[name, partition, user]``
+        for a queue that counts for a user; once grown, ``[[entries...], count]`` (a
+        cluster never grown keeps the first form, and so its digest)."""
+        claims = self.claims
+        entries = [
+            [name, self.placed[name], claims[name]] if name in claims
+            else [name, self.placed[name]]
+            for name in sorted(self.placed)
+        ]
+        return [entries, self.partitions] if self.partitions else entries
 
     def restore(self, snap: list[Any] | None) -> None:
         """Restore from :meth:`snapshot` (None: nothing placed, never grown)."""
-        pairs: list[Any] = list(snap or ())
+        entries: list[Any] = list(snap or ())
         self.partitions = 0
-        if len(pairs) == 2 and type(pairs[1]) is int:  # the grown form
-            pairs, self.partitions = pairs[0], pairs[1]
-        self.placed = {str(n): int(k) for n, k in pairs}
+        if len(entries) == 2 and type(entries[1]) is int:  # the grown form
+            entries, self.partitions = entries[0], entries[1]
+        self.placed = {str(e[0]): int(e[1]) for e in entries}
+        self.claims = {str(e[0]): str(e[2]) for e in entries if len(e) > 2}
         self.counts = {}
         for k in self.placed.values():
             self.counts[k] = self.counts.get(k, 0) + 1

@@ -13,9 +13,17 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from batonmq.cluster.events import DEFAULT_DEDUPE_WINDOW_MS
+from batonmq.cluster.errors import InvalidArgument
+from batonmq.cluster.events import DEFAULT_DEDUPE_WINDOW_MS, OVERFLOW_POLICIES, DeclareQueue
+from batonmq.cluster.exchanges import check_exchange_name
 
-__all__ = ["QueueState", "WORK_SETTINGS", "POLICY_FIELDS", "RETRY_POLICIES", "MAX_PRIORITY"]
+#: The longest queue name.
+MAX_QUEUE_NAME: Final = 255
+
+__all__ = [
+    "QueueState", "WORK_SETTINGS", "POLICY_FIELDS", "RETRY_POLICIES", "MAX_PRIORITY",
+    "MAX_QUEUE_NAME", "SETTING_NAMES", "validate_declare",
+]
 
 #: The work-queue settings of DeclareQueue after the first six (docs/events.md), in the
 #: order they are compared and snapshotted; each is a QueueState field of that name.
@@ -512,3 +520,51 @@ class QueueState:
         if len(snap) > 21:  # only a queue that expires (flag queue_expiry)
             q.expires_ms, q.used_at = snap[20], snap[21]
         return q
+
+
+#: The names of a queue's settings, in the order of :meth:`QueueState.settings`.
+SETTING_NAMES: Final = (
+    "durable", "max_length", "overflow", "delivery_limit", "dead_letter", "message_ttl_ms",
+) + WORK_SETTINGS
+
+
+def validate_declare(ev: DeclareQueue) -> None:
+    """Raises InvalidArgument if a DeclareQueue's settings are not valid."""
+    if not ev.queue or len(ev.queue) > MAX_QUEUE_NAME:
+        raise InvalidArgument(f"queue name must be 1..{MAX_QUEUE_NAME} characters")
+    if not ev.queue.isprintable():
+        raise InvalidArgument("queue name must be printable")
+    if ev.overflow not in OVERFLOW_POLICIES:
+        raise InvalidArgument(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}")
+    if ev.delivery_limit < 1:
+        raise InvalidArgument("delivery_limit must be at least 1")
+    if ev.max_length is not None and ev.max_length < 1:
+        raise InvalidArgument("max_length must be at least 1 (or None for no limit)")
+    if ev.message_ttl_ms is not None and ev.message_ttl_ms < 1:
+        raise InvalidArgument("message_ttl must be positive (or None)")
+    if ev.expires_ms is not None and ev.expires_ms < 1:
+        raise InvalidArgument("expires must be positive (or None: the queue never expires)")
+    if ev.dead_letter is not None and (ev.dead_letter == ev.queue or not ev.dead_letter):
+        raise InvalidArgument("a queue cannot be its own dead-letter queue")
+    if ev.dead_letter_exchange is not None:
+        if ev.dead_letter is not None:
+            raise InvalidArgument("a queue dead-letters to a queue or through an exchange, not both")
+        if ev.dead_letter_exchange:  # "" is the default exchange
+            check_exchange_name(ev.dead_letter_exchange)
+    elif ev.dead_letter_routing_key is not None:
+        raise InvalidArgument("dead_letter_routing_key needs a dead_letter_exchange")
+    if ev.retry:
+        if ev.retry not in RETRY_POLICIES:
+            raise InvalidArgument(f"retry must be one of {', '.join(RETRY_POLICIES)}")
+        if ev.retry_delay_ms < 1:
+            raise InvalidArgument("retry_delay_ms must be at least 1 with a retry policy")
+        if ev.retry_max_ms is not None and ev.retry_max_ms < ev.retry_delay_ms:
+            raise InvalidArgument("retry_max_ms must be at least retry_delay_ms")
+    elif ev.retry_delay_ms or ev.retry_max_ms is not None:
+        raise InvalidArgument("retry_delay_ms and retry_max_ms need a retry policy")
+    if ev.ack_timeout_ms is not None and ev.ack_timeout_ms < 1:
+        raise InvalidArgument("ack_timeout_ms must be positive (or None)")
+    if ev.dedupe_window_ms < 0:
+        raise InvalidArgument("dedupe_window_ms must not be negative (0: no deduplication)")
+    if not 0 <= ev.max_priority <= MAX_PRIORITY:
+        raise InvalidArgument(f"max_priority must be 0..{MAX_PRIORITY} (0: not a priority queue)")

@@ -49,7 +49,6 @@ from batonmq.cluster.errors import (
     QueueReserved,
 )
 from batonmq.cluster.events import (
-    OVERFLOW_POLICIES,
     Accept,
     AcceptThrough,
     Acquire,
@@ -63,9 +62,17 @@ from batonmq.cluster.events import (
     Reserve,
     RoutedEnqueue,
 )
-from batonmq.cluster.exchanges import Exchanges, check_exchange_name
+from batonmq.cluster.exchanges import Exchanges
+from batonmq.cluster.forwarding import OUTBOX_QID, DeadLetter, Forwards
 from batonmq.cluster.keys import Fresh, PublishKeys
-from batonmq.cluster.queue_state import MAX_PRIORITY, RETRY_POLICIES, WORK_SETTINGS, QueueState
+from batonmq.cluster.queue_state import (
+    MAX_PRIORITY,
+    MAX_QUEUE_NAME,
+    SETTING_NAMES,
+    WORK_SETTINGS,
+    QueueState,
+    validate_declare,
+)
 from batonmq.cluster.results import (
     AcceptedThrough,
     Counted,
@@ -88,7 +95,6 @@ __all__ = [
     "validate_declare",
 ]
 
-MAX_QUEUE_NAME: Final = 255
 
 
 class MessageState(enum.Enum):
@@ -169,6 +175,9 @@ class QueueIndex:
         self.exchanges = exchanges if exchanges is not None else Exchanges()
         self.queues: dict[str, QueueState] = {}
         self.dirty: set[str] = set()  # queues changed since the last take_dirty()
+        # On a data partition of a split log: where dead letters for elsewhere wait
+        # (cluster/forwarding.py); None on a log of one.
+        self.away: Forwards | None = None
 
     def queue(self, name: str) -> QueueState:
         """The queue ``name``, marked changed (dirty).
@@ -570,7 +579,7 @@ class QueueIndex:
             gone.extend(q.take_prio(ev.through + 1))
         q.expired += len(gone)
         if (
-            q.dead_letter is not None and q.dead_letter in self.queues
+            q.dead_letter is not None and (q.dead_letter in self.queues or self.away is not None)
         ) or q.dead_letter_exchange is not None:
             for p in gone:
                 self._dead_letter(q, p, "expired", out, count=False)
@@ -678,17 +687,22 @@ class QueueIndex:
         key: str | None = None  # the routing key, when routed through an exchange
         first: dict[str, object] | None = None
         targets: list[QueueState] = []
+        elsewhere = False  # on a data partition: routed by its leader (forwarding.py)
         if q.dead_letter is not None:
             dlq = self.queues.get(q.dead_letter)
             if dlq is not None:
                 targets.append(dlq)
+            else:
+                elsewhere = self.away is not None
         elif q.dead_letter_exchange is not None:
             # Routed through the exchange's bindings as they are at this log position:
             # the same on every replica. Never back into the queue it left.
             dl_key = q.dead_letter_routing_key
             key = q.key_of(pos) if dl_key is None else dl_key
             exchange = q.dead_letter_exchange
-            if self.exchanges.get(exchange) is not None:
+            if self.away is not None:
+                elsewhere = True  # the bindings are on control
+            elif self.exchanges.get(exchange) is not None:
                 targets = [
                     self.queues[n]
                     for n in self.exchanges.route(exchange, key, {}, self.queues)
@@ -707,6 +721,40 @@ class QueueIndex:
                 "x-first-death-queue": q.name,
                 "x-first-death-exchange": exchange,
             }
+        if elsewhere and self.away is not None:
+            # Out of the queue now, into this partition's outbox until it is routed and
+            # forwarded (docs/design.md §16): every replica records the same number.
+            n = self.away.hold(DeadLetter(
+                q.name, q.dead_letter, q.dead_letter_exchange,
+                key if key is not None else (q.dead_letter or ""),
+            ))
+            out.append(Moved(q.qid, pos, OUTBOX_QID, n, headers, self.ledger.clock, False, first))
+            if count:
+                q.dead_lettered += 1
+            return
+        if self.move_dead_letter(q.qid, pos, targets, key, headers, first, out):
+            if count:
+                q.dead_lettered += 1
+        else:
+            out.append(Removed(q.qid, [pos]))
+            if count:
+                q.dropped += 1
+
+    def move_dead_letter(
+        self,
+        src_qid: int,
+        src_pos: int,
+        targets: list[QueueState],
+        key: str | None,
+        headers: dict[str, object],
+        first: dict[str, object] | None,
+        out: list[Effect],
+        keep: bool = False,
+    ) -> bool:
+        """Move a dead letter at (``src_qid``, ``src_pos``) in the store into each of
+        ``targets`` that has room (copies to all but the last, which it moves to unless
+        ``keep``); False if none took it (the caller removes it). ``key``: the routing
+        key it goes with (None: each queue's name, as the default exchange sends it)."""
         moves: list[tuple[QueueState, int]] = []
         for dlq in targets:
             if (
@@ -725,70 +773,18 @@ class QueueIndex:
             if dlq.max_length is None or dlq.length < dlq.max_length:
                 dst = dlq.next_pos
                 if dlq.tracks_keys:
-                    # (to a dead-letter queue by name: as the default exchange sends it)
                     dlq.note_key(dst, dlq.name if key is None else key)
                 dlq.next_pos += 1
                 dlq.enqueued += 1
                 self.dirty.add(dlq.name)
                 moves.append((dlq, dst))
-        if moves:
-            clock = self.ledger.clock
-            last = len(moves) - 1
-            for i, (dlq, dst) in enumerate(moves):
-                # Copies to all but the last target; the last one moves it.
-                out.append(Moved(q.qid, pos, dlq.qid, dst, headers, clock, i < last, first))
-                out.append(ReadyMore(dlq.name))
-            if count:
-                q.dead_lettered += 1
-        else:
-            out.append(Removed(q.qid, [pos]))
-            if count:
-                q.dropped += 1
-
-
-#: The names of a queue's settings, in the order of :meth:`QueueState.settings`.
-SETTING_NAMES: Final = (
-    "durable", "max_length", "overflow", "delivery_limit", "dead_letter", "message_ttl_ms",
-) + WORK_SETTINGS
-
-
-def validate_declare(ev: DeclareQueue) -> None:
-    """Raises InvalidArgument if a DeclareQueue's settings are not valid."""
-    if not ev.queue or len(ev.queue) > MAX_QUEUE_NAME:
-        raise InvalidArgument(f"queue name must be 1..{MAX_QUEUE_NAME} characters")
-    if not ev.queue.isprintable():
-        raise InvalidArgument("queue name must be printable")
-    if ev.overflow not in OVERFLOW_POLICIES:
-        raise InvalidArgument(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}")
-    if ev.delivery_limit < 1:
-        raise InvalidArgument("delivery_limit must be at least 1")
-    if ev.max_length is not None and ev.max_length < 1:
-        raise InvalidArgument("max_length must be at least 1 (or None for no limit)")
-    if ev.message_ttl_ms is not None and ev.message_ttl_ms < 1:
-        raise InvalidArgument("message_ttl must be positive (or None)")
-    if ev.expires_ms is not None and ev.expires_ms < 1:
-        raise InvalidArgument("expires must be positive (or None: the queue never expires)")
-    if ev.dead_letter is not None and (ev.dead_letter == ev.queue or not ev.dead_letter):
-        raise InvalidArgument("a queue cannot be its own dead-letter queue")
-    if ev.dead_letter_exchange is not None:
-        if ev.dead_letter is not None:
-            raise InvalidArgument("a queue dead-letters to a queue or through an exchange, not both")
-        if ev.dead_letter_exchange:  # "" is the default exchange
-            check_exchange_name(ev.dead_letter_exchange)
-    elif ev.dead_letter_routing_key is not None:
-        raise InvalidArgument("dead_letter_routing_key needs a dead_letter_exchange")
-    if ev.retry:
-        if ev.retry not in RETRY_POLICIES:
-            raise InvalidArgument(f"retry must be one of {', '.join(RETRY_POLICIES)}")
-        if ev.retry_delay_ms < 1:
-            raise InvalidArgument("retry_delay_ms must be at least 1 with a retry policy")
-        if ev.retry_max_ms is not None and ev.retry_max_ms < ev.retry_delay_ms:
-            raise InvalidArgument("retry_max_ms must be at least retry_delay_ms")
-    elif ev.retry_delay_ms or ev.retry_max_ms is not None:
-        raise InvalidArgument("retry_delay_ms and retry_max_ms need a retry policy")
-    if ev.ack_timeout_ms is not None and ev.ack_timeout_ms < 1:
-        raise InvalidArgument("ack_timeout_ms must be positive (or None)")
-    if ev.dedupe_window_ms < 0:
-        raise InvalidArgument("dedupe_window_ms must not be negative (0: no deduplication)")
-    if not 0 <= ev.max_priority <= MAX_PRIORITY:
-        raise InvalidArgument(f"max_priority must be 0..{MAX_PRIORITY} (0: not a priority queue)")
+        if not moves:
+            return False
+        clock = self.ledger.clock
+        last = len(moves) - 1
+        for i, (dlq, dst) in enumerate(moves):
+            # Copies to all but the last target; the last one moves it.
+            out.append(Moved(src_qid, src_pos, dlq.qid, dst, headers, clock,
+                             keep or i < last, first))
+            out.append(ReadyMore(dlq.name))
+        return True

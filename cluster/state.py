@@ -18,9 +18,8 @@ the established view, dispatches each event, and answers it with a
 * ``cluster/effects.py`` — what ``apply`` asks the store and the broker to do;
 * ``cluster/membership.py`` and ``cluster/services.py`` — views and service leadership.
 
-Queue ownership (who may acquire, docs/design.md §6), what a member leaving the view releases,
-and checkpoints are applied here. Everything those modules define that other code
-uses is importable from this module too.
+Queue ownership (who may acquire, §6), what a member leaving the view releases, and
+checkpoints are applied here. What those modules define is importable from here too.
 """
 
 from __future__ import annotations
@@ -79,8 +78,7 @@ from batonmq.cluster.events import (
     Join,
     Leave,
     Origin,
-    PlaceQueues,
-    GrowPartitions,
+    PlaceQueues, GrowPartitions, ReleaseQueue,  # (placement on control)
     Propose,
     PurgeQueue,
     PutUser,
@@ -89,6 +87,7 @@ from batonmq.cluster.events import (
     ReleaseAll,
     Reserve,
     Resign,
+    RouteDeadLetter,
     RoutedEnqueue,
     SetRights,
     SetUserLimits,
@@ -150,9 +149,8 @@ class State:
         self.features = Features()  # enabled feature flags (cluster/features.py)
         # queue -> data partition, on the control partition (cluster/placement.py)
         self.placement = Placement()
-        # On a data partition of a split log (docs/design.md §16): the highest fencing
-        # token seen per service (FenceTerm, fenced range commits). ``data_partition`` is
-        # the node's setting, not replicated: it decides how range commits are fenced.
+        # On a data partition of a split log (§16): the highest fencing token seen per service
+        # (FenceTerm). ``data_partition``: the node's setting, not replicated (fencing).
         self.range_tokens: dict[str, int] = {}
         # Publishes forwarded between data partitions (cluster/forwarding.py).
         self.forwards = Forwards()
@@ -344,10 +342,12 @@ class State:
                 return self.policies.apply_event(ev, self.queues.values())
             case EnableFeatures():
                 return self._enable_features(ev)
-            case PlaceQueues() | GrowPartitions():  # (docs/design.md §16)
+            case PlaceQueues() | ReleaseQueue() | GrowPartitions():  # (docs/design.md §16)
                 self._need("partitions", f"{type(ev).__name__} needs")
-                return self.placement.apply_event(ev, self.ignore)
-            case FanOut() | ForwardIn() | ForwardDone():
+                if isinstance(ev, ReleaseQueue) or getattr(ev, "user", None) is not None:
+                    self._need("user_limits", "a user's queues on a split log need")
+                return self.placement.apply(ev, self.users, self.ignore)
+            case FanOut() | ForwardIn() | ForwardDone() | RouteDeadLetter():
                 self._need("partitions", f"{type(ev).__name__} needs")
                 # A publish forwarded between data partitions (cluster/forwarding.py).
                 return apply_forward(self.forwards, self.index, self.ignore,
@@ -364,8 +364,7 @@ class State:
             raise InvalidArgument(f"{what} the feature flag {flag}")
 
     def _bindable(self) -> Container[str]:
-        """The queues a binding may name: this state's, or on a control partition of
-        several data partitions, the placed ones (docs/design.md §16)."""
+        """The queues a binding may name: this state's, or on control, the placed (§16)."""
         return self.placement if len(self.placement) else self.queues
 
     def _delete_queue(

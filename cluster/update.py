@@ -51,6 +51,7 @@ from batonmq.clients import wire
 from batonmq.cluster.errors import BatonError, InvalidArgument, Timeout, JoinFailed
 from batonmq.cluster.codec import MalformedEvent, UnreadableRecord, decode
 from batonmq.cluster.features import FEATURES
+from batonmq.cluster.forwarding import OUTBOX_NAME, OUTBOX_QID
 from batonmq.cluster.events import Heartbeat
 from batonmq.cluster.log import Log
 from batonmq.cluster.member_proof import MECHANISM, NONCE_BYTES, MemberKey
@@ -250,6 +251,12 @@ async def capture(
                 continue  # deleted meanwhile: the joiner's index knows
             fresh, below = q.live_desc()
             plans.append(_QueuePlan(name, q.qid, fresh, below, q.dead_letter is not None))
+        fw = state.forwards
+        if fw.in_flight and (queues is None or OUTBOX_NAME in queues):
+            # Dead letters in flight to other partitions (cluster/forwarding.py): their
+            # bodies are in the outbox until forwarded; "may move": sent as captured.
+            boxed = sorted(set(fw.unrouted) | set(fw.refs), reverse=True)
+            plans.append(_QueuePlan(OUTBOX_NAME, OUTBOX_QID, range(0), boxed, True))
         snap = state.full_snapshot() if with_state else None
         cap = Capture(state.applied, snap, plans, node.store.reader(), node)
         node.holds.add(cap.applied)
@@ -502,6 +509,8 @@ class Catchup:
         return q is not None and self._dst_count.get(q.qid, 0) > 0
 
     def _maybe_unlocked(self, queue: str) -> None:
+        if queue == OUTBOX_NAME:
+            return  # (no queue: nothing to unlock)
         if not self.locked(queue) and self.on_unlocked is not None:
             self.on_unlocked(queue)
 
@@ -531,6 +540,8 @@ class Catchup:
                 continue
             await self.node.install(frame.applied, frame.snapshot)
             self.pending = {q.name: q.qid for q in self.node.state.queues.values()}
+            if self.node.state.forwards.in_flight:
+                self.pending[OUTBOX_NAME] = OUTBOX_QID  # (dead letters in flight)
             self.progress.queues = len(self.pending)
             self.progress.messages = {q.name: q.length for q in self.node.state.queues.values()}
             self._link = link
@@ -606,6 +617,8 @@ class Catchup:
             delay = min(delay * 2, 2.0)
 
     def _name(self, qid: int) -> str | None:
+        if qid == OUTBOX_QID:
+            return OUTBOX_NAME
         for name, q in self.node.state.queues.items():
             if q.qid == qid:
                 return name
@@ -655,7 +668,7 @@ class Catchup:
                 raise JoinFailed("malformed UpdateFront entry")
             pos, raw = item
             n += 1
-            if q is not None and q.holds(pos, returned):
+            if (q.holds(pos, returned) if q is not None else self._boxed(qid, pos)):
                 batch.put_raw(qid, pos, raw)
                 self._arrived((qid, pos))
             self._resolve((qid, pos), raw, batch)
@@ -670,10 +683,14 @@ class Catchup:
             moved = merge_headers(raw, headers, enqueued_at, defaults)
             name = self._name(dst[0])
             q = self.node.state.queues.get(name) if name is not None else None
-            if q is not None and q.holds(dst[1]):
+            if q.holds(dst[1]) if q is not None else self._boxed(dst[0], dst[1]):
                 batch.put_raw(dst[0], dst[1], moved)
             self._arrived(dst)
             self._resolve(dst, moved, batch)  # moved on again since
+
+    def _boxed(self, qid: int, pos: int) -> bool:
+        """A dead letter in flight whose body the outbox still needs."""
+        return qid == OUTBOX_QID and self.node.state.forwards.in_outbox(pos)
 
     def _arrived(self, key: MessageKey) -> None:
         if self.dst_pending.pop(key, None) is not None:

@@ -20,7 +20,7 @@ has every right, and manages users and sees the cluster's addresses.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -39,6 +39,7 @@ __all__ = [
     "Users",
     "check_limits",
     "check_queue_limit",
+    "check_queue_count",
     "check_pattern",
     "check_tags",
     "check_user_name",
@@ -370,12 +371,24 @@ def check_queue_limit(
     """
     if queue in queues or user is None:
         return
+    # A scan (no derived count to keep in step with every way a queue goes): only
+    # for a new queue of a user with a limit.
+    check_queue_count(users, user, (q.user for q in queues.values()), ignore)
+
+
+def check_queue_count(
+    users: Users, user: str, owners: Iterable[str | None], ignore: Callable[[str], None]
+) -> None:
+    """One more queue of ``user`` within its ``max_queues``, the users of the queues
+    that count being ``owners`` (read only if the user has a limit).
+
+    Raises:
+        LimitExceeded: the user has that many queues already (counted ``user-limit``).
+    """
     limit = users.limit(user, "max_queues")
     if limit is None:
         return
-    # A scan (no derived count to keep in step with every way a queue goes): only
-    # for a new queue of a user with a limit.
-    held = sum(1 for q in queues.values() if q.user == user)
+    held = sum(1 for u in owners if u == user)
     if held >= limit:
         ignore("user-limit")
         raise LimitExceeded(

@@ -2,7 +2,7 @@
 §16), real brokers: queues spread over the partitions, each partition applied and
 fenced on its own, a kill -9, a restart, a broker joining live (one update per
 partition), an exchange fanning out over partitions, a dead-letter queue with its
-queue; on the file log and on Kafka (a topic of five partitions)."""
+queue, a dead-letter exchange over partitions; on the file log and on Kafka (a topic of five partitions)."""
 
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ async def test_an_exchange_fans_out_over_partitions_and_a_dead_letter_queue_goes
     for name in names:
         await wait_stats(conn, name, ready=5)
     # A queue declared with a dead-letter queue goes to the dead-letter queue's
-    # partition, so that dead-lettering stays within one partition.
+    # partition: its dead letters stay on it (cheaper).
     await conn.declare_queue("dead")
     await conn.declare_queue("live", dead_letter="dead")
     assert (await conn.queue_stats("live"))["partition"] == (
@@ -198,8 +198,15 @@ async def test_an_exchange_fans_out_over_partitions_and_a_dead_letter_queue_goes
         assert msg is not None
         await msg.reject(confirm=True)
     await wait_stats(conn, "dead", ready=1)
-    with pytest.raises(InvalidArgument, match="dead-letter exchanges"):
-        await conn.declare_queue("dlx", dead_letter_exchange="fan")
+    # Through an exchange, its queues on every partition (test_partition_dead_letters.py).
+    await conn.declare_queue("dlx", dead_letter_exchange="fan")
+    await conn.publish("dlx", b"worse")
+    async with conn.consume("dlx") as consumer:
+        msg = await consumer.get(timeout=10)
+        assert msg is not None
+        await msg.reject(confirm=True)
+    for name in names:
+        await wait_stats(conn, name, ready=6)
     # A policy is set on control and applied by every data partition to its queues.
     await conn.set_policy("cap", "^f", {"max-length": 7})
     for b in parted:

@@ -134,3 +134,59 @@ async def test_a_dead_letter_routed_through_an_exchange_before_its_body_arrived(
         assert m.headers["x-first-death-queue"] == "q" and m.headers["x-death-exchange"] == "dlx"
     assert node.store.get_messages(q.qid, [0]) == [None]
     assert not catchup.dst_pending
+
+
+async def test_dead_letters_in_flight_to_another_partition_reach_a_joiner() -> None:
+    """A data partition's dead letters for queues elsewhere wait in its outbox until
+    forwarded; a joiner of the partition gets their bodies in its update (so that it
+    can forward them if it comes to lead), and one dead-lettered after the capture
+    waits for its body as a move does."""
+    from batonmq.cluster.forwarding import OUTBOX_NAME, OUTBOX_QID
+    from batonmq.cluster.update import capture, update_frames
+    from batonmq.clients import wire
+
+    from tests.unit.test_placement import _flagged
+
+    flagged = _flagged()  # (a split log's partitions have the flag partitions on)
+    state, offset = flagged.state, flagged.offset + 1
+    donor = Node("n1", MemoryLog(), MemoryStore())
+    await donor.install(state.applied, state.full_snapshot())
+    joiner = Node("n3", MemoryLog(), MemoryStore())
+    for n in (donor, joiner):
+        n.state.data_partition = 1
+        n.state.index.away = n.state.forwards
+    feed = _Feed(donor.state, offset)
+
+    async def apply(*events: Event) -> None:
+        for ev in events:
+            outs = feed.apply(ev)
+            for n, out in zip((donor, joiner)[: len(outs)], outs):
+                async with n.apply_lock:
+                    await n.applier.persist(out, feed.offset - 1)
+
+    await apply(
+        DeclareQueue("q", dead_letter="elsewhere"),
+        Enqueue("q", ((b"a", {}), (b"b", {}), (b"c", {}))),
+        Interest("q", True), Acquire("q", "n1/r1/1", 3), Reject("q", "n1/r1/1", (0,)),
+    )
+    assert donor.store.get_messages(OUTBOX_QID, [0])[0] is not None
+    cap = await capture(donor, donor.state.applied, None, True)
+    frames = [f async for f in update_frames(cap, 1, live=donor.state.queues.get)]
+    cap.close()
+    catchup = Catchup(joiner)
+    joiner.catchup = catchup
+    await joiner.install(donor.state.applied, donor.state.full_snapshot())
+    catchup.pending = {name: q.qid for name, q in joiner.state.queues.items()}
+    catchup.pending[OUTBOX_NAME] = OUTBOX_QID
+    feed.states.append(joiner.state)
+    await apply(Reject("q", "n1/r1/1", (1,)))  # after the capture: its body comes with q's
+    assert catchup.dst_pending == {(OUTBOX_QID, 1): (joiner.state.queues["q"].qid, 1)}
+    async with joiner.apply_lock:
+        for f in frames:
+            if isinstance(f, wire.UpdateFront):
+                catchup._take(f.qid, f.entries)
+    assert [f.queue for f in frames if isinstance(f, wire.UpdateQueue)] == ["q", OUTBOX_NAME]
+    boxed = joiner.store.get_messages(OUTBOX_QID, [0, 1])
+    assert [m.body if m else None for m in boxed] == [b"a", b"b"]
+    assert boxed[0] is not None and boxed[0].headers["x-death-reason"] == "rejected"
+    assert not catchup.dst_pending

@@ -42,11 +42,11 @@ def test_a_queue_goes_with_its_dead_letter_queue() -> None:
     assert p.place(PlaceQueues(("work", "dlq"), 0, 4)) == 2
     # Placed together when neither was placed.
     assert p.place(PlaceQueues(("w2", "d2"), 0, 4)) == 3 and p.get("d2") == 3
-    with pytest.raises(InvalidArgument, match="must be on one partition"):
-        p.place(PlaceQueues(("x", "dlq"), 0, 4))
-    with pytest.raises(InvalidArgument, match="its dead-letter queue is on partition 2"):
-        p.place(PlaceQueues(("new", "dlq"), 4, 4))
-    assert "new" not in p  # a refused placement places nothing
+    # Both placed apart already: each stays (dead letters are forwarded between them).
+    assert p.place(PlaceQueues(("x", "dlq"), 0, 4)) == 1 and p.get("dlq") == 2
+    # A partition asked for the queue is kept, its dead-letter queue elsewhere or not.
+    assert p.place(PlaceQueues(("new", "dlq"), 4, 4)) == 4 and p.get("dlq") == 2
+    assert p.place(PlaceQueues(("new2", "d3"), 4, 4)) == 4 and p.get("d3") == 4
 
 
 @pytest.mark.parametrize(
@@ -259,3 +259,44 @@ def test_the_state_grows_only_with_the_flag_and_keeps_the_count_in_its_snapshot(
     assert placed.result is not None and placed.result.partition == 2
     placed = c.apply("n1/r1", PlaceQueues(("s",), 0, 2))
     assert placed.result is not None and placed.result.partition == 3
+
+
+def test_control_counts_a_users_queues_for_max_queues_in_log_order() -> None:
+    from batonmq.cluster.codec import decode, encode
+    from batonmq.cluster.errors import LimitExceeded
+    from batonmq.cluster.events import Origin, PutUser, ReleaseQueue, SetUserLimits
+    from tests.unit.test_users import _creds
+
+    c = _flagged()
+    a = "n1/r1"
+    assert c.apply(a, PutUser("alice", *_creds("pw"), False)).error is None
+    assert c.apply(a, SetUserLimits("alice", (("max_queues", 2),))).error is None
+    plain = c.state.placement.snapshot()
+    for name in ("a1", "a2"):
+        done = c.apply(a, PlaceQueues((name,), 0, 4, "alice"))
+        assert done.error is None and done.result.partition in (1, 2)
+    assert c.state.placement.snapshot() != plain  # (the claims are replicated state)
+    over = c.apply(a, PlaceQueues(("a3", "a3.dlq"), 0, 4, "alice"))
+    assert isinstance(over.error, LimitExceeded) and "max_queues 2" in str(over.error)
+    assert "a3" not in c.state.placement and c.state.ignored.get("user-limit") == 1
+    # One it has (declared again after a deletion not released yet): no second count.
+    assert c.apply(a, PlaceQueues(("a1",), 0, 4, "alice")).error is None
+    # Released by its deletion (a second release, or another user's, changes nothing).
+    for user in ("bob", "alice", "alice"):
+        assert c.apply(a, ReleaseQueue("a1", user)).error is None
+    assert c.apply(a, PlaceQueues(("a3",), 0, 4, "alice")).error is None
+    joined = State()
+    joined.install(c.state.full_snapshot())
+    assert joined.placement.claims == {"a2": "alice", "a3": "alice"}
+    assert digest(joined) == digest(c.state)
+    origin = Origin("n", "r", 1, 0)
+    for ev in (PlaceQueues(("q",), 0, 4, "alice"), ReleaseQueue("q", "alice")):
+        assert decode(encode(origin, ev))[1] == ev
+    # Without the flag user_limits, control refuses a user's placement and a release.
+    c2 = Cluster()
+    c2.apply(a, Heartbeat("voter", "addr", {"features": sorted(FEATURES)}))
+    c2.duties()
+    assert c2.apply(a, EnableFeatures(("partitions",))).error is None
+    for ev in (PlaceQueues(("q",), 0, 4, "alice"), ReleaseQueue("q", "alice")):
+        done = c2.apply(a, ev)
+        assert isinstance(done.error, InvalidArgument) and "user_limits" in str(done.error)

@@ -26,6 +26,8 @@ from batonmq.cluster.events import (
     ForwardIn,
     GrowPartitions,
     PlaceQueues,
+    ReleaseQueue,
+    RouteDeadLetter,
     ClearPolicy,
     SetPolicy,
     EVENT_TYPES,
@@ -339,6 +341,8 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, PutUser("alice", *creds, False))
     apply(a, SetRights("alice", (("read", "q.*"),)))
     apply(a, SetUserLimits("alice", (("max_queues", 3),)))
+    apply(a, PlaceQueues(("a1",), 0, 4, "alice"))
+    apply(a, ReleaseQueue("a1", "alice"))
     apply(a, SetUserTags("alice", ("monitoring",)))
     apply(a, DeclareExchange("x", "fanout"))
     apply(a, BindExchange("x", "amq.fanout"))
@@ -351,6 +355,7 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, FanOut(("q",), ((b"f", {}),), (), "x", "", 0, 0, 0, ((2, ("r",)),)))
     apply(a, ForwardIn(2, 0, ("q",), ((b"g", {}),)))
     apply(a, ForwardDone(2, 0))
+    apply(a, RouteDeadLetter(0))
     c.state.data_partition = 0
     apply(a, DeclareQueue("brief", expires_ms=1))
     apply(a, ExpireQueue("brief"))  # (one envelope ms later: unused for its 1 ms)
