@@ -900,8 +900,13 @@ def check_declare(rights: Rights, queue: str, options: dict[str, Any]) -> None:
     configure on the queue, and write where its dead letters go.
 
     Raises:
-        AccessRefused: one is missing.
+        AccessRefused: one is missing; or the name is one of AMQP's direct reply-to
+            queues (publishes to those need no write right: their random names are it).
     """
+    if queue.startswith("amq.rabbitmq.reply-to"):
+        raise AccessRefused(
+            f"queue name {queue!r} is reserved for AMQP's direct reply-to (docs/amqp.md)"
+        )
     rights.check("configure", queue)
     dead_letter = options.get("dead_letter")
     if isinstance(dead_letter, str) and dead_letter:

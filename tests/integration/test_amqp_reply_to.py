@@ -17,6 +17,7 @@ import pytest
 from pamqp import commands, frame
 
 from batonmq import clients
+from batonmq.cluster.errors import AccessRefused
 from tests.helpers import eventually, eventually_sync
 from tests.integration.conftest import BrokerProcess
 from tests.integration.test_amqp import AMQP, amqp_broker, amqp_port  # noqa: F401 (a fixture)
@@ -154,6 +155,13 @@ def test_what_rabbitmq_refuses_about_direct_reply_to_is_refused(
         assert err.value.reply_code == 406
     finally:
         conn.close()
+
+    async def native() -> None:
+        # Publishes to a reply queue need no write right: no other client makes one.
+        async with await clients.connect(amqp_broker.address) as guest:
+            with pytest.raises(AccessRefused, match="reserved for AMQP's direct reply-to"):
+                await guest.declare_queue(REPLY_TO + ".mine")
+    asyncio.run(native())
 
 
 @pytest.mark.timeout(60)
