@@ -707,6 +707,7 @@ class Connection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> Coroutine[Any, Any, Routed]:
         """Publish one message through an exchange (``""``: the default one, to the
         queue ``routing_key`` names); the broker routes it and appends it onto every
@@ -720,7 +721,7 @@ class Connection:
         """
         return self._producer.publish_to(
             exchange, routing_key, body, headers, idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before, priority),
+            options=publish_options(delay, not_before, priority, ttl),
         )
 
     async def queue_stats(self, name: str) -> dict[str, Any]:
@@ -1043,6 +1044,7 @@ class Connection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> Coroutine[Any, Any, int]:
         """Publish one message and wait until the broker confirms it (``await`` it).
 
@@ -1065,6 +1067,10 @@ class Connection:
                 before which no consumer gets it (with ``delay``: the later of both).
             priority: 0..9, on a queue declared with ``max_priority`` (higher goes
                 first; capped at the queue's maximum; ignored on other queues).
+            ttl: the message's own time to live, seconds (as AMQP's ``expiration``;
+                flag ``message_ttl``): once it ran out, the message is dropped or
+                dead-lettered when it reaches the head of the queue instead of being
+                handed out (docs/client.md). 0: now or never.
 
         Returns:
             The message's position in the queue.
@@ -1084,7 +1090,7 @@ class Connection:
             body,
             headers,
             idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before, priority),
+            options=publish_options(delay, not_before, priority, ttl),
         )
 
     async def publish_batch(
@@ -1096,6 +1102,7 @@ class Connection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> list[int]:
         """Publish many messages and wait until all are confirmed.
 
@@ -1111,7 +1118,7 @@ class Connection:
             messages: bodies, or ``(body, headers)`` pairs.
             idempotency_key: your own key for the batch; with several frames,
                 frame ``i`` uses ``f"{idempotency_key}#{i}"``.
-            delay, not_before, priority: as for :meth:`publish`, for every message.
+            delay, not_before, priority, ttl: as for :meth:`publish`, for every message.
 
         Returns:
             The positions of the messages, in order.
@@ -1126,7 +1133,7 @@ class Connection:
             queue,
             messages,
             idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before, priority),
+            options=publish_options(delay, not_before, priority, ttl),
         )
 
     def consume(

@@ -470,6 +470,7 @@ class SyncConnection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> int:
         """Publish one message; returns its position once confirmed (``delay``,
         ``not_before``: a delayed message, as :meth:`Connection.publish`).
@@ -486,6 +487,7 @@ class SyncConnection:
                 delay=delay,
                 not_before=not_before,
                 priority=priority,
+                ttl=ttl,
             )
         )
 
@@ -498,6 +500,7 @@ class SyncConnection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> list[int]:
         """Publish many messages; returns their positions once all are confirmed.
 
@@ -512,6 +515,7 @@ class SyncConnection:
                 delay=delay,
                 not_before=not_before,
                 priority=priority,
+                ttl=ttl,
             )
         )
 

@@ -49,7 +49,6 @@ from batonmq.cluster.errors import (
     QueueReserved,
 )
 from batonmq.cluster.events import (
-    OVERFLOW_POLICIES,
     Accept,
     AcceptThrough,
     Acquire,
@@ -63,9 +62,18 @@ from batonmq.cluster.events import (
     Reserve,
     RoutedEnqueue,
 )
-from batonmq.cluster.exchanges import Exchanges, check_exchange_name
+from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.keys import Fresh, PublishKeys
-from batonmq.cluster.queue_state import MAX_PRIORITY, RETRY_POLICIES, WORK_SETTINGS, QueueState
+from batonmq.cluster.queue_state import (
+    MAX_PRIORITY,
+    kept_ttls,
+    MAX_QUEUE_NAME,
+    MAX_TTL_MS,
+    SETTING_NAMES,
+    WORK_SETTINGS,
+    QueueState,
+    validate_declare,
+)
 from batonmq.cluster.results import (
     AcceptedThrough,
     Counted,
@@ -88,7 +96,6 @@ __all__ = [
     "validate_declare",
 ]
 
-MAX_QUEUE_NAME: Final = 255
 
 
 class MessageState(enum.Enum):
@@ -255,6 +262,8 @@ class QueueIndex:
         q.take_delayed(q.next_pos)
         n = len(returned) + q.next_pos - q.cursor
         if q.cursor < q.next_pos:
+            if q.ttls:
+                q.drop_ttls(q.cursor, q.next_pos)
             out.append(RemovedRange(q.qid, q.cursor, q.next_pos))
             q.cursor = q.next_pos
         if returned:
@@ -286,7 +295,8 @@ class QueueIndex:
             if name not in self.queues:
                 missing.append(name)
                 continue
-            one = Enqueue(name, ev.messages, ev.keys, ev.delay_ms, ev.not_before, ev.priority)
+            one = Enqueue(name, ev.messages, ev.keys, ev.delay_ms, ev.not_before, ev.priority,
+                          ev.ttls)
             try:
                 done = self.enqueue(origin, one, out, ev.routing_key)
             except QueueFull:
@@ -310,6 +320,10 @@ class QueueIndex:
             raise InvalidArgument("a publish's delay and not_before must not be negative")
         if not 0 <= ev.priority <= MAX_PRIORITY:
             raise InvalidArgument(f"priority must be 0..{MAX_PRIORITY}")
+        if ev.ttls and (len(ev.ttls) != len(ev.messages) or any(
+            t is not None and not 0 <= t <= MAX_TTL_MS for t in ev.ttls
+        )):
+            raise InvalidArgument(f"a message's own TTL must be 0..{MAX_TTL_MS} ms, one each")
         q = self.queue(ev.queue)
         messages = ev.messages
         starts: list[int] | None = None  # each key span's first position
@@ -342,6 +356,9 @@ class QueueIndex:
         first = q.next_pos
         if q.tracks_keys:
             q.note_key(first, q.name if routing_key is None else routing_key)
+        if ev.ttls:  # (flag message_ttl: state.py refuses them before)
+            q.set_ttls(first, ev.ttls if starts is None or len(messages) == len(ev.messages)
+                       else kept_ttls(ev.keys, ev.ttls, starts, first), self.ledger.clock)
         q.next_pos += n
         q.enqueued += n
         due = 0
@@ -400,7 +417,11 @@ class QueueIndex:
             return Counted(0)
         if q.delayed:
             q.wake(self.ledger.clock)  # the acquire's own time counts (docs/events.md)
-        positions = q.take_ready(ev.count)
+        if q.ttls:  # a message past its own TTL is expired as it reaches the head
+            positions = q.take_live(ev.count, self.ledger.clock,
+                                    lambda p: self._expire_one(q, p, out))
+        else:
+            positions = q.take_ready(ev.count)
         if positions:
             acquired, counts, acq, consumer = q.acquired, q.counts, q.acq_counts, ev.consumer
             for p in positions:
@@ -441,7 +462,7 @@ class QueueIndex:
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
         if held:
-            if q.counts or q.acq_counts or q.prio:
+            if q.counts or q.acq_counts or q.prio or q.ttls:
                 q.forget(held)
             q.accepted += len(held)
             out.append(Removed(q.qid, held))
@@ -568,6 +589,8 @@ class QueueIndex:
         gone.extend(q.skip_to(ev.through + 1))
         if q.prio_heap:
             gone.extend(q.take_prio(ev.through + 1))
+        if q.ttls:  # and those at the head past their own TTL (flag message_ttl)
+            gone.extend(q.expired_heads(self.ledger.clock))
         q.expired += len(gone)
         if (
             q.dead_letter is not None and q.dead_letter in self.queues
@@ -643,11 +666,18 @@ class QueueIndex:
         if through > q.cursor:
             # Fresh positions never acquired: one range delete. (No message in
             # cursor..next_pos is acquired or has a delivery count.)
+            if q.ttls:
+                q.drop_ttls(q.cursor, through)
             out.append(RemovedRange(q.qid, q.cursor, through))
             n += through - q.cursor
             q.cursor = through
         q.accepted += n
         return AcceptedThrough(count=n, head=q.head)
+
+    def _expire_one(self, q: QueueState, pos: int, out: list[Effect]) -> None:
+        """The message at ``pos`` (taken from the ready ones) outlived its own TTL."""
+        q.expired += 1
+        self._dead_letter(q, pos, "expired", out, count=False)
 
     def _dead_letter(
         self,
@@ -667,6 +697,8 @@ class QueueIndex:
         delivered = q.counts.pop(pos, 0) + (1 if was_acquired else 0)
         if q.prio:
             q.prio.pop(pos, None)
+        if q.ttls:
+            q.ttls.pop(pos, None)
         handed = q.acq_counts.pop(pos, 0) + (1 if was_acquired else 0)
         headers: dict[str, object] = {
             "x-death-reason": reason,
@@ -744,51 +776,3 @@ class QueueIndex:
             out.append(Removed(q.qid, [pos]))
             if count:
                 q.dropped += 1
-
-
-#: The names of a queue's settings, in the order of :meth:`QueueState.settings`.
-SETTING_NAMES: Final = (
-    "durable", "max_length", "overflow", "delivery_limit", "dead_letter", "message_ttl_ms",
-) + WORK_SETTINGS
-
-
-def validate_declare(ev: DeclareQueue) -> None:
-    """Raises InvalidArgument if a DeclareQueue's settings are not valid."""
-    if not ev.queue or len(ev.queue) > MAX_QUEUE_NAME:
-        raise InvalidArgument(f"queue name must be 1..{MAX_QUEUE_NAME} characters")
-    if not ev.queue.isprintable():
-        raise InvalidArgument("queue name must be printable")
-    if ev.overflow not in OVERFLOW_POLICIES:
-        raise InvalidArgument(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}")
-    if ev.delivery_limit < 1:
-        raise InvalidArgument("delivery_limit must be at least 1")
-    if ev.max_length is not None and ev.max_length < 1:
-        raise InvalidArgument("max_length must be at least 1 (or None for no limit)")
-    if ev.message_ttl_ms is not None and ev.message_ttl_ms < 1:
-        raise InvalidArgument("message_ttl must be positive (or None)")
-    if ev.expires_ms is not None and ev.expires_ms < 1:
-        raise InvalidArgument("expires must be positive (or None: the queue never expires)")
-    if ev.dead_letter is not None and (ev.dead_letter == ev.queue or not ev.dead_letter):
-        raise InvalidArgument("a queue cannot be its own dead-letter queue")
-    if ev.dead_letter_exchange is not None:
-        if ev.dead_letter is not None:
-            raise InvalidArgument("a queue dead-letters to a queue or through an exchange, not both")
-        if ev.dead_letter_exchange:  # "" is the default exchange
-            check_exchange_name(ev.dead_letter_exchange)
-    elif ev.dead_letter_routing_key is not None:
-        raise InvalidArgument("dead_letter_routing_key needs a dead_letter_exchange")
-    if ev.retry:
-        if ev.retry not in RETRY_POLICIES:
-            raise InvalidArgument(f"retry must be one of {', '.join(RETRY_POLICIES)}")
-        if ev.retry_delay_ms < 1:
-            raise InvalidArgument("retry_delay_ms must be at least 1 with a retry policy")
-        if ev.retry_max_ms is not None and ev.retry_max_ms < ev.retry_delay_ms:
-            raise InvalidArgument("retry_max_ms must be at least retry_delay_ms")
-    elif ev.retry_delay_ms or ev.retry_max_ms is not None:
-        raise InvalidArgument("retry_delay_ms and retry_max_ms need a retry policy")
-    if ev.ack_timeout_ms is not None and ev.ack_timeout_ms < 1:
-        raise InvalidArgument("ack_timeout_ms must be positive (or None)")
-    if ev.dedupe_window_ms < 0:
-        raise InvalidArgument("dedupe_window_ms must not be negative (0: no deduplication)")
-    if not 0 <= ev.max_priority <= MAX_PRIORITY:
-        raise InvalidArgument(f"max_priority must be 0..{MAX_PRIORITY} (0: not a priority queue)")
