@@ -689,8 +689,14 @@ class Channel:
         # holds unacked does not keep the queue; a delayed one, which comes back, does)
         if m.if_empty and q.ready + len(q.delayed):
             raise ChannelError(406, f"queue '{name}' in vhost '/' is not empty")
-        self._command(DeleteQueue(name), lambda r: None if m.nowait else self._method(
-            commands.Queue.DeleteOk(r.deleted)))
+        # A queue gone by the time the delete is applied (an auto-delete queue whose last
+        # consumer this client cancelled just before: the broker's own DeleteQueue came
+        # first) is a DeleteOk too, as RabbitMQ answers a delete of a missing queue.
+        self._after(
+            self.owner.node.submit(DeleteQueue(name)),
+            lambda r: None if m.nowait else self._method(commands.Queue.DeleteOk(r.deleted)),
+            gone_ok=lambda: None if m.nowait else self._method(commands.Queue.DeleteOk(0)),
+        )
 
     def _purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
