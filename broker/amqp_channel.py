@@ -1312,9 +1312,10 @@ class Channel:
             self._share()
             self.pump()
 
-    def release_all(self) -> None:
+    def release_all(self) -> list[asyncio.Future[Any]]:
         """The channel closes (or its connection ends): every consumer ends and what
-        it held goes back (a failed delivery for what the client had)."""
+        it held goes back (a failed delivery for what the client had). Returns the
+        completions of those returns (``Channel.Close-Ok`` waits for them)."""
         self.open = False
         self._publishes.clear()
         self.tx = None  # (what it held is dropped; the deliveries go back below)
@@ -1323,8 +1324,11 @@ class Channel:
             self._get.timer.cancel()
         self._get = None
         delivery = self.owner.delivery
+        returns: list[asyncio.Future[Any]] = []
         for sub in list(self._by_int.values()):
-            delivery.remove(sub.consumer)
+            fut = delivery.remove(sub.consumer)
+            if fut is not None:
+                returns.append(fut)
             if not sub.getter:
                 self.owner.consumer_gone(sub.consumer.queue)
         self._by_int.clear()
@@ -1332,6 +1336,7 @@ class Channel:
         self._getters.clear()
         self._unacked.clear()
         self._unconfirmed.clear()
+        return returns
 
 
 def _quiet(fut: asyncio.Future[Any]) -> None:

@@ -244,6 +244,23 @@ class AmqpConnection(asyncio.Protocol):
         self._closing_channels.add(channel.number)
         self.write(method_frame(channel.number, commands.Channel.Close(code, reply_text(code, text), 0, 0)))
 
+    def _close_ok_after(self, number: int, returns: list[asyncio.Future[Any]]) -> None:
+        """``Channel.Close-Ok`` once what the channel's consumers held is back on its
+        queues (applied here), as RabbitMQ requeues before it answers: a ``Basic.Get``
+        on another channel after the close finds those messages."""
+        if not returns:
+            self._send(number, commands.Channel.CloseOk())
+            return
+        left = [len(returns)]
+
+        def done(_: asyncio.Future[Any]) -> None:
+            left[0] -= 1
+            if not left[0] and not self.closed:
+                self._send(number, commands.Channel.CloseOk())
+
+        for fut in returns:
+            fut.add_done_callback(done)
+
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -429,11 +446,10 @@ class AmqpConnection(asyncio.Protocol):
             return
         if isinstance(m, commands.Channel.Close):
             ch = self.channels.pop(number, None)
-            if ch is not None:
-                ch.release_all()
+            returns = ch.release_all() if ch is not None else []
             self._closing_channels.discard(number)
             self.codec.forget(number)
-            self._send(number, commands.Channel.CloseOk())
+            self._close_ok_after(number, returns)
             return
         ch = self._channel(number, m)
         if ch is None:

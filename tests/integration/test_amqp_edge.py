@@ -84,6 +84,32 @@ def test_a_get_sees_the_same_channels_requeue_at_once(broker: BrokerProcess) -> 
     assert empty == 0, f"Basic.Get after a requeue on the same channel was empty {empty} of 20"
 
 
+def test_a_closed_channels_messages_are_back_when_its_close_ok_comes(
+    broker: BrokerProcess,
+) -> None:
+    """A channel closed while its consumer holds messages: Close-Ok comes once they are
+    back on the queue, so a Basic.Get on a new channel finds them (RabbitMQ requeues
+    before it answers; pika's TestCloseChannelFromBasicConsumeCallback)."""
+    conn = connect(broker)
+    empty = 0
+    for i in range(10):
+        ch = conn.channel()
+        ch.confirm_delivery()
+        queue = f"close-requeue-{i}"
+        ch.queue_declare(queue)
+        ch.basic_publish("", queue, b"one")
+        ch.basic_publish("", queue, b"two")
+        ch.basic_consume(queue, lambda c, m, p, b: c.close(), auto_ack=False)
+        ch.start_consuming()
+        assert ch.is_closed
+        again = conn.channel()
+        if again.basic_get(queue)[2] != b"one":
+            empty += 1
+        again.close()
+    conn.close()
+    assert empty == 0, f"a Basic.Get after the close missed the messages {empty} of 10 times"
+
+
 def test_a_get_sees_the_same_channels_unconfirmed_publish(broker: BrokerProcess) -> None:
     """A publish without confirms, then a Basic.Get on the same channel: the message is
     there (the get goes after the publish through the log)."""
