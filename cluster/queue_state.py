@@ -157,6 +157,10 @@ class QueueState:
     # which it is expired, for the messages still in the queue that have one. Kept as a
     # trailing part of the snapshot only while not empty.
     ttls: dict[int, int] = field(default_factory=dict)
+    # The headers of such messages when the queue dead-letters through a headers
+    # exchange (the index has no headers otherwise; that exchange routes by them), kept
+    # until they leave; a trailing snapshot part only while not empty.
+    dl_headers: dict[int, dict[str, Any]] = field(default_factory=dict)
     # The user that declared it (flag user_limits: it counts against the user's
     # max_queues); None for a queue declared before the flag, or by the broker itself.
     user: str | None = None
@@ -375,6 +379,7 @@ class QueueState:
                 prio.pop(p, None)
             if ttls:
                 ttls.pop(p, None)
+                self.dl_headers.pop(p, None)
 
     # -- a message's own TTL (flag message_ttl; docs/events.md "A message's own TTL") ------
 
@@ -432,6 +437,18 @@ class QueueState:
         """Forget the own TTLs of positions ``low <= p < high`` (a fresh range gone)."""
         for p in [p for p in self.ttls if low <= p < high]:
             del self.ttls[p]
+            self.dl_headers.pop(p, None)
+
+    def keep_headers(
+        self, first: int, ttls: Sequence[int | None], messages: Sequence[tuple[bytes, dict[str, Any]]]
+    ) -> None:
+        """Keep the headers of the messages from ``first`` on that have an own TTL (the
+        queue dead-letters through a headers exchange: it routes by them), without the
+        AMQP edge's fixed properties (a headers exchange matches the headers table)."""
+        for i, (t, (_, headers)) in enumerate(zip(ttls, messages)):
+            if t is not None:
+                self.dl_headers[first + i] = {
+                    k: v for k, v in headers.items() if k != "amqp-properties"}
 
     def take_delayed(self, below: int) -> list[int]:
         """Remove and return the delayed positions ``< below``, ascending."""
@@ -550,7 +567,8 @@ class QueueState:
         (docs/design.md §15): [user] (user_limits), [user, expires_ms, used_at]
         (queue_expiry), then the messages' own TTLs (message_ttl) while any has one."""
         if self.ttls:
-            return [self.user, self.expires_ms, self.used_at, sorted(self.ttls.items())]
+            parts = [self.user, self.expires_ms, self.used_at, sorted(self.ttls.items())]
+            return parts + [sorted(self.dl_headers.items())] if self.dl_headers else parts
         if self.expires_ms is not None:
             return [self.user, self.expires_ms, self.used_at]
         return [self.user] if self.user is not None else []
@@ -601,6 +619,8 @@ class QueueState:
             q.expires_ms, q.used_at = snap[20], snap[21]
         if len(snap) > 22:  # only while messages have their own TTL (flag message_ttl)
             q.ttls = {p: t for p, t in snap[22]}
+        if len(snap) > 23:  # ... and their headers, for a headers dead-letter exchange
+            q.dl_headers = {p: h for p, h in snap[23]}
         return q
 
 

@@ -357,8 +357,13 @@ class QueueIndex:
         if q.tracks_keys:
             q.note_key(first, q.name if routing_key is None else routing_key)
         if ev.ttls:  # (flag message_ttl: state.py refuses them before)
-            q.set_ttls(first, ev.ttls if starts is None or len(messages) == len(ev.messages)
-                       else kept_ttls(ev.keys, ev.ttls, starts, first), self.ledger.clock)
+            own = (ev.ttls if starts is None or len(messages) == len(ev.messages)
+                   else kept_ttls(ev.keys, ev.ttls, starts, first))
+            q.set_ttls(first, own, self.ledger.clock)
+            dlx = (None if q.dead_letter_exchange is None
+                   else self.exchanges.get(q.dead_letter_exchange))
+            if dlx is not None and dlx.type == "headers":
+                q.keep_headers(first, own, messages)  # (it routes their dead letters)
         q.next_pos += n
         q.enqueued += n
         due = 0
@@ -697,8 +702,10 @@ class QueueIndex:
         delivered = q.counts.pop(pos, 0) + (1 if was_acquired else 0)
         if q.prio:
             q.prio.pop(pos, None)
+        headers_of: dict[str, object] = {}  # what a headers exchange routes it by
         if q.ttls:
             q.ttls.pop(pos, None)
+            headers_of = q.dl_headers.pop(pos, headers_of)
         handed = q.acq_counts.pop(pos, 0) + (1 if was_acquired else 0)
         headers: dict[str, object] = {
             "x-death-reason": reason,
@@ -723,7 +730,7 @@ class QueueIndex:
             if self.exchanges.get(exchange) is not None:
                 targets = [
                     self.queues[n]
-                    for n in self.exchanges.route(exchange, key, {}, self.queues)
+                    for n in self.exchanges.route(exchange, key, headers_of, self.queues)
                     if n != q.name
                 ]
             headers.update({

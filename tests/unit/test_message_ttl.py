@@ -17,6 +17,8 @@ from batonmq.cluster.effects import Acquired, Moved, Removed
 from batonmq.cluster.errors import InvalidArgument
 from batonmq.cluster.events import (
     Acquire,
+    Bind,
+    DeclareExchange,
     DeclareQueue,
     Enqueue,
     Expire,
@@ -215,3 +217,25 @@ def test_a_dead_letter_carries_rabbitmqs_x_death() -> None:
         ("delivery_limit", "dlq"), ("expired", "work")]
     assert again["x-first-death-reason"] == "expired"
     assert again["x-last-death-reason"] == "delivery_limit"
+
+
+def test_an_expired_message_is_routed_by_its_headers_through_a_headers_exchange() -> None:
+    """aio-pika's RPC: a call with a TTL dead-letters through a headers exchange bound on
+    its From header, to the caller's reply queue (the index keeps such messages' headers,
+    with their TTL, until they leave)."""
+    c, a, _ = _flagged()
+    _at(c, a, DeclareExchange("rpc.dlx", "headers"), 10000)
+    _at(c, a, DeclareQueue("reply"), 10000)
+    _at(c, a, DeclareQueue("other"), 10000)
+    _at(c, a, Bind("reply", "rpc.dlx", "", {"From": "reply", "x-match": "any"}), 10000)
+    _at(c, a, Bind("other", "rpc.dlx", "", {"From": "other", "x-match": "any"}), 10000)
+    _at(c, a, DeclareQueue("calls", dead_letter_exchange="rpc.dlx"), 10000)
+    call = (b"call", {"From": "reply", "amqp-properties": {"expiration": "5"}})
+    _at(c, a, Enqueue("calls", (call, (b"plain", {"From": "other"})), ttls=(5, None)), 10000)
+    q = c.state.queues["calls"]
+    assert q.dl_headers == {0: {"From": "reply"}}  # (only the one with a TTL)
+    assert len(q.snapshot()) == 24
+    assert QueueState.restore(q.snapshot()).snapshot() == q.snapshot()
+    assert _at(c, a, Expire("calls", -1), 10006).result == Counted(1)
+    assert c.state.queues["reply"].ready == 1 and c.state.queues["other"].ready == 0
+    assert not q.dl_headers and not q.ttls and len(q.snapshot()) == 19
