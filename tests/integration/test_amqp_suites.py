@@ -3,7 +3,8 @@
 that fits CI's time, run by the same runner as the full suites. It fails on any failure
 that is not listed with its cause.
 
-The subset (about two minutes on two cores, with the brokers' start): ``tests/test_amqp.py``,
+The subset (under a minute on two cores with the brokers' start, more beside other
+runs; a fresh machine also installs the suite's venv from PyPI): ``tests/test_amqp.py``,
 aio-pika's tests of the AMQP model (publish, confirms, consume, get, ack, reject, nack,
 exchanges, bindings, dead letters, message TTL, transactions, 22 MB messages) with
 confirms, on ``connect`` and ``connect_robust`` (the same tests without confirms are
