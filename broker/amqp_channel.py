@@ -57,6 +57,7 @@ from batonmq.broker.amqp_codec import (
 from batonmq.broker.amqp_message import properties_bytes, route_of, to_headers, to_properties
 from batonmq.broker.amqp_order import READS, ChannelOrder
 from batonmq.broker.amqp_queues import error_code, queue_options, refusal_text
+from batonmq.broker.amqp_ttl import message_ttl, with_x_death
 from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.exchanges import EXCHANGE_BINDINGS, ExchangeFacade
@@ -207,6 +208,7 @@ class _Publish:
     headers: dict[str, Any]
     key: str
     priority: int = 0
+    ttl: int | None = None  # its own TTL, ms (flag message_ttl)
 
 
 class Channel:
@@ -293,7 +295,9 @@ class Channel:
         out: list[bytes] = []
         frame_max = self.owner.frame_max
         for m in messages:
-            position, count, body, headers, _publish_time, acquired = m[:6]
+            position, count, body, headers, publish_time, acquired = m[:6]
+            if "x-death-reason" in headers:  # a dead letter: RabbitMQ's x-death
+                headers = with_x_death(headers, publish_time)
             extra: dict[str, Any] = {}
             if count:
                 extra["x-delivery-count"] = count
@@ -697,8 +701,14 @@ class Channel:
         # holds unacked does not keep the queue; a delayed one, which comes back, does)
         if m.if_empty and q.ready + len(q.delayed):
             raise ChannelError(406, f"queue '{name}' in vhost '/' is not empty")
-        self._command(DeleteQueue(name), lambda r: None if m.nowait else self._method(
-            commands.Queue.DeleteOk(r.deleted)))
+        # A queue gone by the time the delete is applied (an auto-delete queue whose last
+        # consumer this client cancelled just before: the broker's own DeleteQueue came
+        # first) is a DeleteOk too, as RabbitMQ answers a delete of a missing queue.
+        self._after(
+            self.owner.node.submit(DeleteQueue(name)),
+            lambda r: None if m.nowait else self._method(commands.Queue.DeleteOk(r.deleted)),
+            gone_ok=lambda: None if m.nowait else self._method(commands.Queue.DeleteOk(0)),
+        )
 
     def _purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
@@ -818,6 +828,7 @@ class Channel:
                 self._confirmed(seq, True)
             return
         headers = self._headers(content)
+        ttl = message_ttl(content.properties.expiration, self.owner.node.state)
         priority = min(content.properties.priority or 0, 9)
         if len(queues) > 1 or self._keeps_key(queues[0], m.routing_key):
             # One atomic append onto every routed queue, after what this channel
@@ -825,9 +836,9 @@ class Channel:
             # refused it (a full queue with reject-publish), as RabbitMQ does. (Also
             # one queue that dead-letters by the key a message was published with.)
             self.flush()
-            self._fan_out(seq, queues, content.body, headers, priority, m)
+            self._fan_out(seq, queues, content.body, headers, priority, m, ttl)
             return
-        p = _Publish(seq, content.body, headers, self.owner.next_key(), priority)
+        p = _Publish(seq, content.body, headers, self.owner.next_key(), priority, ttl)
         self._publishes.setdefault(queues[0], []).append(p)
 
     def _keeps_key(self, queue: str, routing_key: str) -> bool:
@@ -897,10 +908,10 @@ class Channel:
         self._method(commands.Tx.RollbackOk())
 
     def _fan_out(self, seq: int, queues: list[str], body: bytes, headers: dict[str, Any],
-                 priority: int, m: commands.Basic.Publish) -> None:
+                 priority: int, m: commands.Basic.Publish, ttl: int | None = None) -> None:
         event = RoutedEnqueue(
             tuple(queues), ((body, headers),), ((self.owner.next_key(), 1),),
-            m.exchange, m.routing_key, priority=priority,
+            m.exchange, m.routing_key, priority=priority, ttls=() if ttl is None else (ttl,),
         )
         check_event(event)
         fut = self.owner.node.submit(event)
@@ -943,6 +954,7 @@ class Channel:
             tuple((p.body, p.headers) for p in items),
             tuple((p.key, 1) for p in items),
             priority=priority,
+            ttls=tuple(p.ttl for p in items) if any(p.ttl is not None for p in items) else (),
         )
         fut = self.owner.node.submit(event)
         self._order.track(fut)
@@ -1386,9 +1398,10 @@ class Channel:
             self._share()
             self.pump()
 
-    def release_all(self) -> None:
+    def release_all(self) -> list[asyncio.Future[Any]]:
         """The channel closes (or its connection ends): every consumer ends and what
-        it held goes back (a failed delivery for what the client had)."""
+        it held goes back (a failed delivery for what the client had). Returns the
+        completions of those returns (``Channel.Close-Ok`` waits for them)."""
         self.open = False
         self._publishes.clear()
         self.tx = None  # (what it held is dropped; the deliveries go back below)
@@ -1397,8 +1410,11 @@ class Channel:
             self._get.timer.cancel()
         self._get = None
         delivery = self.owner.delivery
+        returns: list[asyncio.Future[Any]] = []
         for sub in list(self._by_int.values()):
-            delivery.remove(sub.consumer)
+            fut = delivery.remove(sub.consumer)
+            if fut is not None:
+                returns.append(fut)
             if not sub.getter:
                 self.owner.consumer_gone(sub.consumer.queue)
         self._by_int.clear()
@@ -1406,6 +1422,7 @@ class Channel:
         self._getters.clear()
         self._unacked.clear()
         self._unconfirmed.clear()
+        return returns
 
 
 def _quiet(fut: asyncio.Future[Any]) -> None:

@@ -237,12 +237,31 @@ class AmqpConnection(asyncio.Protocol):
         if not channel.open or self.closed:
             return
         log.info("closing channel %d of %s: %d %s", channel.number, self.peer, code, text)
-        channel.release_all()
+        returns = channel.release_all()
         self.channels.pop(channel.number, None)
         self.codec.forget(channel.number)
         self._body_done(channel.number)
         self._closing_channels.add(channel.number)
-        self.write(method_frame(channel.number, commands.Channel.Close(code, reply_text(code, text), 0, 0)))
+        # (sent once what it held is back, as for the client's own Channel.Close)
+        self._send_after(channel.number, commands.Channel.Close(code, reply_text(code, text), 0, 0),
+                         returns)
+
+    def _send_after(self, number: int, m: base.Frame, returns: list[asyncio.Future[Any]]) -> None:
+        """Send a channel's ``Close`` or ``Close-Ok`` once what its consumers held is
+        back on its queues (applied here), as RabbitMQ requeues before it answers: a
+        ``Basic.Get`` on another channel after the close finds those messages."""
+        if not returns:
+            self._send(number, m)
+            return
+        left = [len(returns)]
+
+        def done(_: asyncio.Future[Any]) -> None:
+            left[0] -= 1
+            if not left[0] and not self.closed:
+                self._send(number, m)
+
+        for fut in returns:
+            fut.add_done_callback(done)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -429,11 +448,10 @@ class AmqpConnection(asyncio.Protocol):
             return
         if isinstance(m, commands.Channel.Close):
             ch = self.channels.pop(number, None)
-            if ch is not None:
-                ch.release_all()
+            returns = ch.release_all() if ch is not None else []
             self._closing_channels.discard(number)
             self.codec.forget(number)
-            self._send(number, commands.Channel.CloseOk())
+            self._send_after(number, commands.Channel.CloseOk(), returns)
             return
         ch = self._channel(number, m)
         if ch is None:

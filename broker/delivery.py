@@ -171,6 +171,7 @@ class Delivery:
         self._timed: set[Consumer] = set()  # consumers with an ack timeout
         # ExpireQueue appended and not seen applied: queue -> (its used_at then, when).
         self._expiring: dict[str, tuple[int, float]] = {}
+        self._expiring_own: set[str] = set()  # queues with an Expire of their heads in flight
         # An acquire applied later than this after its submission is late (module doc).
         self._late_after = node.heartbeat_ms * node.state.membership.suspect_beats / 2000
         self.on_fenced: Callable[[], None] | None = None
@@ -608,6 +609,8 @@ class Delivery:
             for q in list(self.node.queues.values()):
                 if q.expires_ms is not None:
                     self._expire_queue(q, now, me, leader)
+                if q.ttls:
+                    self._expire_own(q, now, me, leader)
                 if q.message_ttl_ms is None or q.ready == 0 or self.node.locked(q.name):
                     continue
                 if q.reserved_by is not None:
@@ -624,6 +627,28 @@ class Delivery:
                         through = pos
                 if through >= head:
                     self.node.submit(Expire(q.name, through)).add_done_callback(_quiet)
+
+    def _expire_own(self, q: QueueState, now: int, me: str, leader: str | None) -> None:
+        """Append Expire when the message at the head of ``q`` passed its own TTL by this
+        broker's clock (flag message_ttl): its ``through`` is below the head, so the
+        queue's TTL expires nothing by it, and applying it takes the head messages past
+        their own TTL by the replicated clock (cluster/queues.py), so that they are
+        dead-lettered without waiting for a consumer. The queue's owner appends it, else
+        the leader."""
+        if q.owner != me and not (q.owner is None and leader == me):
+            return
+        if q.reserved_by is not None or self.node.locked(q.name) or q.name in self._expiring_own:
+            return
+        head = q.peek()
+        if head is None or not q.outlived(head, now):
+            return
+        self._expiring_own.add(q.name)
+
+        def done(fut: asyncio.Future[Counted]) -> None:
+            self._expiring_own.discard(q.name)
+            _quiet(fut)
+
+        self.node.submit(Expire(q.name, head - 1)).add_done_callback(done)
 
     def _expire_queue(self, q: QueueState, now: int, me: str, leader: str | None) -> None:
         """Append ExpireQueue for ``q`` once it was unused for its ``expires_ms`` by this

@@ -320,13 +320,16 @@ class ExchangeFacade:
         delay_ms: int = 0,
         not_before: int = 0,
         priority: int = 0,
+        ttl_ms: int | None = None,
     ) -> asyncio.Future[Routed]:
         """Publish one message through ``exchange``, routed here by ``routing_key`` (and,
         for a headers exchange, ``headers``), as one append onto every routed queue.
 
         ``key``: the publish's idempotency key ("" none): a re-sent publish with the
         same key is enqueued again on no queue that has it (within its dedupe window).
-        ``delay_ms``, ``not_before``, ``priority``: as a native publish's options.
+        ``delay_ms``, ``not_before``, ``priority``, ``ttl_ms``: as a native publish's
+        options (``ttl_ms``, the message's own TTL, is the caller's to check against
+        the flag ``message_ttl``: the state refuses it before).
 
         Returns the queues that have the message now (empty: it reached no queue, and
         nothing was appended), the first position on each, the queues that refused it
@@ -364,6 +367,7 @@ class ExchangeFacade:
             delay_ms,
             not_before,
             priority,
+            () if ttl_ms is None else (ttl_ms,),
         )
         check_event(event)
         return self.node.submit(event)

@@ -88,6 +88,7 @@ from batonmq.cluster.events import (
 )
 from batonmq.cluster.node import Node
 from batonmq.cluster.state import State
+from batonmq.cluster.queue_state import MAX_TTL_MS
 from batonmq.cluster.users import Users
 from batonmq.cluster.results import (
     Cancelled,
@@ -401,6 +402,7 @@ class Session(ClientConnection):
                         delay_ms,
                         not_before,
                         priority,
+                        _ttls(f.options, len(messages), self.broker.node.state),
                     ),
                     # A re-sent batch reports its original positions (cluster/state.py),
                     # without the key spans' positions.
@@ -461,9 +463,11 @@ class Session(ClientConnection):
             case wire.PublishTo():
                 self._check_body(f.body, f.headers)
                 delay_ms, not_before, priority = _publish_options(f.options)
+                ttl = _ttls(f.options, 1, self.broker.node.state)
                 self.reply(f.corr, self._exchanges().publish(
                     f.exchange, f.routing_key, f.body, f.headers, key=f.key,
-                    delay_ms=delay_ms, not_before=not_before, priority=priority), as_is)
+                    delay_ms=delay_ms, not_before=not_before, priority=priority,
+                    ttl_ms=ttl[0] if ttl else None), as_is)
             case wire.ListExchanges():
                 exchanges = [
                     x for x in self.broker.node.state.exchanges.describe()
@@ -588,6 +592,7 @@ class Session(ClientConnection):
             self._publishes.setdefault(f.queue, []).append((f.corr, f.body, f.headers, f.key))
             return
         delay_ms, not_before, priority = _publish_options(f.options)  # (they go alone)
+        ttls = _ttls(f.options, 1, self.broker.node.state)
         self._flush_publishes()
         self._submit(
             f.corr,
@@ -598,6 +603,7 @@ class Session(ClientConnection):
                 delay_ms,
                 not_before,
                 priority,
+                ttls,
             ),
             lambda r: Published(r.first_position),
         )
@@ -858,9 +864,10 @@ def _publish_options(options: dict[str, Any]) -> tuple[int, int, int]:
     if not options:
         return 0, 0, 0
     for key, value in options.items():
-        if key not in ("delay_ms", "not_before", "priority"):
+        if key not in ("delay_ms", "not_before", "priority", "ttl_ms"):
             raise InvalidArgument(
-                f"unknown publish option {key!r} (known: delay_ms, not_before, priority)"
+                f"unknown publish option {key!r} (known: delay_ms, not_before, priority,"
+                " ttl_ms)"
             )
         if type(value) is not int or value < 0:
             raise InvalidArgument(f"publish option {key!r} must be a non-negative int")
@@ -871,6 +878,26 @@ def _publish_options(options: dict[str, Any]) -> tuple[int, int, int]:
     if priority > 9:
         raise InvalidArgument("priority must be 0..9")
     return delay_ms, options.get("not_before", 0), priority
+
+
+def _ttls(options: dict[str, Any], n: int, state: State) -> tuple[int | None, ...]:
+    """A publish's own TTL (option ``ttl_ms``, checked by :func:`_publish_options`) for
+    each of its ``n`` messages, or () without one.
+
+    Raises:
+        InvalidArgument: the flag ``message_ttl`` is off, or the TTL is too long.
+    """
+    ttl = options.get("ttl_ms") if options else None
+    if ttl is None:
+        return ()
+    if "message_ttl" not in state.features.enabled:
+        raise InvalidArgument(
+            "a message's own TTL (ttl) needs the feature flag message_ttl: enable it with"
+            " 'baton feature enable message_ttl' once every broker runs Baton 0.4.0 or later"
+        )
+    if ttl > MAX_TTL_MS:
+        raise InvalidArgument(f"ttl_ms must be at most {MAX_TTL_MS}")
+    return (ttl,) * n
 
 
 def _subscribe_options(options: dict[str, Any]) -> tuple[bool, int | None]:

@@ -709,6 +709,7 @@ class Connection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> Coroutine[Any, Any, Routed]:
         """Publish one message through an exchange (``""``: the default one, to the
         queue ``routing_key`` names); the broker routes it and appends it onto every
@@ -722,7 +723,7 @@ class Connection:
         """
         return self._producer.publish_to(
             exchange, routing_key, body, headers, idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before, priority),
+            options=publish_options(delay, not_before, priority, ttl),
         )
 
     async def queue_stats(self, name: str) -> dict[str, Any]:
@@ -1063,6 +1064,7 @@ class Connection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> Coroutine[Any, Any, int]:
         """Publish one message and wait until the broker confirms it (``await`` it).
 
@@ -1085,6 +1087,10 @@ class Connection:
                 before which no consumer gets it (with ``delay``: the later of both).
             priority: 0..9, on a queue declared with ``max_priority`` (higher goes
                 first; capped at the queue's maximum; ignored on other queues).
+            ttl: the message's own time to live, seconds (as AMQP's ``expiration``;
+                flag ``message_ttl``): once it ran out, the message is dropped or
+                dead-lettered when it reaches the head of the queue instead of being
+                handed out (docs/client.md). 0: now or never.
 
         Returns:
             The message's position in the queue.
@@ -1104,7 +1110,7 @@ class Connection:
             body,
             headers,
             idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before, priority),
+            options=publish_options(delay, not_before, priority, ttl),
         )
 
     async def publish_batch(
@@ -1116,6 +1122,7 @@ class Connection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> list[int]:
         """Publish many messages and wait until all are confirmed.
 
@@ -1131,7 +1138,7 @@ class Connection:
             messages: bodies, or ``(body, headers)`` pairs.
             idempotency_key: your own key for the batch; with several frames,
                 frame ``i`` uses ``f"{idempotency_key}#{i}"``.
-            delay, not_before, priority: as for :meth:`publish`, for every message.
+            delay, not_before, priority, ttl: as for :meth:`publish`, for every message.
 
         Returns:
             The positions of the messages, in order.
@@ -1146,7 +1153,7 @@ class Connection:
             queue,
             messages,
             idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before, priority),
+            options=publish_options(delay, not_before, priority, ttl),
         )
 
     def consume(

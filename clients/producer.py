@@ -43,16 +43,21 @@ def publish_options(
     delay: float | None = None,
     not_before: float | datetime | None = None,
     priority: int | None = None,
+    ttl: float | None = None,
 ) -> dict[str, Any]:
     """The Publish frame's options for these arguments (see :meth:`Connection.publish`).
 
     Raises:
-        InvalidArgument: a negative delay or time, a priority outside 0..9, or a
+        InvalidArgument: a negative delay, time or ttl, a priority outside 0..9, or a
             value of the wrong type.
     """
-    if delay is None and not_before is None and not priority:
+    if delay is None and not_before is None and not priority and ttl is None:
         return NO_OPTIONS
     options: dict[str, Any] = {}
+    if ttl is not None:
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0:
+            raise InvalidArgument(f"ttl must be a non-negative number of seconds, got {ttl!r}")
+        options["ttl_ms"] = int(ttl * 1000)
     if priority:
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
             raise InvalidArgument(f"priority must be an int 0..9, got {priority!r}")

@@ -480,6 +480,7 @@ class SyncConnection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> int:
         """Publish one message; returns its position once confirmed (``delay``,
         ``not_before``: a delayed message, as :meth:`Connection.publish`).
@@ -496,6 +497,7 @@ class SyncConnection:
                 delay=delay,
                 not_before=not_before,
                 priority=priority,
+                ttl=ttl,
             )
         )
 
@@ -508,6 +510,7 @@ class SyncConnection:
         delay: float | None = None,
         not_before: float | datetime | None = None,
         priority: int | None = None,
+        ttl: float | None = None,
     ) -> list[int]:
         """Publish many messages; returns their positions once all are confirmed.
 
@@ -522,6 +525,7 @@ class SyncConnection:
                 delay=delay,
                 not_before=not_before,
                 priority=priority,
+                ttl=ttl,
             )
         )
 

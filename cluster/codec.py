@@ -77,6 +77,9 @@ _REQUIRED: Final[dict[int, int]] = {
 _POSITION_EVENTS: Final = (Accept.OP, Release.OP, Reject.OP)
 _HEARTBEAT: Final = Heartbeat.OP
 _DECLARE: Final = DeclareQueue.OP
+_ENQUEUES: Final = (Enqueue.OP, RoutedEnqueue.OP)
+#: Where an Enqueue's and a RoutedEnqueue's ttls field is (flag message_ttl).
+_TTLS_AT: Final = {op: _FIELDS[op].index("ttls") for op in _ENQUEUES}
 
 
 class EventEncoder:
@@ -109,6 +112,9 @@ class EventEncoder:
                 items.pop()
                 if items[-1] is None:
                     items.pop()
+        elif event.OP in _ENQUEUES and not items[-1]:
+            # The messages' own TTLs (flag message_ttl), left out while none has one.
+            items.pop()
         return self._packer.pack(items)
 
 
@@ -167,6 +173,8 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         values[1] = _messages(values[1])
         if len(values) >= 3:
             values[2] = _keys(values[2], len(values[1]))
+        if len(values) > _TTLS_AT[op]:
+            values[-1] = _ttls(values[-1], len(values[1]))
     elif op == RoutedEnqueue.OP:
         if not isinstance(values[0], list) or not values[0] or not all(
             isinstance(q, str) for q in values[0]
@@ -176,6 +184,8 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         values[1] = _messages(values[1])
         if len(values) >= 3:
             values[2] = _keys(values[2], len(values[1]))
+        if len(values) > _TTLS_AT[op]:
+            values[-1] = _ttls(values[-1], len(values[1]))
     elif (op in _POSITION_EVENTS or op == ReleaseAll.OP) and len(values) > 2:
         values[2] = _positions(values[2])
         if len(values) > 3:
@@ -302,6 +312,16 @@ def _keys(raw: Any, n: int) -> tuple[tuple[str, int], ...]:
     if out and total != n:
         raise MalformedEvent(f"enqueue key spans cover {total} messages, not {n}")
     return tuple(out)
+
+
+def _ttls(raw: Any, n: int) -> tuple[int | None, ...]:
+    """The messages' own TTLs (flag message_ttl): ``[ms: int >= 0 or None, ...]``, one
+    per message, or empty."""
+    if not isinstance(raw, list) or (raw and len(raw) != n) or not all(
+        t is None or (type(t) is int and t >= 0) for t in raw
+    ):
+        raise MalformedEvent(f"ttls must be a list of {n} non-negative ints or nulls, or empty")
+    return tuple(raw)
 
 
 def _positions(raw: Any) -> tuple[int, ...]:

@@ -319,6 +319,13 @@ class Enqueue(Event[Enqueued]):
     held from consumers until the replicated clock passes ``max(clock at apply +
     delay_ms, not_before)``. ``priority`` (0..9): on a priority queue, capped at its
     ``max_priority``; ignored elsewhere.
+
+    ``ttls`` (flag ``message_ttl``): each message's own time to live in ms, in the
+    order of ``messages`` (None: none), as AMQP's ``expiration``; ``()``: no message has
+    one (the record is then the one builds before the flag write: the codec leaves it
+    out). A message expires at the replicated clock at apply plus its TTL, and is
+    dropped or dead-lettered when it reaches the head of the queue past that time
+    (docs/events.md "A message's own TTL"). Refused while the flag is off.
     """
 
     OP: ClassVar[int] = 10
@@ -328,6 +335,7 @@ class Enqueue(Event[Enqueued]):
     delay_ms: int = 0
     not_before: int = 0
     priority: int = 0
+    ttls: tuple[int | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +349,7 @@ class RoutedEnqueue(Event[Routed]):
     (``missing`` in the result), a full one (reject-publish) refuses them alone
     (``full``); the others take them. ``exchange`` and ``routing_key`` are what the
     publish named (a dead letter of these messages is routed with that key unless
-    its queue names another).
+    its queue names another). ``ttls``: as for :class:`Enqueue` (flag ``message_ttl``).
     """
 
     OP: ClassVar[int] = 19
@@ -353,6 +361,7 @@ class RoutedEnqueue(Event[Routed]):
     delay_ms: int = 0
     not_before: int = 0
     priority: int = 0
+    ttls: tuple[int | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

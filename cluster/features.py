@@ -102,6 +102,13 @@ FEATURES: Final[dict[str, Feature]] = {
             " the grown count on the control partition (growing N); a cluster created"
             " with --partitions N > 1 needs it (its first leader enables it)",
         ),
+        Feature(
+            "message_ttl", 8, "0.4.0",
+            "a message's own TTL (AMQP's expiration property, the native ttl): each"
+            " message's TTL as a trailing field of Enqueue and RoutedEnqueue, and a"
+            " queue's messages' expiry times as a trailing part of its snapshot while"
+            " it holds such messages; before, the property is kept and not enforced",
+        ),
     )
 }
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from batonmq.cluster.errors import InvalidArgument
 from batonmq.cluster.events import DEFAULT_DEDUPE_WINDOW_MS, OVERFLOW_POLICIES, DeclareQueue
@@ -22,7 +23,8 @@ MAX_QUEUE_NAME: Final = 255
 
 __all__ = [
     "QueueState", "WORK_SETTINGS", "POLICY_FIELDS", "RETRY_POLICIES", "MAX_PRIORITY",
-    "MAX_QUEUE_NAME", "SETTING_NAMES", "validate_declare",
+    "MAX_QUEUE_NAME", "SETTING_NAMES", "validate_declare", "kept_ttls", "IMMEDIATE_MS",
+    "MAX_TTL_MS", "Ledger",
 ]
 
 #: The work-queue settings of DeclareQueue after the first six (docs/events.md), in the
@@ -53,6 +55,12 @@ POLICY_FIELDS: Final = (
     "retry_delay_ms",
     "retry_max_ms",
 )
+#: A message published with a TTL of 0 ("deliver now or drop", AMQP's expiration "0")
+#: is handed out only by an acquire applied within this many ms of the replicated clock
+#: after its publish (the time its queue's owner takes to see it and acquire it).
+IMMEDIATE_MS: Final = 200
+#: The longest own TTL a message may have, ms (as RabbitMQ's, 2^32 - 1).
+MAX_TTL_MS: Final = 2**32 - 1
 #: The highest message priority a queue may allow.
 MAX_PRIORITY: Final = 9
 #: How the delay before a retry grows with the delivery count n (1 after one failure):
@@ -138,6 +146,14 @@ class QueueState:
     delayed_ahead: int = 0
     prio: dict[int, int] = field(default_factory=dict)
     prio_heap: list[tuple[int, int]] = field(default_factory=list)
+    # A message's own TTL (flag message_ttl): position -> the replicated time (ms) after
+    # which it is expired, for the messages still in the queue that have one. Kept as a
+    # trailing part of the snapshot only while not empty.
+    ttls: dict[int, int] = field(default_factory=dict)
+    # The headers of such messages when the queue dead-letters through a headers
+    # exchange (the index has no headers otherwise; that exchange routes by them), kept
+    # until they leave; a trailing snapshot part only while not empty.
+    dl_headers: dict[int, dict[str, Any]] = field(default_factory=dict)
     # The user that declared it (flag user_limits: it counts against the user's
     # max_queues); None for a queue declared before the flag, or by the broker itself.
     user: str | None = None
@@ -347,13 +363,85 @@ class QueueState:
         }
 
     def forget(self, positions: list[int] | tuple[int, ...]) -> None:
-        """Drop the counters of messages that left the queue."""
-        counts, acq, prio = self.counts, self.acq_counts, self.prio
+        """Drop the counters (and own TTLs) of messages that left the queue."""
+        counts, acq, prio, ttls = self.counts, self.acq_counts, self.prio, self.ttls
         for p in positions:
             counts.pop(p, None)
             acq.pop(p, None)
             if prio:
                 prio.pop(p, None)
+            if ttls:
+                ttls.pop(p, None)
+                self.dl_headers.pop(p, None)
+
+    # -- a message's own TTL (flag message_ttl; docs/events.md "A message's own TTL") ------
+
+    def set_ttls(self, first: int, ttls: Sequence[int | None], clock: int) -> None:
+        """The messages enqueued from position ``first`` on at replicated time ``clock``
+        have these own TTLs (ms; None: none; 0: :data:`IMMEDIATE_MS`)."""
+        for i, t in enumerate(ttls):
+            if t is not None:
+                self.ttls[first + i] = clock + (t or IMMEDIATE_MS)
+
+    def outlived(self, pos: int, clock: int) -> bool:
+        """Whether the message at ``pos`` outlived its own TTL at replicated ``clock``."""
+        t = self.ttls.get(pos)
+        return t is not None and clock > t
+
+    def peek(self) -> int | None:
+        """The position :meth:`take_ready` would take next (None: nothing is ready)."""
+        if self.max_priority:
+            return self.prio_heap[0][1] if self.prio_heap else None
+        if self.returned:
+            return self.returned[0]
+        p = self.cursor
+        while p < self.next_pos and p in self.delayed:
+            p += 1
+        return p if p < self.next_pos else None
+
+    def expired_heads(self, clock: int) -> list[int]:
+        """Take the messages at the head of the queue whose own TTL ran out by
+        ``clock``, up to the first one that has not (as RabbitMQ expires them at the
+        head only); returns their positions."""
+        out: list[int] = []
+        while self.ttls:
+            p = self.peek()
+            if p is None or not self.outlived(p, clock):
+                break
+            out.extend(self.take_ready(1))
+        return out
+
+    def take_live(self, count: int, clock: int, expire: Callable[[int], None]) -> list[int]:
+        """:meth:`take_ready`, where a message whose own TTL ran out by ``clock`` is
+        passed to ``expire`` as it reaches the head instead of being handed out."""
+        out: list[int] = []
+        while len(out) < count:
+            taken = self.take_ready(count - len(out))
+            if not taken:
+                break
+            for p in taken:
+                if self.outlived(p, clock):
+                    expire(p)
+                else:
+                    out.append(p)
+        return out
+
+    def drop_ttls(self, low: int, high: int) -> None:
+        """Forget the own TTLs of positions ``low <= p < high`` (a fresh range gone)."""
+        for p in [p for p in self.ttls if low <= p < high]:
+            del self.ttls[p]
+            self.dl_headers.pop(p, None)
+
+    def keep_headers(
+        self, first: int, ttls: Sequence[int | None], messages: Sequence[tuple[bytes, dict[str, Any]]]
+    ) -> None:
+        """Keep the headers of the messages from ``first`` on that have an own TTL (the
+        queue dead-letters through a headers exchange: it routes by them), without the
+        AMQP edge's fixed properties (a headers exchange matches the headers table)."""
+        for i, (t, (_, headers)) in enumerate(zip(ttls, messages)):
+            if t is not None:
+                self.dl_headers[first + i] = {
+                    k: v for k, v in headers.items() if k != "amqp-properties"}
 
     def take_delayed(self, below: int) -> list[int]:
         """Remove and return the delayed positions ``< below``, ascending."""
@@ -470,7 +558,10 @@ class QueueState:
         """The snapshot's trailing parts of flagged settings, each only when set, so a
         queue without them has the snapshot (and digest) of builds before the flags
         (docs/design.md §15): [user] (user_limits), [user, expires_ms, used_at]
-        (queue_expiry)."""
+        (queue_expiry), then the messages' own TTLs (message_ttl) while any has one."""
+        if self.ttls:
+            parts = [self.user, self.expires_ms, self.used_at, sorted(self.ttls.items())]
+            return parts + [sorted(self.dl_headers.items())] if self.dl_headers else parts
         if self.expires_ms is not None:
             return [self.user, self.expires_ms, self.used_at]
         return [self.user] if self.user is not None else []
@@ -519,7 +610,46 @@ class QueueState:
             q.user = snap[19]
         if len(snap) > 21:  # only a queue that expires (flag queue_expiry)
             q.expires_ms, q.used_at = snap[20], snap[21]
+        if len(snap) > 22:  # only while messages have their own TTL (flag message_ttl)
+            q.ttls = {p: t for p, t in snap[22]}
+        if len(snap) > 23:  # ... and their headers, for a headers dead-letter exchange
+            q.dl_headers = {p: h for p, h in snap[23]}
         return q
+
+
+class Ledger(Protocol):
+    """What the transitions read and count on the replicated state around them
+    (:class:`batonmq.cluster.state.State` is one)."""
+
+    @property
+    def clock(self) -> int:
+        """The largest envelope time applied, ms: dead-lettered and stored messages'
+        enqueue time."""
+        ...
+
+    @property
+    def applied(self) -> int:
+        """The log offset being applied: a new queue's id."""
+        ...
+
+    def ignore(self, reason: str, n: int = 1) -> None:
+        """Count ``n`` events (or parts of one) ignored, deterministically, for ``reason``."""
+        ...
+
+
+def kept_ttls(
+    keys: Sequence[tuple[str, int]], ttls: Sequence[int | None], starts: Sequence[int], first: int
+) -> list[int | None]:
+    """The own TTLs of an Enqueue's messages that are enqueued now (a re-sent key span is
+    not): a span is new where its start is the next free position from ``first``."""
+    out: list[int | None] = []
+    i, nxt = 0, first
+    for (_key, count), start in zip(keys, starts):
+        if start == nxt:
+            out.extend(ttls[i : i + count])
+            nxt += count
+        i += count
+    return out
 
 
 #: The names of a queue's settings, in the order of :meth:`QueueState.settings`.

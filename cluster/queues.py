@@ -28,12 +28,11 @@ from __future__ import annotations
 import enum
 import heapq
 import zlib
-from typing import Final, Protocol
+from typing import Final
 
 from batonmq.cluster.effects import (
     Acquired,
     Effect,
-    Moved,
     QueueGone,
     ReadyMore,
     Removed,
@@ -62,12 +61,16 @@ from batonmq.cluster.events import (
     Reserve,
     RoutedEnqueue,
 )
+from batonmq.cluster.dead_letters import DeadLettering
 from batonmq.cluster.exchanges import Exchanges
-from batonmq.cluster.forwarding import OUTBOX_QID, DeadLetter, Forwards
+from batonmq.cluster.forwarding import Forwards
 from batonmq.cluster.keys import Fresh, PublishKeys
 from batonmq.cluster.queue_state import (
     MAX_PRIORITY,
+    Ledger,
     MAX_QUEUE_NAME,
+    MAX_TTL_MS,
+    kept_ttls,
     SETTING_NAMES,
     WORK_SETTINGS,
     QueueState,
@@ -138,27 +141,7 @@ TRANSITIONS: Final[dict[tuple[MessageState | None, str], MessageState]] = {
 }
 
 
-class Ledger(Protocol):
-    """What the transitions read and count on the replicated state around them
-    (:class:`batonmq.cluster.state.State` is one)."""
-
-    @property
-    def clock(self) -> int:
-        """The largest envelope time applied, ms: dead-lettered and stored messages'
-        enqueue time."""
-        ...
-
-    @property
-    def applied(self) -> int:
-        """The log offset being applied: a new queue's id."""
-        ...
-
-    def ignore(self, reason: str, n: int = 1) -> None:
-        """Count ``n`` events (or parts of one) ignored, deterministically, for ``reason``."""
-        ...
-
-
-class QueueIndex:
+class QueueIndex(DeadLettering):
     """Every queue's index, changed only by the message transitions below.
 
     Args:
@@ -264,6 +247,8 @@ class QueueIndex:
         q.take_delayed(q.next_pos)
         n = len(returned) + q.next_pos - q.cursor
         if q.cursor < q.next_pos:
+            if q.ttls:
+                q.drop_ttls(q.cursor, q.next_pos)
             out.append(RemovedRange(q.qid, q.cursor, q.next_pos))
             q.cursor = q.next_pos
         if returned:
@@ -295,7 +280,8 @@ class QueueIndex:
             if name not in self.queues:
                 missing.append(name)
                 continue
-            one = Enqueue(name, ev.messages, ev.keys, ev.delay_ms, ev.not_before, ev.priority)
+            one = Enqueue(name, ev.messages, ev.keys, ev.delay_ms, ev.not_before, ev.priority,
+                          ev.ttls)
             try:
                 done = self.enqueue(origin, one, out, ev.routing_key)
             except QueueFull:
@@ -319,6 +305,10 @@ class QueueIndex:
             raise InvalidArgument("a publish's delay and not_before must not be negative")
         if not 0 <= ev.priority <= MAX_PRIORITY:
             raise InvalidArgument(f"priority must be 0..{MAX_PRIORITY}")
+        if ev.ttls and (len(ev.ttls) != len(ev.messages) or any(
+            t is not None and not 0 <= t <= MAX_TTL_MS for t in ev.ttls
+        )):
+            raise InvalidArgument(f"a message's own TTL must be 0..{MAX_TTL_MS} ms, one each")
         q = self.queue(ev.queue)
         messages = ev.messages
         starts: list[int] | None = None  # each key span's first position
@@ -351,6 +341,14 @@ class QueueIndex:
         first = q.next_pos
         if q.tracks_keys:
             q.note_key(first, q.name if routing_key is None else routing_key)
+        if ev.ttls:  # (flag message_ttl: state.py refuses them before)
+            own = (ev.ttls if starts is None or len(messages) == len(ev.messages)
+                   else kept_ttls(ev.keys, ev.ttls, starts, first))
+            q.set_ttls(first, own, self.ledger.clock)
+            dlx = (None if q.dead_letter_exchange is None
+                   else self.exchanges.get(q.dead_letter_exchange))
+            if dlx is not None and dlx.type == "headers":
+                q.keep_headers(first, own, messages)  # (it routes their dead letters)
         q.next_pos += n
         q.enqueued += n
         due = 0
@@ -409,7 +407,11 @@ class QueueIndex:
             return Counted(0)
         if q.delayed:
             q.wake(self.ledger.clock)  # the acquire's own time counts (docs/events.md)
-        positions = q.take_ready(ev.count)
+        if q.ttls:  # a message past its own TTL is expired as it reaches the head
+            positions = q.take_live(ev.count, self.ledger.clock,
+                                    lambda p: self._expire_one(q, p, out))
+        else:
+            positions = q.take_ready(ev.count)
         if positions:
             acquired, counts, acq, consumer = q.acquired, q.counts, q.acq_counts, ev.consumer
             for p in positions:
@@ -450,7 +452,7 @@ class QueueIndex:
         q = self.queue(ev.queue)
         held, other = self._held(q, ev.consumer, ev.positions)
         if held:
-            if q.counts or q.acq_counts or q.prio:
+            if q.counts or q.acq_counts or q.prio or q.ttls:
                 q.forget(held)
             q.accepted += len(held)
             out.append(Removed(q.qid, held))
@@ -577,6 +579,8 @@ class QueueIndex:
         gone.extend(q.skip_to(ev.through + 1))
         if q.prio_heap:
             gone.extend(q.take_prio(ev.through + 1))
+        if q.ttls:  # and those at the head past their own TTL (flag message_ttl)
+            gone.extend(q.expired_heads(self.ledger.clock))
         q.expired += len(gone)
         if (
             q.dead_letter is not None and (q.dead_letter in self.queues or self.away is not None)
@@ -652,139 +656,10 @@ class QueueIndex:
         if through > q.cursor:
             # Fresh positions never acquired: one range delete. (No message in
             # cursor..next_pos is acquired or has a delivery count.)
+            if q.ttls:
+                q.drop_ttls(q.cursor, through)
             out.append(RemovedRange(q.qid, q.cursor, through))
             n += through - q.cursor
             q.cursor = through
         q.accepted += n
         return AcceptedThrough(count=n, head=q.head)
-
-    def _dead_letter(
-        self,
-        q: QueueState,
-        pos: int,
-        reason: str,
-        out: list[Effect],
-        count: bool = True,
-        was_acquired: bool = False,
-    ) -> None:
-        """Move one message (no longer ready nor acquired) to q's DLQ, or drop it.
-
-        ``x-death-delivery-count`` is its failed deliveries: the failed releases so
-        far, plus the delivery it was acquired for if that one failed now (a reject,
-        the release at the limit); ``x-death-acquired-count`` its hand-outs.
-        """
-        delivered = q.counts.pop(pos, 0) + (1 if was_acquired else 0)
-        if q.prio:
-            q.prio.pop(pos, None)
-        handed = q.acq_counts.pop(pos, 0) + (1 if was_acquired else 0)
-        headers: dict[str, object] = {
-            "x-death-reason": reason,
-            "x-death-queue": q.name,
-            "x-death-position": pos,
-            "x-death-delivery-count": delivered,
-            "x-death-acquired-count": handed,
-        }
-        key: str | None = None  # the routing key, when routed through an exchange
-        first: dict[str, object] | None = None
-        targets: list[QueueState] = []
-        elsewhere = False  # on a data partition: routed by its leader (forwarding.py)
-        if q.dead_letter is not None:
-            dlq = self.queues.get(q.dead_letter)
-            if dlq is not None:
-                targets.append(dlq)
-            else:
-                elsewhere = self.away is not None
-        elif q.dead_letter_exchange is not None:
-            # Routed through the exchange's bindings as they are at this log position:
-            # the same on every replica. Never back into the queue it left.
-            dl_key = q.dead_letter_routing_key
-            key = q.key_of(pos) if dl_key is None else dl_key
-            exchange = q.dead_letter_exchange
-            if self.away is not None:
-                elsewhere = True  # the bindings are on control
-            elif self.exchanges.get(exchange) is not None:
-                targets = [
-                    self.queues[n]
-                    for n in self.exchanges.route(exchange, key, {}, self.queues)
-                    if n != q.name
-                ]
-            headers.update({
-                "x-death-exchange": exchange,
-                "x-death-routing-key": key,
-                "x-last-death-reason": reason,
-                "x-last-death-queue": q.name,
-                "x-last-death-exchange": exchange,
-            })
-            # Set by the first dead-lettering only (a header of the name stays).
-            first = {
-                "x-first-death-reason": reason,
-                "x-first-death-queue": q.name,
-                "x-first-death-exchange": exchange,
-            }
-        if elsewhere and self.away is not None:
-            # Out of the queue now, into this partition's outbox until it is routed and
-            # forwarded (docs/design.md §16): every replica records the same number.
-            n = self.away.hold(DeadLetter(
-                q.name, q.dead_letter, q.dead_letter_exchange,
-                key if key is not None else (q.dead_letter or ""),
-            ))
-            out.append(Moved(q.qid, pos, OUTBOX_QID, n, headers, self.ledger.clock, False, first))
-            if count:
-                q.dead_lettered += 1
-            return
-        if self.move_dead_letter(q.qid, pos, targets, key, headers, first, out):
-            if count:
-                q.dead_lettered += 1
-        else:
-            out.append(Removed(q.qid, [pos]))
-            if count:
-                q.dropped += 1
-
-    def move_dead_letter(
-        self,
-        src_qid: int,
-        src_pos: int,
-        targets: list[QueueState],
-        key: str | None,
-        headers: dict[str, object],
-        first: dict[str, object] | None,
-        out: list[Effect],
-        keep: bool = False,
-    ) -> bool:
-        """Move a dead letter at (``src_qid``, ``src_pos``) in the store into each of
-        ``targets`` that has room (copies to all but the last, which it moves to unless
-        ``keep``); False if none took it (the caller removes it). ``key``: the routing
-        key it goes with (None: each queue's name, as the default exchange sends it)."""
-        moves: list[tuple[QueueState, int]] = []
-        for dlq in targets:
-            if (
-                dlq.max_length is not None
-                and dlq.length >= dlq.max_length
-                and dlq.overflow == "drop-head"
-                and dlq.ready > 0
-            ):
-                # A full drop-head DLQ makes room as it would for a publish; its oldest
-                # ready message is dropped (not dead-lettered on: DLQ chains may cycle).
-                for head in dlq.take_ready(1):
-                    dlq.forget((head,))
-                    dlq.dropped += 1
-                    out.append(Removed(dlq.qid, [head]))
-                self.dirty.add(dlq.name)
-            if dlq.max_length is None or dlq.length < dlq.max_length:
-                dst = dlq.next_pos
-                if dlq.tracks_keys:
-                    dlq.note_key(dst, dlq.name if key is None else key)
-                dlq.next_pos += 1
-                dlq.enqueued += 1
-                self.dirty.add(dlq.name)
-                moves.append((dlq, dst))
-        if not moves:
-            return False
-        clock = self.ledger.clock
-        last = len(moves) - 1
-        for i, (dlq, dst) in enumerate(moves):
-            # Copies to all but the last target; the last one moves it.
-            out.append(Moved(src_qid, src_pos, dlq.qid, dst, headers, clock,
-                             keep or i < last, first))
-            out.append(ReadyMore(dlq.name))
-        return True

@@ -30,23 +30,11 @@ from typing import Any
 
 from batonmq.cluster import snapshot
 from batonmq.cluster.effects import (
-    CheckpointApplied,
-    Completed,
-    Effect,
-    HandoverRequested,
-    LeaderChanged,
-    MembersChanged,
-    OwnerChanged,
-    RightsChanged,
+    CheckpointApplied, Completed, Effect, HandoverRequested, LeaderChanged, MembersChanged,
+    OwnerChanged, RightsChanged,
 )
 from batonmq.cluster.errors import (
-    BatonError,
-    Fenced,
-    InvalidArgument,
-    NotOwner,
-    PreconditionFailed,
-    QueueNotFound,
-    StaleToken,
+    BatonError, Fenced, InvalidArgument, NotOwner, PreconditionFailed, QueueNotFound, StaleToken,
 )
 from batonmq.cluster.events import (
     MEMBERSHIP_EVENTS,
@@ -263,9 +251,11 @@ class State:
     ) -> Result | None:
         # Ordered by frequency on the hot path.
         match ev:
-            case Enqueue():
-                return self.index.enqueue(origin, ev, out)
-            case RoutedEnqueue():
+            case Enqueue() | RoutedEnqueue():
+                if ev.ttls:  # (written only once the flag is on; a forged one is refused)
+                    self._need("message_ttl", "a message's own TTL needs")
+                if isinstance(ev, Enqueue):
+                    return self.index.enqueue(origin, ev, out)
                 return self.index.enqueue_routed(origin, ev, out)
             case Acquire():
                 return self.index.acquire(key, ev, out)

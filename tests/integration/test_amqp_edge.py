@@ -84,6 +84,66 @@ def test_a_get_sees_the_same_channels_requeue_at_once(broker: BrokerProcess) -> 
     assert empty == 0, f"Basic.Get after a requeue on the same channel was empty {empty} of 20"
 
 
+def test_a_closed_channels_messages_are_back_when_its_close_ok_comes(
+    broker: BrokerProcess,
+) -> None:
+    """A channel closed while its consumer holds messages: Close-Ok comes once they are
+    back on the queue, so a Basic.Get on a new channel finds them (RabbitMQ requeues
+    before it answers; pika's TestCloseChannelFromBasicConsumeCallback)."""
+    conn = connect(broker)
+    empty = 0
+    for i in range(10):
+        ch = conn.channel()
+        ch.confirm_delivery()
+        queue = f"close-requeue-{i}"
+        ch.queue_declare(queue)
+        ch.basic_publish("", queue, b"one")
+        ch.basic_publish("", queue, b"two")
+        ch.basic_consume(queue, lambda c, m, p, b: c.close(), auto_ack=False)
+        ch.start_consuming()
+        assert ch.is_closed
+        again = conn.channel()
+        if again.basic_get(queue)[2] != b"one":
+            empty += 1
+        again.close()
+    conn.close()
+    assert empty == 0, f"a Basic.Get after the close missed the messages {empty} of 10 times"
+
+
+def test_a_channel_the_broker_closes_gives_back_its_messages_first(
+    broker: BrokerProcess,
+) -> None:
+    """The broker closes a channel (403: a publish to an internal exchange) whose
+    consumer holds a message: when Channel.Close reaches the client, the message is back
+    on the queue (aio-pika's test_consumer_process_preserves_publish_error)."""
+    conn = connect(broker)
+    admin = conn.channel()
+    admin.exchange_declare("internal-x", "direct", internal=True)
+    missed = 0
+    for i in range(10):
+        queue = f"server-close-{i}"
+        admin.queue_declare(queue)
+        admin.confirm_delivery()
+        admin.basic_publish("", queue, b"held")
+        ch = conn.channel()
+        got: list[bytes] = []
+        ch.basic_consume(queue, lambda c, m, p, b: got.append(b), auto_ack=False)
+        while not got:
+            conn.process_data_events(time_limit=0.05)
+        reasons: list[Exception] = []
+        ch._impl.add_on_close_callback(lambda c, reason: reasons.append(reason))
+        ch.basic_publish("internal-x", "k", b"refused")
+        deadline = time.monotonic() + 10
+        while not reasons and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
+        assert isinstance(reasons[0], pika.exceptions.ChannelClosedByBroker)
+        assert reasons[0].reply_code == 403
+        if admin.basic_get(queue, auto_ack=True)[2] != b"held":
+            missed += 1
+    conn.close()
+    assert missed == 0, f"a Basic.Get after the broker's close missed the message {missed} of 10"
+
+
 def test_a_get_sees_the_same_channels_unconfirmed_publish(broker: BrokerProcess) -> None:
     """A publish without confirms, then a Basic.Get on the same channel: the message is
     there (the get goes after the publish through the log)."""

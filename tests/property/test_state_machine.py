@@ -64,6 +64,7 @@ from batonmq.cluster.results import (
 )
 from batonmq.cluster.effects import Acquired, CheckpointApplied, Completed, Effect, Moved
 from batonmq.cluster.queues import MessageState, QueueState, TRANSITIONS
+from batonmq.cluster.queue_state import IMMEDIATE_MS
 from batonmq.cluster.features import ANNOUNCE, FEATURES
 from batonmq.cluster.state import State
 from tests.unit.test_digest_cache import hashed_afresh
@@ -137,6 +138,8 @@ class QueueModel(RuleBasedStateMachine):
         self.owner = "n1/r1"
         self._apply(EnableFeatures(("policies",)))
         assert "policies" in self.state.features.enabled
+        self._apply(EnableFeatures(("message_ttl",)))
+        assert "message_ttl" in self.state.features.enabled
 
     @property
     def max_length(self) -> int | None:
@@ -204,7 +207,7 @@ class QueueModel(RuleBasedStateMachine):
         assert (src, op) in TRANSITIONS, f"the table has no {op!r} from {src}"
         dst = TRANSITIONS[(src, op)]
         if dst is READY or dst is ACQUIRED or dst is DELAYED:
-            m = self.msgs.setdefault(p, [dst, None, 0, 0, 0, 0])
+            m = self.msgs.setdefault(p, [dst, None, 0, 0, 0, 0, None])
             m[0:2] = [dst, consumer if dst is ACQUIRED else None]
             m[4] = due if dst is DELAYED else 0
             return
@@ -338,15 +341,40 @@ class QueueModel(RuleBasedStateMachine):
         assert {name: q.snapshot() for name, q in self.state.queues.items()} == before
 
     @precondition(lambda self: "q" in self.state.queues)
-    @rule(n=st.integers(1, 4), delay=DELAYS, priority=st.integers(0, 5))
-    def enqueue(self, n: int, delay: int, priority: int) -> None:
+    @rule(n=st.integers(1, 4), delay=DELAYS, priority=st.integers(0, 5),
+          ttls=st.sampled_from([(), (), (None, 5), (0, 2), (3, 30)]))
+    def enqueue(self, n: int, delay: int, priority: int, ttls: tuple[int | None, ...]) -> None:
         """A publish, held from consumers for ``delay`` ms of the replicated clock, with a
-        priority (capped on a priority queue, ignored elsewhere)."""
-        due = self._clock_next() + delay
-        ev = Enqueue("q", tuple((b"m%d" % i, {}) for i in range(n)), (), delay, 0, priority)
+        priority (capped on a priority queue, ignored elsewhere) and the messages' own
+        TTLs (flag message_ttl; cycled over the messages)."""
+        clock = self._clock_next()
+        due = clock + delay
+        own = tuple(ttls[i % len(ttls)] for i in range(n)) if ttls else ()
+        ev = Enqueue("q", tuple((b"m%d" % i, {}) for i in range(n)), (), delay, 0, priority, own)
         out = self._apply(ev)
         if self._enqueue_model(self._completed(out), n, due if delay else 0, priority):
             assert self._completed(out).result == Enqueued(self.next_pos - n, n)
+            for i, t in enumerate(own):
+                if t is not None:  # expired once the clock is past this
+                    self.msgs[self.next_pos - n + i][6] = clock + (t or IMMEDIATE_MS)
+
+    def _outlived(self, p: int, clock: int) -> bool:
+        exp = self.msgs[p][6]
+        return exp is not None and clock > exp
+
+    def _take(self, count: int, clock: int) -> list[int]:
+        """What an acquire of ``count`` applied at ``clock`` hands out: the lowest
+        positions first (guarantee 7), where one past its own TTL is expired as it
+        reaches the head instead of being handed out."""
+        expect: list[int] = []
+        for p in self._ready() if count > 0 else []:
+            if len(expect) == count:
+                break
+            if self._outlived(p, clock):
+                self._move(p, "expire")
+            else:
+                expect.append(p)
+        return expect
 
     def _enqueue_model(self, done: Completed, n: int, due: int = 0, priority: int = 0) -> bool:
         """Model a new publish of ``n`` messages; False if it was refused (QueueFull)."""
@@ -405,7 +433,7 @@ class QueueModel(RuleBasedStateMachine):
         if who != self.owner:  # only the owner acquires (guarantee 2)
             assert not got and isinstance(self._completed(out).error, NotOwner)
             return
-        expect = self._ready()[:count]  # lowest positions first (guarantee 7)
+        expect = self._take(count, self._clock_next() - 1)  # (the acquire's clock)
         if not expect:
             assert not got
             return
@@ -496,8 +524,8 @@ class QueueModel(RuleBasedStateMachine):
         on them): redelivered until the delivery limit dead-letters them."""
         consumer = next(c for c in CONSUMERS if runtime_of(c) == self.owner)
         self._wake(self._clock_next())
-        expect = self._ready()[:count]
         got = [e for e in self._apply(Acquire("q", consumer, count), self.owner) if isinstance(e, Acquired)]
+        expect = self._take(count, self._clock_next() - 1)
         assert [e.positions for e in got] == ([expect] if expect else [])
         self.acquisitions += len(expect)
         for p in expect:
@@ -543,9 +571,17 @@ class QueueModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def expire(self, data: st.DataObject) -> None:
         through = data.draw(st.integers(-1, self.next_pos))
-        self._apply(Expire("q", through))
+        clock = self._clock_next()
+        out = self._apply(Expire("q", through))
+        if self.state.queues["q"].reserved_by is not None:
+            return
         for p in [p for p in self._ready() if p <= through]:
             self._move(p, "expire")
+        for p in self._ready():  # then the head ones past their own TTL, up to one not
+            if not self._outlived(p, clock):
+                break
+            self._move(p, "expire")
+        assert self._completed(out).error is None
 
     @precondition(lambda self: "q" in self.state.queues)
     @rule()

@@ -15,9 +15,9 @@ from batonmq.broker.amqp_channel import Channel, ChannelOwner
 from batonmq.broker.amqp_codec import ChannelError, Content
 from batonmq.broker.config import BrokerConfig
 from batonmq.cluster.exchanges import Exchanges
-from batonmq.cluster.errors import QueueFull
+from batonmq.cluster.errors import QueueFull, QueueNotFound
 from batonmq.broker.amqp_message import route_of
-from batonmq.cluster.events import Bind, DeclareExchange, Enqueue, RoutedEnqueue
+from batonmq.cluster.events import Bind, DeclareExchange, DeleteQueue, Enqueue, RoutedEnqueue
 from batonmq.cluster.results import Enqueued, Routed
 
 
@@ -246,3 +246,18 @@ async def test_a_get_waits_for_the_channels_earlier_commands_and_what_follows_wa
     assert [type(f) for f in owner.frames()] == [commands.Basic.GetEmpty, commands.Basic.QosOk]
     ch.handle(commands.Basic.Get(queue="q"))  # nothing earlier pending: at once
     assert [type(f) for f in owner.frames()] == [commands.Basic.GetEmpty]
+
+
+async def test_a_queue_gone_before_its_delete_is_applied_is_deleted_ok() -> None:
+    """An auto-delete queue's last consumer cancelled, then Queue.Delete: the broker's own
+    DeleteQueue may be applied first. RabbitMQ answers DeleteOk (aio-pika's RPC close)."""
+    owner = Owner()
+    ch = Channel(cast(ChannelOwner, owner), 1)
+    ch.handle(commands.Queue.Delete(queue="q"))
+    (event, fut), = owner.submitted
+    assert isinstance(event, DeleteQueue) and event.queue == "q"
+    fut.set_exception(QueueNotFound("queue 'q' does not exist"))
+    await settle()
+    (ok,) = owner.frames()
+    assert isinstance(ok, commands.Queue.DeleteOk) and ok.message_count == 0
+    assert ch.open

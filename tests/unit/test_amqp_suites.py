@@ -152,6 +152,11 @@ def test_the_plugin_names_a_test_as_junit_does() -> None:
 def test_the_shipped_list_parses() -> None:
     expected = load_expected(EXPECTED_FILE.read_text())
     assert all(c.reason for c in expected.causes)
+    # Every failure Baton is expected to have says how RabbitMQ fares on those tests.
+    assert all(c.rabbitmq for c in expected.causes if not c.skip), [
+        c.key for c in expected.causes if not c.skip and not c.rabbitmq]
+    parsed = load_expected(EXPECTED + 'rabbitmq = "passes"\n')
+    assert parsed.causes[-1].rabbitmq == "passes" and parsed.causes[0].rabbitmq == ""
 
 
 def test_check_mode_exits_1_on_a_new_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
