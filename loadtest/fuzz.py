@@ -336,13 +336,15 @@ _SEALED: SealedLog | None = None
 
 
 def _sealed_log() -> SealedLog:
-    """A sealed memory log with one key (its key file in a temporary directory)."""
+    """A sealed memory log with one key (its key file read from a temporary directory,
+    removed at once: a KeyFile keeps the keys it read when its file is gone)."""
     global _SEALED
     if _SEALED is None:
-        path = os.path.join(tempfile.mkdtemp(prefix="baton-fuzz-keys-"), "keys.toml")
-        with open(path, "w") as f:
-            f.write('[[key]]\nid = "k1"\nsecret = "' + "a2V5" * 8 + '"\n')
-        _SEALED = SealedLog(MemoryLog("fuzz"), KeyFile(path, clock=lambda: 0.0))
+        with tempfile.TemporaryDirectory(prefix="baton-fuzz-keys-") as keys_dir:
+            path = os.path.join(keys_dir, "keys.toml")
+            with open(path, "w") as f:
+                f.write('[[key]]\nid = "k1"\nsecret = "' + "a2V5" * 8 + '"\n')
+            _SEALED = SealedLog(MemoryLog("fuzz"), KeyFile(path, clock=lambda: 0.0))
     return _SEALED
 
 
