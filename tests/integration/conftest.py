@@ -167,11 +167,18 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         b.stop()
 
 
-def _start_cluster(tmp_path: Path, log_url: str) -> Iterator[list[BrokerProcess]]:
-    brokers = [
-        BrokerProcess(tmp_path / f"node-{i}", log_url=log_url, node_id=f"node-{i}")
-        for i in (1, 2, 3)
+def brokers_of(
+    tmp_path: Path, log_url: str, count: int = 3, extra: list[str] | None = None
+) -> list[BrokerProcess]:
+    """``count`` brokers (node-1..) of one log, each with ``extra`` options; not started."""
+    return [
+        BrokerProcess(tmp_path / f"node-{i}", log_url=log_url, node_id=f"node-{i}", extra=extra)
+        for i in range(1, count + 1)
     ]
+
+
+def started(brokers: list[BrokerProcess]) -> Iterator[list[BrokerProcess]]:
+    """A fixture's body: start ``brokers`` in order, yield them, stop them all."""
     try:
         for b in brokers:
             b.start()
@@ -179,6 +186,10 @@ def _start_cluster(tmp_path: Path, log_url: str) -> Iterator[list[BrokerProcess]
     finally:
         for b in brokers:
             b.stop()
+
+
+def _start_cluster(tmp_path: Path, log_url: str) -> Iterator[list[BrokerProcess]]:
+    yield from started(brokers_of(tmp_path, log_url))
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pytest
 
 from batonmq import clients
 from tests.helpers import eventually, equal_digests, topology
-from tests.integration.conftest import BrokerProcess
+from tests.integration.conftest import BrokerProcess, started
 from tests.integration.test_partition_dead_letters import N, parted_brokers
 
 pytestmark = pytest.mark.integration
@@ -35,14 +35,7 @@ ROUNDS = 4
 
 @pytest.fixture
 def three(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
-    brokers = parted_brokers(tmp_path, 3)
-    try:
-        for b in brokers:
-            b.start()
-        yield brokers
-    finally:
-        for b in brokers:
-            b.stop()
+    yield from started(parted_brokers(tmp_path, 3))
 
 
 async def _leader_of(brokers: list[BrokerProcess], partition: int) -> BrokerProcess:

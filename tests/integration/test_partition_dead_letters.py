@@ -14,7 +14,7 @@ import pytest
 
 from batonmq import clients
 from tests.helpers import drain, equal_digests, eventually, topology, wait_stats
-from tests.integration.conftest import BrokerProcess
+from tests.integration.conftest import BrokerProcess, brokers_of, started
 
 pytestmark = pytest.mark.integration
 
@@ -22,27 +22,14 @@ N = 4
 
 
 def parted_brokers(tmp_path: Path, count: int) -> list[BrokerProcess]:
-    url = f"file:{tmp_path / 'shared-log'}"
-    return [
-        BrokerProcess(
-            tmp_path / f"node-{i}", log_url=url, node_id=f"node-{i}",
-            extra=["--partitions", str(N)],
-        )
-        for i in range(1, count + 1)
-    ]
+    return brokers_of(tmp_path, f"file:{tmp_path / 'shared-log'}", count,
+                      ["--partitions", str(N)])
 
 
 @pytest.fixture
 def two(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
     """Two brokers on one file: a log of 1 + 4 partitions."""
-    brokers = parted_brokers(tmp_path, 2)
-    try:
-        for b in brokers:
-            b.start()
-        yield brokers
-    finally:
-        for b in brokers:
-            b.stop()
+    yield from started(parted_brokers(tmp_path, 2))
 
 
 async def in_flight_settled(address: str) -> None:

@@ -16,7 +16,7 @@ import pytest
 from batonmq import clients
 from batonmq.cluster.errors import InvalidArgument, QueueExists
 from tests.helpers import equal_digests, eventually, topology, wait_stats
-from tests.integration.conftest import BrokerProcess
+from tests.integration.conftest import BrokerProcess, brokers_of, started
 
 pytestmark = pytest.mark.integration
 
@@ -24,26 +24,13 @@ N = 4
 
 
 def _brokers(tmp_path: Path, url: str, count: int = 3) -> list[BrokerProcess]:
-    return [
-        BrokerProcess(
-            tmp_path / f"node-{i}", log_url=url, node_id=f"node-{i}",
-            extra=["--partitions", str(N)],
-        )
-        for i in range(1, count + 1)
-    ]
+    return brokers_of(tmp_path, url, count, ["--partitions", str(N)])
 
 
 @pytest.fixture
 def parted(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
     """Three brokers on one file: log of 1 + 4 partitions."""
-    brokers = _brokers(tmp_path, f"file:{tmp_path / 'shared-log'}")
-    try:
-        for b in brokers:
-            b.start()
-        yield brokers
-    finally:
-        for b in brokers:
-            b.stop()
+    yield from started(_brokers(tmp_path, f"file:{tmp_path / 'shared-log'}"))
 
 
 async def _spread(conn: clients.Connection, names: list[str]) -> dict[str, int]:
