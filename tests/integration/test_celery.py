@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,6 +117,14 @@ def _worker(
     return worker
 
 
+def _client(app_dir: Path, env: dict[str, str], log: Path) -> Any:
+    """Run the app's ``client.py`` to its end; what it printed last, as JSON."""
+    r = subprocess.run([sys.executable, "client.py"], cwd=app_dir, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr + log.read_text()[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop the worker we started (its own process group: the pool's children too)."""
     if proc.poll() is None:
@@ -139,10 +148,7 @@ def test_a_celery_worker_with_defaults_runs_tasks_and_answers_ping(
     try:
         env["BATON_TEST_AMQP"] = f"amqp://guest:guest@127.0.0.1:{amqp_port(b)}//"
         worker = _worker(app_dir, env, log, concurrency=2)
-        r = subprocess.run([sys.executable, "client.py"], cwd=app_dir, env=env,
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stdout + r.stderr + log.read_text()[-3000:]
-        got = json.loads(r.stdout.strip().splitlines()[-1])
+        got = _client(app_dir, env, log)
         assert got["one"] == 5 and got["many"] == [2 * i for i in range(20)]
         assert got["retried"] == "retried" and got["retry_took"] >= 1.0
         assert got["eta"] == 42 and got["eta_took"] >= 2.0
@@ -209,10 +215,7 @@ def test_a_countdown_task_runs_on_quorum_queues_with_a_topic_exchange(
     try:
         env["BATON_TEST_AMQP"] = f"amqp://guest:guest@127.0.0.1:{amqp_port(b)}//"
         worker = _worker(app_dir, env, log, concurrency=1)
-        r = subprocess.run([sys.executable, "client.py"], cwd=app_dir, env=env,
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stdout + r.stderr + log.read_text()[-3000:]
-        got = json.loads(r.stdout.strip().splitlines()[-1])
+        got = _client(app_dir, env, log)
         assert got["eta"] == 42 and got["took"] >= 2.0, got
         text = log.read_text()
         assert "Failed to setup delayed delivery" not in text, text[-3000:]
