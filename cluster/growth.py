@@ -29,17 +29,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from batonmq.cluster.appender import ignore_outcome
 from batonmq.cluster.errors import BatonError, LogUnavailable, Timeout
-from batonmq.cluster.events import FenceTerm, SetPolicy
+from batonmq.cluster.events import ClearPolicy, EnableFeatures, Event, FenceTerm, SetPolicy
+from batonmq.cluster.features import FEATURES
 from batonmq.cluster.log import LogSet
 from batonmq.cluster.node import Node
 from batonmq.cluster.state import State
 from batonmq.store import Store
 
-__all__ = ["Growth", "Grown"]
+__all__ = ["Growth", "Grown", "lacking"]
 
 
 class Grown(Protocol):
@@ -63,6 +64,25 @@ class Grown(Protocol):
 
 
 log = logging.getLogger("baton.node")
+
+
+def lacking(control: State, data: State) -> list[Event[Any]]:
+    """What a data partition's state lacks of the ``control`` state's feature flags and
+    policies: the events that would make it equal (none: equal)."""
+    events: list[Event[Any]] = []
+    flags = sorted(
+        n for n in control.features.enabled if n in FEATURES and n not in data.features.enabled
+    )
+    if flags:
+        events.append(EnableFeatures(tuple(flags)))
+    want = {p.name: p for p in control.policies.listed()}
+    have = {p.name: p for p in data.policies.listed()}
+    for name, p in want.items():
+        if have.get(name) != p:
+            events.append(SetPolicy(p.name, p.pattern, p.apply_to, p.definition, p.priority))
+    events.extend(ClearPolicy(name) for name in sorted(have.keys() - want.keys()))
+    return events
+
 
 #: Seconds between attempts to open a partition that failed, at most.
 RETRY_MAX = 10.0
@@ -221,16 +241,15 @@ class Growth:
                 waiter.set_result(node)
 
     def _copy_control(self, node: Node) -> None:
-        """What every data partition has from control and a new one lacks: the policies
-        and each service's current term. Idempotent (a SetPolicy equal to the
-        partition's, a FenceTerm not above its token, changes nothing), so every broker
-        that opens the partition may send them; only what the partition lacks is sent."""
+        """What every data partition has from control and a new one lacks: the feature
+        flags and policies (:func:`lacking`, which the partition's leader also keeps
+        following) and each service's current term. Idempotent (a flag enabled, a
+        SetPolicy equal to the partition's, a FenceTerm not above its token, changes
+        nothing), so every broker that opens the partition may send them; only what the
+        partition lacks is sent."""
         state = self._owner.state
-        if "policies" in state.features.enabled:
-            for p in state.policies.listed():
-                if node.state.policies.get(p.name) != p:
-                    node.submit(SetPolicy(p.name, p.pattern, p.apply_to, p.definition,
-                                          p.priority)).add_done_callback(ignore_outcome)
+        for event in lacking(state, node.state):
+            node.submit(event).add_done_callback(ignore_outcome)
         for name, s in sorted(state.services.services.items()):
             if s.leader is not None and node.state.range_tokens.get(name, -1) < s.token:
                 node.submit(FenceTerm(name, s.token)).add_done_callback(ignore_outcome)

@@ -38,7 +38,6 @@ from batonmq.cluster.appender import R, ignore_outcome
 from batonmq.cluster.applier import EffectListener
 from batonmq.cluster.effects import Effect, LeaderChanged, QueueGone
 from batonmq.cluster.errors import BatonError, InvalidArgument, QueueNotFound
-from batonmq.cluster.features import FEATURES
 from batonmq.cluster.events import (
     AcceptThrough,
     Bind,
@@ -59,7 +58,7 @@ from batonmq.cluster.events import (
     Unbind,
 )
 from batonmq.cluster.forwarding import OUTBOX_QID, DeadLetter, ForwardGap
-from batonmq.cluster.growth import Growth
+from batonmq.cluster.growth import Growth, lacking
 from batonmq.cluster.log import LogSet
 from batonmq.cluster.node import Node
 from batonmq.cluster.queues import QueueState
@@ -83,24 +82,6 @@ _EVERYWHERE = (EnableFeatures, SetPolicy, ClearPolicy)
 
 #: How often a data partition's leader compares its flags and policies with control's.
 FOLLOW_INTERVAL = 1.0
-
-
-def lacking(control: State, data: State) -> list[Event[Any]]:
-    """What a data partition's state lacks of the ``control`` state's feature flags and
-    policies: the events that would make it equal (none: equal)."""
-    events: list[Event[Any]] = []
-    flags = sorted(
-        n for n in control.features.enabled if n in FEATURES and n not in data.features.enabled
-    )
-    if flags:
-        events.append(EnableFeatures(tuple(flags)))
-    want = {p.name: p for p in control.policies.listed()}
-    have = {p.name: p for p in data.policies.listed()}
-    for name, p in want.items():
-        if have.get(name) != p:
-            events.append(SetPolicy(p.name, p.pattern, p.apply_to, p.definition, p.priority))
-    events.extend(ClearPolicy(name) for name in sorted(have.keys() - want.keys()))
-    return events
 
 
 class _Queues(Mapping[str, QueueState]):

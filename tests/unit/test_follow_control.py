@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from batonmq.cluster.events import ClearPolicy, EnableFeatures, SetPolicy
 from batonmq.cluster.features import FEATURES
-from batonmq.cluster.partitioned import lacking
+from batonmq.cluster.growth import lacking
 from batonmq.cluster.policies import check_definition
 from tests.unit.test_placement import _flagged
 
