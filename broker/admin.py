@@ -69,6 +69,7 @@ from batonmq.broker.delivery import Delivery
 from batonmq.broker.features import enable_event, feature_list
 from batonmq.broker.history import message_history
 from batonmq.broker.inspect import MAX_PEEK, ConnectionView, list_connections, peek
+from batonmq.broker.log_ends import LOG_QUERY_TIMEOUT, apply_lag, partition_log_ends
 from batonmq.broker.metrics import CONTENT_TYPE, BrokerMetrics
 from batonmq.broker.networks import LOOPBACK, Networks, allows, describe, parse_networks
 from batonmq.broker.session import check_declare, declare_event
@@ -106,8 +107,6 @@ log = logging.getLogger("baton.admin")
 
 #: /readyz says "not caught up" while more log records than this wait to be applied here.
 READY_MAX_LAG = 10_000
-#: Seconds a probe or a scrape waits for the log's offsets (a hung log must not hang them).
-LOG_QUERY_TIMEOUT = 2.0
 
 #: The web console's files (package data in ``broker/console/``) and their content types.
 CONSOLE_FILES = {
@@ -184,8 +183,8 @@ class AdminBroker(Protocol):
         """Every queue's stats."""
         ...
 
-    def topology(self) -> dict[str, Any]:
-        """The Topology answer."""
+    async def current_topology(self) -> dict[str, Any]:
+        """The Topology answer, with each data partition's lag (its log end read first)."""
         ...
 
     def connection_count(self) -> int:
@@ -234,7 +233,7 @@ def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
     member = node.joined.is_set()
     healthy = node.healthy
     applied = node.state.applied
-    lag = None if log_end is None else max(0, log_end - 1 - applied)
+    lag = apply_lag(log_end, applied)
     reasons = []
     if not member:
         reasons.append("not a member of the established view (joining, or dropped)")
@@ -474,7 +473,11 @@ class AdminServer:
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         request[ACTOR].check_monitor("read the metrics")
-        text = self.metrics.render(await self._log_end())
+        # Control's end and each data partition's together: one deadline for the scrape.
+        log_end, ends = await asyncio.gather(
+            self._log_end(), partition_log_ends(self.broker.node)
+        )
+        text = self.metrics.render(log_end, ends)
         return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
 
     # -- the cluster ---------------------------------------------------------------------
@@ -510,7 +513,7 @@ class AdminServer:
 
     async def nodes(self, request: web.Request) -> web.Response:
         actor = request[ACTOR]
-        body = self.broker.topology()
+        body = await self.broker.current_topology()
         if not actor.monitors():  # the members' addresses: admins and monitoring only
             body = actor.rights.topology(body)
         return json_response(body)

@@ -201,6 +201,10 @@ def _topology(args: argparse.Namespace) -> int:
     if rows is not None:  # a log of several partitions (docs/operations.md "Partitions")
         opened = ", ".join(str(r["partition"]) for r in rows)
         print(f"data partitions {topo.get('partition_count', len(rows))}, open here: {opened}")
+        for r in rows:
+            lag = "unknown" if r.get("lag") is None else r["lag"]
+            print(f"  partition {r['partition']}: applied {r['applied']}, lag {lag},"
+                  f" {r['queues']} queues{'' if r['healthy'] else ', UNHEALTHY'}")
     join = topo.get("join")
     if join and join.get("state") == "updating":
         print(f"this broker is joining: {join['progress']} (those queues wait here)")

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from batonmq.broker.delivery import Delivery
+from batonmq.broker.log_ends import apply_lag
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.node import Node
 
@@ -57,12 +58,15 @@ class MetricsBroker(Protocol):
 
 
 class BrokerCollector(Collector):
-    """Reads one broker's figures when scraped. ``log_end`` is set by the scraper just
-    before (reading the log's end is asynchronous; a collector is not)."""
+    """Reads one broker's figures when scraped. ``log_end`` and ``partition_ends`` are
+    set by the scraper just before (reading a log's end is asynchronous; a collector
+    is not)."""
 
     def __init__(self, broker: MetricsBroker) -> None:
         self.broker = broker
         self.log_end: int | None = None
+        #: Each data partition's log end (None: unknown), by partition number.
+        self.partition_ends: dict[int, int | None] = {}
 
     def collect(self) -> Iterator[Metric]:
         """Yield every queue and broker metric (docs/admin.md lists them)."""
@@ -144,11 +148,12 @@ class BrokerCollector(Collector):
         state = node.state
         ms = state.membership
         yield _gauge("baton_applied_offset", "The last log offset applied here.", state.applied)
-        if self.log_end is not None:
+        lag = apply_lag(self.log_end, state.applied)
+        if lag is not None:
             yield _gauge(
                 "baton_apply_lag_records",
                 "Records on the log not applied here yet (log end minus applied offset).",
-                max(0, self.log_end - 1 - state.applied),
+                lag,
             )
         yield _gauge(
             "baton_outbox_events", "Events waiting for their log append.",
@@ -224,8 +229,7 @@ class BrokerCollector(Collector):
         yield leaders
 
 
-    @staticmethod
-    def _partitions(node: Node) -> Iterator[Metric]:
+    def _partitions(self, node: Node) -> Iterator[Metric]:
         """Each data partition of a log of several, as applied here (docs/design.md §16);
         nothing for a log of one."""
         data = node.parts()[1:]
@@ -259,6 +263,17 @@ class BrokerCollector(Collector):
             for n in data:
                 family.add_metric([str(n.partition)], value(n))
             yield family
+        # A partition whose log end is unknown has no sample (unknown is not 0).
+        lags = GaugeMetricFamily(
+            "baton_partition_apply_lag_records",
+            "Records on the data partition's log not applied here yet (its log end minus"
+            " applied offset).", labels=["partition"],
+        )
+        for n in data:
+            lag = apply_lag(self.partition_ends.get(n.partition), n.state.applied)
+            if lag is not None:
+                lags.add_metric([str(n.partition)], lag)
+        yield lags
 
     @staticmethod
     def _features(node: Node) -> Iterator[Metric]:
@@ -331,11 +346,16 @@ class BrokerMetrics:
         node.appender.append_observer = self.append_seconds.observe
         node.log.sync_observer = self.sync_seconds.observe
 
-    def render(self, log_end: int | None) -> bytes:
+    def render(
+        self, log_end: int | None, partition_ends: dict[int, int | None] | None = None
+    ) -> bytes:
         """The text exposition of every metric now.
 
         Args:
             log_end: the log's end offset (next offset), for the apply lag; None if unknown.
+            partition_ends: each data partition's log end (broker/log_ends.py),
+                for its apply lag; a partition missing or None has no lag sample.
         """
         self.collector.log_end = log_end
+        self.collector.partition_ends = partition_ends or {}
         return generate_latest(self.registry)

@@ -31,6 +31,7 @@ from batonmq.cluster.features import ANNOUNCE, announced
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound, StoreError
 from batonmq.cluster.events import PutUser
 from batonmq.broker.memory import BodyBudget
+from batonmq.broker.log_ends import apply_lag, partition_log_ends
 from batonmq.cluster.log import LogSet, open_log_set
 from batonmq.cluster.node import Node
 from batonmq.cluster.partitioned import Partitioned
@@ -484,8 +485,14 @@ class Broker:
             self._digest_at = cached
         return cached[2]
 
-    def topology(self) -> dict[str, Any]:
-        """The view as applied here (docs/design.md §7), plus this replica's offset and digest."""
+    async def current_topology(self) -> dict[str, Any]:
+        """:meth:`topology` with each data partition's lag: their log ends are read
+        first, together and bounded (broker/log_ends.py)."""
+        return self.topology(await partition_log_ends(self.node))
+
+    def topology(self, ends: dict[int, int | None] | None = None) -> dict[str, Any]:
+        """The view as applied here (docs/design.md §7), plus this replica's offset and
+        digest; ``ends``: each data partition's log end, for its lag (None: unknown)."""
         node = self.node
         ms = node.state.membership
         # A leader that is suspected is not shown: with no live voter (only observers
@@ -564,10 +571,10 @@ class Broker:
             # every replica): ``unopened`` counts sealed records no key here opens.
             "ignored": dict(sorted(node.state.ignored.items())),
             "log_sealed": self.config.log_key_file is not None,
-            **self._partitions(),
+            **self._partitions(ends or {}),
         }
 
-    def _partitions(self) -> dict[str, Any]:
+    def _partitions(self, ends: dict[int, int | None]) -> dict[str, Any]:
         """A log of several partitions: each data partition as applied here, in its own
         view (docs/design.md §16); nothing for a log of one."""
         data = self.node.parts()[1:]
@@ -583,6 +590,8 @@ class Broker:
                 "member": n.joined.is_set(),
                 "healthy": n.healthy,
                 "applied": n.state.applied,
+                # Records on the partition's log not applied here (None: its end unknown).
+                "lag": apply_lag(ends.get(n.partition), n.state.applied),
                 "digest": self._digest(n),
                 "queues": len(n.state.queues),
                 # Forwarded publishes and dead letters not yet on their partitions (§16).

@@ -176,8 +176,8 @@ class SessionBroker(Protocol):
         """Every queue's stats, by name."""
         ...
 
-    def topology(self) -> dict[str, Any]:
-        """The Topology answer."""
+    async def current_topology(self) -> dict[str, Any]:
+        """The Topology answer, with each data partition's lag (its log end read first)."""
         ...
 
     def connections(self) -> Iterable[ConnectionView]:
@@ -232,6 +232,7 @@ class Session(ClientConnection):
         # (corr, body, headers, idempotency key).
         self._publishes: dict[str, list[tuple[int, bytes, dict[str, Any], str]]] = {}
         self._update: asyncio.Task[None] | None = None  # a join update served here
+        self._answering: set[asyncio.Task[None]] = set()  # Topology answers being read
         # A joining broker's session (Hello MEMBER): (its member key, its challenge).
         self._member: tuple[str, bytes] | None = None
         # Service leadership (broker/leadership.py): "node/runtime/s<n>", made at the
@@ -359,6 +360,27 @@ class Session(ClientConnection):
         check_event(event)  # before the log: an invalid command never grows it
         self.reply(corr, self.broker.node.submit(event), shape)
 
+    def _topology(self, corr: int) -> None:
+        """Answer a Topology command once each data partition's log end is read (its
+        lag; bounded, broker/log_ends.py): the session reads on meanwhile."""
+        self.commands_started(1)
+
+        async def answer() -> None:
+            try:
+                topology = await self.broker.current_topology()
+                self.send(wire.Ok(corr, self.rights.topology(topology)))
+            except BatonError as exc:
+                self.error(corr, exc)
+            except Exception as exc:  # a bug: the client gets an error, the broker goes on
+                log.error("topology failed: %r", exc)
+                self.error(corr, InternalError(repr(exc)))
+            finally:
+                self.commands_finished(1)
+
+        task = asyncio.create_task(answer(), name="baton-topology")
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
     # -- commands ---------------------------------------------------------------------------
 
     def handle_frame(self, f: wire.Frame) -> None:
@@ -481,7 +503,7 @@ class Session(ClientConnection):
                 queues = [q for q in self.broker.list_queues() if self.rights.sees(q["queue"])]
                 self.send(wire.ok(f.corr, QueueList(queues)))
             case wire.Topology():
-                self.send(wire.Ok(f.corr, self.rights.topology(self.broker.topology())))
+                self._topology(f.corr)
             case wire.Peek():
                 self.rights.check("read", f.queue)
                 self.send(wire.ok(f.corr, peek(self.broker.node, f.queue, f.count)))

@@ -27,6 +27,7 @@ const state = {
   peekSeq: 0,
   features: null,      // the last /api/features answer (for "Enable all")
   queues: new Map(),   // queue name -> its last stats (the detail panel's settings)
+  split: false,        // the log has data partitions (the partitions panel shows)
   exchangeNames: null, // the exchanges the publish form lists (rebuilt when they change)
   user: null,          // who is logged in (null: the login screen shows)
   csrf: null,          // the session's CSRF token, sent on every state-changing request
@@ -231,6 +232,44 @@ function renderCluster(ov, nodes, logInfo) {
   replaceRows("nodes", rows);
 }
 
+// The log's data partitions as this broker applied them (docs/admin.md "GET /api/nodes":
+// ``partitions``, absent for a log of one, which shows no panel).
+function renderPartitions(nodes) {
+  const parts = Array.isArray(nodes.partitions) ? nodes.partitions : null;
+  state.split = parts !== null;
+  document.getElementById("partitions-section").hidden = !state.split;
+  if (!state.split) {
+    replaceRows("partitions", []);
+    return;
+  }
+  const open = parts.length;
+  const count = nodes.partition_count ?? open;
+  setText("pt-count", count === open ? fmt(count) : `${fmt(open)} of ${fmt(count)} open here`);
+  const rows = parts.map((p) => {
+    const status = [];
+    status.push(p.member ? badge("member", "ok") : badge("not a member", "warn"));
+    status.push(p.healthy ? badge("healthy", "ok") : badge("unhealthy", "bad"));
+    if (p.digest_mismatches > 0) {
+      status.push(badge(`${p.digest_mismatches} digest mismatch(es)`, "bad"));
+    }
+    const known = typeof p.lag === "number";
+    const cp = p.checkpoint;
+    return el("tr", { "data-partition": p.partition },
+      numCell("partition", p.partition),
+      el("td", { "data-field": "leader", title: p.leader || "" },
+        p.leader ? ownerName(p.leader) : badge("no leader", "warn")),
+      el("td", { class: "badges", "data-field": "status" }, ...status),
+      numCell("queues", p.queues),
+      numCell("applied", p.applied),
+      el("td", { class: "num", "data-field": "lag", "data-known": known ? "yes" : "no" },
+        known ? fmt(p.lag) : badge("unknown", "muted")),
+      numCell("checkpoint", cp ? cp.offset : null, cp ? fmt(cp.offset) : "none yet"),
+      numCell("forwards_pending", p.forwards_pending),
+      numCell("dead_letters_in_flight", p.dead_letters_in_flight));
+  });
+  replaceRows("partitions", rows);
+}
+
 function updateRates(queues) {
   const now = performance.now();
   const names = new Set();
@@ -278,6 +317,7 @@ function renderQueues(queues) {
       numCell("ready", q.ready),
       numCell("acquired", q.acquired),
       numCell("consumers", q.consumers),
+      el("td", { class: "num partition", "data-field": "partition" }, fmt(q.partition)),
       numCell("publish_rate", r.publish, fmtRate(r.publish)),
       numCell("deliver_rate", r.deliver, fmtRate(r.deliver)),
       numCell("ack_rate", r.ack, fmtRate(r.ack)),
@@ -299,6 +339,7 @@ function renderQueues(queues) {
             "Delete", () => api("DELETE", `/api/queues/${enc(q.queue)}`),
             (res) => `Deleted “${q.queue}” (${fmt(res.deleted)} message(s)).`) }, "Delete")));
   });
+  document.getElementById("queues").classList.toggle("split", state.split);
   replaceRows("queues", rows, "queues-empty");
 }
 
@@ -580,6 +621,9 @@ function renderSettings() {
   const policy = document.getElementById("d-policy");
   policy.textContent = q.policy || "none";
   policy.className = "badge " + (q.policy ? "ok" : "muted");
+  // Its data partition, on a log of several only (a one-log cluster's queues have one).
+  document.getElementById("d-partition-wrap").hidden = !state.split;
+  setText("d-partition", fmt(q.partition));
 }
 
 async function getMessages() {
@@ -833,6 +877,7 @@ async function poll() {
     clearError();
     renderHeader(ov, nodes);
     renderCluster(ov, nodes, logInfo);
+    renderPartitions(nodes);
     renderQueues(queues.queues);
     renderConnections(conns.connections);
     renderConsumers(consumers.consumers);

@@ -272,6 +272,66 @@ async def test_metrics_and_the_queue_list_name_each_data_partition(tmp_path: Pat
         b.stop()
 
 
+async def test_each_data_partition_lag_is_in_metrics_topology_and_the_admin_api(
+    tmp_path: Path,
+) -> None:
+    """``baton_partition_apply_lag_records`` and the ``lag`` of each topology row: one
+    per data partition, a number >= 0 every time, that reaches 0 once the broker has
+    applied what was published (docs/admin.md)."""
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.integration.test_admin import TOOL_HEADERS, admin_of
+
+    b = BrokerProcess(tmp_path / "one", extra=["--partitions", "2", "--admin-listen", "127.0.0.1:0"])
+    b.start()
+    try:
+        base = admin_of(b)
+        async with await clients.connect(b.address, timeout=5) as conn:
+            await conn.declare_queue("lag1", partition=1)
+            await conn.declare_queue("lag2", partition=2)
+            for name in ("lag1", "lag2"):
+                for _ in range(5):
+                    await conn.publish_batch(name, [b"m"] * 200)
+            # The native Topology answer (``baton topology``) has each row's lag.
+            native = await conn.topology()
+            assert [p["partition"] for p in native["partitions"]] == [1, 2]
+            assert all(isinstance(p["lag"], int) and p["lag"] >= 0
+                       for p in native["partitions"]), native["partitions"]
+        async with aiohttp.ClientSession(headers=TOOL_HEADERS) as http:
+
+            async def lags() -> tuple[dict[str, float], dict[int, int], dict[int, int]]:
+                async with http.get(f"{base}/metrics") as r:
+                    assert r.status == 200
+                    text = await r.text()
+                async with http.get(f"{base}/api/nodes") as r:
+                    assert r.status == 200
+                    rows = (await r.json())["partitions"]
+                families = {f.name: f for f in text_string_to_metric_families(text)}
+                metric = {
+                    s.labels["partition"]: s.value
+                    for s in families["baton_partition_apply_lag_records"].samples
+                }
+                # Every lag known and a number >= 0, whenever it is read.
+                assert set(metric) == {"1", "2"}, metric
+                assert all(v >= 0 for v in metric.values()), metric
+                api = {r["partition"]: r["lag"] for r in rows}
+                assert set(api) == {1, 2}, rows
+                assert all(type(v) is int and v >= 0 for v in api.values()), rows
+                applied = {r["partition"]: r["applied"] for r in rows}
+                return metric, api, applied
+
+            metric, api, applied = await eventually(
+                lags, "every data partition's lag at 0", timeout=30,
+                until=lambda got: all(v == 0 for v in got[0].values())
+                and all(v == 0 for v in got[1].values()),
+            )
+            # Caught up: the 1,000 publishes of each partition are applied here.
+            assert all(offset >= 5 for offset in applied.values()), applied
+    finally:
+        b.stop()
+
+
 async def test_a_fan_out_over_partitions_survives_its_forwarder_being_killed(
     parted: list[BrokerProcess],
 ) -> None:

@@ -28,7 +28,7 @@ class _Broker:
     def refused(self, what: str) -> None:
         pass
 
-    def topology(self) -> dict[str, Any]:
+    async def current_topology(self) -> dict[str, Any]:
         return {
             "view": self.ms.view_seq,
             "instances": [
