@@ -516,6 +516,11 @@ class AdminServer:
         body = await self.broker.current_topology()
         if not actor.monitors():  # the members' addresses: admins and monitoring only
             body = actor.rights.topology(body)
+        # Suspicion is replicated (docs/design.md §7): a member silent for its beats is
+        # suspected on every replica before a new view drops it; the console shows it.
+        ms = self.broker.node.state.membership
+        for instance in body["instances"]:
+            instance["suspected"] = ms.suspected(f"{instance['node_id']}/{instance['runtime']}")
         return json_response(body)
 
     # -- queues --------------------------------------------------------------------------
