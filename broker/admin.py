@@ -89,6 +89,7 @@ from batonmq.cluster.errors import (
 from batonmq.cluster.events import DeleteQueue, Event, Handover, PurgeQueue, Resign
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.node import Node
+from batonmq.cluster.partitioned import Partitioned
 from batonmq.cluster.queues import validate_declare
 from batonmq.cluster.results import Result
 from batonmq.cluster.services import host_of
@@ -225,29 +226,30 @@ def console_file(name: str) -> bytes:
     return importlib.resources.files("batonmq.broker").joinpath("console", name).read_bytes()
 
 
-def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
+def readiness(
+    node: Node, log_end: int | None, partition_ends: dict[int, int | None] | None = None
+) -> dict[str, Any]:
     """The /readyz answer: ready when this broker is a member of the view, applying
     (healthy) and caught up with the log (at most READY_MAX_LAG records behind). A broker
     that stopped applying for good (a record its build cannot read, an internal error)
-    is never ready: ``reasons`` says why."""
+    is never ready: ``reasons`` says why. On a log of several partitions, every data
+    partition (``partition_ends``: each one's log end, broker/log_ends.py) is held to
+    the same, and a partition control recorded that is not open here yet (growing N)
+    keeps it not ready; their reasons start with ``data partition K:``."""
     member = node.joined.is_set()
     healthy = node.healthy
     applied = node.state.applied
     lag = apply_lag(log_end, applied)
-    reasons = []
-    if not member:
-        reasons.append("not a member of the established view (joining, or dropped)")
-    if node.applier.stopped:
-        # For good, until a restart (an upgrade, for a record this build cannot read).
-        reasons.append(node.health.problem or "stopped applying the log (see its log)")
-    elif not healthy:
-        reasons.append(node.health.problem or "cannot read or write the log, or write the store")
-    if node.catchup is not None:
-        reasons.append("a join update is still bringing queues here")
-    if lag is None:
-        reasons.append("the log's end is unknown")
-    elif lag > READY_MAX_LAG:
-        reasons.append(f"{lag} log records behind")
+    reasons = _not_ready(node, lag)
+    ends = partition_ends or {}
+    for part in node.parts()[1:]:
+        part_lag = apply_lag(ends.get(part.partition), part.state.applied)
+        reasons.extend(
+            f"data partition {part.partition}: {why}" for why in _not_ready(part, part_lag)
+        )
+    if isinstance(node, Partitioned) and node.growth.missing:
+        reasons.append(node.growth.problem or "data partition(s) "
+                       f"{', '.join(map(str, node.growth.missing))} not open here yet")
     return {
         "ready": not reasons,
         "member": member,
@@ -258,6 +260,25 @@ def readiness(node: Node, log_end: int | None) -> dict[str, Any]:
         "apply_stopped": node.applier.stopped,
         "reasons": reasons,
     }
+
+
+def _not_ready(node: Node, lag: int | None) -> list[str]:
+    """Why one partition's node keeps this broker from being ready (none: it does not)."""
+    reasons = []
+    if not node.joined.is_set():
+        reasons.append("not a member of the established view (joining, or dropped)")
+    if node.applier.stopped:
+        # For good, until a restart (an upgrade, for a record this build cannot read).
+        reasons.append(node.health.problem or "stopped applying the log (see its log)")
+    elif not node.healthy:
+        reasons.append(node.health.problem or "cannot read or write the log, or write the store")
+    if node.catchup is not None:
+        reasons.append("a join update is still bringing queues here")
+    if lag is None:
+        reasons.append("the log's end is unknown")
+    elif lag > READY_MAX_LAG:
+        reasons.append(f"{lag} log records behind")
+    return reasons
 
 
 def _status_of(exc: BatonError) -> int:
@@ -468,7 +489,9 @@ class AdminServer:
         )
 
     async def readyz(self, request: web.Request) -> web.Response:
-        body = readiness(self.broker.node, await self._log_end())
+        node = self.broker.node
+        log_end, ends = await asyncio.gather(self._log_end(), partition_log_ends(node))
+        body = readiness(node, log_end, ends)
         return json_response(body, 200 if body["ready"] else 503)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
@@ -486,7 +509,7 @@ class AdminServer:
         b = self.broker
         node = b.node
         ms = node.state.membership
-        log_end = await self._log_end()
+        log_end, ends = await asyncio.gather(self._log_end(), partition_log_ends(node))
         return json_response(
             {
                 "node_id": node.node_id,
@@ -500,7 +523,7 @@ class AdminServer:
                 "leader": ms.leader(),
                 "is_leader": ms.leader() == node.key,
                 "members": len(ms.members),
-                "readiness": readiness(node, log_end),
+                "readiness": readiness(node, log_end, ends),
                 "queues": len(node.queues),
                 "messages_ready": sum(q.ready for q in node.queues.values()),
                 "messages_acquired": sum(len(q.acquired) for q in node.queues.values()),

@@ -60,6 +60,17 @@ async def _shown_by_admin(b: BrokerProcess) -> tuple[list[str], list[int]]:
     return member, [p["partition"] for p in nodes["partitions"]]
 
 
+async def _readyz(b: BrokerProcess) -> tuple[int, dict[str, Any]]:
+    """Broker ``b``'s /readyz: its status and answer (every data partition counts)."""
+    import aiohttp
+
+    from tests.integration.test_admin import admin_of
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{admin_of(b)}/readyz") as r:
+            return r.status, await r.json()
+
+
 @pytest.fixture(params=["file", "kafka"])
 def log_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "kafka":
@@ -252,6 +263,10 @@ async def test_a_broker_that_cannot_open_a_new_partition_says_so_and_serves_on(
         assert [p["partition"] for p in top["partitions"]] == [1, 2]
         assert "cannot open data partition(s) 3 here" in brokers[1].output()
         assert await _shown_by_admin(brokers[1]) == (["1", "2"], [1, 2])
+        # Not ready (a load balancer keeps clients away) while a partition is not open.
+        status, ready = await _readyz(brokers[1])
+        assert status == 503 and not ready["ready"], ready
+        assert any("cannot open data partition(s) 3" in r for r in ready["reasons"]), ready
         async with await clients.connect(brokers[1].address, timeout=5) as c:
             await c.publish("before", b"still served")
             await wait_stats(c, "before", ready=1)
@@ -259,6 +274,11 @@ async def test_a_broker_that_cannot_open_a_new_partition_says_so_and_serves_on(
         blocker.unlink()
         await _open_everywhere(brokers[1], 3)
         assert await _shown_by_admin(brokers[1]) == (["1", "2", "3"], [1, 2, 3])
+        ready = await eventually(
+            lambda: _readyz(brokers[1]), "broker 2 ready with partition 3 open",
+            timeout=30, until=lambda r: r[0] == 200,
+        )
+        assert ready[1]["reasons"] == [], ready
         async with await clients.connect(brokers[1].address, timeout=5) as c:
             await c.publish("after", b"on partition 3")
             await wait_stats(c, "after", ready=1)
