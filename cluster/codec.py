@@ -78,8 +78,11 @@ _POSITION_EVENTS: Final = (Accept.OP, Release.OP, Reject.OP)
 _HEARTBEAT: Final = Heartbeat.OP
 _DECLARE: Final = DeclareQueue.OP
 _ENQUEUES: Final = (Enqueue.OP, RoutedEnqueue.OP)
-#: Where an Enqueue's and a RoutedEnqueue's ttls field is (flag message_ttl).
-_TTLS_AT: Final = {op: _FIELDS[op].index("ttls") for op in _ENQUEUES}
+#: Where the ttls field (flag message_ttl) is, in each event that has it last: an
+#: Enqueue, a RoutedEnqueue, and a FanOut and ForwardIn that carry a RoutedEnqueue on.
+_TTLS_AT: Final = {
+    op: _FIELDS[op].index("ttls") for op in (*_ENQUEUES, FanOut.OP, ForwardIn.OP)
+}
 
 
 class EventEncoder:
@@ -112,7 +115,7 @@ class EventEncoder:
                 items.pop()
                 if items[-1] is None:
                     items.pop()
-        elif event.OP in _ENQUEUES and not items[-1]:
+        elif event.OP in _TTLS_AT and not items[-1]:
             # The messages' own TTLs (flag message_ttl), left out while none has one.
             items.pop()
         return self._packer.pack(items)
@@ -243,6 +246,8 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
             ):
                 raise MalformedEvent("FanOut.forward must be [[partition, [queue, ...]], ...]")
             values[8] = tuple((g[0], tuple(g[1])) for g in raw)
+        if len(values) > _TTLS_AT[op]:
+            values[-1] = _ttls(values[-1], len(values[q + 1]))
     elif op == RouteDeadLetter.OP:
         if len(values) > 1:
             if not isinstance(values[1], list) or not all(isinstance(x, str) for x in values[1]):

@@ -815,7 +815,8 @@ class FanOut(Event[Routed]):
     """A publish through an exchange whose queues are on several data partitions
     (flag ``partitions``; cluster/forwarding.py), appended to one of them, its *home*:
     enqueued here on ``queues`` as a :class:`RoutedEnqueue` would be, and kept for each
-    other partition of ``forward`` (``[(partition, queues), ...]``) until forwarded."""
+    other partition of ``forward`` (``[(partition, queues), ...]``) until forwarded.
+    ``ttls``: as for :class:`Enqueue` (flag ``message_ttl``), kept with each entry too."""
 
     OP: ClassVar[int] = 112
     queues: tuple[str, ...]
@@ -827,13 +828,16 @@ class FanOut(Event[Routed]):
     not_before: int = 0
     priority: int = 0
     forward: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    ttls: tuple[int | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardIn(Event[Routed]):
     """Entry ``number`` that data partition ``home`` keeps for this one (flag
     ``partitions``): enqueued on ``queues`` if it is the next one expected from ``home``;
-    a lower number is a duplicate (nothing enqueued), a higher one is refused."""
+    a lower number is a duplicate (nothing enqueued), a higher one is refused.
+    ``ttls``: as for :class:`Enqueue` (flag ``message_ttl``); a message's TTL counts from
+    this apply, by this partition's replicated clock (when it enters its queues here)."""
 
     OP: ClassVar[int] = 113
     home: int
@@ -846,6 +850,7 @@ class ForwardIn(Event[Routed]):
     delay_ms: int = 0
     not_before: int = 0
     priority: int = 0
+    ttls: tuple[int | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,7 +105,9 @@ FEATURES: Final[dict[str, Feature]] = {
         Feature(
             "message_ttl", 8, "0.4.0",
             "a message's own TTL (AMQP's expiration property, the native ttl): each"
-            " message's TTL as a trailing field of Enqueue and RoutedEnqueue, and a"
+            " message's TTL as a trailing field of Enqueue and RoutedEnqueue (and of"
+            " FanOut and ForwardIn, and of a data partition's entries kept for another"
+            " partition, on a split log), and a"
             " queue's messages' expiry times as a trailing part of its snapshot while"
             " it holds such messages; before, the property is kept and not enforced",
         ),

@@ -39,7 +39,7 @@ from batonmq.cluster.events import (
 )
 from batonmq.cluster.results import Routed
 
-from batonmq.cluster.queue_state import QueueState
+from batonmq.cluster.queue_state import MAX_PRIORITY, QueueState, check_ttls
 
 __all__ = [
     "Outbound", "DeadLetter", "Forwards", "ForwardGap", "apply_forward", "OUTBOX_QID",
@@ -89,6 +89,9 @@ class Outbound:
     # A dead letter: its number in the outbox, where its body is (messages is empty);
     # -1: a publish, its messages inline.
     outbox: int = -1
+    # The messages' own TTLs (flag message_ttl), as the FanOut had them; () if none has
+    # one (a dead letter never: dead-lettering drops a message's own TTL).
+    ttls: tuple[int | None, ...] = ()
 
     def snapshot(self) -> list[Any]:
         snap = [
@@ -96,8 +99,13 @@ class Outbound:
             [list(k) for k in self.keys], self.exchange, self.routing_key, self.delay_ms,
             self.not_before, self.priority, self.ts,
         ]
-        if self.outbox >= 0:  # (a publish's entry is as it was)
+        # Trailing parts, each only when needed, so that an entry without them is as
+        # builds before them write and read it: the outbox number (-1 for a publish with
+        # ttls), then the ttls.
+        if self.outbox >= 0 or self.ttls:
             snap.append(self.outbox)
+        if self.ttls:
+            snap.append(list(self.ttls))
         return snap
 
     @classmethod
@@ -106,6 +114,7 @@ class Outbound:
             tuple(snap[0]), tuple((bytes(b), dict(h)) for b, h in snap[1]),
             tuple((str(k), int(n)) for k, n in snap[2]), snap[3], snap[4], snap[5], snap[6],
             snap[7], snap[8], int(snap[9]) if len(snap) > 9 else -1,
+            tuple(snap[10]) if len(snap) > 10 else (),
         )
 
 
@@ -287,11 +296,18 @@ def apply_forward(
     if isinstance(ev, RouteDeadLetter):
         _route_dead_letter(forwards, index, ignore, partition, origin, ev, out)
         return None
+    # Checked before anything changes (an entry taken, or kept for another partition,
+    # must be one its queues take); each queue's enqueue checks them again.
     if ev.delay_ms < 0 or ev.not_before < 0:
         raise InvalidArgument("a publish's delay and not_before must not be negative")
+    if not 0 <= ev.priority <= MAX_PRIORITY:
+        raise InvalidArgument(f"priority must be 0..{MAX_PRIORITY}")
+    check_ttls(ev.ttls, len(ev.messages))
+    # A forwarded message's own TTL counts from its ForwardIn's apply on the target, by
+    # that partition's replicated clock, as at home from the FanOut's (design.md §16).
     local = RoutedEnqueue(
         ev.queues, ev.messages, ev.keys, ev.exchange, ev.routing_key, ev.delay_ms,
-        ev.not_before, ev.priority,
+        ev.not_before, ev.priority, ev.ttls,
     )
     if isinstance(ev, ForwardIn):
         if ev.home < 1 or ev.home == partition or not ev.queues:
@@ -316,7 +332,7 @@ def apply_forward(
     for target, queues in ev.forward:
         forwards.add(target, Outbound(
             queues, ev.messages, ev.keys, ev.exchange, ev.routing_key, ev.delay_ms,
-            ev.not_before, ev.priority, origin.ts,
+            ev.not_before, ev.priority, origin.ts, ttls=ev.ttls,
         ))
         remote += queues
     # The other partitions' queues take it once forwarded: no position yet (-1).

@@ -371,7 +371,7 @@ class Partitioned(Node):
             done = await self.data[home].submit(FanOut(
                 tuple(by_part[home]), ev.messages, ev.keys, ev.exchange, ev.routing_key,
                 ev.delay_ms, ev.not_before, ev.priority,
-                tuple((k, tuple(by_part[k])) for k in others),
+                tuple((k, tuple(by_part[k])) for k in others), ev.ttls,
             ))
         return Routed(done.queues, done.positions, done.full, done.missing + missing)
 
@@ -475,7 +475,7 @@ class Partitioned(Node):
                         messages = ((body.body, body.headers),)
                     sent.append(dst.submit(ForwardIn(
                         home, n, e.queues, messages, e.keys, e.exchange, e.routing_key,
-                        e.delay_ms, e.not_before, e.priority,
+                        e.delay_ms, e.not_before, e.priority, e.ttls,
                     )))
                 results = await asyncio.gather(*sent, return_exceptions=True)
                 through = -1

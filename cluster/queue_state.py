@@ -23,8 +23,8 @@ MAX_QUEUE_NAME: Final = 255
 
 __all__ = [
     "QueueState", "WORK_SETTINGS", "POLICY_FIELDS", "RETRY_POLICIES", "MAX_PRIORITY",
-    "MAX_QUEUE_NAME", "SETTING_NAMES", "validate_declare", "kept_ttls", "IMMEDIATE_MS",
-    "MAX_TTL_MS", "Ledger",
+    "MAX_QUEUE_NAME", "SETTING_NAMES", "validate_declare", "kept_ttls", "check_ttls",
+    "IMMEDIATE_MS", "MAX_TTL_MS", "Ledger",
 ]
 
 #: The work-queue settings of DeclareQueue after the first six (docs/events.md), in the
@@ -635,6 +635,17 @@ class Ledger(Protocol):
     def ignore(self, reason: str, n: int = 1) -> None:
         """Count ``n`` events (or parts of one) ignored, deterministically, for ``reason``."""
         ...
+
+
+def check_ttls(ttls: Sequence[int | None], n: int) -> None:
+    """A publish's own TTLs (flag message_ttl): none, or one per message of its ``n``,
+    each 0..:data:`MAX_TTL_MS` or None.
+
+    Raises:
+        InvalidArgument: they are not.
+    """
+    if ttls and (len(ttls) != n or any(t is not None and not 0 <= t <= MAX_TTL_MS for t in ttls)):
+        raise InvalidArgument(f"a message's own TTL must be 0..{MAX_TTL_MS} ms, one each")
 
 
 def kept_ttls(

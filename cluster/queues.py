@@ -69,7 +69,7 @@ from batonmq.cluster.queue_state import (
     MAX_PRIORITY,
     Ledger,
     MAX_QUEUE_NAME,
-    MAX_TTL_MS,
+    check_ttls,
     kept_ttls,
     SETTING_NAMES,
     WORK_SETTINGS,
@@ -305,10 +305,7 @@ class QueueIndex(DeadLettering):
             raise InvalidArgument("a publish's delay and not_before must not be negative")
         if not 0 <= ev.priority <= MAX_PRIORITY:
             raise InvalidArgument(f"priority must be 0..{MAX_PRIORITY}")
-        if ev.ttls and (len(ev.ttls) != len(ev.messages) or any(
-            t is not None and not 0 <= t <= MAX_TTL_MS for t in ev.ttls
-        )):
-            raise InvalidArgument(f"a message's own TTL must be 0..{MAX_TTL_MS} ms, one each")
+        check_ttls(ev.ttls, len(ev.messages))
         q = self.queue(ev.queue)
         messages = ev.messages
         starts: list[int] | None = None  # each key span's first position

@@ -339,6 +339,8 @@ class State:
                 return self.placement.apply(ev, self.users, self.ignore)
             case FanOut() | ForwardIn() | ForwardDone() | RouteDeadLetter():
                 self._need("partitions", f"{type(ev).__name__} needs")
+                if isinstance(ev, (FanOut, ForwardIn)) and ev.ttls:  # (as for an Enqueue)
+                    self._need("message_ttl", "a message's own TTL needs")
                 # A publish forwarded between data partitions (cluster/forwarding.py).
                 return apply_forward(self.forwards, self.index, self.ignore,
                                      self.data_partition, origin, ev, out)
