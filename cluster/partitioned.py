@@ -48,6 +48,7 @@ from batonmq.cluster.events import (
     FanOut,
     FenceTerm,
     ForwardDone,
+    GrowPartitions,
     ForwardIn,
     PlaceQueues,
     ReleaseQueue,
@@ -286,8 +287,19 @@ class Partitioned(Node):
         them. A difference is acted on only when two looks a second apart see the same
         one, so that what is on its way (or control's own catching up) is not undone."""
         seen: dict[int, list[Event[Any]]] = {}
+        unrecorded = 0
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL)
+            # The log's count, when control has not recorded it (a new cluster, or a
+            # growth whose broker died between growing the log and recording it):
+            # recorded, so that placement and every broker go by it (design.md §16).
+            now = self._unrecorded_count()
+            if now and now == unrecorded:
+                self.submit(GrowPartitions(now)).add_done_callback(ignore_outcome)
+                log.info("node %s: recording the log's %d data partitions on control",
+                         self.key, now)
+                now = 0
+            unrecorded = now
             for k, node in list(self.data.items()):  # (growth may add to it meanwhile)
                 events = (
                     lacking(self.state, node.state)
@@ -308,6 +320,18 @@ class Partitioned(Node):
                 else:
                     log.info("partition %d took control's %s", k,
                              ", ".join(type(ev).__name__ for ev in events))
+
+    def _unrecorded_count(self) -> int:
+        """The log's data partitions, if more than control recorded (0: none more, or
+        this broker cannot record them now: not a member, or the flag is off)."""
+        have = self.logs.count - 1
+        if (
+            have > self.state.placement.partitions
+            and self.joined.is_set()
+            and "partitions" in self.state.features.enabled
+        ):
+            return have
+        return 0
 
     async def place(self, queue: str, partition: int) -> int:
         if not 0 <= partition <= self.count:

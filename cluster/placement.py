@@ -14,11 +14,13 @@ declare of a new queue for a user places it with the user (refused past the limi
 control's log order), and a deletion on the data partition releases it
 (:class:`~batonmq.cluster.events.ReleaseQueue`).
 
-The cluster's count of data partitions is first the log's (every broker opens the
-log with it); :class:`~batonmq.cluster.events.GrowPartitions` records a higher one in
-log order (docs/design.md §16, "Growing N"), and placement chooses among that many
-from then on, whatever count an appender says (one that has not applied the growth yet
-says fewer; one started on a log grown further than recorded, more).
+The cluster's count of data partitions is recorded by
+:class:`~batonmq.cluster.events.GrowPartitions` in log order: the log's count, which every
+broker appends when it sees it unrecorded (a new cluster; a growth whose broker died
+before recording it), and each growth's (docs/design.md §16, "Growing N"). Placement
+chooses among that many, whatever count an appender says (one that has not applied the
+growth yet says fewer; one started on a log grown further than recorded, more); before
+any is recorded, among the count the ``PlaceQueues`` says.
 """
 
 from __future__ import annotations

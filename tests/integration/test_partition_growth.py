@@ -21,6 +21,7 @@ import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import InvalidArgument
+from batonmq.cluster.log import open_log_set
 from tests.helpers import equal_digests, eventually, topology, wait_stats
 from tests.integration.conftest import REPO, BrokerProcess
 
@@ -235,6 +236,32 @@ async def test_a_live_cluster_grows_from_2_to_4_data_partitions(
                     seen.add(m.body)
                 await consumer.ack_many(batch)
     await conn.close()
+
+
+async def test_a_growth_whose_broker_died_before_recording_it_is_completed(
+    pair: list[BrokerProcess], log_url: str,
+) -> None:
+    """The broker asked to grow died between growing the log and recording the count
+    (here: the log grown while it was down): once it runs again it records the log's
+    count on control, and every broker opens the new partition."""
+    async with await clients.connect(pair[0].address, timeout=5) as conn:
+        await conn.declare_queue("before")  # on 1
+        await conn.declare_queue("other")  # on 2
+    pair[1].stop()
+    logs = await open_log_set(log_url)
+    try:
+        assert await logs.grow(4) == 4  # a control partition and 3 data partitions
+    finally:
+        await logs.close()
+    pair[1].start(timeout=60)
+    for b in pair:
+        await _open_everywhere(b, 3)
+    async with await clients.connect(pair[0].address, timeout=5) as conn:
+        await conn.declare_queue("after")  # the emptiest: the new one
+        assert (await conn.queue_stats("after"))["partition"] == 3
+        await conn.publish("after", b"served by both")
+        await wait_stats(conn, "after", ready=1)
+    await equal_digests(pair)
 
 
 async def test_a_broker_that_cannot_open_a_new_partition_says_so_and_serves_on(
