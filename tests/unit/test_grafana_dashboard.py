@@ -10,8 +10,9 @@ from typing import Any
 
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.metrics import BrokerMetrics
-from batonmq.cluster.log import open_log
+from batonmq.cluster.log import open_log, open_log_set
 from batonmq.cluster.node import Node
+from batonmq.cluster.partitioned import Partitioned
 from batonmq.store.memory import MemoryStore
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
@@ -55,6 +56,21 @@ def _queries(dashboard: dict[str, Any]) -> Iterator[str]:
             yield variable["query"]["query"]
 
 
+async def _exposed_on_a_split_log() -> set[str]:
+    """What a broker of a control partition and 2 data partitions exposes (the
+    ``baton_partition_*`` families, which a log of one does not have)."""
+    logs = await open_log_set("memory:", partitions=3)
+    node = Partitioned("grafana", logs, MemoryStore(), {1: MemoryStore(), 2: MemoryStore()})
+    await node.start()
+    try:
+        metrics = BrokerMetrics(_Broker(node))
+        metrics.attach(node)
+        return _exposed_names(metrics)
+    finally:
+        await node.stop()
+        await logs.close()
+
+
 async def test_every_metric_the_dashboard_queries_is_exposed() -> None:
     log = await open_log("memory:")
     node = Node("grafana", log, MemoryStore())
@@ -68,6 +84,8 @@ async def test_every_metric_the_dashboard_queries_is_exposed() -> None:
         assert {"baton_queue_ready_messages", "baton_log_append_seconds_bucket",
                 "process_cpu_seconds_total", "baton_ignored_events_total",
                 "baton_apply_lag_records"} <= exposed
+        exposed |= await _exposed_on_a_split_log()
+        assert "baton_partition_apply_lag_records" in exposed
         dashboard = json.loads(DASHBOARD.read_text())
         queried = {
             name
