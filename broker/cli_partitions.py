@@ -32,10 +32,12 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps({"count": topo.get("partition_count", len(rows)), "partitions": rows},
                          indent=2))
         return 0
-    print(f"{'partition':>9}  {'queues':>6}  {'applied':>8}  {'view':>4}  {'member':6}  leader")
+    print(f"{'partition':>9}  {'queues':>6}  {'applied':>8}  {'lag':>7}  {'view':>4}"
+          f"  {'member':6}  leader")
     for r in rows:
-        print(f"{r['partition']:>9}  {r['queues']:>6}  {r['applied']:>8}  {r['view']:>4}"
-              f"  {'yes' if r['member'] else 'no':6}  {r['leader'] or '-'}")
+        lag = "?" if r.get("lag") is None else r["lag"]  # its log's end unknown
+        print(f"{r['partition']:>9}  {r['queues']:>6}  {r['applied']:>8}  {lag:>7}"
+              f"  {r['view']:>4}  {'yes' if r['member'] else 'no':6}  {r['leader'] or '-'}")
     count = topo.get("partition_count", len(rows))
     print(f"{count} data partition(s); this broker applies {len(rows)}")
     if count > len(rows):

@@ -218,6 +218,10 @@ async def test_a_live_cluster_grows_from_2_to_4_data_partitions(
         )
         assert listed.returncode == 0, listed.stderr
         assert "4 data partition(s); this broker applies 4" in listed.stdout, listed.stdout
+        header, *rows = listed.stdout.splitlines()[:5]
+        assert header.split()[:4] == ["partition", "queues", "applied", "lag"], header
+        assert [r.split()[0] for r in rows] == ["1", "2", "3", "4"], listed.stdout
+        assert all(r.split()[3].isdigit() for r in rows), listed.stdout  # each lag known
         shown = await asyncio.to_thread(baton, "topology", "--broker", joiner.address)
         assert "data partitions 4, open here: 1, 2, 3, 4" in shown.stdout, shown
         await equal_digests([*pair, joiner])
