@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from batonmq import clients
-from tests.integration.conftest import BrokerProcess
+from tests.integration.conftest import BrokerProcess, started
 from tests.integration.test_admin import ADMIN, admin_of
 from tests.integration.test_console import (
     browser,
@@ -34,23 +34,15 @@ __all__ = ["browser"]  # the fixture, imported for these tests
 @pytest.fixture
 def split_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """One broker on a log of a control partition and 2 data partitions."""
-    b = BrokerProcess(tmp_path / "split", extra=[*ADMIN, "--partitions", "2"])
-    b.start()
-    try:
+    for (b,) in started([BrokerProcess(tmp_path / "split", extra=[*ADMIN, "--partitions", "2"])]):
         yield b
-    finally:
-        b.stop()
 
 
 @pytest.fixture
 def one_log_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """One broker on a log of one partition, whatever BATON_TEST_PARTITIONS says."""
-    b = BrokerProcess(tmp_path / "one", extra=[*ADMIN, "--partitions", "1"])
-    b.start()
-    try:
+    for (b,) in started([BrokerProcess(tmp_path / "one", extra=[*ADMIN, "--partitions", "1"])]):
         yield b
-    finally:
-        b.stop()
 
 
 def _partition_rows(browser: WebDriver) -> dict[str, dict[str, str]]:
