@@ -174,9 +174,10 @@ class BrokerCollector(Collector):
         yield _gauge("baton_healthy", "0 while the log or the store cannot be used.",
                      1 if node.healthy else 0)
         yield _gauge("baton_log_cut",
-                     "1 once the log was found to end below the offset applied here (records"
-                     " cut from its end; baton log verify): until a restart.",
-                     1 if node.health.log_cut is not None else 0)
+                     "1 once the log (on a split log: any of its partitions) was found to end"
+                     " below the offset applied here (records cut from its end; baton log"
+                     " verify): until a restart.",
+                     1 if any(n.health.log_cut is not None for n in node.parts()) else 0)
         catchup = node.catchup
         yield _gauge("baton_join_in_progress", "1 while this broker takes in a join update.",
                      1 if catchup is not None else 0)
