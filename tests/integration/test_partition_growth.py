@@ -61,15 +61,14 @@ async def _shown_by_admin(b: BrokerProcess) -> tuple[list[str], list[int]]:
     return member, [p["partition"] for p in nodes["partitions"]]
 
 
-async def _readyz(b: BrokerProcess) -> tuple[int, dict[str, Any]]:
+async def _readyz(b: BrokerProcess) -> tuple[int, Any]:
     """Broker ``b``'s /readyz: its status and answer (every data partition counts)."""
     import aiohttp
 
-    from tests.integration.test_admin import admin_of
+    from tests.integration.test_admin import admin_of, get_json
 
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{admin_of(b)}/readyz") as r:
-            return r.status, await r.json()
+        return await get_json(http, f"{admin_of(b)}/readyz")
 
 
 @pytest.fixture(params=["file", "kafka"])
