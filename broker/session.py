@@ -13,7 +13,8 @@ each frame to its handler:
 * queries (queue stats, topology, peek, connections), answered from the state applied
   here, and a message's history, read from the log (broker/inspect.py, broker/history.py);
 * service leadership (``Lead``, ``Resign``, ``Handover``) to broker/leadership.py;
-* a joining broker's ``UpdateRequest`` to broker/donor.py;
+* a joining broker's ``UpdateRequest`` to broker/donor.py; a peer broker's forwarded
+  events (``PeerProof``, ``Submit``) to broker/peers.py;
 * range reads (``ReadRange``) to broker/ranges.py.
 
 It sees the broker through :class:`SessionBroker` only, and is seen by delivery and
@@ -56,6 +57,7 @@ from batonmq.broker.leadership import Leadership
 from batonmq.broker.limits import check_event, check_headers, check_key, check_name
 from batonmq.broker.networks import Networks, allows
 from batonmq.broker.partitions import grow_partitions
+from batonmq.broker.peers import PeerService
 from batonmq.broker.policies import clear_policy_event, list_policies, set_policy_event
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
@@ -241,6 +243,7 @@ class Session(ClientConnection):
         # Counted in the broker's LoginGate until it logs in or closes.
         self._gated = False
         self._member_proven = False
+        self._peer: PeerService | None = None  # a peer link's serving side
 
     @property
     def user(self) -> str:
@@ -281,6 +284,8 @@ class Session(ClientConnection):
         self._authenticated()
         if self._update is not None:
             self._update.cancel()
+        if self._peer is not None:
+            self._peer.close()
         self.broker.sessions.discard(self)
         for c in list(self.consumers.values()):
             self.broker.delivery.remove(c)
@@ -394,14 +399,22 @@ class Session(ClientConnection):
                 self.fail(ProtocolError("the first frame must be Hello (then AuthResponse)"))
             return
         if self._member is not None:
+            if isinstance(f, (wire.PeerProof, wire.Submit)):
+                self._peer_link(f)  # forwarding between brokers (broker/peers.py)
+                return
             if not isinstance(f, (wire.UpdateRequest, wire.Ping)):
                 self.broker.refused("member")
                 raise AccessRefused(
-                    f"a member session sends UpdateRequest and Ping only, not {type(f).__name__}"
+                    f"a member session sends UpdateRequest, PeerProof, Submit and Ping only,"
+                    f" not {type(f).__name__}"
                 )
-        elif isinstance(f, wire.UpdateRequest):
+        elif isinstance(f, (wire.UpdateRequest, wire.PeerProof, wire.Submit)):
             self.broker.refused("member")
-            why = "only a joining broker (Hello MEMBER) may ask for the join update"
+            why = (
+                "only a joining broker (Hello MEMBER) may ask for the join update"
+                if isinstance(f, wire.UpdateRequest)
+                else "only a cluster member (Hello MEMBER) may open a peer link"
+            )
             log.warning("refused a join update to %s: %s", self.peer, why)
             raise AccessRefused(why)
         if isinstance(f, wire.Publish):
@@ -670,6 +683,18 @@ class Session(ClientConnection):
                     self.error(corr, err)
 
         return done
+
+    def _peer_link(self, f: wire.PeerProof | wire.Submit) -> None:
+        """A peer link's frame (broker/peers.py): its proof, then forwarded events."""
+        assert self._member is not None
+        if self._peer is None:
+            self._peer = PeerService(
+                self, self.broker.node, self._member, self._proven, self.broker.refused
+            )
+        if isinstance(f, wire.PeerProof):
+            self._peer.prove(f)
+        else:
+            self._peer.submit(f)
 
     def _member_hello(self, f: wire.Hello) -> None:
         """A joining broker's Hello (cluster/member_proof.py): the session gets a fresh
