@@ -199,12 +199,19 @@ def _topology(args: argparse.Namespace) -> int:
     print(f"this broker applied offset {topo['applied']}, digest {topo['digest'][:16]}")
     rows = topo.get("partitions")
     if rows is not None:  # a log of several partitions (docs/operations.md "Partitions")
-        opened = ", ".join(str(r["partition"]) for r in rows)
-        print(f"data partitions {topo.get('partition_count', len(rows))}, open here: {opened}")
+        opened = ", ".join(str(r["partition"]) for r in rows if r.get("here", True))
+        print(f"data partitions {topo.get('partition_count', len(rows))}, open here:"
+              f" {opened or 'none'}")
         for r in rows:
+            group = r.get("replicas")
+            who = (f", replicas {','.join(group)} ({r.get('live_replicas')} live)"
+                   if isinstance(group, list) else "")
+            if not r.get("here", True):
+                print(f"  partition {r['partition']}: not applied here{who}")
+                continue
             lag = "unknown" if r.get("lag") is None else r["lag"]
             print(f"  partition {r['partition']}: applied {r['applied']}, lag {lag},"
-                  f" {r['queues']} queues{'' if r['healthy'] else ', UNHEALTHY'}")
+                  f" {r['queues']} queues{'' if r['healthy'] else ', UNHEALTHY'}{who}")
     join = topo.get("join")
     if join and join.get("state") == "updating":
         print(f"this broker is joining: {join['progress']} (those queues wait here)")

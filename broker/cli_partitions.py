@@ -33,16 +33,35 @@ def _list(args: argparse.Namespace) -> int:
                          indent=2))
         return 0
     print(f"{'partition':>9}  {'queues':>6}  {'applied':>8}  {'lag':>7}  {'view':>4}"
-          f"  {'member':6}  leader")
+          f"  {'member':6}  {'leader':26}  replicas")
+    here = 0
     for r in rows:
-        lag = "?" if r.get("lag") is None else r["lag"]  # its log's end unknown
-        print(f"{r['partition']:>9}  {r['queues']:>6}  {r['applied']:>8}  {lag:>7}"
-              f"  {r['view']:>4}  {'yes' if r['member'] else 'no':6}  {r['leader'] or '-'}")
+        if r.get("here", True):
+            here += 1
+            lag = "?" if r.get("lag") is None else r["lag"]  # its log's end unknown
+            print(f"{r['partition']:>9}  {r['queues']:>6}  {r['applied']:>8}  {lag:>7}"
+                  f"  {r['view']:>4}  {'yes' if r['member'] else 'no':6}"
+                  f"  {r['leader'] or '-':26}  {_group(r)}")
+        else:  # (replica groups: applied by other brokers)
+            print(f"{r['partition']:>9}  {'-':>6}  {'-':>8}  {'-':>7}  {'-':>4}  {'-':6}"
+                  f"  {'(not applied here)':26}  {_group(r)}")
     count = topo.get("partition_count", len(rows))
-    print(f"{count} data partition(s); this broker applies {len(rows)}")
-    if count > len(rows):
-        print(f"not open here yet: {topo.get('status')}")
+    print(f"{count} data partition(s); this broker applies {here}")
+    if topo.get("status") != "ok":
+        print(f"status: {topo.get('status')}")
     return 0
+
+
+def _group(row: dict[str, object]) -> str:
+    """A partition's replica group as one cell: its brokers, live of all, joining."""
+    replicas = row.get("replicas")
+    if not isinstance(replicas, list):
+        return "every broker"  # (no group: before the flag replica_groups)
+    cell = f"{','.join(map(str, replicas))} ({row.get('live_replicas')}/{len(replicas)} live)"
+    joining = row.get("joining")
+    if isinstance(joining, list) and joining:
+        cell += f" joining {','.join(map(str, joining))}"
+    return cell
 
 
 def _add(args: argparse.Namespace) -> int:
