@@ -29,26 +29,27 @@ def _list(args: argparse.Namespace) -> int:
             "this cluster's log is one partition (started without --partitions N > 1)"
         )
     if args.json:
-        print(json.dumps({"count": topo.get("partition_count", len(rows)), "partitions": rows},
-                         indent=2))
+        print(json.dumps({"count": topo.get("partition_count", len(rows)), "partitions": rows,
+                          "groups": topo.get("groups", [])}, indent=2))
         return 0
+    groups = {g["partition"]: g for g in topo.get("groups") or []}
     print(f"{'partition':>9}  {'queues':>6}  {'applied':>8}  {'lag':>7}  {'view':>4}"
           f"  {'member':6}  {'leader':26}  replicas")
-    here = 0
-    for r in rows:
-        if r.get("here", True):
-            here += 1
-            lag = "?" if r.get("lag") is None else r["lag"]  # its log's end unknown
-            print(f"{r['partition']:>9}  {r['queues']:>6}  {r['applied']:>8}  {lag:>7}"
-                  f"  {r['view']:>4}  {'yes' if r['member'] else 'no':6}"
-                  f"  {r['leader'] or '-':26}  {_group(r)}")
-        else:  # (replica groups: applied by other brokers)
-            print(f"{r['partition']:>9}  {'-':>6}  {'-':>8}  {'-':>7}  {'-':>4}  {'-':6}"
-                  f"  {'(not applied here)':26}  {_group(r)}")
+    here = {r["partition"]: r for r in rows}
+    for k in sorted({*here, *groups}):
+        group = _group(groups.get(k, {}))
+        r = here.get(k)
+        if r is None:  # (replica groups: applied by other brokers)
+            print(f"{k:>9}  {'-':>6}  {'-':>8}  {'-':>7}  {'-':>4}  {'-':6}"
+                  f"  {'(not applied here)':26}  {group}")
+            continue
+        lag = "?" if r.get("lag") is None else r["lag"]  # its log's end unknown
+        print(f"{k:>9}  {r['queues']:>6}  {r['applied']:>8}  {lag:>7}  {r['view']:>4}"
+              f"  {'yes' if r['member'] else 'no':6}  {r['leader'] or '-':26}  {group}")
     count = topo.get("partition_count", len(rows))
-    print(f"{count} data partition(s); this broker applies {here}")
-    if topo.get("status") != "ok":
-        print(f"status: {topo.get('status')}")
+    print(f"{count} data partition(s); this broker applies {len(rows)}")
+    if count > len(rows) and topo.get("status") != "ok":
+        print(f"not open here yet: {topo.get('status')}")
     return 0
 
 

@@ -608,20 +608,11 @@ class Broker:
         node = self.node
         if not isinstance(node, Partitioned):
             return {}
-        here = {n.partition: n for n in node.parts()[1:]}
         rows = []
-        for k in range(1, max([node.count, *here]) + 1):
-            n = here.get(k)
-            if n is None:  # (replica groups: applied by other brokers)
-                rows.append({"partition": k, "here": False, "member": False, "healthy": None,
-                             "view": None, "leader": None, "applied": None, "lag": None,
-                             "queues": None, **self._group(node, k)})
-                continue
+        for n in node.parts()[1:]:
             ms = n.state.membership
             rows.append({
                 "partition": n.partition,
-                "here": True,
-                **self._group(node, k),
                 "view": ms.view_seq,
                 "leader": ms.live_leader(),
                 "member": n.joined.is_set(),
@@ -641,8 +632,11 @@ class Broker:
                 "log_truncated_before": n.truncated_before,
                 "join": _join_of([n]),
             })
-        # The cluster's count as control recorded it (growing N).
-        return {"partitions": rows, "partition_count": node.count}
+        # The cluster's count as control recorded it (growing N); each partition's
+        # replica group, whether this broker applies it or not.
+        groups = [{"partition": k, "here": k in node.data, **self._group(node, k)}
+                  for k in range(1, node.count + 1)]
+        return {"partitions": rows, "partition_count": node.count, "groups": groups}
 
     @staticmethod
     def _group(node: Partitioned, k: int) -> dict[str, Any]:

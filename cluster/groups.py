@@ -34,10 +34,11 @@ from batonmq.cluster.results import GroupChanged, ReplicationSet
 
 __all__ = ["ReplicaGroups", "DEFAULT_REPLICAS", "MAX_REPLICAS", "GroupEvent"]
 
-#: The group size of a cluster that set none (capped by the members there are).
-DEFAULT_REPLICAS = 3
 #: The largest group size a cluster may set.
 MAX_REPLICAS = 15
+#: The group size of a cluster that set none: every broker (capped by the members there
+#: are, up to :data:`MAX_REPLICAS`), as before groups; ``--replicas R`` sets a smaller one.
+DEFAULT_REPLICAS = MAX_REPLICAS
 #: The largest partition number a group may name (placement's own cap).
 _MAX_PARTITION = 1024
 

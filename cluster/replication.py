@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from batonmq.cluster.appender import ignore_outcome
 from batonmq.cluster.assignment import Group, Step, effective_r, plan
@@ -41,11 +41,33 @@ from batonmq.cluster.events import (
     ReplicaReady,
     SetReplication,
 )
+from batonmq.cluster.node import Node
+from batonmq.cluster.state import State
 
-if TYPE_CHECKING:
-    from batonmq.cluster.partitioned import Partitioned
+__all__ = ["Replication", "Replicated", "REPLACE_AFTER"]
 
-__all__ = ["Replication", "REPLACE_AFTER"]
+
+class _Opener(Protocol):
+    def check(self) -> None: ...
+
+
+class Replicated(Protocol):
+    """What :class:`Replication` needs of the broker's control node
+    (:class:`~batonmq.cluster.partitioned.Partitioned`)."""
+
+    node_id: str
+    key: str
+    state: State
+    data: dict[int, Node]
+    joined: asyncio.Event
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def growth(self) -> _Opener: ...
+
+    def submit(self, event: Event[Any]) -> "asyncio.Future[Any]": ...
 
 log = logging.getLogger("baton.node")
 
@@ -64,7 +86,7 @@ class Replication:
     """
 
     def __init__(
-        self, owner: "Partitioned", replicas: int = 0, replace_after: float = REPLACE_AFTER
+        self, owner: Replicated, replicas: int = 0, replace_after: float = REPLACE_AFTER
     ) -> None:
         self._owner = owner
         self.replicas = replicas
