@@ -129,6 +129,8 @@ class Partitioned(Node):
         self.data: dict[int, Node] = {}
         self._listener: EffectListener | None = None
         self._forwarding: set[tuple[int, int]] = set()  # (home, target) being forwarded
+        #: The last origin number this runtime used on each data partition it closed.
+        self.closed_seqs: dict[int, int] = {}
         super().__init__(node_id, logs.partition(0), store, partition=0, **options)
         self.logs = logs
         self._options = options
@@ -157,6 +159,8 @@ class Partitioned(Node):
             self.node_id, self.logs.partition(k), store, runtime_id=self.runtime_id,
             partition=k, **self._options,
         )
+        # A partition this runtime left and is given again: its numbers go on.
+        node.appender.continue_after(self.closed_seqs.get(k, 0))
         node.on_unlocked = self._data_unlocked
         node.on_truncated = self._data_truncated
         node.state.data_partition = k  # (its tokens and forwarded publishes)

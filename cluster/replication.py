@@ -60,6 +60,7 @@ class Replicated(Protocol):
     state: State
     data: dict[int, Node]
     joined: asyncio.Event
+    closed_seqs: dict[int, int]
 
     @property
     def count(self) -> int: ...
@@ -275,6 +276,7 @@ class Replication:
                 log.warning("partition %d: leaving its view failed (%s): stopping anyway",
                             k, exc)
             await node.stop()
+            owner.closed_seqs[k] = node.appender.seq  # (if it is given the partition again)
             if self.on_closed is not None:
                 self.on_closed(k)
             if self.drop_store is not None:
