@@ -650,6 +650,8 @@ class Broker:
             "leaving": list(g.leaving) if g is not None else [],
             "live_replicas": live,
             "group_size": size,
+            # Where a client reaches them (live caught-up replicas, in group order).
+            "addresses": node.replica_addresses(k),
         }
 
     def reload_log_keys(self) -> bool:
