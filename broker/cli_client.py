@@ -200,11 +200,21 @@ def _topology(args: argparse.Namespace) -> int:
     rows = topo.get("partitions")
     if rows is not None:  # a log of several partitions (docs/operations.md "Partitions")
         opened = ", ".join(str(r["partition"]) for r in rows)
-        print(f"data partitions {topo.get('partition_count', len(rows))}, open here: {opened}")
-        for r in rows:
+        print(f"data partitions {topo.get('partition_count', len(rows))}, open here:"
+              f" {opened or 'none'}")
+        groups = {g["partition"]: g for g in topo.get("groups") or []}
+        here = {r["partition"]: r for r in rows}
+        for k in sorted({*here, *groups}):
+            g = groups.get(k, {})
+            who = (f", replicas {','.join(g['replicas'])} ({g.get('live_replicas')} live)"
+                   if isinstance(g.get("replicas"), list) else "")
+            r = here.get(k)
+            if r is None:
+                print(f"  partition {k}: not applied here{who}")
+                continue
             lag = "unknown" if r.get("lag") is None else r["lag"]
-            print(f"  partition {r['partition']}: applied {r['applied']}, lag {lag},"
-                  f" {r['queues']} queues{'' if r['healthy'] else ', UNHEALTHY'}")
+            print(f"  partition {k}: applied {r['applied']}, lag {lag},"
+                  f" {r['queues']} queues{'' if r['healthy'] else ', UNHEALTHY'}{who}")
     join = topo.get("join")
     if join and join.get("state") == "updating":
         print(f"this broker is joining: {join['progress']} (those queues wait here)")

@@ -29,20 +29,40 @@ def _list(args: argparse.Namespace) -> int:
             "this cluster's log is one partition (started without --partitions N > 1)"
         )
     if args.json:
-        print(json.dumps({"count": topo.get("partition_count", len(rows)), "partitions": rows},
-                         indent=2))
+        print(json.dumps({"count": topo.get("partition_count", len(rows)), "partitions": rows,
+                          "groups": topo.get("groups", [])}, indent=2))
         return 0
+    groups = {g["partition"]: g for g in topo.get("groups") or []}
     print(f"{'partition':>9}  {'queues':>6}  {'applied':>8}  {'lag':>7}  {'view':>4}"
-          f"  {'member':6}  leader")
-    for r in rows:
+          f"  {'member':6}  {'leader':26}  replicas")
+    here = {r["partition"]: r for r in rows}
+    for k in sorted({*here, *groups}):
+        group = _group(groups.get(k, {}))
+        r = here.get(k)
+        if r is None:  # (replica groups: applied by other brokers)
+            print(f"{k:>9}  {'-':>6}  {'-':>8}  {'-':>7}  {'-':>4}  {'-':6}"
+                  f"  {'(not applied here)':26}  {group}")
+            continue
         lag = "?" if r.get("lag") is None else r["lag"]  # its log's end unknown
-        print(f"{r['partition']:>9}  {r['queues']:>6}  {r['applied']:>8}  {lag:>7}"
-              f"  {r['view']:>4}  {'yes' if r['member'] else 'no':6}  {r['leader'] or '-'}")
+        print(f"{k:>9}  {r['queues']:>6}  {r['applied']:>8}  {lag:>7}  {r['view']:>4}"
+              f"  {'yes' if r['member'] else 'no':6}  {r['leader'] or '-':26}  {group}")
     count = topo.get("partition_count", len(rows))
     print(f"{count} data partition(s); this broker applies {len(rows)}")
-    if count > len(rows):
+    if count > len(rows) and topo.get("status") != "ok":
         print(f"not open here yet: {topo.get('status')}")
     return 0
+
+
+def _group(row: dict[str, object]) -> str:
+    """A partition's replica group as one cell: its brokers, live of all, joining."""
+    replicas = row.get("replicas")
+    if not isinstance(replicas, list):
+        return "every broker"  # (no group: before the flag replica_groups)
+    cell = f"{','.join(map(str, replicas))} ({row.get('live_replicas')}/{len(replicas)} live)"
+    joining = row.get("joining")
+    if isinstance(joining, list) and joining:
+        cell += f" joining {','.join(map(str, joining))}"
+    return cell
 
 
 def _add(args: argparse.Namespace) -> int:

@@ -172,6 +172,11 @@ class BrokerConfig:
         partitions: how many data partitions a new cluster's log gets (1: one log;
             N > 1: a control partition and N data partitions, docs/design.md §16); a log
             that exists keeps the partitions it has.
+        replicas: each data partition's replica group size on a split log (0: the
+            cluster's setting, else every broker; capped by the brokers there are);
+            recorded by the first broker of a cluster that gives it.
+        replace_after_ms: how long a broker may be out of the view before its replica
+            groups replace it (a restart within it moves no data).
         join: how a broker with an empty data dir starts on a log others use:
             "auto" (state from a live member, docs/design.md §8; replay if none and the log
             is whole), "update" or "replay".
@@ -260,6 +265,13 @@ class BrokerConfig:
                            help="data partitions of a new cluster's log (1: one log, as"
                                 " always; N > 1: a control partition and N data partitions,"
                                 " docs/operations.md); an existing log keeps its own")
+    replicas: int = _opt(0, least=0,
+                         help="brokers in each data partition's replica group on a split log"
+                              " (0: the cluster's setting, else every broker); recorded once per"
+                              " cluster")
+    replace_after_ms: int = _opt(30_000, least=0,
+                                 help="a broker out of the view this long is replaced in its"
+                                      " replica groups, ms")
     join: str = _opt("auto", choices=("auto", "update", "replay"),
                      help="an empty data dir on a busy log: take the state from a live member"
                           " (auto/update) or replay the whole log (replay)")

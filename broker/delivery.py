@@ -317,18 +317,22 @@ class Delivery:
                             "non-durable queue %r deleted: %s, which declared it, left the view",
                             e.queue, e.declarer_left,
                         )
-                    self._interest.discard(e.queue)
-                    self._deferred.discard(e.queue)
-                    self._owned_since.pop(e.queue, None)
-                    for c in list(self.by_queue.get(e.queue, ())):
-                        c.closed = True
-                        self.by_cid.pop(c.cid, None)
-                        c.session.consumer_cancelled(
-                            c.tag, QueueNotFound(f"queue {e.queue!r} was deleted")
-                        )
-                    self.by_queue.pop(e.queue, None)
+                    self.cancel_all(e.queue, QueueNotFound(f"queue {e.queue!r} was deleted"))
         for q in wake:
             self.pump(q)
+
+    def cancel_all(self, queue: str, why: BatonError) -> None:
+        """End every consumer of ``queue`` here, telling each client ``why`` (the queue
+        was deleted, or its partition is no longer applied here)."""
+        self._interest.discard(queue)
+        self._deferred.discard(queue)
+        self._owned_since.pop(queue, None)
+        for c in list(self.by_queue.get(queue, ())):
+            c.closed = True
+            self._timed.discard(c)
+            self.by_cid.pop(c.cid, None)
+            c.session.consumer_cancelled(c.tag, why)
+        self.by_queue.pop(queue, None)
 
     def _fenced(self) -> None:
         """The view dropped this runtime (paused, partitioned): what its consumers

@@ -23,6 +23,7 @@ from batonmq.broker.log_ends import apply_lag
 from batonmq.broker.peers import ForwardCounts
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.node import Node
+from batonmq.cluster.partitioned import Partitioned
 
 __all__ = ["BrokerMetrics", "BrokerCollector", "MetricsBroker", "CONTENT_TYPE"]
 
@@ -284,6 +285,7 @@ class BrokerCollector(Collector):
             for n in data:
                 family.add_metric([str(n.partition)], value(n))
             yield family
+        yield from _groups(node)
         # A partition whose log end is unknown has no sample (unknown is not 0).
         lags = GaugeMetricFamily(
             "baton_partition_apply_lag_records",
@@ -380,3 +382,25 @@ class BrokerMetrics:
         self.collector.log_end = log_end
         self.collector.partition_ends = partition_ends or {}
         return generate_latest(self.registry)
+
+
+def _groups(node: Node) -> Iterator[Metric]:
+    """Each data partition of the cluster: whether this broker applies it, and its replica
+    group's live brokers and size as control says (docs/design.md §16, "Replica groups")."""
+    if not isinstance(node, Partitioned):
+        return
+    here = GaugeMetricFamily("baton_partition_applied_here", "1 if this broker applies the"
+                             " data partition (is in its replica group), else 0.",
+                             labels=["partition"])
+    live = GaugeMetricFamily("baton_partition_replicas_live", "The data partition's"
+                             " caught-up replicas that are live members of the view.",
+                             labels=["partition"])
+    size = GaugeMetricFamily("baton_partition_replicas", "The data partition's caught-up"
+                             " replicas (its group; every member before groups).",
+                             labels=["partition"])
+    for k in range(1, node.count + 1):
+        n_live, n_size = node.replication.live_replicas(k)
+        here.add_metric([str(k)], 1 if k in node.data else 0)
+        live.add_metric([str(k)], n_live)
+        size.add_metric([str(k)], n_size)
+    yield from (here, live, size)

@@ -28,7 +28,7 @@ from batonmq.broker.session import Session
 from batonmq.clients import scram
 from batonmq.clients.tls import client_context, server_context
 from batonmq.cluster.features import ANNOUNCE, announced
-from batonmq.cluster.errors import InvalidArgument, QueueNotFound, StoreError
+from batonmq.cluster.errors import InvalidArgument, LogUnavailable, QueueNotFound, StoreError
 from batonmq.cluster.events import PutUser
 from batonmq.broker.memory import BodyBudget
 from batonmq.broker.log_ends import apply_lag, partition_log_ends
@@ -178,6 +178,11 @@ class Broker:
                 self._open_store(k)
             self._node = Partitioned(node_id, self._logs, self._store, dict(self._stores), **options)
             self._node.open_store = self._open_store  # growing N (cluster/growth.py)
+            groups = self._node.replication  # replica groups (cluster/replication.py)
+            groups.replicas = cfg.replicas
+            groups.replace_after = cfg.replace_after_ms / 1000
+            groups.drop_store = self._drop_store
+            groups.on_closed = self._partition_closed
         else:
             self._node = Node(node_id, self._logs.partition(0), self._store, **options)
         self._delivery = Delivery(
@@ -429,6 +434,29 @@ class Broker:
         self._stores[k] = part.store
         return part.store
 
+    def _drop_store(self, k: int) -> None:
+        """Close data partition ``k``'s store and delete it: this broker left the
+        partition's replica group (cluster/replication.py)."""
+        store = self._stores.pop(k, None)
+        if store is not None:
+            store.close()
+        path = os.path.join(self.config.data_dir, f"store-p{k}")
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("data partition %d's store deleted: this broker is not in its group", k)
+
+    def _partition_closed(self, k: int) -> None:
+        """This broker stopped applying data partition ``k``: its consumers of the
+        partition's queues end, each told where the queue is served now."""
+        node = self.node
+        if not isinstance(node, Partitioned):
+            return
+        where = ", ".join(node.replica_addresses(k)) or "its replicas"
+        for queue in [q for q in self.delivery.by_queue if node.state.placement.get(q) == k]:
+            self.delivery.cancel_all(queue, LogUnavailable(
+                f"queue {queue!r} is served by other brokers now (data partition {k}"
+                f" moved: {where}); subscribe again"
+            ))
+
     async def _open_logs(self, keys: Any) -> LogSet:
         """The log set: a new one with ``--partitions`` data partitions (a control
         partition more when there are several), an existing one as it is."""
@@ -577,11 +605,11 @@ class Broker:
     def _partitions(self, ends: dict[int, int | None]) -> dict[str, Any]:
         """A log of several partitions: each data partition as applied here, in its own
         view (docs/design.md §16); nothing for a log of one."""
-        data = self.node.parts()[1:]
-        if not data:
+        node = self.node
+        if not isinstance(node, Partitioned):
             return {}
         rows = []
-        for n in data:
+        for n in node.parts()[1:]:
             ms = n.state.membership
             rows.append({
                 "partition": n.partition,
@@ -604,11 +632,27 @@ class Broker:
                 "log_truncated_before": n.truncated_before,
                 "join": _join_of([n]),
             })
-        node = self.node
-        # The cluster's count as control recorded it (growing N): rows show the
-        # partitions open here, which a growth under way has fewer of.
-        count = node.count if isinstance(node, Partitioned) else len(rows)
-        return {"partitions": rows, "partition_count": count}
+        # The cluster's count as control recorded it (growing N); each partition's
+        # replica group, whether this broker applies it or not.
+        groups = [{"partition": k, "here": k in node.data, **self._group(node, k)}
+                  for k in range(1, node.count + 1)]
+        return {"partitions": rows, "partition_count": node.count, "groups": groups}
+
+    @staticmethod
+    def _group(node: Partitioned, k: int) -> dict[str, Any]:
+        """Data partition ``k``'s replica group as control says (docs/design.md §16):
+        its brokers by node id, those joining and leaving, and how many are live."""
+        g = node.replication.group(k)
+        live, size = node.replication.live_replicas(k)
+        return {
+            "replicas": list(g.replicas) if g is not None else None,
+            "joining": list(g.joining) if g is not None else [],
+            "leaving": list(g.leaving) if g is not None else [],
+            "live_replicas": live,
+            "group_size": size,
+            # Where a client reaches them (live caught-up replicas, in group order).
+            "addresses": node.replica_addresses(k),
+        }
 
     def reload_log_keys(self) -> bool:
         """Read the log key file again now (SIGHUP); False if the log is not sealed or

@@ -125,6 +125,17 @@ class Appender:
         # live runtime reads it by then. Records already stamped keep their format.
         self._encoder.format = fmt
 
+    @property
+    def seq(self) -> int:
+        """The last origin sequence number this runtime gave on this log."""
+        return self._seq
+
+    def continue_after(self, seq: int) -> None:
+        """Number from after ``seq``: this runtime appended up to it on this log before
+        (a data partition it left and is given again), where a lower number would be
+        taken for a duplicate."""
+        self._seq = max(self._seq, seq)
+
     def stamp(self, event: AnyEvent) -> bytes:
         """The record of ``event`` with this runtime's next origin sequence number."""
         self._seq += 1

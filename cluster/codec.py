@@ -26,6 +26,7 @@ from batonmq.cluster.events import (
     EVENT_TYPES,
     Accept,
     AnyEvent,
+    AssignReplicas,
     EnableFeatures,
     Enqueue,
     FanOut,
@@ -229,6 +230,10 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         if not isinstance(values[0], list) or not all(isinstance(n, str) for n in values[0]):
             raise MalformedEvent("EnableFeatures.names must be a list of strings")
         values[0] = tuple(values[0])
+    elif op == AssignReplicas.OP:
+        if not isinstance(values[1], list) or not all(isinstance(n, str) for n in values[1]):
+            raise MalformedEvent("AssignReplicas.nodes must be a list of strings")
+        values[1] = tuple(values[1])
     elif op in (FanOut.OP, ForwardIn.OP):
         q = 0 if op == FanOut.OP else 2  # the queues' field
         if not isinstance(values[q], list) or not all(isinstance(x, str) for x in values[q]):
@@ -394,6 +399,9 @@ _SCALAR_CHECKS: Final[dict[str, tuple[type, ...]]] = {
     "initial": (bool,),
     "user": (str, type(None)),
     "partition": (int,),
+    "node": (str,),
+    "instead": (str, type(None)),
+    "replicas": (int,),
     "home": (int,),
     "number": (int,),
     "target": (int,),

@@ -34,10 +34,12 @@ from batonmq.cluster.results import (
     FeaturesEnabled,
     HandoverAsked,
     Owner,
+    GroupChanged,
     PartitionsGrown,
     Placed,
     PolicyChanged,
     Purged,
+    ReplicationSet,
     Reserved,
     Result,
     Routed,
@@ -97,6 +99,11 @@ __all__ = [
     "ForwardDone",
     "RouteDeadLetter",
     "ReleaseQueue",
+    "AssignReplicas",
+    "AddReplica",
+    "ReplicaReady",
+    "RemoveReplica",
+    "SetReplication",
     "EVENT_TYPES",
     "OVERFLOW_POLICIES",
     "DEFAULT_DELIVERY_LIMIT",
@@ -798,6 +805,64 @@ class GrowPartitions(Event[PartitionsGrown]):
     count: int
 
 
+# --- replica groups (docs/design.md §16, "Replica groups"; flag replica_groups) ----------
+
+
+@dataclass(frozen=True, slots=True)
+class AssignReplicas(Event[GroupChanged]):
+    """On the control partition: data partition ``partition``'s replica group is
+    ``nodes`` (node ids), caught up at once — a partition never assigned before, which
+    is empty or was applied by every member until then. Appended by control's leader."""
+
+    OP: ClassVar[int] = 121
+    partition: int
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AddReplica(Event[GroupChanged]):
+    """On the control partition: broker ``node`` joins data partition ``partition``'s
+    group; it catches up (a join update of that partition) and says ReplicaReady. With
+    ``instead``, that replica leaves the group once no replica is joining (a move)."""
+
+    OP: ClassVar[int] = 122
+    partition: int
+    node: str
+    instead: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReady(Event[GroupChanged]):
+    """On the control partition: broker ``node``, joining ``partition``'s group, is a
+    member of the partition's view (caught up). Appended by that broker."""
+
+    OP: ClassVar[int] = 123
+    partition: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveReplica(Event[GroupChanged]):
+    """On the control partition: broker ``node`` leaves ``partition``'s group at once (it
+    is gone, or the group is larger than the setting). It stops applying the partition
+    and deletes the partition's data."""
+
+    OP: ClassVar[int] = 124
+    partition: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetReplication(Event[ReplicationSet]):
+    """On the control partition: each data partition's group has ``replicas`` brokers
+    (capped by the members there are). ``initial``: only if none was set (a broker's
+    ``--replicas`` on a new cluster; the first applied counts)."""
+
+    OP: ClassVar[int] = 125
+    replicas: int
+    initial: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class FenceTerm(Event[None]):
     """On a data partition (flag ``partitions``): service ``service`` has a term of fencing
@@ -919,6 +984,11 @@ EVENT_TYPES: Final[dict[int, type[AnyEvent]]] = {
         ExpireQueue,
         PlaceQueues,
         GrowPartitions,
+        AssignReplicas,
+        AddReplica,
+        ReplicaReady,
+        RemoveReplica,
+        SetReplication,
         FenceTerm,
         FanOut,
         ForwardIn,

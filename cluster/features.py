@@ -111,6 +111,14 @@ FEATURES: Final[dict[str, Feature]] = {
             " queue's messages' expiry times as a trailing part of its snapshot while"
             " it holds such messages; before, the property is kept and not enforced",
         ),
+        Feature(
+            "replica_groups", 9, "0.4.0",
+            "replica groups on a split log (docs/design.md §16): the AssignReplicas,"
+            " AddReplica, ReplicaReady, RemoveReplica and SetReplication events and the"
+            " groups as a sixteenth part of the control partition's meta snapshot; each"
+            " data partition is then applied only by the brokers of its group; before,"
+            " every broker applies every partition",
+        ),
     )
 }
 

@@ -62,6 +62,8 @@ class Grown(Protocol):
 
     def new_data_node(self, k: int, store: Store) -> Node: ...
 
+    def wanted(self) -> set[int]: ...
+
 
 log = logging.getLogger("baton.node")
 
@@ -108,9 +110,10 @@ class Growth:
 
     @property
     def missing(self) -> list[int]:
-        """Data partitions control recorded that this broker does not apply yet."""
+        """Data partitions this broker should apply and does not yet: those control
+        recorded (of its replica groups, cluster/replication.py)."""
         owner = self._owner
-        return [k for k in range(1, owner.count + 1) if k not in owner.data]
+        return sorted(k for k in owner.wanted() if k not in owner.data)
 
     def begin(self) -> None:
         """The owner has started: open what control recorded and the log lacked, and
@@ -172,8 +175,12 @@ class Growth:
         delay = 0.5
         while self._running and (todo := [k for k in self.missing if k not in self._refused]):
             try:
-                for k in todo:
-                    await self._open(k)
+                # Together: each waits for its own partition's join update and view.
+                done = await asyncio.gather(*(self._open(k) for k in todo),
+                                            return_exceptions=True)
+                failed = [r for r in done if isinstance(r, BaseException)]
+                if failed:
+                    raise failed[0]
                 delay = 0.5
             except _Refused as exc:
                 self._refused.add(exc.partition)

@@ -24,6 +24,10 @@ it routes first (RouteDeadLetter) by the placement map and the bindings it appli
 Growing N (cluster/growth.py): when control applies a GrowPartitions, the broker opens
 the new partitions and starts a node for each, which joins :attr:`Partitioned.data`
 once it is a member of its partition's view.
+
+Replica groups (cluster/replication.py, flag ``replica_groups``): the broker applies only
+the data partitions whose group it is in; an event for a queue of another partition goes
+to that partition's replicas through :attr:`Partitioned.remote` (set by the broker).
 """
 
 from __future__ import annotations
@@ -31,13 +35,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, cast
 
 from batonmq.cluster.appender import R, ignore_outcome
 from batonmq.cluster.applier import EffectListener
 from batonmq.cluster.effects import Effect, LeaderChanged, QueueGone
-from batonmq.cluster.errors import BatonError, InvalidArgument, QueueNotFound
+from batonmq.cluster.errors import BatonError, InvalidArgument, LogUnavailable, QueueNotFound
 from batonmq.cluster.events import (
     AcceptThrough,
     Bind,
@@ -63,6 +67,7 @@ from batonmq.cluster.growth import Growth, lacking
 from batonmq.cluster.log import LogSet
 from batonmq.cluster.node import Node
 from batonmq.cluster.queues import QueueState
+from batonmq.cluster.replication import Replication
 from batonmq.cluster.results import Placed, PolicyChanged, Routed
 from batonmq.cluster.state import State
 from batonmq.store import Store
@@ -124,6 +129,8 @@ class Partitioned(Node):
         self.data: dict[int, Node] = {}
         self._listener: EffectListener | None = None
         self._forwarding: set[tuple[int, int]] = set()  # (home, target) being forwarded
+        #: The last origin number this runtime used on each data partition it closed.
+        self.closed_seqs: dict[int, int] = {}
         super().__init__(node_id, logs.partition(0), store, partition=0, **options)
         self.logs = logs
         self._options = options
@@ -134,6 +141,10 @@ class Partitioned(Node):
             self.data[k] = self.new_data_node(k, stores[k])
         self._queues = _Queues(self)
         self.growth = Growth(self)
+        self.replication = Replication(self)
+        #: Sends an event of a data partition this broker does not apply to one of its
+        #: replicas, and answers what applying it answered there (set by the broker).
+        self.remote: Callable[[int, Event[Any]], Awaitable[Any]] | None = None
 
     @property
     def count(self) -> int:
@@ -148,6 +159,8 @@ class Partitioned(Node):
             self.node_id, self.logs.partition(k), store, runtime_id=self.runtime_id,
             partition=k, **self._options,
         )
+        # A partition this runtime left and is given again: its numbers go on.
+        node.appender.continue_after(self.closed_seqs.get(k, 0))
         node.on_unlocked = self._data_unlocked
         node.on_truncated = self._data_truncated
         node.state.data_partition = k  # (its tokens and forwarded publishes)
@@ -176,7 +189,46 @@ class Partitioned(Node):
         return self
 
     def parts(self) -> list[Node]:
-        return [self, *self.data.values()]
+        """Control's node, then each data partition's applied here, in partition order."""
+        return [self, *(self.data[k] for k in sorted(self.data))]
+
+    def wanted(self) -> set[int]:
+        """The data partitions this broker should apply (cluster/replication.py), less
+        those it is closing."""
+        return self.replication.wanted() - self.replication.closing
+
+    def replicates(self, k: int) -> bool:
+        """Whether this broker applies data partition ``k``."""
+        return k in self.data
+
+    def replica_addresses(self, k: int) -> list[str]:
+        """Client addresses of the live brokers that serve data partition ``k``."""
+        return self.replication.addresses(k)
+
+    def _elsewhere(self, queue: str) -> int:
+        """The data partition ``queue`` is placed on when this broker does not apply it
+        (replica groups), else 0."""
+        k = self.state.placement.get(queue)
+        if k is None or k in self.data or not self.replication.active:
+            return 0
+        return k
+
+    def submit_to(self, k: int, event: Event[R]) -> asyncio.Future[R]:
+        """Append ``event`` to data partition ``k``: here if this broker applies it,
+        else through one of its replicas (:attr:`remote`)."""
+        node = self.data.get(k)
+        if node is not None:
+            return node.submit(event)
+        return cast("asyncio.Future[R]", asyncio.ensure_future(self._remote(k, event)))
+
+    async def _remote(self, k: int, event: Event[Any]) -> Any:
+        if self.remote is None:
+            where = ", ".join(self.replica_addresses(k)) or "none live"
+            raise LogUnavailable(
+                f"data partition {k} is not applied by this broker (replica groups), and"
+                f" it cannot forward to its replicas ({where})"
+            )
+        return await self.remote(k, event)
 
     def partition_node(self, partition: int) -> Node | None:
         return self if partition == 0 else self.data.get(partition)
@@ -216,6 +268,7 @@ class Partitioned(Node):
         if self._listener is not None:
             self._listener(effects)
         self.growth.check()  # a GrowPartitions applied: open the new partitions
+        self.replication.check()  # groups changed: open or close partitions here
 
     @property
     def serving(self) -> bool:
@@ -256,6 +309,9 @@ class Partitioned(Node):
                 return failed
         queue = getattr(event, "queue", None)
         if isinstance(queue, str) and not isinstance(event, _CONTROL_QUEUE_EVENTS):
+            k = self._elsewhere(queue)
+            if k:
+                return self.submit_to(k, event)
             node = self.part(queue)
             if node is self:
                 fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
@@ -300,6 +356,10 @@ class Partitioned(Node):
                          self.key, now)
                 now = 0
             unrecorded = now
+            try:
+                await self.replication.tick()
+            except Exception:  # a bug: said with its traceback, never a crash
+                log.exception("node %s: replica groups' duties failed", self.key)
             for k, node in list(self.data.items()):  # (growth may add to it meanwhile)
                 events = (
                     lacking(self.state, node.state)
@@ -358,6 +418,13 @@ class Partitioned(Node):
             names = (ev.queue,) if ev.dead_letter is None else (ev.queue, ev.dead_letter)
             placed: Placed = await super().submit(PlaceQueues(names, 0, self.count, claim))
             k = placed.partition
+        if k not in self.data and k not in self.wanted():
+            try:  # (replica groups: a partition this broker does not apply)
+                return await self._remote(k, ev)
+            except BatonError:
+                if claim is not None:
+                    self._release(ev.queue)  # (a declare refused there does not count)
+                raise
         node = self.data.get(k) or await self.growth.started(k)  # (a new partition)
         try:
             return await node.submit(ev)
@@ -381,18 +448,21 @@ class Partitioned(Node):
         by_part: dict[int, list[str]] = {}
         missing: list[str] = []
         for name in ev.queues:
-            node = self.part(name)
+            k = self._elsewhere(name)
+            node = self.part(name) if not k else None
             if node is self:
                 missing.append(name)
             else:
-                by_part.setdefault(node.partition, []).append(name)
+                by_part.setdefault(k or cast(Node, node).partition, []).append(name)
         if not by_part:
             return Routed([], [], [], missing)
-        home, *others = sorted(by_part)
+        # The home: a partition applied here if there is one (no hop), else the first.
+        home = min(by_part, key=lambda k: (k not in self.data, k))
+        others = sorted(k for k in by_part if k != home)
         if not others:
-            done = await self.data[home].submit(replace(ev, queues=tuple(by_part[home])))
+            done = await self.submit_to(home, replace(ev, queues=tuple(by_part[home])))
         else:
-            done = await self.data[home].submit(FanOut(
+            done = await self.submit_to(home, FanOut(
                 tuple(by_part[home]), ev.messages, ev.keys, ev.exchange, ev.routing_key,
                 ev.delay_ms, ev.not_before, ev.priority,
                 tuple((k, tuple(by_part[k])) for k in others), ev.ttls,
@@ -405,6 +475,8 @@ class Partitioned(Node):
         forwarded."""
 
         def listen(effects: list[Effect]) -> None:
+            if k in self.replication.closing:
+                return  # (leaving it: its view without us is no fencing of this broker)
             if self._listener is not None:
                 self._listener(effects)
             node = self.data.get(k)  # (None while a new partition's node starts)
@@ -429,7 +501,7 @@ class Partitioned(Node):
             self._forwarding.add((k, 0))
             asyncio.ensure_future(self._route(k))
         for target in list(forwards.outbound):
-            if (k, target) not in self._forwarding and target in self.data:
+            if (k, target) not in self._forwarding and 1 <= target <= self.count:
                 self._forwarding.add((k, target))
                 asyncio.ensure_future(self._forward(k, target))
 
@@ -483,7 +555,7 @@ class Partitioned(Node):
     async def _forward(self, home: int, target: int) -> None:
         """Forward partition ``home``'s entries for ``target`` in number order: each
         appended there (a duplicate counts as done), then ForwardDone on ``home``."""
-        src, dst = self.data[home], self.data[target]
+        src = self.data[home]
         try:
             while src.state.membership.leader() == self.key:
                 entries = src.state.forwards.pending(target)
@@ -497,7 +569,7 @@ class Partitioned(Node):
                         if body is None:
                             break  # not stored here yet (or still on its way to a joiner)
                         messages = ((body.body, body.headers),)
-                    sent.append(dst.submit(ForwardIn(
+                    sent.append(self.submit_to(target, ForwardIn(
                         home, n, e.queues, messages, e.keys, e.exchange, e.routing_key,
                         e.delay_ms, e.not_before, e.priority, e.ttls,
                     )))
@@ -529,10 +601,21 @@ class Partitioned(Node):
         """Start the control partition's node, then every data partition's, each
         catching up with (or joining) its own partition."""
         await super().start(address, timeout)
+        # Replica groups: what control says this broker no longer applies is not started,
+        # and its data goes (cluster/replication.py).
+        wanted = self.wanted()
+        for k in sorted(set(self.data) - wanted):
+            del self.data[k]
+            log.info("node %s: not in data partition %d's group: deleting its data here",
+                     self.key, k)
+            if self.replication.drop_store is not None:
+                self.replication.drop_store(k)
         await asyncio.gather(*(n.start(address, timeout) for n in self.data.values()))
         self._tasks.append(asyncio.create_task(self._follow_control(), name="baton-follow"))
-        log.info("node %s: applying %d data partitions", self.key, len(self.data))
-        self.growth.begin()  # partitions recorded on control that the log did not have
+        self.growth.begin()  # partitions recorded on control (or its groups) not open here
+        await self.replication.settle(timeout)
+        log.info("node %s: applying %d of %d data partitions", self.key, len(self.data),
+                 self.count)
 
     async def leave(self) -> None:
         await asyncio.gather(*(n.leave() for n in self.data.values()), super().leave())

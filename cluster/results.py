@@ -51,6 +51,8 @@ __all__ = [
     "Checkpointed",
     "Placed",
     "PartitionsGrown",
+    "GroupChanged",
+    "ReplicationSet",
     "Published",
     "Subscribed",
     "Cancelled",
@@ -283,6 +285,27 @@ class PartitionsGrown(Result):
 
 
 @dataclass(frozen=True, slots=True)
+class GroupChanged(Result):
+    """AssignReplicas, AddReplica, ReplicaReady, RemoveReplica: data partition
+    ``partition``'s replica group after the event, by node id (docs/design.md §16,
+    "Replica groups")."""
+
+    partition: int
+    replicas: list[str]
+    joining: list[str]
+    leaving: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSet(Result):
+    """SetReplication: the cluster's replication setting, ``replicas`` now and ``before``
+    (0: never set, the default)."""
+
+    replicas: int
+    before: int
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpointed(Result):
     """Checkpoint: applied at log ``offset``, where this replica's digest is ``digest``."""
 
@@ -446,6 +469,8 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     Checkpointed,
     Placed,
     PartitionsGrown,
+    GroupChanged,
+    ReplicationSet,
     Published,
     Subscribed,
     Cancelled,

@@ -34,6 +34,7 @@ from batonmq.cluster.exchanges import Exchanges
 from batonmq.cluster.features import MAX_FORMAT, VERSION, Features, snapshot_format
 from batonmq.cluster.keys import PublishKeys
 from batonmq.cluster.forwarding import Forwards
+from batonmq.cluster.groups import ReplicaGroups
 from batonmq.cluster.placement import Placement
 from batonmq.cluster.membership import Membership
 from batonmq.cluster.policies import Policies
@@ -83,6 +84,9 @@ class Replicated(Protocol):
     @property
     def placement(self) -> Placement: ...
 
+    @property
+    def groups(self) -> ReplicaGroups: ...
+
     range_tokens: dict[str, int]
 
     @property
@@ -121,6 +125,7 @@ def meta_snapshot(r: Replicated) -> list[Any]:
             r.placement.snapshot() if r.placement else None,
             sorted(r.range_tokens.items()) if r.range_tokens else None,
             r.forwards.snapshot() if r.forwards else None,
+            r.groups.snapshot() if r.groups else None,  # (flag replica_groups)
         ]
         while more and more[-1] is None:
             more.pop()
@@ -177,6 +182,7 @@ def restore_meta(r: Replicated, snap: list[Any]) -> None:
     r.placement.restore(snap[12] if len(snap) > 12 else None)
     r.range_tokens = {str(k): int(v) for k, v in (snap[13] if len(snap) > 13 and snap[13] else ())}
     r.forwards.restore(snap[14] if len(snap) > 14 else None)
+    r.groups.restore(snap[15] if len(snap) > 15 else None)
 
 
 def full_snapshot(r: Replicated) -> list[Any]:

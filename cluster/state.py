@@ -67,6 +67,7 @@ from batonmq.cluster.events import (
     Leave,
     Origin,
     PlaceQueues, GrowPartitions, ReleaseQueue,  # (placement on control)
+    AssignReplicas, AddReplica, ReplicaReady, RemoveReplica, SetReplication,  # (groups)
     Propose,
     PurgeQueue,
     PutUser,
@@ -91,6 +92,7 @@ from batonmq.cluster.features import FEATURES, Features, announced
 from batonmq.cluster.forwarding import Forwards, apply_forward
 from batonmq.cluster.keys import KEY_MEMORY, KeyEntry, PublishKeys
 from batonmq.cluster.membership import JOIN_KEY_BYTES, VOTER, Membership
+from batonmq.cluster.groups import ReplicaGroups
 from batonmq.cluster.placement import Placement
 from batonmq.cluster.tokens import check_token, fence_term
 from batonmq.cluster.policies import Policies
@@ -137,6 +139,7 @@ class State:
         self.features = Features()  # enabled feature flags (cluster/features.py)
         # queue -> data partition, on the control partition (cluster/placement.py)
         self.placement = Placement()
+        self.groups = ReplicaGroups()  # data partition -> its brokers (cluster/groups.py)
         # On a data partition of a split log (§16): the highest fencing token seen per service
         # (FenceTerm). ``data_partition``: the node's setting, not replicated (fencing).
         self.range_tokens: dict[str, int] = {}
@@ -337,6 +340,10 @@ class State:
                 if isinstance(ev, ReleaseQueue) or getattr(ev, "user", None) is not None:
                     self._need("user_limits", "a user's queues on a split log need")
                 return self.placement.apply(ev, self.users, self.ignore)
+            case (AssignReplicas() | AddReplica() | ReplicaReady() | RemoveReplica()
+                  | SetReplication()):
+                self._need("replica_groups", f"{type(ev).__name__} needs")
+                return self.groups.apply(ev, self.ignore)
             case FanOut() | ForwardIn() | ForwardDone() | RouteDeadLetter():
                 self._need("partitions", f"{type(ev).__name__} needs")
                 if isinstance(ev, (FanOut, ForwardIn)) and ev.ttls:  # (as for an Enqueue)

@@ -25,6 +25,11 @@ from batonmq.cluster.events import (
     ForwardDone,
     ForwardIn,
     GrowPartitions,
+    SetReplication,
+    AssignReplicas,
+    AddReplica,
+    ReplicaReady,
+    RemoveReplica,
     PlaceQueues,
     ReleaseQueue,
     RouteDeadLetter,
@@ -73,6 +78,8 @@ from batonmq.cluster.results import (
     FeatureList,
     Placed,
     PartitionsGrown,
+    GroupChanged,
+    ReplicationSet,
     FeaturesEnabled,
     RESULT_TYPES,
     AcceptedThrough,
@@ -172,6 +179,9 @@ SAMPLES: list[tuple[Result, dict[str, Any]]] = [
     (Placed(partition=3), {"partition": 3}),
     (PartitionsGrown(4, 2, [3, 4]), {"count": 4, "before": 2, "started": [3, 4]}),
     (PartitionsGrown(4, 0), {"count": 4, "before": 0}),
+    (GroupChanged(2, ["a", "b"], ["c"], ["a"]),
+     {"partition": 2, "replicas": ["a", "b"], "joining": ["c"], "leaving": ["a"]}),
+    (ReplicationSet(3, 0), {"replicas": 3, "before": 0}),
     (Published(position=12), {"position": 12}),
     (Subscribed(consumer=1), {"consumer": 1}),
     (Cancelled(released=3), {"released": 3}),
@@ -350,6 +360,11 @@ def test_the_state_machine_answers_each_event_with_its_named_type() -> None:
     apply(a, DeleteUser("alice"))
     apply(a, PlaceQueues(("p1",), 0, 4))
     apply(a, GrowPartitions(6))
+    apply(a, SetReplication(2))
+    apply(a, AssignReplicas(1, ("n1", "n2")))
+    apply(a, AddReplica(1, "n3", "n1"))
+    apply(a, ReplicaReady(1, "n3"))
+    apply(a, RemoveReplica(1, "n2"))
     apply(a, FenceTerm("svc", 99))
     c.state.data_partition = 1  # (as on a data partition of a split log)
     apply(a, FanOut(("q",), ((b"f", {}),), (), "x", "", 0, 0, 0, ((2, ("r",)),)))

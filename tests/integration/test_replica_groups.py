@@ -1,0 +1,129 @@
+"""Replica groups (docs/design.md §16): four real brokers on a file log of two data
+partitions with groups of two — each broker applies control and only its partitions,
+stores only them, shows its groups in the topology and metrics; a replica killed -9
+is replaced after the replace delay, by a broker that catches up by the partition's
+update, and nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batonmq import clients
+from batonmq.cluster.errors import LogUnavailable
+from tests.helpers import eventually, topology, wait_stats
+from tests.integration.conftest import BrokerProcess, brokers_of, started
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Four brokers, two data partitions, groups of two, replaced after 3 s out."""
+    yield from started(brokers_of(
+        tmp_path, f"file:{tmp_path / 'shared-log'}", 4,
+        ["--partitions", "2", "--replicas", "2", "--replace-after-ms", "3000"],
+    ))
+
+
+def _settled(t: dict[str, Any], live: int) -> bool:
+    """Every group of two caught-up live replicas, no one joining, and the partitions
+    spread one per broker over ``live`` brokers."""
+    groups = t.get("groups") or []
+    if len(groups) != 2 or any(
+        g["replicas"] is None or len(g["replicas"]) != 2 or g["joining"]
+        or g["live_replicas"] != 2 for g in groups
+    ):
+        return False
+    per: dict[str, int] = {}
+    for g in groups:
+        for n in g["replicas"]:
+            per[n] = per.get(n, 0) + 1
+    return max(per.values()) - min(per.values()) <= 1 and len(per) == min(4, live)
+
+
+async def _groups(address: str, live: int = 4) -> list[dict[str, Any]]:
+    top = await eventually(lambda: topology(address), "the groups settled", timeout=60,
+                           until=lambda t: _settled(t, live))
+    return list(top["groups"])
+
+
+async def test_each_broker_applies_and_stores_only_its_partitions(
+    grouped: list[BrokerProcess], tmp_path: Path
+) -> None:
+    groups = await _groups(grouped[0].address)
+    by_node = {b.node_id: b for b in grouped}
+    for b in grouped:
+        mine = sorted(g["partition"] for g in groups if b.node_id in g["replicas"])
+        top = await eventually(
+            lambda: topology(b.address), f"{b.node_id} applying only {mine}", timeout=30,
+            until=lambda t: [p["partition"] for p in t["partitions"]] == mine
+            and t["status"] == "ok",
+        )
+        assert all(p["member"] for p in top["partitions"]), top["partitions"]
+        stores = sorted(int(p.name[len("store-p"):]) for p in (tmp_path / b.node_id).iterdir()
+                        if p.name.startswith("store-p"))
+        assert stores == mine, (b.node_id, stores, mine)
+    # A queue on each partition, used through one of its replicas.
+    for g in groups:
+        k = g["partition"]
+        replica = by_node[g["replicas"][0]]
+        async with await clients.connect(replica.address, timeout=5) as conn:
+            await conn.declare_queue(f"q{k}", partition=k)
+            await conn.publish_batch(f"q{k}", [b"m%d" % i for i in range(50)])
+            await wait_stats(conn, f"q{k}", ready=50)
+        # A broker outside the group does not apply it: it says so, in one sentence.
+        outside = next(b for b in grouped if b.node_id not in g["replicas"])
+        async with await clients.connect(outside.address, timeout=5) as conn:
+            with pytest.raises(LogUnavailable, match=f"data partition {k} is not applied"):
+                await conn.publish(f"q{k}", b"through a broker outside the group")
+
+
+async def test_a_killed_replica_is_replaced_and_nothing_is_lost(
+    grouped: list[BrokerProcess], tmp_path: Path
+) -> None:
+    groups = await _groups(grouped[0].address)
+    by_node = {b.node_id: b for b in grouped}
+    g = groups[0]
+    k = g["partition"]
+    victim, survivor = by_node[g["replicas"][0]], by_node[g["replicas"][1]]
+    async with await clients.connect(survivor.address, timeout=5) as conn:
+        await conn.declare_queue("kept", partition=k)
+        await conn.publish_batch("kept", [b"k%03d" % i for i in range(200)])
+        await wait_stats(conn, "kept", ready=200)
+    await asyncio.to_thread(victim.kill9)
+    others = [b for b in grouped if b is not victim]
+    top = await eventually(
+        lambda: topology(survivor.address), f"partition {k} replaced its killed replica",
+        timeout=60,
+        until=lambda t: any(
+            x["partition"] == k and x["replicas"] is not None
+            and victim.node_id not in x["replicas"] and len(x["replicas"]) == 2
+            and not x["joining"] and x["live_replicas"] == 2 for x in t["groups"]
+        ),
+    )
+    new = next(x for x in top["groups"] if x["partition"] == k)
+    newcomer = by_node[next(n for n in new["replicas"] if n != survivor.node_id)]
+    assert newcomer in others
+    async with await clients.connect(newcomer.address, timeout=5) as conn:
+        await wait_stats(conn, "kept", timeout=30, ready=200)
+        seen: set[bytes] = set()
+        async with conn.consume("kept", prefetch=100) as consumer:
+            while len(seen) < 200:
+                batch = await consumer.get_many(100, timeout=10)
+                assert batch, f"{len(seen)} of 200"
+                seen.update(m.body for m in batch)
+                await consumer.ack_many(batch)
+        assert seen == {b"k%03d" % i for i in range(200)}
+    # The killed broker comes back: it is in no group of k any more, and deletes k's data.
+    await asyncio.to_thread(victim.restart)
+    await eventually(
+        lambda: topology(victim.address), "the restarted broker without partition k",
+        timeout=60, until=lambda t: t["status"] == "ok"
+        and k not in [p["partition"] for p in t["partitions"]],
+    )
+    assert not (tmp_path / victim.node_id / f"store-p{k}").exists()
