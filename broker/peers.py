@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -68,6 +68,7 @@ from batonmq.cluster.events import (
 from batonmq.cluster.member_link import MemberLink
 from batonmq.cluster.member_proof import PEER, MemberKey, check_peer
 from batonmq.cluster.node import Node
+from batonmq.cluster.partitioned import Partitioned
 from batonmq.cluster.results import RESULT_TYPES, Result
 from batonmq.cluster.state import State
 
@@ -81,6 +82,8 @@ __all__ = [
     "encode_result",
     "decode_result",
     "kind_of",
+    "elsewhere",
+    "routable",
 ]
 
 log = logging.getLogger("baton.peers")
@@ -256,9 +259,9 @@ class Peer:
                 self._backoff = min(max(2 * self._backoff, BACKOFF_MIN), BACKOFF_MAX)
                 self._retry_at = time.monotonic() + self._backoff
                 self._why = exc.message
-                if isinstance(exc, ConnectionClosed):
-                    raise _NotSent(exc.message) from exc
-                raise
+                # (a refused proof too: another replica may have applied this runtime's
+                # Join already; nothing was sent)
+                raise _NotSent(exc.message) from exc
             self._backoff = 0.0
             self._link = link
             self._reader = asyncio.create_task(self._read(link), name="baton-peer")
@@ -406,6 +409,8 @@ class Peers:
         if node.state.membership.join_keys.get(node.key) == node.join_key.public:
             return
         if self._recording is None or self._recording.done():
+            log.info("node %s: recording its member key on control (a Join) for its peer"
+                     " links", node.key)
             self._recording = asyncio.ensure_future(node.rejoin())
         await asyncio.shield(self._recording)
 
@@ -496,7 +501,11 @@ class PeerService:
             self._refused("member")
             raise AccessRefused(f"{member!r} is no longer a member of the cluster's view")
         part = node.partition_node(f.partition) if f.partition > 0 else None
-        if part is None or part.partition != f.partition:
+        if (
+            part is None
+            or part.partition != f.partition
+            or (isinstance(node, Partitioned) and f.partition not in node.wanted())
+        ):  # (not applied here, or being closed: this broker left its group)
             raise NotReplica(
                 f"broker {node.node_id} does not replicate data partition {f.partition}"
             )
@@ -534,6 +543,48 @@ class PeerService:
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+
+
+class _Routable(Container[str]):
+    """The queues a publish may be routed to on a broker of replica groups: those it
+    applies, and those placed on a data partition that other brokers apply (the publish
+    is forwarded there; one deleted meanwhile is answered as missing, as a queue deleted
+    between the routing and the append)."""
+
+    __slots__ = ("_node",)
+
+    def __init__(self, node: Partitioned) -> None:
+        self._node = node
+
+    def __contains__(self, name: object) -> bool:
+        node = self._node
+        if name in node.queues:
+            return True
+        k = node.state.placement.get(name) if isinstance(name, str) else None
+        return k is not None and not node.replicates(k)
+
+
+def routable(node: Node) -> Container[str]:
+    """The queues a publish through an exchange may go to from this broker (its edge's
+    routing, broker/exchanges.py and the AMQP listener): those it applies, and on a
+    broker of replica groups those whose partition other brokers apply too."""
+    return _Routable(node) if isinstance(node, Partitioned) else node.queues
+
+
+def elsewhere(node: Node, queue: str) -> NotReplica | None:
+    """Why a consumer of ``queue`` cannot be served here: its data partition is applied
+    by other brokers (replica groups), which serve its consumers (None: it can be, or
+    the queue is placed nowhere)."""
+    if not isinstance(node, Partitioned):
+        return None
+    k = node.state.placement.get(queue)
+    if k is None or node.replicates(k):
+        return None
+    where = ", ".join(node.replica_addresses(k)) or "none live now"
+    return NotReplica(
+        f"queue {queue!r} is on data partition {k}, which this broker does not replicate:"
+        f" consume from one of its replicas ({where})"
+    )
 
 
 def _queues_of(event: AnyEvent) -> Collection[str]:

@@ -264,8 +264,9 @@ class LimitExceeded(BatonError):
 
 class NotReplica(BatonError):
     """A broker was asked, over a peer link, to append to a data partition it does not
-    replicate (docs/design.md §16): the forwarding broker tries another replica. Not
-    sent to clients."""
+    replicate (docs/design.md §16): the forwarding broker tries another replica. A
+    client gets it for a consumer on a broker that does not replicate the queue's
+    partition: the message names the brokers that do."""
 
     code = 33
     retriable = True
