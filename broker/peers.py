@@ -461,6 +461,8 @@ class PeerService:
         self._proven = proven
         self._refused = refused
         self.proven = False
+        #: Its proof is being checked (the session's hello timeout waits for it).
+        self.proving = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     def prove(self, f: wire.PeerProof) -> None:
@@ -469,6 +471,16 @@ class PeerService:
         self._spawn(self._prove(f), f.corr)
 
     async def _prove(self, f: wire.PeerProof) -> None:
+        self.proving = True
+        try:
+            await self._check(f)
+        finally:
+            self.proving = False
+        self.proven = True
+        self._proven()
+        self._conn.send(wire.Ok(f.corr, {}))
+
+    async def _check(self, f: wire.PeerProof) -> None:
         deadline = time.monotonic() + PROOF_WAIT
         while True:
             ms = self._node.state.membership
@@ -483,9 +495,6 @@ class PeerService:
                     self._refused("member")
                     raise
             await asyncio.sleep(0.05)
-        self.proven = True
-        self._proven()
-        self._conn.send(wire.Ok(f.corr, {}))
 
     def submit(self, f: wire.Submit) -> None:
         """Append a forwarded event on the data partition it names: Submitted, or Error."""
@@ -571,10 +580,10 @@ def routable(node: Node) -> Container[str]:
     return _Routable(node) if isinstance(node, Partitioned) else node.queues
 
 
-def elsewhere(node: Node, queue: str) -> NotReplica | None:
-    """Why a consumer of ``queue`` cannot be served here: its data partition is applied
-    by other brokers (replica groups), which serve its consumers (None: it can be, or
-    the queue is placed nowhere)."""
+def elsewhere(node: Node, queue: str, doing: str = "consume from") -> NotReplica | None:
+    """Why ``queue`` cannot be consumed (or read, ``doing``) here: its data partition is
+    applied by other brokers (replica groups), which serve it (None: it can be, or the
+    queue is placed nowhere)."""
     if not isinstance(node, Partitioned):
         return None
     k = node.state.placement.get(queue)
@@ -583,7 +592,7 @@ def elsewhere(node: Node, queue: str) -> NotReplica | None:
     where = ", ".join(node.replica_addresses(k)) or "none live now"
     return NotReplica(
         f"queue {queue!r} is on data partition {k}, which this broker does not replicate:"
-        f" consume from one of its replicas ({where})"
+        f" {doing} one of its replicas ({where})"
     )
 
 

@@ -24,7 +24,7 @@ from batonmq.broker.delivery import Delivery
 from batonmq.broker.inspect import ConnectionView
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.networks import parse_networks
-from batonmq.broker.peers import ForwardCounts, Peers
+from batonmq.broker.peers import ForwardCounts, Peers, elsewhere
 from batonmq.broker.session import Session
 from batonmq.clients import scram
 from batonmq.clients.tls import client_context, server_context
@@ -502,8 +502,8 @@ class Broker:
 
     def queue_stats(self, name: str) -> dict[str, Any]:
         q = self.node.queues.get(name)
-        if q is None:
-            raise QueueNotFound(f"queue {name!r} does not exist")
+        if q is None:  # (replica groups: its replicas name it, broker/peers.py)
+            raise elsewhere(self.node, name, "ask") or QueueNotFound(f"queue {name!r} does not exist")
         stats = q.stats()
         stats["consumers"] = len(self.delivery.by_queue.get(name, ()))
         stats["updating"] = self.node.locked(name)  # a join update still brings it here

@@ -321,7 +321,9 @@ class Session(ClientConnection):
 
     def busy(self) -> bool:
         # A joining broker only reads while its update streams: it is not idle.
-        return self._update is not None and not self._update.done()
+        return (self._update is not None and not self._update.done()) or (
+            self._peer is not None and self._peer.proving  # (a peer proof being checked)
+        )
 
     # -- to the consumers (broker/delivery.py) ---------------------------------------------
 

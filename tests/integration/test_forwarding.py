@@ -111,6 +111,10 @@ async def test_a_broker_outside_the_group_serves_native_and_amqp_clients(
     assert "data partition 1" in info.value.message
     assert all(r.address in info.value.message for r in replicas), info.value.message
 
+    # Its stats are read where it is.
+    with pytest.raises(NotReplica, match="ask one of its replicas"):
+        await conn.queue_stats("fq")
+
     # Every message is on the partition's replicas, each once.
     async with await clients.connect(replicas[1].address, timeout=5) as rc:
         await wait_stats(rc, "fq", timeout=10, ready=50)
