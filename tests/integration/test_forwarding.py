@@ -5,7 +5,8 @@ broker declare, publish, purge and delete through it (a replica appends for it, 
 peer link); its consumers are refused with one sentence naming the replicas; the metrics
 count on it and not on a replica; a restart (a new runtime that replayed control and
 records its key first) forwards again; and killing the replica it forwards to makes it
-pick the other, losing and doubling no confirmed publish."""
+pick the other, losing and doubling no confirmed publish. Peer links go over TLS, with
+client certificates, as the join update does."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ import pytest
 
 from batonmq import clients
 from batonmq.cluster.errors import NotReplica, QueueNotFound
+from batonmq.loadtest.certs import make_certs
 from tests.helpers import eventually, now, topology, wait_stats
 from tests.integration.conftest import BrokerProcess, brokers_of, started
 from tests.integration.test_admin import TOOL_HEADERS, admin_of, metric_samples
 from tests.integration.test_amqp import amqp_port
+from tests.integration.test_tls import tls_flags
 
 pytestmark = pytest.mark.integration
 
@@ -219,3 +222,34 @@ async def test_killing_the_replica_it_forwards_to_makes_a_broker_pick_another(
                 await consumer.ack_many(batch)
             assert await consumer.get(timeout=1) is None  # and nothing more
     await conn.close()
+
+
+async def test_a_peer_link_goes_over_tls_with_client_certificates(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    flags = [*GROUPS, *tls_flags(certs, "--tls-verify-clients")]
+    brokers = brokers_of(tmp_path, f"file:{tmp_path / 'shared-log'}", 3, flags)
+    ctx = clients.tls.client_context(str(certs.ca), str(certs.client_cert), str(certs.client_key))
+    try:
+        for b in brokers:
+            await asyncio.to_thread(b.start)
+
+        async def here(b: BrokerProcess) -> list[bool]:
+            async with await clients.connect(b.address, ssl=ctx) as c:
+                return [r["here"] for r in (await c.topology())["partitions"]]
+
+        async def outsider() -> BrokerProcess | None:
+            for b in brokers:
+                if await here(b) == [False, False]:
+                    return b
+            return None
+
+        out = await eventually(outsider, "one broker outside both groups", timeout=30)
+        assert out is not None
+        async with await clients.connect(out.address, ssl=ctx) as c:
+            await c.declare_queue("tq", partition=2)
+            assert [await c.publish("tq", b"m%d" % i) for i in range(5)] == list(range(5))
+        assert "peer link to 127.0.0.1:" in out.output()
+        assert "Traceback" not in out.output()
+    finally:
+        for b in brokers:
+            b.stop()
