@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Collection, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from batonmq.broker.access import Rights
 from batonmq.clients import wire
 from batonmq.cluster import codec
 from batonmq.cluster.errors import (
@@ -71,6 +72,7 @@ from batonmq.cluster.node import Node
 from batonmq.cluster.partitioned import Partitioned
 from batonmq.cluster.results import RESULT_TYPES, Result
 from batonmq.cluster.state import State
+from batonmq.cluster.users import Users
 
 __all__ = [
     "FORWARDABLE",
@@ -84,6 +86,9 @@ __all__ = [
     "kind_of",
     "elsewhere",
     "routable",
+    "NotSent",
+    "RelaySink",
+    "MemberRights",
 ]
 
 log = logging.getLogger("baton.peers")
@@ -219,6 +224,10 @@ class Peer:
         self._link: PeerLink | None = None
         self._reader: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        #: Relayed consumers (broker/relay.py): by the peer's consumer tag, and those
+        #: whose Subscribe is not answered yet, by corr.
+        self.sinks: dict[int, RelaySink] = {}
+        self._subscribing: dict[int, RelaySink] = {}
         self._corr = 2  # (1: the Hello, 2: the proof)
         self._opening = asyncio.Lock()
         self._backoff = 0.0
@@ -229,21 +238,42 @@ class Peer:
         """Send one ``Submit``; returns the raw ``Submitted`` result.
 
         Raises:
-            ConnectionClosed: no link (:class:`_NotSent`: nothing was sent) or the link
+            ConnectionClosed: no link (:class:`NotSent`: nothing was sent) or the link
                 broke before the answer.
             BatonError: the replica's answer.
+        """
+        return await self.request(lambda corr: wire.Submit(corr, partition, event))
+
+    async def request(
+        self, make: Callable[[int], wire.Frame], sink: RelaySink | None = None
+    ) -> Any:
+        """Send the frame ``make(corr)`` makes; returns its answer's result (``Ok``'s map,
+        ``Submitted``'s result). With ``sink``, a ``Subscribe``: the consumer tag its
+        ``Ok`` names gets the deliveries from then on (broker/relay.py).
+
+        Raises:
+            ConnectionClosed: no link (:class:`NotSent`: nothing was sent) or the link
+                broke before the answer.
+            BatonError: the peer's answer.
         """
         link = await self._connected()
         self._corr += 1
         corr = self._corr
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[corr] = fut
+        if sink is not None:
+            self._subscribing[corr] = sink
         try:
-            link.send(wire.Submit(corr, partition, event))
+            link.send(make(corr))
         except BaseException:
             self._pending.pop(corr, None)
+            self._subscribing.pop(corr, None)
             raise
         return await fut
+
+    def unsubscribed(self, tag: int) -> None:
+        """The relayed consumer ``tag`` has ended: its deliveries go nowhere."""
+        self.sinks.pop(tag, None)
 
     async def _connected(self) -> PeerLink:
         if self._link is not None:
@@ -252,7 +282,7 @@ class Peer:
             if self._link is not None:
                 return self._link
             if time.monotonic() < self._retry_at:
-                raise _NotSent(f"{self.address} is unreachable (tried again shortly): {self._why}")
+                raise NotSent(f"{self.address} is unreachable (tried again shortly): {self._why}")
             try:
                 link = await self._open()
             except BatonError as exc:
@@ -261,7 +291,7 @@ class Peer:
                 self._why = exc.message
                 # (a refused proof too: another replica may have applied this runtime's
                 # Join already; nothing was sent)
-                raise _NotSent(exc.message) from exc
+                raise NotSent(exc.message) from exc
             self._backoff = 0.0
             self._link = link
             self._reader = asyncio.create_task(self._read(link), name="baton-peer")
@@ -292,15 +322,32 @@ class Peer:
         try:
             while True:
                 frame = await link.next()
-                if isinstance(frame, wire.Submitted):
+                if isinstance(frame, (wire.Submitted, wire.Ok)):
+                    sink = self._subscribing.pop(frame.corr, None)
+                    if sink is not None and isinstance(frame.result.get("consumer"), int):
+                        # (now: its first Deliver may be the next frame read)
+                        self.sinks[frame.result["consumer"]] = sink
                     fut = self._pending.pop(frame.corr, None)
                     if fut is not None and not fut.done():
                         fut.set_result(frame.result)
+                elif isinstance(frame, wire.Deliver):
+                    target = self.sinks.get(frame.consumer)
+                    if target is not None:
+                        target.deliver(frame.messages)
+                elif isinstance(frame, wire.Expired):
+                    target = self.sinks.get(frame.consumer)
+                    if target is not None:
+                        target.expired(frame.positions)
+                elif isinstance(frame, wire.ConsumerCancelled):
+                    target = self.sinks.pop(frame.consumer, None)
+                    if target is not None:
+                        target.cancelled(for_code(frame.code, frame.message))
                 elif isinstance(frame, wire.Error):
                     err = for_code(frame.code, frame.message)
                     if frame.corr == 0:  # the link itself failed
                         why = ConnectionClosed(f"{self.address} closed the peer link: {err.message}")
                         return
+                    self._subscribing.pop(frame.corr, None)
                     fut = self._pending.pop(frame.corr, None)
                     if fut is not None and not fut.done():
                         fut.set_exception(err)
@@ -316,6 +363,9 @@ class Peer:
             for fut in pending.values():
                 if not fut.done():
                     fut.set_exception(why)
+            sinks, self.sinks, self._subscribing = self.sinks, {}, {}
+            for sink in sinks.values():
+                sink.cancelled(why)
             log.info("peer link to %s closed: %s", self.address, why.message)
 
     def close(self) -> None:
@@ -325,7 +375,28 @@ class Peer:
             self._link.close()
 
 
-class _NotSent(ConnectionClosed):
+class MemberRights(Rights):
+    """A proven peer link's rights: a consumer it subscribes acts for a user of the
+    forwarding broker, whose rights that broker checked at its edge (broker/relay.py)."""
+
+    def __init__(self, member: str, refused: Callable[[str], None]) -> None:
+        super().__init__(Users, f"member {member}", refused)
+
+    def allowed(self, right: str, name: str) -> bool:
+        return True
+
+
+class RelaySink(Protocol):
+    """A relayed consumer, as the peer link feeds it (broker/relay.py)."""
+
+    def deliver(self, messages: list[list[Any]]) -> None: ...
+
+    def expired(self, positions: list[int]) -> None: ...
+
+    def cancelled(self, why: BatonError) -> None: ...
+
+
+class NotSent(ConnectionClosed):
     """No link to the peer: nothing was sent (safe to send to another replica)."""
 
 
@@ -371,7 +442,7 @@ class Peers:
                     last = exc
                     if address not in tried:
                         tried.append(address)
-                    if not again and not isinstance(exc, (_NotSent, NotReplica)):
+                    if not again and not isinstance(exc, (NotSent, NotReplica)):
                         raise ConnectionClosed(
                             f"the link to {address} broke before it answered a forwarded"
                             f" {type(event).__name__}: its outcome is unknown"
@@ -395,6 +466,14 @@ class Peers:
     def _took(self, event: AnyEvent) -> None:
         kind = kind_of(event)
         self.counts.forwarded[kind] = self.counts.forwarded.get(kind, 0) + 1
+
+    def replicas(self, k: int) -> list[str]:
+        """The other brokers that replicate data partition ``k``, its leader first."""
+        return [a for a in self._node.replica_addresses(k) if a != self._node.address]
+
+    def peer(self, address: str) -> Peer:
+        """The link to the broker at ``address`` (opened when first used)."""
+        return self._peer(address)
 
     def _peer(self, address: str) -> Peer:
         peer = self._peers.get(address)

@@ -265,8 +265,8 @@ class LimitExceeded(BatonError):
 class NotReplica(BatonError):
     """A broker was asked, over a peer link, to append to a data partition it does not
     replicate (docs/design.md §16): the forwarding broker tries another replica. A
-    client gets it for a consumer on a broker that does not replicate the queue's
-    partition: the message names the brokers that do."""
+    client gets it for the stats of a queue on a partition its broker does not
+    replicate: the message names the brokers that do."""
 
     code = 33
     retriable = True
