@@ -218,10 +218,24 @@ async def test_killing_the_replica_it_forwards_to_makes_a_broker_pick_another(
                          timeout=30)
         await asyncio.to_thread(victim.kill9)
 
-    await asyncio.gather(*(publisher(n) for n in range(4)), kill_midway())
+    # A consumer of the broker outside the group, relayed to the leader: it holds a few.
+    held = await clients.connect(outsider.address, timeout=5)
+    relayed = held.consume("kq", prefetch=5)
+    await relayed.__aenter__()
+
+    async def hold_some() -> None:
+        await eventually(lambda: now(len(confirmed) >= 20), "20 confirmed", timeout=30)
+        assert len(await relayed.get_many(5, timeout=10)) >= 1
+
+    await asyncio.gather(*(publisher(n) for n in range(4)), kill_midway(), hold_some())
     assert len(confirmed) >= 500, failed  # re-picked: the publishes after the kill went on
     out = outsider.output()
     assert "trying another replica" in out, out[-3000:]
+    # Its link to the dead replica broke: the relayed consumer ends, retriable.
+    with pytest.raises(clients.ConnectionClosed):
+        while True:
+            await relayed.get(timeout=10)
+    await held.close()
 
     async with await clients.connect(survivor.address, timeout=5) as rc:
         seen: set[bytes] = set()
