@@ -305,7 +305,8 @@ class Peer:
             timeout=CONNECT_TIMEOUT,
         )
         try:
-            link.send(wire.PeerProof(2, node.key, node.join_key.prove(link.nonce, link.node_id, PEER)))
+            proof = node.join_key.prove(link.nonce, link.node_id, PEER)
+            link.send(wire.PeerProof(2, node.key, proof))
             frame = await link.next(PROOF_WAIT + CONNECT_TIMEOUT)
             if isinstance(frame, wire.Error):
                 raise for_code(frame.code, f"{self.address} refused this broker's peer link:"
@@ -345,7 +346,9 @@ class Peer:
                 elif isinstance(frame, wire.Error):
                     err = for_code(frame.code, frame.message)
                     if frame.corr == 0:  # the link itself failed
-                        why = ConnectionClosed(f"{self.address} closed the peer link: {err.message}")
+                        why = ConnectionClosed(
+                            f"{self.address} closed the peer link: {err.message}"
+                        )
                         return
                     self._subscribing.pop(frame.corr, None)
                     fut = self._pending.pop(frame.corr, None)

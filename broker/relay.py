@@ -23,7 +23,13 @@ from typing import Any, Protocol
 
 from batonmq.broker.peers import Peer, Peers, NotSent
 from batonmq.clients import wire
-from batonmq.cluster.errors import BatonError, ConnectionClosed, InternalError, LogUnavailable, NotReplica
+from batonmq.cluster.errors import (
+    BatonError,
+    ConnectionClosed,
+    InternalError,
+    LogUnavailable,
+    NotReplica,
+)
 
 __all__ = ["Relay", "RELAYED"]
 

@@ -503,7 +503,9 @@ class Broker:
     def queue_stats(self, name: str) -> dict[str, Any]:
         q = self.node.queues.get(name)
         if q is None:  # (replica groups: its replicas name it, broker/peers.py)
-            raise elsewhere(self.node, name, "ask") or QueueNotFound(f"queue {name!r} does not exist")
+            raise elsewhere(self.node, name, "ask") or QueueNotFound(
+                f"queue {name!r} does not exist"
+            )
         stats = q.stats()
         stats["consumers"] = len(self.delivery.by_queue.get(name, ()))
         stats["updating"] = self.node.locked(name)  # a join update still brings it here
