@@ -555,12 +555,14 @@ class Session(ClientConnection):
                 self._topology(f.corr)
             case wire.Peek():
                 self.rights.check("read", f.queue)
+                self._here(f.queue)
                 self.send(wire.ok(f.corr, peek(self.broker.node, f.queue, f.count)))
             case wire.Connections():
                 self.rights.check_admin("list connections")
                 self.send(wire.ok(f.corr, list_connections(self.broker.connections())))
             case wire.MessageHistory():
                 self.rights.check("read", f.queue)
+                self._here(f.queue)
                 history = message_history(
                     self.broker.node, f.queue, f.position, max_records=f.max_records or None
                 )
@@ -590,6 +592,7 @@ class Session(ClientConnection):
                 )
             case wire.ReadRange():
                 self.rights.check("read", f.queue)
+                self._here(f.queue)
                 self.reply(
                     f.corr, read_range(self.broker.node, f, self.broker.config.max_frame), as_is
                 )
@@ -646,6 +649,13 @@ class Session(ClientConnection):
                 raise ProtocolError("Hello was already sent on this connection")
             case _:
                 raise ProtocolError(f"{type(f).__name__} is not a client command")
+
+    def _here(self, queue: str) -> None:
+        """A read of ``queue``'s messages is answered where they are: refused, naming
+        them, on a broker outside its replica group (docs/design.md §16)."""
+        away = elsewhere(self.broker.node, queue, "ask")
+        if away is not None:
+            raise away
 
     def _exchanges(self) -> ExchangeFacade:
         """Exchange commands, with this session's rights (docs/design.md §14)."""

@@ -110,6 +110,8 @@ async def test_a_broker_outside_the_group_serves_native_and_amqp_clients(
     # Its stats are read where it is.
     with pytest.raises(NotReplica, match="ask one of its replicas"):
         await conn.queue_stats("fq")
+    with pytest.raises(NotReplica, match="ask one of its replicas"):
+        await conn.peek("fq", 5)
 
     # A consumer here is served by a replica, relayed: acks, a release and a cancel go
     # back to it; this broker appends no Interest on the partition (the owner and the
