@@ -627,13 +627,12 @@ class PeerService:
             finally:
                 conn.commands_finished(1)
 
+        # (kept to the end when the link closes: a forwarded event in flight is appended,
+        # or not, as a client's command whose connection ended; a publish sent again
+        # elsewhere is deduplicated by its keys)
         task = asyncio.create_task(run(), name="baton-peer-serve")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
 
 
 class _Routable(Container[str]):

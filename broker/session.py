@@ -294,8 +294,6 @@ class Session(ClientConnection):
         self._authenticated()
         if self._update is not None:
             self._update.cancel()
-        if self._peer is not None:
-            self._peer.close()
         self.broker.sessions.discard(self)
         for c in list(self.consumers.values()):
             self.broker.delivery.remove(c)
