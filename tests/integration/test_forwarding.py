@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import aiohttp
@@ -39,23 +40,24 @@ def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
     yield from started(brokers_of(tmp_path, f"file:{tmp_path / 'shared-log'}", 3, extra))
 
 
-async def _outsider(brokers: list[BrokerProcess]) -> tuple[BrokerProcess, list[BrokerProcess]]:
-    """The broker that applies neither data partition, and the two that do (once every
-    broker's topology says so)."""
+async def _outsider(
+    brokers: list[BrokerProcess], k: int = 1, ssl: Any = None
+) -> tuple[BrokerProcess, list[BrokerProcess]]:
+    """A broker outside data partition ``k``'s replica group, and the group's two
+    brokers (once the group has settled: two live replicas, none joining)."""
 
-    async def split() -> tuple[list[BrokerProcess], list[BrokerProcess]] | None:
-        out, replicas = [], []
-        for b in brokers:
-            rows = (await topology(b.address))["partitions"]
-            if [r["here"] for r in rows] == [False, False]:
-                out.append(b)
-            elif [r["here"] for r in rows] == [True, True]:
-                replicas.append(b)
-        return (out, replicas) if len(out) == 1 and len(replicas) == 2 else None
+    async def group() -> list[str] | None:
+        async with await clients.connect(brokers[0].address, timeout=5, ssl=ssl) as c:
+            groups = (await c.topology()).get("groups") or []
+        g = next((g for g in groups if g["partition"] == k), None)
+        if g is None or not g["replicas"] or len(g["replicas"]) != 2 or g["joining"]:
+            return None
+        return list(g["replicas"]) if g["live_replicas"] == 2 else None
 
-    found = await eventually(split, "one broker outside both groups", timeout=30)
-    assert found is not None
-    return found[0][0], found[1]
+    replicas = await eventually(group, f"data partition {k}'s group settled", timeout=60)
+    assert replicas is not None
+    out = next(b for b in brokers if b.node_id not in replicas)
+    return out, [b for b in brokers if b.node_id in replicas]
 
 
 async def _forwarded(http: aiohttp.ClientSession, b: BrokerProcess) -> dict[str, float]:
@@ -171,7 +173,7 @@ async def test_a_broker_outside_the_group_serves_native_and_amqp_clients(
     await asyncio.to_thread(outsider.terminate)
     await asyncio.to_thread(outsider.restart)
     async with await clients.connect(outsider.address, timeout=5) as c:
-        await c.declare_queue("again", partition=2)
+        await c.declare_queue("again", partition=1)
         assert await c.publish("again", b"after a restart") == 0
     assert "recording its member key on control" in outsider.output_since(b"== test: start 2")
     assert "Traceback" not in outsider.output()
@@ -197,7 +199,8 @@ async def test_killing_the_replica_it_forwards_to_makes_a_broker_pick_another(
     conn = await clients.connect(outsider.address, timeout=5)
     await conn.declare_queue("kq", partition=1)
     # The partition's leader is the replica it forwards to first.
-    row = (await topology(replicas[0].address))["partitions"][0]
+    rows = (await topology(replicas[0].address))["partitions"]
+    row = next(r for r in rows if r["partition"] == 1)
     leader = row["leader"].split("/")[0]
     victim = next(r for r in replicas if r.node_id == leader)
     survivor = next(r for r in replicas if r is not victim)
@@ -262,18 +265,7 @@ async def test_a_peer_link_goes_over_tls_with_client_certificates(tmp_path: Path
         for b in brokers:
             await asyncio.to_thread(b.start)
 
-        async def here(b: BrokerProcess) -> list[bool]:
-            async with await clients.connect(b.address, ssl=ctx) as c:
-                return [r["here"] for r in (await c.topology())["partitions"]]
-
-        async def outsider() -> BrokerProcess | None:
-            for b in brokers:
-                if await here(b) == [False, False]:
-                    return b
-            return None
-
-        out = await eventually(outsider, "one broker outside both groups", timeout=30)
-        assert out is not None
+        out, _ = await _outsider(brokers, 2, ctx)
         async with await clients.connect(out.address, ssl=ctx) as c:
             await c.declare_queue("tq", partition=2)
             assert [await c.publish("tq", b"m%d" % i) for i in range(5)] == list(range(5))
