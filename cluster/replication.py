@@ -141,12 +141,12 @@ class Replication:
         """(live caught-up replicas, group size) of data partition ``k`` as control's
         view says (the group size is the group's, else every member's)."""
         g = self.group(k)
-        live = self._live_nodes()
+        live = self.live_nodes()
         if g is None:
             return len(live), len(live)
         return sum(1 for n in g.replicas if n in live), len(g.replicas)
 
-    def _live_nodes(self) -> list[str]:
+    def live_nodes(self) -> list[str]:
         """Node ids of the live members of control's view, in view order."""
         ms = self._owner.state.membership
         nodes: list[str] = []
@@ -166,7 +166,7 @@ class Replication:
         groups = owner.state.groups
         me = owner.node_id
         todo = {k for k, g in groups.groups.items() if me in g.joining}
-        members = self._live_nodes()
+        members = self.live_nodes()
         if me in members:
             for s in plan(owner.count, groups.replicas, members, groups.groups):
                 if me in s.nodes and (s.kind == "assign" or s.kind == "add" and not s.instead):
@@ -229,7 +229,7 @@ class Replication:
     async def _plan(self) -> None:
         owner = self._owner
         groups = owner.state.groups
-        members = self._live_nodes()
+        members = self.live_nodes()
         if not members or owner.count < 1:
             return
         now = time.monotonic()
