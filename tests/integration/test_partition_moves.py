@@ -2,7 +2,9 @@
 move``, ``rebalance`` and ``replicas`` on real brokers of a file log of two data
 partitions — a move completes (the target applies the partition, the source deletes its
 copy, every message is still there), a fifth broker gets partitions, a group size of 1
-then 2 trims and adds replicas; each mistake is refused in one sentence."""
+then 2 trims and adds replicas; each mistake is refused in one sentence. A group short of
+a majority of live replicas is a warning in /readyz and ``baton health`` (the broker stays
+ready) and counts in ``baton_partitions_under_replicated``."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from batonmq import clients
 from batonmq.cluster.errors import InvalidArgument
 from tests.helpers import eventually, topology, wait_stats
 from tests.integration.conftest import BrokerProcess, brokers_of, started
+from tests.integration.test_admin import ADMIN, TOOL_HEADERS, admin_of, get_json
 from tests.integration.test_cli import baton
 
 pytestmark = pytest.mark.integration
@@ -215,3 +220,73 @@ async def test_replicas_one_then_two(grouped: list[BrokerProcess]) -> None:
     assert await _drain(by_node[newest].address, "q", 120) == {
         b"q-%04d" % i for i in range(120)
     }
+
+
+@pytest.fixture
+def kept_three(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Three brokers with admin listeners, 2 data partitions, groups of 2; a broker out
+    of the view is not replaced for 10 minutes."""
+    yield from started(brokers_of(
+        tmp_path, f"file:{tmp_path / 'shared-log'}", 3,
+        [*ADMIN, "--partitions", "2", "--replicas", "2", "--replace-after-ms", "600000"],
+    ))
+
+
+async def test_a_group_short_of_a_majority_is_warned_and_the_broker_stays_ready(
+    kept_three: list[BrokerProcess],
+) -> None:
+    nodes = [b.node_id for b in kept_three]
+
+    def spread(t: dict[str, Any]) -> bool:
+        if not _steady(t, 2):
+            return False
+        held = [sum(n in g["replicas"] for g in t["groups"]) for n in nodes]
+        return max(held) - min(held) <= 1
+
+    top = await eventually(lambda: topology(kept_three[0].address), "groups spread",
+                           timeout=60, until=spread)
+    groups = {g["partition"]: g for g in top["groups"]}
+    by_node = {b.node_id: b for b in kept_three}
+    # The broker in both groups watches; one of the others goes: its group has 1 of 2.
+    watcher = by_node[next(n for n in nodes if all(n in g["replicas"] for g in groups.values()))]
+    victim = by_node[groups[1]["replicas"][0] if groups[1]["replicas"][0] != watcher.node_id
+                     else groups[1]["replicas"][1]]
+    short = next(k for k, g in groups.items() if victim.node_id in g["replicas"])
+    fine = 3 - short
+    base = admin_of(watcher)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
+                                     headers=TOOL_HEADERS) as http:
+        _, ready = await get_json(http, base + "/readyz")
+        assert ready["warnings"] == [], ready
+        text = await (await http.get(base + "/metrics")).text()
+        assert _gauge(text, "baton_partitions_under_replicated") == 0
+        await asyncio.to_thread(victim.kill9)
+
+        async def probe() -> tuple[int, Any]:
+            return await get_json(http, base + "/readyz")
+
+        status, ready = await eventually(
+            probe, "/readyz warning of the short group", timeout=60,
+            until=lambda r: any(f"data partition {short}:" in w for w in r[1]["warnings"]))
+        assert ready["warnings"] == [
+            f"data partition {short}: 1 of 2 replicas live, fewer than a majority"], ready
+        assert not any(f"data partition {fine}:" in w for w in ready["warnings"])
+        await eventually(probe, "the watcher ready", timeout=30,
+                         until=lambda r: r[0] == 200 and r[1]["ready"])
+        text = await (await http.get(base + "/metrics")).text()
+        assert _gauge(text, "baton_partitions_under_replicated") == 1
+    r = await asyncio.to_thread(baton, "health", "--broker", watcher.address)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+    assert "is ready" in lines[0], lines
+    assert lines[1:] == [
+        f"warning: data partition {short} has 1 of 2 replicas live"
+        f" ({','.join(groups[short]['replicas'])}), fewer than a majority: its queues"
+        " wait until enough are back"], lines
+
+
+def _gauge(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return float(family.samples[0].value)
+    raise AssertionError(f"no metric {name}")
