@@ -66,6 +66,9 @@ def _group(row: dict[str, object]) -> str:
     joining = row.get("joining")
     if isinstance(joining, list) and joining:
         cell += f" joining {','.join(map(str, joining))}"
+    leaving = row.get("leaving")
+    if isinstance(leaving, list) and leaving:  # (a move: they go once the joining are ready)
+        cell += f" leaving {','.join(map(str, leaving))}"
     return cell
 
 

@@ -37,12 +37,17 @@ def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
 
 
 def _steady(t: dict[str, Any], size: int) -> bool:
-    """Every group of ``size`` caught-up live replicas, nothing joining or leaving."""
+    """Every group of ``size`` caught-up live replicas, nothing joining or leaving, and
+    the view's brokers holding within one partition of each other (the planner's
+    rebalancing done: it moves nothing more)."""
     groups = t.get("groups") or []
-    return len(groups) == 2 and all(
+    if len(groups) != 2 or not all(
         g["replicas"] is not None and len(g["replicas"]) == size and not g["joining"]
         and not g["leaving"] and g["live_replicas"] == size for g in groups
-    )
+    ):
+        return False
+    held = [sum(i["node_id"] in g["replicas"] for g in groups) for i in t["instances"]]
+    return max(held) - min(held) <= 1
 
 
 async def _groups(address: str, size: int = 2) -> dict[int, dict[str, Any]]:
@@ -76,13 +81,29 @@ def _stores(b: BrokerProcess) -> list[int]:
                   if p.name.startswith("store-p"))
 
 
-async def test_a_move_completes_and_keeps_every_message(grouped: list[BrokerProcess]) -> None:
+@pytest.fixture
+def fifth(tmp_path: Path, grouped: list[BrokerProcess]) -> Iterator[BrokerProcess]:
+    """A fifth broker of ``grouped``'s cluster, not started."""
+    b = BrokerProcess(tmp_path / "node-5", log_url=f"file:{tmp_path / 'shared-log'}",
+                      node_id="node-5", extra=grouped[0].extra)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+async def test_a_move_completes_and_keeps_every_message(
+    grouped: list[BrokerProcess], fifth: BrokerProcess
+) -> None:
+    # The target is a fifth broker, which holds nothing: the move leaves the partitions
+    # balanced (1 or 0 per broker), so the leader's planner has nothing to move back.
+    await asyncio.to_thread(fifth.start)
     groups = await _groups(grouped[0].address)
     by_node = {b.node_id: b for b in grouped}
     source = by_node[groups[1]["replicas"][0]]
-    target = next(b for b in grouped if b.node_id not in groups[1]["replicas"])
+    target = fifth
     await _fill(source.address, "moved", 1, 300)
-    assert 1 in _stores(source)
+    assert 1 in _stores(source) and _stores(target) == []
 
     r = await asyncio.to_thread(
         baton, "partitions", "move", "1", "--from", source.node_id, "--to", target.node_id,
@@ -140,59 +161,56 @@ async def test_moves_that_do_not_fit_are_refused_in_one_sentence(
 
 
 async def test_rebalance_gives_a_fifth_broker_partitions(
-    grouped: list[BrokerProcess], tmp_path: Path
+    grouped: list[BrokerProcess], fifth: BrokerProcess
 ) -> None:
-    await _groups(grouped[0].address)
+    groups = await _groups(grouped[0].address)
     dry = await asyncio.to_thread(
         baton, "partitions", "rebalance", "--dry-run", "--broker", grouped[0].address)
     assert dry.returncode == 0 and "nothing to move" in dry.stderr, (dry.stdout, dry.stderr)
-    await _fill(grouped[0].address, "kept", 1, 100)
+    replica = next(b for b in grouped if b.node_id == groups[1]["replicas"][0])
+    await _fill(replica.address, "kept", 1, 100)  # (through a broker that applies it)
     # Four partitions more: eight replicas over four brokers, then a fifth joins.
     r = await asyncio.to_thread(
         baton, "partitions", "add", "--count", "4", "--broker", grouped[0].address)
     assert r.returncode == 0, r.stderr
-    fifth = BrokerProcess(tmp_path / "node-5", log_url=f"file:{tmp_path / 'shared-log'}",
-                          node_id="node-5", extra=grouped[0].extra)
-    try:
-        await asyncio.to_thread(fifth.start)
-        r = await asyncio.to_thread(
-            baton, "partitions", "rebalance", "--broker", grouped[0].address)
-        assert r.returncode == 0, (r.stdout, r.stderr)
-        # Its moves (or none: the leader's planner may have started them first).
-        for line in r.stdout.splitlines():
-            assert line.startswith("moving data partition "), r.stdout
+    await asyncio.to_thread(fifth.start)
+    r = await asyncio.to_thread(
+        baton, "partitions", "rebalance", "--broker", grouped[0].address)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    # Its moves (or none: the leader's planner may have started them first).
+    for line in r.stdout.splitlines():
+        assert line.startswith("moving data partition "), r.stdout
 
-        def balanced(t: dict[str, Any]) -> bool:
-            gs = t.get("groups") or []
-            if len(gs) != 4 or any(g["joining"] or g["leaving"] or g["replicas"] is None
-                                   or len(g["replicas"]) != 2 for g in gs):
-                return False
-            held = {f"node-{i}": 0 for i in range(1, 6)}
-            for g in gs:
-                for n in g["replicas"]:
-                    held[n] += 1
-            return max(held.values()) - min(held.values()) <= 1
+    def balanced(t: dict[str, Any]) -> bool:
+        gs = t.get("groups") or []
+        if len(gs) != 4 or any(g["joining"] or g["leaving"] or g["replicas"] is None
+                               or len(g["replicas"]) != 2 for g in gs):
+            return False
+        held = {f"node-{i}": 0 for i in range(1, 6)}
+        for g in gs:
+            for n in g["replicas"]:
+                held[n] += 1
+        return max(held.values()) - min(held.values()) <= 1
 
-        top = await eventually(lambda: topology(fifth.address), "five brokers balanced",
-                               timeout=90, until=balanced)
-        mine = sorted(g["partition"] for g in top["groups"] if "node-5" in g["replicas"])
-        assert mine
-        await eventually(lambda: asyncio.to_thread(_stores, fifth), "node-5's stores",
-                         timeout=30, until=lambda s: s == mine)
-        dry = await asyncio.to_thread(
-            baton, "partitions", "rebalance", "--dry-run", "--broker", fifth.address)
-        assert dry.returncode == 0 and "nothing to move" in dry.stderr, dry.stderr
-        holder = next(g for g in top["groups"] if g["partition"] == 1)
-        address = next(b.address for b in [*grouped, fifth]
-                       if b.node_id == holder["replicas"][0])
-        assert await _drain(address, "kept", 100) == {b"kept-%04d" % i for i in range(100)}
-    finally:
-        await asyncio.to_thread(fifth.stop)
+    top = await eventually(lambda: topology(fifth.address), "five brokers balanced",
+                           timeout=90, until=balanced)
+    mine = sorted(g["partition"] for g in top["groups"] if "node-5" in g["replicas"])
+    assert mine
+    await eventually(lambda: asyncio.to_thread(_stores, fifth), "node-5's stores",
+                     timeout=30, until=lambda s: s == mine)
+    dry = await asyncio.to_thread(
+        baton, "partitions", "rebalance", "--dry-run", "--broker", fifth.address)
+    assert dry.returncode == 0 and "nothing to move" in dry.stderr, dry.stderr
+    holder = next(g for g in top["groups"] if g["partition"] == 1)
+    address = next(b.address for b in [*grouped, fifth]
+                   if b.node_id == holder["replicas"][0])
+    assert await _drain(address, "kept", 100) == {b"kept-%04d" % i for i in range(100)}
 
 
 async def test_replicas_one_then_two(grouped: list[BrokerProcess]) -> None:
-    await _groups(grouped[0].address)
-    await _fill(grouped[0].address, "q", 2, 120)
+    groups = await _groups(grouped[0].address)
+    replica = next(b for b in grouped if b.node_id == groups[2]["replicas"][0])
+    await _fill(replica.address, "q", 2, 120)
     r = await asyncio.to_thread(baton, "partitions", "replicas", "1",
                                 "--broker", grouped[0].address)
     assert r.returncode == 0, r.stderr
