@@ -85,8 +85,9 @@ def _add(args: argparse.Namespace) -> int:
           " queues go to the new ones, existing queues stay where they are", file=sys.stderr)
     if len(started) < len(new):
         waiting = ", ".join(str(k) for k in new if k not in started)
-        print(f"the broker asked has not opened partition(s) {waiting} yet: see"
-              " 'baton partitions list' and its log", file=sys.stderr)
+        print(f"the broker asked does not apply partition(s) {waiting} (not open there"
+              " yet, or given to replica groups without it): see 'baton partitions list'",
+              file=sys.stderr)
     return 0
 
 
