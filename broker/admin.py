@@ -250,6 +250,11 @@ def readiness(
     if isinstance(node, Partitioned) and node.growth.missing:
         reasons.append(node.growth.problem or "data partition(s) "
                        f"{', '.join(map(str, node.growth.missing))} not open here yet")
+    # A group short of a majority is the cluster's problem, not this broker's: said, and
+    # the broker stays ready (docs/operations.md "Replica groups").
+    short = node.replication.short_of_majority() if isinstance(node, Partitioned) else []
+    warnings = [f"data partition {k}: {live} of {size} replicas live, fewer than a majority"
+                for k, live, size in short]
     return {
         "ready": not reasons,
         "member": member,
@@ -259,6 +264,7 @@ def readiness(
         "lag": lag,
         "apply_stopped": node.applier.stopped,
         "reasons": reasons,
+        "warnings": warnings,
     }
 
 

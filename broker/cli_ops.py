@@ -73,6 +73,20 @@ def open_broker(args: argparse.Namespace) -> SyncConnection:
     return clients.sync.connect(args.broker, ssl=tls_of(args), username=user, password=password)
 
 
+def group_warnings(topo: dict[str, Any]) -> list[str]:
+    """The replica groups (``topo``'s ``groups``) with fewer than a majority of their
+    replicas live: the cluster's problem, not the answering broker's (it stays ready)."""
+    out = []
+    for g in topo.get("groups") or []:
+        replicas, live = g.get("replicas"), g.get("live_replicas")
+        if isinstance(replicas, list) and replicas and isinstance(live, int) \
+                and live < len(replicas) // 2 + 1:
+            out.append(f"data partition {g.get('partition')} has {live} of {len(replicas)}"
+                       f" replicas live ({','.join(map(str, replicas))}), fewer than a"
+                       " majority: its queues wait until enough are back")
+    return out
+
+
 def not_ready(topo: dict[str, Any]) -> str | None:
     """Why the broker that answered ``topo`` (its Topology answer) is not ready, or None.
 
@@ -102,6 +116,8 @@ def _health(args: argparse.Namespace) -> int:
     who = f"broker {topo.get('node_id')} at {args.broker}"
     if why is None:
         print(f"{who} is ready: member of view {topo['view']}, applied offset {topo['applied']}")
+        for line in group_warnings(topo):
+            print(f"warning: {line}")
         return 0
     print(f"{who} is not ready: {why}")
     return 1

@@ -1,5 +1,7 @@
 """``baton partitions list`` and ``baton partitions add --count M``: a split cluster's data
 partitions, and growing their number while it serves (docs/operations.md "Growing N").
+``move``, ``rebalance`` and ``replicas``: operating replica groups (docs/operations.md
+"Replica groups"), each an admin's command checked and appended by the broker asked.
 
 ``add`` asks one broker (an admin's command), which grows the log and records the new
 count on the control partition; every broker then opens the new partitions. New queues
@@ -13,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from typing import Any
 
 from batonmq.broker.cli_ops import BROKER_HELP, open_broker
 from batonmq.cluster.errors import InvalidArgument
@@ -62,6 +66,9 @@ def _group(row: dict[str, object]) -> str:
     joining = row.get("joining")
     if isinstance(joining, list) and joining:
         cell += f" joining {','.join(map(str, joining))}"
+    leaving = row.get("leaving")
+    if isinstance(leaving, list) and leaving:  # (a move: they go once the joining are ready)
+        cell += f" leaving {','.join(map(str, leaving))}"
     return cell
 
 
@@ -78,8 +85,84 @@ def _add(args: argparse.Namespace) -> int:
           " queues go to the new ones, existing queues stay where they are", file=sys.stderr)
     if len(started) < len(new):
         waiting = ", ".join(str(k) for k in new if k not in started)
-        print(f"the broker asked has not opened partition(s) {waiting} yet: see"
-              " 'baton partitions list' and its log", file=sys.stderr)
+        print(f"the broker asked does not apply partition(s) {waiting} (not open there"
+              " yet, or given to replica groups without it): see 'baton partitions list'",
+              file=sys.stderr)
+    return 0
+
+
+def _move(args: argparse.Namespace) -> int:
+    with open_broker(args) as conn:
+        if args.wait and args.timeout <= 0:
+            raise InvalidArgument(f"--timeout is a number of seconds above 0, not {args.timeout}")
+        conn.move_partition(args.partition, args.source, args.target)
+        print(f"moving data partition {args.partition} from {args.source} to {args.target}:"
+              f" {args.target} joins its group and catches up, then {args.source} leaves"
+              f" it and deletes its copy ('baton partitions list' shows the progress)",
+              file=sys.stderr)
+        if not args.wait:
+            return 0
+        deadline = time.monotonic() + args.timeout
+        said = ""
+        while True:
+            row = _group_row(conn.topology(), args.partition)
+            state = _move_state(row, args.source, args.target)
+            if state == "done":
+                print(f"data partition {args.partition} moved: its replicas are"
+                      f" {','.join(row.get('replicas') or [])}", file=sys.stderr)
+                return 0
+            if state != said:
+                print(f"  {state}", file=sys.stderr)
+                said = state
+            if time.monotonic() >= deadline:
+                print(f"data partition {args.partition} not moved after {args.timeout:g} s"
+                      f" ({state}): see 'baton partitions list' and the brokers' logs",
+                      file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+
+
+def _group_row(topo: dict[str, Any], partition: int) -> dict[str, Any]:
+    for row in topo.get("groups") or []:
+        if row.get("partition") == partition:
+            return dict(row)
+    return {}
+
+
+def _move_state(row: dict[str, Any], source: str, target: str) -> str:
+    """Where a move stands, as one phrase ("done" once it finished)."""
+    replicas, joining = row.get("replicas") or [], row.get("joining") or []
+    if target in joining:
+        return f"{target} is catching up ({source} still serves)"
+    if target in replicas and source not in replicas:
+        return "done"
+    if target in replicas:
+        return f"{target} is a replica; {source} is leaving"
+    return f"{target} is not in the group any more (the move was undone: see the logs)"
+
+
+def _rebalance(args: argparse.Namespace) -> int:
+    with open_broker(args) as conn:
+        done = conn.rebalance_partitions(dry_run=args.dry_run)
+    if not done.moves:
+        print("the partitions are balanced: nothing to move", file=sys.stderr)
+        return 0
+    verb = "would move" if args.dry_run else "moving"
+    for m in done.moves:
+        print(f"{verb} data partition {m['partition']} from {m['from']} to {m['to']}")
+    if not args.dry_run:
+        print("each target catches up, then its source leaves and deletes its copy; run"
+              " the command again once they are done to move more", file=sys.stderr)
+    return 0
+
+
+def _replicas(args: argparse.Namespace) -> int:
+    with open_broker(args) as conn:
+        done = conn.set_replicas(args.replicas)
+    before = done.before or "every broker"
+    print(f"replica groups of {done.replicas} broker(s) (were {before}): the control"
+          " leader's planner adds replicas to smaller groups and trims larger ones"
+          " ('baton partitions list' shows them)", file=sys.stderr)
     return 0
 
 
@@ -100,3 +183,28 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
                           " it has; as many: nothing changes)")
     add.add_argument("--broker", default=None, help=BROKER_HELP)
     add.set_defaults(func=_add)
+    mv = ps.add_parser(
+        "move", help="move a data partition's replica from one broker to another (admin):"
+                     " the target catches up, then the source leaves and deletes its copy")
+    mv.add_argument("partition", type=int, metavar="P", help="the data partition")
+    mv.add_argument("--from", dest="source", required=True, metavar="NODE",
+                    help="the node id of one of its replicas")
+    mv.add_argument("--to", dest="target", required=True, metavar="NODE",
+                    help="the node id of a live broker not in its group")
+    mv.add_argument("--wait", action="store_true", help="wait until the move is done,"
+                                                        " saying how it goes")
+    mv.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                    help="with --wait: give up after this long (default 300)")
+    mv.add_argument("--broker", default=None, help=BROKER_HELP)
+    mv.set_defaults(func=_move)
+    rb = ps.add_parser(
+        "rebalance", help="even out the data partitions each live broker holds (admin):"
+                          " a bounded number of moves at a time")
+    rb.add_argument("--dry-run", action="store_true", help="print the moves only")
+    rb.add_argument("--broker", default=None, help=BROKER_HELP)
+    rb.set_defaults(func=_rebalance)
+    rp = ps.add_parser(
+        "replicas", help="set how many brokers each data partition's group has (admin)")
+    rp.add_argument("replicas", type=int, metavar="R", help="1 to 15")
+    rp.add_argument("--broker", default=None, help=BROKER_HELP)
+    rp.set_defaults(func=_replicas)

@@ -404,3 +404,8 @@ def _groups(node: Node) -> Iterator[Metric]:
         live.add_metric([str(k)], n_live)
         size.add_metric([str(k)], n_size)
     yield from (here, live, size)
+    yield GaugeMetricFamily(
+        "baton_partitions_under_replicated", "Data partitions whose live caught-up"
+        " replicas are fewer than the group size the planner wants (min(R, live members)).",
+        value=len(node.replication.under_replicated()),
+    )

@@ -58,7 +58,12 @@ from batonmq.broker.inspect import ConnectionView, list_connections, peek
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.limits import check_event, check_headers, check_key, check_name
 from batonmq.broker.networks import Networks, allows
-from batonmq.broker.partitions import grow_partitions
+from batonmq.broker.partitions import (
+    grow_partitions,
+    move_partition,
+    rebalance_partitions,
+    set_replicas,
+)
 from batonmq.broker.peers import MemberRights, Peers, PeerService, elsewhere
 from batonmq.broker.relay import RELAYED, Relay
 from batonmq.broker.policies import clear_policy_event, list_policies, set_policy_event
@@ -642,6 +647,21 @@ class Session(ClientConnection):
                 self.rights.check_admin("grow partitions")
                 self.reply(f.corr, asyncio.ensure_future(
                     grow_partitions(self.broker.node, f.count)
+                ), as_is)
+            case wire.MovePartition():
+                self.rights.check_admin("move partitions")
+                self.reply(f.corr, asyncio.ensure_future(move_partition(
+                    self.broker.node, f.partition, f.source, f.target
+                )), as_is)
+            case wire.RebalancePartitions():
+                self.rights.check_admin("rebalance partitions")
+                self.reply(f.corr, asyncio.ensure_future(
+                    rebalance_partitions(self.broker.node, f.dry_run)
+                ), as_is)
+            case wire.SetReplicas():
+                self.rights.check_admin("set the replica group size")
+                self.reply(f.corr, asyncio.ensure_future(
+                    set_replicas(self.broker.node, f.replicas)
                 ), as_is)
             case wire.Hello():
                 raise ProtocolError("Hello was already sent on this connection")

@@ -79,6 +79,9 @@ from batonmq.clients.wire import (
     SetPolicy,
     ClearPolicy,
     GrowPartitions as GrowPartitionsFrame,
+    MovePartition,
+    RebalancePartitions,
+    SetReplicas,
     Topology,
     read_result,
 )
@@ -107,6 +110,9 @@ from batonmq.cluster.results import (
     PolicyList,
     FeaturesEnabled,
     PartitionsGrown,
+    GroupChanged,
+    Rebalanced,
+    ReplicationSet,
 )
 
 __all__ = [
@@ -838,6 +844,47 @@ class Connection:
         corr = self._next_corr()
         result = await self._request(GrowPartitionsFrame(corr, count), corr, retry=True)
         return read_result(PartitionsGrown, result)
+
+    async def move_partition(self, partition: int, source: str, target: str) -> GroupChanged:
+        """Move data partition ``partition``'s replica from broker ``source`` to broker
+        ``target`` (node ids; admin; docs/operations.md "Replica groups"): ``target``
+        joins and catches up, then ``source`` leaves the group and deletes its copy.
+
+        Returns:
+            The group as the move left it (``target`` joining, ``source`` leaving).
+
+        Raises:
+            InvalidArgument: no replica groups, an unknown partition, ``source`` not a
+                replica of it, ``target`` already in its group or not a live member,
+                or a move of it in flight.
+        """
+        corr = self._next_corr()
+        # Not retried: a move appended before the connection dropped would be refused.
+        result = await self._request(MovePartition(corr, partition, source, target), corr)
+        return read_result(GroupChanged, result)
+
+    async def rebalance_partitions(self, dry_run: bool = False) -> Rebalanced:
+        """Even out the data partitions each live broker holds (admin): the moves the
+        control leader's planner would start, appended unless ``dry_run``.
+
+        Raises:
+            InvalidArgument: no replica groups.
+        """
+        corr = self._next_corr()
+        result = await self._request(RebalancePartitions(corr, dry_run), corr)
+        return read_result(Rebalanced, result)
+
+    async def set_replicas(self, replicas: int) -> ReplicationSet:
+        """Set each data partition's group size (admin): the control leader's planner
+        then adds replicas or trims them. Returns the setting now and ``before`` (0:
+        never set, every broker).
+
+        Raises:
+            InvalidArgument: no replica groups, or not 1 to 15.
+        """
+        corr = self._next_corr()
+        result = await self._request(SetReplicas(corr, replicas), corr, retry=True)
+        return read_result(ReplicationSet, result)
 
     async def set_permissions(
         self,

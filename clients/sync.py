@@ -37,8 +37,11 @@ from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.cluster.errors import ConnectionClosed, InvalidArgument, Timeout
 from batonmq.cluster.results import (
+    GroupChanged,
     MessageHistory,
     PartitionsGrown,
+    Rebalanced,
+    ReplicationSet,
     Peeked,
     PolicyChanged,
     Routed,
@@ -388,6 +391,18 @@ class SyncConnection:
     def grow_partitions(self, count: int) -> PartitionsGrown:
         """Grow the cluster's data partitions (see :meth:`Connection.grow_partitions`)."""
         return self.run(self._conn.grow_partitions(count))
+
+    def move_partition(self, partition: int, source: str, target: str) -> GroupChanged:
+        """Move a partition's replica (see :meth:`Connection.move_partition`)."""
+        return self.run(self._conn.move_partition(partition, source, target))
+
+    def rebalance_partitions(self, dry_run: bool = False) -> Rebalanced:
+        """Even out the partitions per broker (see :meth:`Connection.rebalance_partitions`)."""
+        return self.run(self._conn.rebalance_partitions(dry_run))
+
+    def set_replicas(self, replicas: int) -> ReplicationSet:
+        """Set the replica group size (see :meth:`Connection.set_replicas`)."""
+        return self.run(self._conn.set_replicas(replicas))
 
     def set_permissions(
         self,

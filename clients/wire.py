@@ -56,6 +56,9 @@ __all__ = [
     "PeerProof",
     "Submit",
     "Submitted",
+    "MovePartition",
+    "RebalancePartitions",
+    "SetReplicas",
     "DeclareQueue",
     "DeleteQueue",
     "PurgeQueue",
@@ -960,6 +963,43 @@ class Submitted(Frame):
     result: Any
 
 
+# Replica groups' operator commands (docs/operations.md "Replica groups"): op-codes from
+# 150, each needing a split cluster with the feature flag replica_groups.
+
+
+@dataclass(frozen=True, slots=True)
+class MovePartition(Frame):
+    """C->S (admin): move data partition ``partition``'s replica from broker ``source``
+    to broker ``target`` (node ids): ``target`` joins and catches up, then ``source``
+    leaves and deletes its copy. Ok({"partition", "replicas", "joining", "leaving"})."""
+
+    OP: ClassVar[int] = 150
+    corr: int
+    partition: int
+    source: str
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class RebalancePartitions(Frame):
+    """C->S (admin): the moves that even out the partitions per live broker, appended
+    unless ``dry_run``. Ok({"moves": [{"partition", "to", "from"}], "applied": bool})."""
+
+    OP: ClassVar[int] = 151
+    corr: int
+    dry_run: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetReplicas(Frame):
+    """C->S (admin): each data partition's group is to have ``replicas`` brokers (the
+    control leader's planner adds or trims). Ok({"replicas": n, "before": n})."""
+
+    OP: ClassVar[int] = 152
+    corr: int
+    replicas: int
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -1026,6 +1066,9 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         PeerProof,
         Submit,
         Submitted,
+        MovePartition,
+        RebalancePartitions,
+        SetReplicas,
     )
 }
 

@@ -142,12 +142,34 @@ class Replication:
         """(live caught-up replicas, group size) of data partition ``k`` as control's
         view says (the group size is the group's, else every member's)."""
         g = self.group(k)
-        live = self._live_nodes()
+        live = self.live_nodes()
         if g is None:
             return len(live), len(live)
         return sum(1 for n in g.replicas if n in live), len(g.replicas)
 
-    def _live_nodes(self) -> list[str]:
+    def under_replicated(self) -> list[int]:
+        """The data partitions whose live caught-up replicas are fewer than the group
+        size the planner wants (``min(R, live members)``), as control's view says."""
+        if not self.active:
+            return []
+        live = self.live_nodes()
+        want = effective_r(self._owner.state.groups.replicas, live)
+        groups = self._owner.state.groups.groups
+        return [k for k in range(1, self._owner.count + 1) if k in groups
+                and sum(1 for n in groups[k].replicas if n in live) < want]
+
+    def short_of_majority(self) -> list[tuple[int, int, int]]:
+        """(partition, live caught-up replicas, group size) of each data partition with
+        fewer than a majority of its group's replicas live (a partition's view needs a
+        majority to change: docs/operations.md "Replica groups")."""
+        out = []
+        for k in range(1, self._owner.count + 1):
+            live, size = self.live_replicas(k)
+            if self.group(k) is not None and live < size // 2 + 1:
+                out.append((k, live, size))
+        return out
+
+    def live_nodes(self) -> list[str]:
         """Node ids of the live members of control's view, in view order."""
         ms = self._owner.state.membership
         nodes: list[str] = []
@@ -167,7 +189,7 @@ class Replication:
         groups = owner.state.groups
         me = owner.node_id
         todo = {k for k, g in groups.groups.items() if me in g.joining}
-        members = self._live_nodes()
+        members = self.live_nodes()
         if me in members:
             for s in plan(owner.count, groups.replicas, members, groups.groups):
                 if me in s.nodes and (s.kind == "assign" or s.kind == "add" and not s.instead):
@@ -247,7 +269,7 @@ class Replication:
     async def _plan(self) -> None:
         owner = self._owner
         groups = owner.state.groups
-        members = self._live_nodes()
+        members = self.live_nodes()
         if not members or owner.count < 1:
             return
         now = time.monotonic()

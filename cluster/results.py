@@ -51,6 +51,7 @@ __all__ = [
     "Checkpointed",
     "Placed",
     "PartitionsGrown",
+    "Rebalanced",
     "GroupChanged",
     "ReplicationSet",
     "Published",
@@ -306,6 +307,16 @@ class ReplicationSet(Result):
 
 
 @dataclass(frozen=True, slots=True)
+class Rebalanced(Result):
+    """An operator's rebalance (``baton partitions rebalance``): the moves, each
+    ``{"partition": k, "to": node, "from": node}``, and whether they were appended to
+    control (False: a dry run, or nothing to move)."""
+
+    moves: list[dict[str, Any]]
+    applied: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpointed(Result):
     """Checkpoint: applied at log ``offset``, where this replica's digest is ``digest``."""
 
@@ -471,6 +482,7 @@ RESULT_TYPES: Final[tuple[type[Result], ...]] = (
     PartitionsGrown,
     GroupChanged,
     ReplicationSet,
+    Rebalanced,
     Published,
     Subscribed,
     Cancelled,

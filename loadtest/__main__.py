@@ -36,6 +36,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "faults": None,
     "disk_limit": None,
     "partitions": 1,
+    "replicas": None,
     "old_build": None,
     "json": None,
     "report": None,
@@ -77,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, choices=range(1, 1025), default=None, metavar="N",
                    help="data partitions of the Baton brokers' new log (1: one log; N > 1: a"
                    " control partition and N data partitions, the queues spread over them)")
+    p.add_argument("--replicas", type=int, default=None, metavar="R",
+                   help="with --partitions N > 1: each data partition's replica group has R"
+                   " of the started brokers (serve --replicas R; default every broker)")
     p.add_argument("--disk-limit", type=int, default=None, metavar="MB",
                    help="put the brokers' data dirs and file log on a tmpfs of MB MiB "
                    "(needed by the diskfull fault; root)")
@@ -229,6 +233,14 @@ def run_from_args(args: argparse.Namespace) -> int:
     if duration <= 0 or int(opts["brokers"]) < 1:
         print("loadtest: --duration and --brokers must be positive", file=sys.stderr)
         return 2
+    replicas = opts["replicas"]
+    if replicas is not None and (int(opts["partitions"]) <= 1 or opts["brokers_at"]):
+        print("loadtest: --replicas is for a split log of brokers the harness starts: give"
+              " --partitions N > 1 (and no --brokers-at)", file=sys.stderr)
+        return 2
+    if replicas is not None and not 1 <= int(replicas) <= 15:
+        print(f"loadtest: --replicas is 1 to 15, not {replicas}", file=sys.stderr)
+        return 2
     if int(opts["peer_nodes"]) not in (1, 3):
         print("loadtest: --peer-nodes must be 1 or 3", file=sys.stderr)
         return 2
@@ -248,9 +260,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (RuntimeError, ImportError) as exc:
         print(f"loadtest: {exc}", file=sys.stderr)
         return 2
+    from batonmq.cluster.errors import BatonError
+
     old_build: str | None = None
     if opts["old_build"]:
-        from batonmq.cluster.errors import BatonError
         from batonmq.loadtest.builds import resolve_build
 
         try:
@@ -283,12 +296,16 @@ def run_from_args(args: argparse.Namespace) -> int:
             faults_spec=(opts["faults"] or "") if system == "baton" else "",
             disk_limit_mb=disk_limit if system == "baton" else None,
             partitions=int(opts["partitions"]),
+            replicas=int(replicas or 0),
             old_build=old_build if system in ("baton", "baton-amqp") else None,
         )
         try:
             result = run(config)
         except RuntimeError as exc:
             print(f"loadtest: {system}: {exc}", file=sys.stderr)
+            return 2
+        except BatonError as exc:  # e.g. a queue on a partition its broker cannot serve
+            print(f"loadtest: {system}: {exc.message}", file=sys.stderr)
             return 2
         print(format_report(result))
         save(result, None, keep_dir=bool(report))

@@ -238,8 +238,9 @@ class BatonCluster:
                    "FAKETIME_TIMESTAMP_FILE": str(stamp), "FAKETIME_CACHE_DURATION": "1",
                    "DONT_FAKE_MONOTONIC": "1"}
         with open(b.out, "ab") as out:
+            opts = f"; options {' '.join(self.extra_args)}" if self.extra_args else ""
             out.write(f"\n== harness: start {b.starts + 1} of {b.node_id} ({b.build} build:"
-                      f" {' '.join(self._program(b))})\n".encode())
+                      f" {' '.join(self._program(b))}{opts})\n".encode())
             out.flush()
             b.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         b.starts += 1

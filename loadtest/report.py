@@ -201,6 +201,9 @@ def write_report(results: Sequence[RunResult], out_dir: str | Path, title: str =
             f"prefetch {wl.get('prefetch')}, acks by {wl.get('ack_batch')}"
             + (f", target {wl.get('rate'):,.0f} msg/s" if wl.get("rate") else ", open loop")
             + (f"; faults {cfg.get('faults')}" if cfg.get("faults") else "")
+            + (f"; {cfg['partitions']} data partitions" if (cfg.get("partitions") or 1) > 1
+               else "")
+            + (f", replica groups of {cfg['replicas']}" if cfg.get("replicas") else "")
         )
         + "</p>"
     )

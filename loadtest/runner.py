@@ -35,7 +35,7 @@ from batonmq.loadtest.hist import LogHistogram
 from batonmq.loadtest.history import HistoryWriter, Op, OpKind, load_run
 from batonmq.loadtest.procstat import GENERATOR_SATURATED, Sampler, summarize
 from batonmq.loadtest.worker import DRAIN_ACTOR, WorkerSpec, drain_queues, worker_main
-from batonmq.loadtest.workloads import Workload
+from batonmq.loadtest.workloads import Workload, rotate, spread
 
 __all__ = [
     "System",
@@ -102,6 +102,8 @@ class RunConfig:
     disk_limit_mb: int | None = None
     #: Data partitions of the started Baton brokers' new log (``serve --partitions``).
     partitions: int = 1
+    #: Each data partition's replica group size (``serve --replicas``; 0: not given).
+    replicas: int = 0
     #: Another build's ``baton`` (``--old-build``, loadtest/builds.py): the brokers start
     #: on it, and ``upgrade`` faults move them to the running build.
     old_build: str | None = None
@@ -154,6 +156,8 @@ def make_system(config: RunConfig, base_dir: Path) -> System:
     """
     old = Path(config.old_build) if config.old_build else None
     parts = ["--partitions", str(config.partitions)] if config.partitions > 1 else []
+    if config.replicas and config.partitions > 1:
+        parts += ["--replicas", str(config.replicas)]
     if old is not None and (config.brokers_at or config.system not in ("baton", "baton-amqp")):
         raise RuntimeError("--old-build is for Baton brokers the harness starts")
     if config.system == "baton":
@@ -210,18 +214,6 @@ async def _prepare(
                 await conn.purge(q)
     finally:
         await conn.close()
-
-
-def _spread(items: Sequence[str], parts: int, index: int) -> tuple[str, ...]:
-    """Worker ``index``'s share of ``items`` (each item to at least one worker)."""
-    if len(items) >= parts:
-        return tuple(items[index::parts])
-    return (items[index % len(items)],)
-
-
-def _rotate(addresses: list[str], i: int) -> tuple[str, ...]:
-    k = i % len(addresses)
-    return tuple(addresses[k:] + addresses[:k])
 
 
 class _Progress:
@@ -311,9 +303,9 @@ def run(config: RunConfig) -> RunResult:
             spec = WorkerSpec(
                 role="consumer",
                 actor=f"c{i + 1}",
-                addresses=_rotate(addresses, i),
-                queues=_spread(queues, n_con, i) + _spread(dlqs, n_con, i) if dlqs
-                else _spread(queues, n_con, i),
+                addresses=rotate(addresses, i),
+                queues=spread(queues, n_con, i) + spread(dlqs, n_con, i) if dlqs
+                else spread(queues, n_con, i),
                 ack_all=tuple(dlqs),
                 workload=workload,
                 history=str(run_dir / f"c{i + 1}.hist"),
@@ -331,7 +323,7 @@ def run(config: RunConfig) -> RunResult:
             spec = WorkerSpec(
                 role="producer",
                 actor=f"p{i + 1}",
-                addresses=_rotate(addresses, i + 1),
+                addresses=rotate(addresses, i + 1),
                 queues=tuple(queues),
                 ack_all=(),
                 workload=workload,
@@ -460,6 +452,8 @@ def run(config: RunConfig) -> RunResult:
         if config.system in ("baton", "baton-amqp") else "",
         "seed": config.seed,
         "faults": config.faults_spec,
+        "partitions": config.partitions,
+        "replicas": config.replicas or None,  # (None: not given, every broker)
         "old_build": config.old_build or "",
         "workload": asdict(workload),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
@@ -677,6 +671,9 @@ def format_report(result: RunResult) -> str:
     cfg = result.config
     if cfg:
         where = (f"  brokers {cfg.get('brokers')}  log {cfg.get('log')}"
+                 + (f"  partitions {cfg['partitions']}" if (cfg.get("partitions") or 1) > 1
+                    else "")
+                 + (f"  replicas {cfg['replicas']}" if cfg.get("replicas") else "")
                  if cfg.get("system", "baton") in ("baton", "baton-amqp")
                  else f"  nodes {cfg.get('brokers')}"
                  + (f"  server {cfg['server_version']}" if cfg.get("server_version") else ""))

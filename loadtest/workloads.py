@@ -6,9 +6,10 @@ A :class:`Workload` is plain data (frozen, picklable: it is handed to worker pro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-__all__ = ["Workload", "PRESETS", "get_preset"]
+__all__ = ["Workload", "PRESETS", "get_preset", "spread", "rotate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,3 +138,16 @@ def get_preset(name: str, **overrides: object) -> Workload:
     base = PRESETS[name]
     changes = {k: v for k, v in overrides.items() if v is not None}
     return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def spread(items: Sequence[str], parts: int, index: int) -> tuple[str, ...]:
+    """Worker ``index``'s share of ``items`` (each item to at least one worker)."""
+    if len(items) >= parts:
+        return tuple(items[index::parts])
+    return (items[index % len(items)],)
+
+
+def rotate(addresses: list[str], i: int) -> tuple[str, ...]:
+    """``addresses`` starting at the ``i``-th (each worker its own first broker)."""
+    k = i % len(addresses)
+    return tuple(addresses[k:] + addresses[:k])

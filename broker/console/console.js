@@ -233,7 +233,9 @@ function renderCluster(ov, nodes, logInfo) {
 }
 
 // The log's data partitions as this broker applied them (docs/admin.md "GET /api/nodes":
-// ``partitions``, absent for a log of one, which shows no panel).
+// ``partitions``, absent for a log of one, which shows no panel), and each one's replica
+// group (``groups``: also the partitions this broker does not apply, shown as applied by
+// other brokers; a group with fewer than a majority of its replicas live is flagged).
 function renderPartitions(nodes) {
   const parts = Array.isArray(nodes.partitions) ? nodes.partitions : null;
   state.split = parts !== null;
@@ -245,8 +247,27 @@ function renderPartitions(nodes) {
   const open = parts.length;
   const count = nodes.partition_count ?? open;
   setText("pt-count", count === open ? fmt(count) : `${fmt(open)} of ${fmt(count)} open here`);
-  const rows = parts.map((p) => {
+  const groups = new Map((Array.isArray(nodes.groups) ? nodes.groups : [])
+    .map((g) => [g.partition, g]));
+  const here = new Map(parts.map((p) => [p.partition, p]));
+  const numbers = [...new Set([...here.keys(), ...groups.keys()])].sort((a, b) => a - b);
+  const rows = numbers.map((k) => {
+    const p = here.get(k);
+    const g = groups.get(k);
     const status = [];
+    const flag = groupShort(g);
+    if (flag) status.push(badge(flag, "bad"));
+    if (p === undefined) {
+      status.push(badge("applied by other brokers", "muted"));
+      const none = (field) => el("td", { class: "num", "data-field": field }, "–");
+      return el("tr", { "data-partition": k, class: "elsewhere" },
+        numCell("partition", k),
+        el("td", { "data-field": "leader" }, "–"),
+        el("td", { class: "badges", "data-field": "status" }, ...status),
+        groupCell(g),
+        none("queues"), none("applied"), none("lag"), none("checkpoint"),
+        none("forwards_pending"), none("dead_letters_in_flight"));
+    }
     status.push(p.member ? badge("member", "ok") : badge("not a member", "warn"));
     status.push(p.healthy ? badge("healthy", "ok") : badge("unhealthy", "bad"));
     if (p.digest_mismatches > 0) {
@@ -259,6 +280,7 @@ function renderPartitions(nodes) {
       el("td", { "data-field": "leader", title: p.leader || "" },
         p.leader ? ownerName(p.leader) : badge("no leader", "warn")),
       el("td", { class: "badges", "data-field": "status" }, ...status),
+      groupCell(g),
       numCell("queues", p.queues),
       numCell("applied", p.applied),
       el("td", { class: "num", "data-field": "lag", "data-known": known ? "yes" : "no" },
@@ -268,6 +290,29 @@ function renderPartitions(nodes) {
       numCell("dead_letters_in_flight", p.dead_letters_in_flight));
   });
   replaceRows("partitions", rows);
+}
+
+// A group with fewer than a majority of its replicas live: its view cannot change and
+// its queues wait (docs/operations.md "Replica groups"); null when it has a majority.
+function groupShort(g) {
+  if (!g || !Array.isArray(g.replicas) || g.replicas.length === 0) return null;
+  const size = g.replicas.length;
+  if (g.live_replicas >= Math.floor(size / 2) + 1) return null;
+  return `no majority: ${g.live_replicas} of ${size} live`;
+}
+
+// A partition's replica group: its brokers, those joining, live of all.
+function groupCell(g) {
+  if (!g || !Array.isArray(g.replicas)) {
+    return el("td", { "data-field": "group" }, badge("every broker", "muted"));
+  }
+  const parts = [el("span", { class: "replicas" }, g.replicas.join(", ") || "none"),
+    " ", el("span", { class: "muted", "data-field": "live" },
+      `(${g.live_replicas}/${g.group_size} live)`)];
+  if (Array.isArray(g.joining) && g.joining.length) {
+    parts.push(" ", badge(`joining ${g.joining.join(", ")}`, "warn"));
+  }
+  return el("td", { "data-field": "group" }, ...parts);
 }
 
 function updateRates(queues) {

@@ -74,6 +74,33 @@ def test_throughput_run_on_three_brokers_is_clean_and_a_corrupted_history_fails(
     assert "double_delivery=1" in bad.stdout
 
 
+@pytest.mark.timeout(180)
+def test_replicas_reach_every_broker_and_the_results_record_them(tmp_path: Path) -> None:
+    refused = loadtest("--replicas", "2", "--partitions", "1", "--duration", "1",
+                       timeout=60)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "--replicas is for a split log" in refused.stderr, refused.stderr
+    # Groups of all three brokers: until a broker forwards a command for a partition it
+    # does not apply, the harness's clients need every broker to serve every queue.
+    report, out = tmp_path / "report", tmp_path / "result.json"
+    done = loadtest(
+        "--preset", "throughput", "--duration", "5", "--brokers", "3", "--partitions", "2",
+        "--replicas", "3", "--queues", "4", "--report", str(report), "--json", str(out),
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["ok"] is True, result["checker"]
+    assert result["config"]["partitions"] == 2 and result["config"]["replicas"] == 3
+    assert "partitions 2  replicas 3" in done.stdout, done.stdout
+    assert "replica groups of 3" in (report / "report.html").read_text()
+    starts = [line for f in (report / "baton").rglob("*") if f.is_file()
+              for line in f.read_text(errors="replace").splitlines()
+              if line.startswith("== harness: start")]
+    assert len(starts) == 3, starts
+    assert all("options --partitions 2 --replicas 3" in line for line in starts), starts
+
+
 @pytest.mark.timeout(240)
 def test_fault_run_with_kill9_sigstop_and_join_keeps_the_guarantees(tmp_path: Path) -> None:
     report = tmp_path / "report"

@@ -360,6 +360,21 @@ MISTAKES = [
     (["partitions", "add", "--broker", "{running}"], "the following arguments are required: --count"),
     (["partitions", "list", "--broker", "{refused}"], "could not connect"),
     (["partitions", "frobnicate"], "invalid choice: 'frobnicate'"),
+    (["partitions", "move", "1", "--from", "a", "--to", "b", "--broker", "{running}"],
+     "this cluster's log is one partition"),
+    (["partitions", "move", "x", "--from", "a", "--to", "b"],
+     "argument P: invalid int value: 'x'"),
+    (["partitions", "move", "1", "--from", "a"], "the following arguments are required: --to"),
+    (["partitions", "move", "1", "--from", "a", "--to", "b", "--wait", "--timeout", "0",
+      "--broker", "{running}"], "--timeout is a number of seconds above 0, not 0"),
+    (["partitions", "rebalance", "--broker", "{running}"],
+     "this cluster's log is one partition"),
+    (["partitions", "rebalance", "--broker", "{refused}"], "could not connect"),
+    (["partitions", "replicas", "0", "--broker", "{running}"],
+     "a replica group has 1 to 15 brokers, not 0"),
+    (["partitions", "replicas", "2", "--broker", "{running}"],
+     "this cluster's log is one partition"),
+    (["partitions", "replicas", "two"], "argument R: invalid int value: 'two'"),
 ]
 
 

@@ -94,7 +94,7 @@ async def test_readiness_says_why_a_broker_is_not_ready() -> None:
     node.joined.set()
     body = readiness(node, 0)  # nothing on the log, nothing applied (-1): caught up
     assert body == {"ready": True, "member": True, "healthy": True, "applied": -1,
-                    "log_end": 0, "lag": 0, "apply_stopped": False, "reasons": []}
+                    "log_end": 0, "lag": 0, "apply_stopped": False, "reasons": [], "warnings": []}
     body = readiness(node, READY_MAX_LAG + 5)
     assert body["ready"] is False and body["lag"] == READY_MAX_LAG + 5  # applied is -1
     assert readiness(node, None)["ready"] is False  # the log's end unknown
