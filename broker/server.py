@@ -173,6 +173,7 @@ class Broker:
             join=cfg.join,
             max_append=cfg.max_append,
             max_outbox=cfg.max_outbox,
+            append_linger_us=cfg.append_linger_us,
             tls=client_tls,
         )
         if self._logs.count > 1:

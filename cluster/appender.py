@@ -106,6 +106,10 @@ class Appender:
         # Told the seconds each successful log append took, once per batch (the broker's
         # metrics, broker/metrics.py); never per event.
         self.append_observer: Callable[[float], None] | None = None
+        #: Microseconds to wait before taking a batch (0: none): more events per append
+        #: (one write, one fsync, one apply cycle for more of them), for that much more
+        #: latency (``append_linger_us``, docs/performance.md "Changes and their effect").
+        self.linger_us = 0
 
     # -- stamping and queueing -----------------------------------------------------
 
@@ -202,6 +206,8 @@ class Appender:
         """Append what the outbox holds, batch after batch, forever."""
         while True:
             await self._outbox_ready.wait()
+            if self.linger_us:
+                await asyncio.sleep(self.linger_us / 1e6)
             batch = self._take_batch()
             if not self._outbox:
                 self._outbox_ready.clear()

@@ -99,6 +99,8 @@ class Node:
         max_append: most events per log append.
         max_outbox: most events waiting for the log (while it is unavailable);
             beyond it commands fail with LogUnavailable at once.
+        append_linger_us: microseconds the appender waits before taking each batch
+            (0: none): fewer, larger appends for that much more latency.
         role: "voter" or "observer" (docs/design.md §7).
         properties: instance properties published with heartbeats (e.g. a zone).
         heartbeat_ms: interval between heartbeats; suspicion comes after
@@ -122,6 +124,7 @@ class Node:
         clock: Callable[[], int] | None = None,
         max_append: int = 2048,
         max_outbox: int = 200_000,
+        append_linger_us: int = 0,
         role: str = "voter",
         properties: dict[str, Any] | None = None,
         heartbeat_ms: int = 500,
@@ -183,6 +186,7 @@ class Node:
             max_outbox=max_outbox,
         )
         self.appender.applied_offset = lambda: self.state.applied
+        self.appender.linger_us = append_linger_us
         self.checkpoints = Checkpoints(
             self.key, self.state, log, self.health, self.joined, self.submit, checkpoint_ms
         )

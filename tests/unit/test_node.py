@@ -486,3 +486,27 @@ async def test_appends_to_a_log_whose_last_segment_is_corrupt_fail_and_say_so_on
         await node.stop()
         await node.log.close()
         node.store.close()
+
+
+@pytest.mark.parametrize("linger_us, appends", [(0, 2), (200_000, 1)])
+async def test_append_linger_gathers_what_comes_meanwhile(linger_us: int, appends: int) -> None:
+    """``append_linger_us``: the appender waits that long before taking a batch, so an
+    event submitted meanwhile shares the first one's append."""
+    node = Node("a", MemoryLog(), MemoryStore(), append_linger_us=linger_us)
+    await node.start()
+    try:
+        await node.submit(DeclareQueue("q"))
+        took: list[float] = []
+        node.appender.append_observer = took.append
+        first = node.submit(Enqueue("q", ((b"1", {}),)))
+        if linger_us:
+            await asyncio.sleep(0.02)  # well inside the linger
+        else:
+            await asyncio.wait_for(asyncio.shield(first), 10)  # its append is done
+        second = node.submit(Enqueue("q", ((b"2", {}),)))
+        assert await asyncio.wait_for(asyncio.gather(first, second), 10) == [
+            Enqueued(0, 1), Enqueued(1, 1)
+        ]
+        assert len(took) == appends
+    finally:
+        await _close(node)
