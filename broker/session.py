@@ -87,6 +87,7 @@ from batonmq.cluster.events import (
     Reserve,
 )
 from batonmq.cluster.node import Node
+from batonmq.cluster.partitioned import Partitioned
 from batonmq.cluster.state import State
 from batonmq.cluster.queue_state import MAX_TTL_MS
 from batonmq.cluster.users import Users
@@ -499,6 +500,14 @@ class Session(ClientConnection):
             case wire.QueueStats():
                 self.rights.check_any(f.queue)
                 self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
+            case wire.Locate():
+                # Where the queue's commands go (docs/design.md §16, "Clients route to
+                # replicas"): from control's placement, which every broker applies.
+                self.rights.check_any(f.queue)
+                node = self.broker.node
+                where = (node.locate(f.queue) if isinstance(node, Partitioned)
+                         else {"partition": 1, "anywhere": True, "addresses": []})
+                self.send(wire.Ok(f.corr, where))
             case wire.ListQueues():
                 queues = [q for q in self.broker.list_queues() if self.rights.sees(q["queue"])]
                 self.send(wire.ok(f.corr, QueueList(queues)))

@@ -282,6 +282,19 @@ class ListQueues(Frame):
     corr: int
 
 
+@dataclass(frozen=True, slots=True)
+class Locate(Frame):
+    """C->S: where ``queue``'s commands go (docs/design.md §16, "Clients route to
+    replicas"): Ok({"partition": k, "anywhere": bool, "addresses": [str]}).
+    ``anywhere``: every broker applies the queue's partition (a log of one, or no
+    replica groups); else ``addresses`` are its live caught-up replicas. A queue not
+    placed yet answers partition 0 and ``anywhere``."""
+
+    OP: ClassVar[int] = 125
+    corr: int
+    queue: str
+
+
 # --- exchanges (docs/design.md §14) -------------------------------------------------------
 
 
@@ -980,6 +993,7 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         SetPolicy,
         ClearPolicy,
         GrowPartitions,
+        Locate,
     )
 }
 

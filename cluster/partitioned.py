@@ -205,6 +205,16 @@ class Partitioned(Node):
         """Client addresses of the live brokers that serve data partition ``k``."""
         return self.replication.addresses(k)
 
+    def locate(self, queue: str) -> dict[str, Any]:
+        """Where a client sends ``queue``'s commands (the Locate frame; docs/design.md
+        §16, "Clients route to replicas"): its data partition (0: not placed), whether
+        every broker applies it (``anywhere``: no replica groups, or not placed), and
+        else the client addresses of its live caught-up replicas."""
+        k = self.state.placement.get(queue)
+        if k is None or not self.replication.active:
+            return {"partition": k or 0, "anywhere": True, "addresses": []}
+        return {"partition": k, "anywhere": False, "addresses": self.replica_addresses(k)}
+
     def _elsewhere(self, queue: str) -> int:
         """The data partition ``queue`` is placed on when this broker does not apply it
         (replica groups), else 0."""

@@ -43,6 +43,7 @@ SAMPLES: dict[type[Frame], Frame] = {
                                    {"max-length": 1000, "retry": {"policy": "fixed", "delay": 50}}, 1),
     wire.ClearPolicy: wire.ClearPolicy(9, "jobs"),
     wire.GrowPartitions: wire.GrowPartitions(9, 4),
+    wire.Locate: wire.Locate(9, "orders"),
     wire.Ok: wire.Ok(7, {"position": 42, "nested": {"a": [1, 2.5, None, True]}}),
     wire.Error: wire.Error(0, errors.ShuttingDown.code, "bye"),
     wire.Ping: wire.Ping(3),
