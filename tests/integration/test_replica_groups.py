@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from batonmq import clients
+from batonmq.clients import wire
 from batonmq.cluster.errors import LogUnavailable
 from tests.helpers import eventually, topology, wait_stats
 from tests.integration.conftest import BrokerProcess, brokers_of, started
+from tests.integration.test_bad_clients import RawClient
 
 pytestmark = pytest.mark.integration
 
@@ -78,9 +80,18 @@ async def test_each_broker_applies_and_stores_only_its_partitions(
             await wait_stats(conn, f"q{k}", ready=50)
         # A broker outside the group does not apply it: it says so, in one sentence.
         outside = next(b for b in grouped if b.node_id not in g["replicas"])
+        raw = await asyncio.to_thread(RawClient, outside.address)
+        try:
+            raw.send(wire.Publish(raw.next_corr(), f"q{k}", b"outside the group", {}))
+            reply = await asyncio.to_thread(raw.read)
+        finally:
+            raw.sock.close()
+        assert isinstance(reply, wire.Error) and reply.code == LogUnavailable.code, reply
+        assert f"data partition {k} is not applied" in reply.message
+        # The native client given that broker's address routes to a replica instead.
         async with await clients.connect(outside.address, timeout=5) as conn:
-            with pytest.raises(LogUnavailable, match=f"data partition {k} is not applied"):
-                await conn.publish(f"q{k}", b"through a broker outside the group")
+            await conn.publish(f"q{k}", b"through a broker outside the group")
+            assert conn.replica_connections
 
 
 async def test_a_killed_replica_is_replaced_and_nothing_is_lost(
