@@ -502,11 +502,15 @@ class Session(ClientConnection):
                 self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
             case wire.Locate():
                 # Where the queue's commands go (docs/design.md §16, "Clients route to
-                # replicas"): from control's placement, which every broker applies.
-                self.rights.check_any(f.queue)
+                # replicas"): from control's placement, which every broker applies. A
+                # queue the user has no right on is "not placed": the command itself is
+                # then refused, with its own error, wherever it is sent.
                 node = self.broker.node
-                where = (node.locate(f.queue) if isinstance(node, Partitioned)
-                         else {"partition": 1, "anywhere": True, "addresses": []})
+                if isinstance(node, Partitioned):
+                    where = node.locate(f.queue, self.rights.sees(f.queue))
+                else:
+                    where = {"partition": 1, "anywhere": True, "addresses": [],
+                             "groups": False}
                 self.send(wire.Ok(f.corr, where))
             case wire.ListQueues():
                 queues = [q for q in self.broker.list_queues() if self.rights.sees(q["queue"])]

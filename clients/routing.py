@@ -33,6 +33,7 @@ from typing import Any, Final, TypeVar
 from batonmq.clients.conn import Channel
 from batonmq.clients.consumer import Consumer
 from batonmq.clients.producer import Producer
+from batonmq.clients.results import consume_result
 from batonmq.clients.wire import Locate
 from batonmq.cluster.errors import BatonError, ConnectionClosed, LogUnavailable, ProtocolError
 
@@ -74,9 +75,9 @@ class Route:
 class RouteTable:
     """The routes learned from ``Locate`` answers, and the addresses that failed.
 
-    ``flat`` is True once a broker said ``anywhere`` for a placed queue: the cluster has
-    no replica groups, every queue goes over the connection as it is (until a command
-    is answered "not applied here", which clears it).
+    ``flat`` is True once a broker said the cluster has no replica groups: every queue
+    goes over the connection as it is (until a command is answered "not applied here",
+    which clears it).
     """
 
     def __init__(self, ttl: float = ROUTE_TTL, dead_for: float = DEAD_FOR) -> None:
@@ -95,16 +96,17 @@ class RouteTable:
         partition = answer.get("partition")
         anywhere = answer.get("anywhere")
         addresses = answer.get("addresses")
+        groups = answer.get("groups")
         if (
             not isinstance(partition, int) or isinstance(partition, bool) or partition < 0
             or not isinstance(anywhere, bool) or not isinstance(addresses, list)
-            or not all(isinstance(a, str) for a in addresses)
+            or not all(isinstance(a, str) for a in addresses) or not isinstance(groups, bool)
         ):
             raise ProtocolError(f"malformed Locate answer: {dict(answer)!r}")
         route = Route(partition, anywhere, tuple(addresses), now)
+        self.flat = not groups
         if partition:  # a queue not placed yet is looked up again next time
             self._routes[queue] = route
-            self.flat = anywhere
         return route
 
     def route(self, queue: str, now: float) -> Route | None:
@@ -177,6 +179,7 @@ class Router:
         self._open_channel = open_channel
         self._channels: dict[str, Channel] = {}
         self._opening: dict[str, asyncio.Future[Channel]] = {}
+        self._locating: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._producers: dict[int, Producer] = {id(primary): Producer(primary)}
         self.closing = False
 
@@ -212,11 +215,23 @@ class Router:
     # --- choosing the channel ---------------------------------------------------------
 
     async def locate(self, queue: str) -> Route:
-        """Ask the connected broker where ``queue`` is served."""
-        primary = self.primary
-        corr = primary.next_corr()
-        answer = await primary.request(Locate(corr, queue), corr, retry=True)
-        return self.table.learn(queue, answer, primary.loop.time())
+        """Ask the connected broker where ``queue`` is served (one question at a time
+        per queue: the commands issued meanwhile wait for its answer, in order)."""
+        asking = self._locating.get(queue)
+        if asking is None:
+            primary = self.primary
+            corr = primary.next_corr()
+            asking = primary.request(Locate(corr, queue), corr, retry=True)
+            self._locating[queue] = asking
+
+            def done(f: asyncio.Future[dict[str, Any]]) -> None:
+                if self._locating.get(queue) is f:
+                    del self._locating[queue]
+                consume_result(f)  # every waiter may be gone
+
+            asking.add_done_callback(done)
+        answer = await asyncio.shield(asking)
+        return self.table.learn(queue, answer, self.primary.loop.time())
 
     async def channel(self, queue: str, avoid: Collection[str] = ()) -> Channel:
         """The channel to send ``queue``'s commands over (opened if needed).

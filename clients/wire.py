@@ -285,10 +285,11 @@ class ListQueues(Frame):
 @dataclass(frozen=True, slots=True)
 class Locate(Frame):
     """C->S: where ``queue``'s commands go (docs/design.md §16, "Clients route to
-    replicas"): Ok({"partition": k, "anywhere": bool, "addresses": [str]}).
-    ``anywhere``: every broker applies the queue's partition (a log of one, or no
-    replica groups); else ``addresses`` are its live caught-up replicas. A queue not
-    placed yet answers partition 0 and ``anywhere``."""
+    replicas"): Ok({"partition": k, "anywhere": bool, "addresses": [str],
+    "groups": bool}). ``anywhere``: every broker applies the queue's partition (a log
+    of one, or no replica groups); else ``addresses`` are its live caught-up replicas.
+    A queue not placed yet (or that the user has no right on) answers partition 0 and
+    ``anywhere``. ``groups``: the cluster has replica groups."""
 
     OP: ClassVar[int] = 125
     corr: int

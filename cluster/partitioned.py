@@ -205,15 +205,18 @@ class Partitioned(Node):
         """Client addresses of the live brokers that serve data partition ``k``."""
         return self.replication.addresses(k)
 
-    def locate(self, queue: str) -> dict[str, Any]:
+    def locate(self, queue: str, visible: bool = True) -> dict[str, Any]:
         """Where a client sends ``queue``'s commands (the Locate frame; docs/design.md
-        §16, "Clients route to replicas"): its data partition (0: not placed), whether
-        every broker applies it (``anywhere``: no replica groups, or not placed), and
-        else the client addresses of its live caught-up replicas."""
-        k = self.state.placement.get(queue)
-        if k is None or not self.replication.active:
-            return {"partition": k or 0, "anywhere": True, "addresses": []}
-        return {"partition": k, "anywhere": False, "addresses": self.replica_addresses(k)}
+        §16, "Clients route to replicas"): its data partition (0: not placed, or not
+        ``visible`` to the asking user), whether every broker applies it (``anywhere``),
+        else the client addresses of its live caught-up replicas; and whether the
+        cluster has replica groups at all (``groups``)."""
+        groups = self.replication.active
+        k = self.state.placement.get(queue) if visible else None
+        if k is None or not groups:
+            return {"partition": k or 0, "anywhere": True, "addresses": [], "groups": groups}
+        return {"partition": k, "anywhere": False, "addresses": self.replica_addresses(k),
+                "groups": True}
 
     def _elsewhere(self, queue: str) -> int:
         """The data partition ``queue`` is placed on when this broker does not apply it

@@ -10,8 +10,11 @@ from batonmq.clients.routing import Route, RouteTable, misrouted
 from batonmq.cluster.errors import ConnectionClosed, LogUnavailable, ProtocolError, QueueNotFound
 
 
-def _answer(partition: int, anywhere: bool, *addresses: str) -> dict[str, object]:
-    return {"partition": partition, "anywhere": anywhere, "addresses": list(addresses)}
+def _answer(
+    partition: int, anywhere: bool, *addresses: str, groups: bool = True
+) -> dict[str, object]:
+    return {"partition": partition, "anywhere": anywhere, "addresses": list(addresses),
+            "groups": groups}
 
 
 def test_a_grouped_route_is_kept_for_its_ttl_then_asked_again() -> None:
@@ -24,13 +27,16 @@ def test_a_grouped_route_is_kept_for_its_ttl_then_asked_again() -> None:
     assert table.route("other", 100.0) is None
 
 
-def test_anywhere_makes_the_table_flat_until_a_broker_says_otherwise() -> None:
+def test_a_cluster_without_groups_makes_the_table_flat_until_a_broker_says_otherwise() -> None:
     table = RouteTable(ttl=5.0)
-    table.learn("q", _answer(1, True), now=0.0)
+    table.learn("q", _answer(1, True, groups=False), now=0.0)
     assert table.flat
     assert table.route("q", 1e9) is not None  # never stale
     table.forget("q")
     assert not table.flat and table.route("q", 0.0) is None
+    # A queue not placed yet (or not visible) on such a cluster: flat as well.
+    table.learn("new", _answer(0, True, groups=False), now=0.0)
+    assert table.flat
 
 
 def test_a_queue_not_placed_is_not_kept() -> None:
@@ -47,7 +53,9 @@ def test_a_queue_not_placed_is_not_kept() -> None:
     {"partition": -1, "anywhere": False, "addresses": []},
     {"partition": 1, "anywhere": 1, "addresses": []},
     {"partition": 1, "anywhere": False, "addresses": "a:1"},
-    {"partition": 1, "anywhere": False, "addresses": [1]},
+    {"partition": 1, "anywhere": False, "addresses": [1], "groups": True},
+    {"partition": 1, "anywhere": False, "addresses": []},
+    {"partition": 1, "anywhere": False, "addresses": [], "groups": "yes"},
 ])
 def test_a_malformed_answer_is_a_protocol_error(answer: dict[str, object]) -> None:
     with pytest.raises(ProtocolError, match="malformed Locate"):
