@@ -6,9 +6,10 @@ that keeps a connection per partition leader, a :class:`~batonmq.clients.client.
 asks any broker where a queue lives (the ``Locate`` frame: its partition and the client
 addresses of the partition's live replicas), opens a connection to one of them when
 none is open yet (same credentials and TLS), and sends the queue's commands there.
-A cluster without groups (a log of one, or every broker applies every partition)
-answers ``anywhere``: then everything goes over the one connection, as before, and
-no other connection is ever opened.
+A cluster without groups (a log of one, or replica groups not enabled) says so: then
+everything goes over the one connection, as before, and no other connection is ever
+opened; a queue whose partition the connected broker applies is answered ``anywhere``
+and served over that connection too.
 
 When the map changes under the client — a command answered "not applied by this
 broker" (or ``NotReplica``), a replica's connection lost, a consumer cancelled
@@ -61,7 +62,8 @@ class Route:
 
     Attributes:
         partition: the queue's data partition (0: not placed yet).
-        anywhere: every broker applies it: use the connection as it is.
+        anywhere: use the connection as it is (every broker, or the one asked,
+            applies it).
         addresses: ``"HOST:PORT"`` of its live caught-up replicas, group order.
         at: when it was learned (the caller's clock).
     """
@@ -122,6 +124,11 @@ class RouteTable:
         self._routes.pop(queue, None)
         self.flat = False
 
+    def clear(self) -> None:
+        """Forget every route (the connection failed over to another broker: an
+        ``anywhere`` answer named the broker it left)."""
+        self._routes.clear()
+
     def failed(self, address: str, now: float) -> None:
         """``address`` could not be reached or its connection was lost."""
         self._dead[address] = now
@@ -180,6 +187,7 @@ class Router:
         self._channels: dict[str, Channel] = {}
         self._opening: dict[str, asyncio.Future[Channel]] = {}
         self._locating: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._failovers = primary.failovers
         self._producers: dict[int, Producer] = {id(primary): Producer(primary)}
         self.closing = False
 
@@ -243,6 +251,9 @@ class Router:
         """
         if self.table.flat:
             return self.primary
+        if self.primary.failovers != self._failovers:
+            self._failovers = self.primary.failovers
+            self.table.clear()
         now = self.primary.loop.time()
         route = self.table.route(queue, now)
         if route is None:

@@ -201,6 +201,12 @@ class SyncConnection:
         return self._conn.address
 
     @property
+    def replica_connections(self) -> list[str]:
+        """The brokers opened besides :attr:`address` to reach queues' replicas
+        (docs/client.md "Routing")."""
+        return self._conn.replica_connections
+
+    @property
     def node_id(self) -> str:
         """The broker's node id from HelloOk."""
         return self._conn.node_id

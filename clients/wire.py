@@ -286,8 +286,8 @@ class ListQueues(Frame):
 class Locate(Frame):
     """C->S: where ``queue``'s commands go (docs/design.md §16, "Clients route to
     replicas"): Ok({"partition": k, "anywhere": bool, "addresses": [str],
-    "groups": bool}). ``anywhere``: every broker applies the queue's partition (a log
-    of one, or no replica groups); else ``addresses`` are its live caught-up replicas.
+    "groups": bool}). ``anywhere``: send them over this connection (a log of one, no
+    replica groups, or this broker is a caught-up replica of the queue's partition); else ``addresses`` are its live caught-up replicas.
     A queue not placed yet (or that the user has no right on) answers partition 0 and
     ``anywhere``. ``groups``: the cluster has replica groups."""
 

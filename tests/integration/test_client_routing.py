@@ -132,6 +132,8 @@ def test_the_blocking_client_routes_too(grouped: list[BrokerProcess]) -> None:
         for body in sorted(bodies):
             conn.publish("s1", body)
         assert conn.queue_stats("s1")["ready"] == 30
+        assert set(conn.replica_connections) <= set(groups[0]["addresses"])
+        assert conn.replica_connections
         seen: set[bytes] = set()
         with conn.consume("s1", prefetch=10) as consumer:
             for msg in consumer.iter(timeout=10):

@@ -39,6 +39,14 @@ def test_a_cluster_without_groups_makes_the_table_flat_until_a_broker_says_other
     assert table.flat
 
 
+def test_clear_forgets_every_route_but_not_flatness() -> None:
+    table = RouteTable()
+    table.learn("a", _answer(1, True), now=0.0)
+    table.learn("b", _answer(2, False, "x:1"), now=0.0)
+    table.clear()
+    assert table.route("a", 0.0) is None and table.route("b", 0.0) is None
+
+
 def test_a_queue_not_placed_is_not_kept() -> None:
     table = RouteTable()
     route = table.learn("new", _answer(0, True), now=0.0)
