@@ -62,6 +62,7 @@ from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.exchanges import EXCHANGE_BINDINGS, ExchangeFacade
 from batonmq.broker.limits import check_event, check_headers, check_name
+from batonmq.broker.peers import elsewhere, routable
 from batonmq.broker.reply import Shape
 from batonmq.broker.session import declare_event
 from batonmq.clients import wire
@@ -687,7 +688,10 @@ class Channel:
         self.owner.rights.check("configure", name)
         self._locked(name)
         q = self.owner.node.queues.get(name)
-        if q is None:
+        away = elsewhere(self.owner.node, name) if q is None else None
+        if away is not None and m.if_empty:  # (its messages are counted elsewhere)
+            raise ChannelError(406, f"{away.message}; delete it if-empty there")
+        if q is None and away is None:
             # RabbitMQ answers a delete of a missing queue with DeleteOk.
             if not m.nowait:
                 self._method(commands.Queue.DeleteOk(0))
@@ -699,7 +703,7 @@ class Channel:
             raise ChannelError(406, f"queue '{name}' in vhost '/' in use")
         # (RabbitMQ's if-empty is "no ready message": one a Basic.Get or a consumer
         # holds unacked does not keep the queue; a delayed one, which comes back, does)
-        if m.if_empty and q.ready + len(q.delayed):
+        if m.if_empty and q is not None and q.ready + len(q.delayed):
             raise ChannelError(406, f"queue '{name}' in vhost '/' is not empty")
         # A queue gone by the time the delete is applied (an auto-delete queue whose last
         # consumer this client cancelled just before: the broker's own DeleteQueue came
@@ -778,7 +782,7 @@ class Channel:
                 # (a reply queue's random name is the right to reply, as RabbitMQ)
                 self.owner.rights.check("write", m.routing_key)
         node = self.owner.node
-        queues = routes.route(node.state, node.queues, m.exchange, m.routing_key,
+        queues = routes.route(node.state, routable(node), m.exchange, m.routing_key,
                               properties.headers or {})
         if m.exchange != routes.DEFAULT_EXCHANGE:
             # (as RabbitMQ: write on the exchange, whatever queues it routes to)
@@ -1027,6 +1031,7 @@ class Channel:
             self.owner.rights.check("read", queue)
         self._locked(queue)
         if queue not in self.owner.node.queues:
+            self._served_elsewhere(queue)
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
         if "x-stream-offset" in (m.arguments or {}):
             # (a queue declared as a stream is a Baton queue: no offsets to start at)
@@ -1164,12 +1169,21 @@ class Channel:
         self._share()
         self.pump()
 
+    def _served_elsewhere(self, queue: str) -> None:
+        """A queue whose data partition other brokers apply (replica groups) is consumed
+        there: refused (404, as RabbitMQ for a queue whose node is out of reach) with one
+        sentence naming them (docs/design.md §16)."""
+        why = elsewhere(self.owner.node, queue)
+        if why is not None:
+            raise ChannelError(404, why.message)
+
     def _basic_get(self, m: commands.Basic.Get) -> None:
         queue = self._queue_name(m.queue)
         self.owner.rights.check("read", queue)
         self._locked(queue)
         q = self.owner.node.queues.get(queue)
         if q is None:
+            self._served_elsewhere(queue)
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
         if self._get is not None:
             self._get_empty()  # (a client that did not wait for the last answer)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from batonmq.broker.peers import elsewhere
 from batonmq.broker.reply import Replier
 from batonmq.cluster.errors import BatonError, QueueNotFound
 from batonmq.clients.wire import Expired
@@ -193,10 +194,13 @@ class Delivery:
 
         Raises:
             QueueNotFound: no such queue (in the state applied here).
+            NotReplica: the queue's data partition is applied by other brokers only.
         """
         q = self.node.queues.get(queue)
         if q is None:
-            raise QueueNotFound(f"queue {queue!r} does not exist")
+            # Replica groups: its partition's replicas serve it (consumers are not
+            # relayed between brokers, docs/design.md §16).
+            raise elsewhere(self.node, queue) or QueueNotFound(f"queue {queue!r} does not exist")
         self._next += 1
         cid = f"{self.node.node_id}/{self.node.runtime_id}/{self._next}"
         timeout_ms = ack_timeout_ms if ack_timeout_ms is not None else q.ack_timeout_ms

@@ -55,6 +55,7 @@ from typing import Any, Final, TypeVar
 
 from batonmq.broker.access import Rights
 from batonmq.broker.limits import check_event
+from batonmq.broker.peers import routable
 from batonmq.cluster.errors import (
     AccessRefused,
     BatonError,
@@ -172,7 +173,9 @@ class ExchangeFacade:
         Raises:
             ExchangeNotFound: there is no such exchange.
         """
-        return self.node.state.exchanges.route(exchange, routing_key, headers, self.node.queues)
+        return self.node.state.exchanges.route(
+            exchange, routing_key, headers, routable(self.node)
+        )
 
     # -- commands ----------------------------------------------------------------------
 

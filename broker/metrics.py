@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.log_ends import apply_lag
+from batonmq.broker.peers import ForwardCounts
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.node import Node
 from batonmq.cluster.partitioned import Partitioned
@@ -55,6 +56,11 @@ class MetricsBroker(Protocol):
     @property
     def refusals(self) -> dict[str, int]:
         """Commands and logins refused, by what was missing (docs/security.md)."""
+        ...
+
+    @property
+    def forwarding(self) -> ForwardCounts:
+        """Events forwarded to other brokers, and the attempts that failed."""
         ...
 
 
@@ -206,6 +212,20 @@ class BrokerCollector(Collector):
         for what, n in sorted(self.broker.refusals.items()):
             refused.add_metric([what], n)
         yield refused
+        counts = self.broker.forwarding
+        forwarded = CounterMetricFamily(
+            "baton_forwarded",
+            "Events a replica of a data partition this broker does not replicate appended"
+            " for it (docs/design.md §16), by kind: publish, declare, other.",
+            labels=["kind"],
+        )
+        for kind, n in sorted(counts.forwarded.items()):
+            forwarded.add_metric([kind], n)
+        yield forwarded
+        yield _counter("baton_forward_errors",
+                       "Forwarding attempts that failed: no connection to the replica, the"
+                       " link broke, or it did not replicate the partition (another is tried).",
+                       counts.errors)
         yield _counter("baton_digest_mismatches",
                        "Checkpoints at which this replica's digest differed from the leader's.",
                        node.digest_mismatches)

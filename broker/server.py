@@ -24,6 +24,7 @@ from batonmq.broker.delivery import Delivery
 from batonmq.broker.inspect import ConnectionView
 from batonmq.broker.leadership import Leadership
 from batonmq.broker.networks import parse_networks
+from batonmq.broker.peers import ForwardCounts, Peers, elsewhere
 from batonmq.broker.session import Session
 from batonmq.clients import scram
 from batonmq.clients.tls import client_context, server_context
@@ -83,6 +84,8 @@ class Broker:
         self.amqp_bodies = BodyBudget(max(config.amqp_body_buffer_total, config.max_message))
         self._amqp: asyncio.base_events.Server | None = None
         self._admin: AdminServer | None = None
+        self.peers: Peers | None = None  # links to other brokers (broker/peers.py)
+        self._no_forwards = ForwardCounts()
         self._tls_on = False
         self._handshakes_failed = 0  # since the last log line about them
         self._handshake_logged = 0.0
@@ -183,6 +186,9 @@ class Broker:
             groups.replace_after = cfg.replace_after_ms / 1000
             groups.drop_store = self._drop_store
             groups.on_closed = self._partition_closed
+            # Forwarding to the replicas of a partition not applied here (broker/peers.py).
+            self.peers = Peers(self._node)
+            self._node.remote = self.peers.remote
         else:
             self._node = Node(node_id, self._logs.partition(0), self._store, **options)
         self._delivery = Delivery(
@@ -405,6 +411,9 @@ class Broker:
                 s.transport.close()
         if self._delivery is not None:
             await self._delivery.stop()
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None
         if self._node is not None:
             await self._node.leave()
             await self._node.stop()
@@ -493,8 +502,10 @@ class Broker:
 
     def queue_stats(self, name: str) -> dict[str, Any]:
         q = self.node.queues.get(name)
-        if q is None:
-            raise QueueNotFound(f"queue {name!r} does not exist")
+        if q is None:  # (replica groups: its replicas name it, broker/peers.py)
+            raise elsewhere(self.node, name, "ask") or QueueNotFound(
+                f"queue {name!r} does not exist"
+            )
         stats = q.stats()
         stats["consumers"] = len(self.delivery.by_queue.get(name, ()))
         stats["updating"] = self.node.locked(name)  # a join update still brings it here
@@ -693,6 +704,11 @@ class Broker:
         )
         if done.changed:
             log.info("created the admin user (no guest user in this cluster)")
+
+    @property
+    def forwarding(self) -> ForwardCounts:
+        """Events forwarded to other brokers, and the attempts that failed (metrics)."""
+        return self.peers.counts if self.peers is not None else self._no_forwards
 
     def list_queues(self) -> list[dict[str, Any]]:
         return [self.queue_stats(name) for name in sorted(self.node.queues)]

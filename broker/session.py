@@ -13,14 +13,17 @@ each frame to its handler:
 * queries (queue stats, topology, peek, connections), answered from the state applied
   here, and a message's history, read from the log (broker/inspect.py, broker/history.py);
 * service leadership (``Lead``, ``Resign``, ``Handover``) to broker/leadership.py;
-* a joining broker's ``UpdateRequest`` to broker/donor.py;
+* a joining broker's ``UpdateRequest`` to broker/donor.py; a peer broker's forwarded
+  events (``PeerProof``, ``Submit``) to broker/peers.py; a consumer of a queue that
+  other brokers replicate to broker/relay.py;
 * range reads (``ReadRange``) to broker/ranges.py.
 
 It sees the broker through :class:`SessionBroker` only, and is seen by delivery and
 leadership as a :class:`~batonmq.broker.reply.Replier`.
 
-Size: a little over 800 lines, because :meth:`Session.handle_frame` routes every client
-command of the protocol (queues, exchanges, messages, queries, leadership, users); the
+Size: over 1,000 lines, because :meth:`Session.handle_frame` routes every client
+command of the protocol (queues, exchanges, messages, queries, leadership, users) and
+the broker-to-broker ones (a join update, a peer link and its relayed consumers); the
 handlers live in the modules above, and each route is a few lines.
 """
 
@@ -56,6 +59,8 @@ from batonmq.broker.leadership import Leadership
 from batonmq.broker.limits import check_event, check_headers, check_key, check_name
 from batonmq.broker.networks import Networks, allows
 from batonmq.broker.partitions import grow_partitions
+from batonmq.broker.peers import MemberRights, Peers, PeerService, elsewhere
+from batonmq.broker.relay import RELAYED, Relay
 from batonmq.broker.policies import clear_policy_event, list_policies, set_policy_event
 from batonmq.broker.ranges import read_range
 from batonmq.broker.reply import Shape, as_is
@@ -205,6 +210,11 @@ class SessionBroker(Protocol):
         """The connections still logging in (broker/admission.py)."""
         ...
 
+    @property
+    def peers(self) -> Peers | None:
+        """The links to other brokers (replica groups; broker/peers.py), or None."""
+        ...
+
 
 class Session(ClientConnection):
     """Serves one client connection."""
@@ -242,6 +252,8 @@ class Session(ClientConnection):
         # Counted in the broker's LoginGate until it logs in or closes.
         self._gated = False
         self._member_proven = False
+        self._peer: PeerService | None = None  # a peer link's serving side
+        self._relays: dict[int, Relay] = {}  # consumers served by a replica, by tag
 
     @property
     def user(self) -> str:
@@ -286,6 +298,9 @@ class Session(ClientConnection):
         for c in list(self.consumers.values()):
             self.broker.delivery.remove(c)
         self.consumers.clear()
+        for relay in self._relays.values():
+            relay.close()
+        self._relays.clear()
         if self.greeted:
             self.broker.leadership.session_closed(self)  # resign its candidacies
 
@@ -305,8 +320,11 @@ class Session(ClientConnection):
         return self.greeted and (self._member is None or self._member_proven)
 
     def _proven(self) -> None:
-        """The donor verified this member session's proof: it has logged in."""
+        """The donor verified this member session's proof: it has logged in (a peer
+        link's consumers act for users the forwarding broker checked)."""
         self._member_proven = True
+        if self._member is not None:
+            self.rights = MemberRights(self._member[0], self.broker.refused)
         self._authenticated()
 
     def _authenticated(self) -> None:
@@ -317,7 +335,9 @@ class Session(ClientConnection):
 
     def busy(self) -> bool:
         # A joining broker only reads while its update streams: it is not idle.
-        return self._update is not None and not self._update.done()
+        return (self._update is not None and not self._update.done()) or (
+            self._peer is not None and self._peer.proving  # (a peer proof being checked)
+        )
 
     # -- to the consumers (broker/delivery.py) ---------------------------------------------
 
@@ -332,6 +352,7 @@ class Session(ClientConnection):
     def consumer_cancelled(self, tag: int, exc: BatonError) -> None:
         """The broker ended this session's consumer ``tag``: tell the client why."""
         self.consumers.pop(tag, None)
+        self._relays.pop(tag, None)
         self.send(wire.ConsumerCancelled(tag, exc.code, exc.message))
 
     def rights_changed(self) -> None:
@@ -355,6 +376,14 @@ class Session(ClientConnection):
                 f"user {self.user!r} may no longer read queue {c.queue!r}: its read right"
                 f" was revoked"
             ))
+        for tag, relay in list(self._relays.items()):  # (served by a replica)
+            if not self.rights.allowed("read", relay.queue):
+                del self._relays[tag]
+                relay.close()
+                self.consumer_cancelled(tag, AccessRefused(
+                    f"user {self.user!r} may no longer read queue {relay.queue!r}: its read"
+                    " right was revoked"
+                ))
         self.broker.leadership.rights_changed(self, lambda s: self.rights.allowed("lead", s))
 
     def _submit(self, corr: int, event: Event[R], shape: Shape[R]) -> None:
@@ -395,16 +424,33 @@ class Session(ClientConnection):
                 self.fail(ProtocolError("the first frame must be Hello (then AuthResponse)"))
             return
         if self._member is not None:
-            if not isinstance(f, (wire.UpdateRequest, wire.Ping)):
+            if isinstance(f, (wire.PeerProof, wire.Submit)):
+                self._peer_link(f)  # forwarding between brokers (broker/peers.py)
+                return
+            relaying = self._peer is not None and self._peer.proven
+            if not isinstance(f, (wire.UpdateRequest, wire.Ping)) and not (
+                relaying and isinstance(f, (wire.Subscribe, *RELAYED))
+            ):  # (a proven peer link's consumers: relayed ones, broker/relay.py)
                 self.broker.refused("member")
                 raise AccessRefused(
-                    f"a member session sends UpdateRequest and Ping only, not {type(f).__name__}"
+                    f"a member session sends UpdateRequest, PeerProof, Submit and Ping only,"
+                    f" not {type(f).__name__}"
                 )
-        elif isinstance(f, wire.UpdateRequest):
+        elif isinstance(f, (wire.UpdateRequest, wire.PeerProof, wire.Submit)):
             self.broker.refused("member")
-            why = "only a joining broker (Hello MEMBER) may ask for the join update"
+            why = (
+                "only a joining broker (Hello MEMBER) may ask for the join update"
+                if isinstance(f, wire.UpdateRequest)
+                else "only a cluster member (Hello MEMBER) may open a peer link"
+            )
             log.warning("refused a join update to %s: %s", self.peer, why)
             raise AccessRefused(why)
+        if isinstance(f, RELAYED) and f.consumer in self._relays:
+            relay = self._relays[f.consumer]  # its replica answers (broker/relay.py)
+            if isinstance(f, wire.Cancel):
+                del self._relays[f.consumer]
+            relay.command(f)
+            return
         if isinstance(f, wire.Publish):
             self._publish(f)
             return
@@ -519,12 +565,14 @@ class Session(ClientConnection):
                 self._topology(f.corr)
             case wire.Peek():
                 self.rights.check("read", f.queue)
+                self._here(f.queue)
                 self.send(wire.ok(f.corr, peek(self.broker.node, f.queue, f.count)))
             case wire.Connections():
                 self.rights.check_admin("list connections")
                 self.send(wire.ok(f.corr, list_connections(self.broker.connections())))
             case wire.MessageHistory():
                 self.rights.check("read", f.queue)
+                self._here(f.queue)
                 history = message_history(
                     self.broker.node, f.queue, f.position, max_records=f.max_records or None
                 )
@@ -554,6 +602,7 @@ class Session(ClientConnection):
                 )
             case wire.ReadRange():
                 self.rights.check("read", f.queue)
+                self._here(f.queue)
                 self.reply(
                     f.corr, read_range(self.broker.node, f, self.broker.config.max_frame), as_is
                 )
@@ -610,6 +659,13 @@ class Session(ClientConnection):
                 raise ProtocolError("Hello was already sent on this connection")
             case _:
                 raise ProtocolError(f"{type(f).__name__} is not a client command")
+
+    def _here(self, queue: str) -> None:
+        """A read of ``queue``'s messages is answered where they are: refused, naming
+        them, on a broker outside its replica group (docs/design.md §16)."""
+        away = elsewhere(self.broker.node, queue, "ask")
+        if away is not None:
+            raise away
 
     def _exchanges(self) -> ExchangeFacade:
         """Exchange commands, with this session's rights (docs/design.md §14)."""
@@ -683,6 +739,18 @@ class Session(ClientConnection):
                     self.error(corr, err)
 
         return done
+
+    def _peer_link(self, f: wire.PeerProof | wire.Submit) -> None:
+        """A peer link's frame (broker/peers.py): its proof, then forwarded events."""
+        assert self._member is not None
+        if self._peer is None:
+            self._peer = PeerService(
+                self, self.broker.node, self._member, self._proven, self.broker.refused
+            )
+        if isinstance(f, wire.PeerProof):
+            self._peer.prove(f)
+        else:
+            self._peer.submit(f)
 
     def _member_hello(self, f: wire.Hello) -> None:
         """A joining broker's Hello (cluster/member_proof.py): the session gets a fresh
@@ -819,6 +887,25 @@ class Session(ClientConnection):
         counters, ack_timeout_ms = _subscribe_options(f.options)
         self._next_tag += 1
         tag = self._next_tag
+        node = self.broker.node
+        peers = self.broker.peers
+        k = node.state.placement.get(f.queue) if isinstance(node, Partitioned) else None
+        if peers is not None and k is not None and elsewhere(node, f.queue) is not None:
+            # Replica groups: one of the partition's replicas serves it (broker/relay.py).
+            relay = self._relays[tag] = Relay(peers, k, f.queue, self, tag)
+
+            async def subscribe() -> Subscribed:
+                try:
+                    await relay.start(f)
+                except BaseException:
+                    self._relays.pop(tag, None)
+                    raise
+                return Subscribed(tag)
+
+            fut = asyncio.ensure_future(subscribe())
+            self.reply(f.corr, fut, as_is)
+            fut.add_done_callback(lambda _: relay.ready())  # (after the Ok: its deliveries)
+            return
         c = self.broker.delivery.add(f.queue, f.prefetch, self, tag, counters, ack_timeout_ms)
         self.consumers[tag] = c
         self.send(wire.ok(f.corr, Subscribed(tag)))

@@ -135,6 +135,7 @@ async def connect(
     keepalive: float | None = None,
     username: str | None = None,
     password: str | None = None,
+    route: bool = True,
 ) -> Connection:
     """Open a connection to the first broker that accepts TCP and answers Hello.
 
@@ -164,6 +165,10 @@ async def connect(
             wire; docs/security.md). Not given (here or in the URL): ``guest`` /
             ``guest``, which brokers accept from loopback only, and only while the
             cluster has that user.
+        route: send each queue's commands to a replica of its data partition, over
+            connections opened as needed (docs/client.md "Routing"). False: everything
+            over this one connection (a broker outside a queue's group then forwards,
+            or refuses, as it does for any client).
 
     Returns:
         An open :class:`Connection`. Use it as ``async with await connect(...) as conn``.
@@ -234,7 +239,7 @@ async def connect(
             replica.opened = True
             return replica
 
-        return Connection(channel, open_replica)
+        return Connection(channel, open_replica if route else None)
     raise ConnectionClosed("could not connect to any broker: " + "; ".join(failures)) from last
 
 
@@ -262,10 +267,11 @@ class Connection:
         self, channel: Channel, open_replica: Callable[[str], Awaitable[Channel]] | None = None
     ) -> None:
         """Wrap an open channel (:func:`connect` makes both); ``open_replica`` opens a
-        channel to another broker, a replica of some queue's partition (None: every
-        command goes over ``channel``)."""
+        channel to another broker, a replica of some queue's partition (None: no
+        routing, every command goes over ``channel``)."""
         self._channel = channel
-        self._router = Router(channel, open_replica or _no_replicas)
+        self._router = Router(channel, open_replica or _no_replicas,
+                              enabled=open_replica is not None)
         self._producer: Producer = self._router.producer
 
     @property

@@ -176,13 +176,20 @@ class Router:
             queues every broker applies go over it.
         open_channel: opens a channel to ``"HOST:PORT"`` with the connection's
             credentials and TLS (no failover: a lost replica is routed around).
+        enabled: False: every command goes over ``primary`` (``connect(route=False)``).
     """
 
     def __init__(
-        self, primary: Channel, open_channel: Callable[[str], Awaitable[Channel]]
+        self,
+        primary: Channel,
+        open_channel: Callable[[str], Awaitable[Channel]],
+        *,
+        enabled: bool = True,
     ) -> None:
         self.primary = primary
+        self.enabled = enabled
         self.table = RouteTable()
+        self.table.flat = not enabled
         self._open_channel = open_channel
         self._channels: dict[str, Channel] = {}
         self._opening: dict[str, asyncio.Future[Channel]] = {}
@@ -249,7 +256,7 @@ class Router:
                 (it is passed over for a while).
             BatonError: the broker refused the ``Locate`` (e.g. no right on the queue).
         """
-        if self.table.flat:
+        if self.table.flat or not self.enabled:
             return self.primary
         if self.primary.failovers != self._failovers:
             self._failovers = self.primary.failovers
@@ -299,7 +306,7 @@ class Router:
         """Whether a command that failed with ``exc`` on ``channel`` goes to another
         replica: the broker did not apply it (misrouted), or a replica's connection
         was lost and the command may be sent again (``resend``: idempotent)."""
-        if self.ended:
+        if self.ended or not self.enabled:
             return False
         if misrouted(exc):
             return True
@@ -377,7 +384,7 @@ class RoutedConsumer(Consumer):
         """End iteration, unless ``error`` says the queue moved or its replica was
         lost: then subscribe again on a current replica."""
         router = self._router
-        moved = error is not None and self.active and not router.ended and (
+        moved = error is not None and self.active and router.enabled and not router.ended and (
             misrouted(error)
             or isinstance(error, ConnectionClosed) and self.channel is not router.primary
         )

@@ -130,6 +130,7 @@ def connect(
     keepalive: float | None = None,
     username: str | None = None,
     password: str | None = None,
+    route: bool = True,
 ) -> SyncConnection:
     """Open a blocking connection (see :func:`batonmq.clients.client.connect`).
 
@@ -140,7 +141,7 @@ def connect(
             every later call on the connection (a call that waits for a failover
             may hit it first: raise it to ``failover_timeout`` or more if calls
             should rather wait).
-        failover, failover_timeout, ssl, keepalive, username, password: as for
+        failover, failover_timeout, ssl, keepalive, username, password, route: as for
             :func:`batonmq.clients.client.connect` (the URL form names the user too).
 
     Returns:
@@ -164,6 +165,7 @@ def connect(
                 keepalive=keepalive,
                 username=username,
                 password=password,
+                route=route,
             ),
             # connect applies the timeout per address; allow for all of them.
             None,

@@ -53,6 +53,9 @@ __all__ = [
     "SetPolicy",
     "ClearPolicy",
     "GrowPartitions",
+    "PeerProof",
+    "Submit",
+    "Submitted",
     "DeclareQueue",
     "DeleteQueue",
     "PurgeQueue",
@@ -931,6 +934,46 @@ class GrowPartitions(Frame):
     count: int
 
 
+# --- broker to broker: forwarding to a partition's replicas (docs/design.md §16) -----------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProof(Frame):
+    """Broker->broker, first on a peer link (after a Hello with the MEMBER mechanism):
+    ``member`` (this runtime, as in the Hello) proves its key by ``proof``, its signature
+    of the challenge in HelloOk (cluster/member_proof.py, context ``baton-peer``).
+    Answered by Ok, or Error AccessRefused: the serving broker accepts only a member of
+    control's view whose proof verifies against the key its Join recorded."""
+
+    OP: ClassVar[int] = 130
+    corr: int
+    member: str
+    proof: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Submit(Frame):
+    """Broker->broker, on a proven peer link: append ``event`` (one log event, in the
+    log's record codec, cluster/codec.py) to data ``partition``, which the serving broker
+    replicates, as its own. Answered by Submitted, or Error (NotReplica: the serving
+    broker does not replicate ``partition``; any error of the command itself)."""
+
+    OP: ClassVar[int] = 131
+    corr: int
+    partition: int
+    event: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted(Frame):
+    """Broker->broker: the Submit ``corr`` was applied; ``result`` is what applying it
+    answered, ``[result type name, its Ok map]`` or nil (broker/peers.py)."""
+
+    OP: ClassVar[int] = 132
+    corr: int
+    result: Any
+
+
 FRAME_TYPES: Final[dict[int, type[Frame]]] = {
     cls.OP: cls
     for cls in (
@@ -995,6 +1038,9 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         ClearPolicy,
         GrowPartitions,
         Locate,
+        PeerProof,
+        Submit,
+        Submitted,
     )
 }
 

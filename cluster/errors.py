@@ -40,6 +40,7 @@ __all__ = [
     "ShuttingDown",
     "Timeout",
     "ConnectionClosed",
+    "NotReplica",
     "InternalError",
     "for_code",
 ]
@@ -261,6 +262,16 @@ class LimitExceeded(BatonError):
     retriable = True
 
 
+class NotReplica(BatonError):
+    """A broker was asked, over a peer link, to append to a data partition it does not
+    replicate (docs/design.md §16): the forwarding broker tries another replica. A
+    client gets it for the stats of a queue on a partition its broker does not
+    replicate: the message names the brokers that do."""
+
+    code = 33
+    retriable = True
+
+
 class InternalError(BatonError):
     """A bug in Baton. The broker keeps running; please report it."""
 
@@ -298,6 +309,7 @@ _BY_CODE: dict[int, type[BatonError]] = {
         ConnectionClosed,
         LimitExceeded,
         AccessRefused,
+        NotReplica,
         InternalError,
     )
 }

@@ -23,7 +23,7 @@ nonce each) or to another member (its node id is signed).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -34,18 +34,25 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from batonmq.cluster.errors import AccessRefused
 
-__all__ = ["MECHANISM", "NONCE_BYTES", "MemberKey", "new_nonce", "verify", "check"]
+__all__ = [
+    "MECHANISM", "NONCE_BYTES", "UPDATE", "PEER", "MemberKey", "new_nonce", "verify", "check",
+    "check_peer",
+]
 
 #: ``Hello.auth["mechanism"]`` of a joining broker's connection.
 MECHANISM = "MEMBER"
 #: The size of a member challenge.
 NONCE_BYTES = 32
-_CONTEXT = b"baton-update\0"
+#: What a proof is for, signed with it: a join update's proof is no peer link's, and the
+#: other way round.
+UPDATE = b"baton-update\0"
+#: A peer link's proof (forwarding between brokers, broker/peers.py).
+PEER = b"baton-peer\0"
 
 
-def _signed(nonce: bytes, donor: str) -> bytes:
+def _signed(nonce: bytes, donor: str, context: bytes) -> bytes:
     """What a proof signs: the nonce has a fixed size, so the parts cannot be shifted."""
-    return _CONTEXT + nonce + donor.encode()
+    return context + nonce + donor.encode()
 
 
 def new_nonce() -> bytes:
@@ -66,18 +73,23 @@ class MemberKey:
             Encoding.Raw, PublicFormat.Raw
         )
 
-    def prove(self, nonce: bytes, donor: str) -> bytes:
-        """The proof for the challenge ``nonce`` of the member whose node id is ``donor``."""
-        return self._private.sign(_signed(nonce, donor))
+    def prove(self, nonce: bytes, donor: str, context: bytes = UPDATE) -> bytes:
+        """The proof for the challenge ``nonce`` of the member whose node id is ``donor``
+        (``context``: what it is for, :data:`UPDATE` or :data:`PEER`)."""
+        return self._private.sign(_signed(nonce, donor, context))
 
     def __repr__(self) -> str:
         return f"MemberKey(public={self.public.hex()})"
 
 
-def verify(public: bytes, nonce: bytes, donor: str, proof: bytes) -> bool:
+def verify(
+    public: bytes, nonce: bytes, donor: str, proof: bytes, context: bytes = UPDATE
+) -> bool:
     """Whether ``proof`` is the signature of the challenge by the key ``public``."""
     try:
-        Ed25519PublicKey.from_public_bytes(public).verify(proof, _signed(nonce, donor))
+        Ed25519PublicKey.from_public_bytes(public).verify(
+            proof, _signed(nonce, donor, context)
+        )
     except (InvalidSignature, ValueError):
         return False
     return True
@@ -120,6 +132,48 @@ def check(
             " joining broker runtime, one that left, or an older broker without member keys)"
         )
     if not verify(public, nonce, donor, proof):
+        raise AccessRefused(
+            f"the member proof of {member!r} does not verify against the key of its Join"
+        )
+
+
+def check_peer(
+    join_keys: Mapping[str, bytes],
+    members: Collection[str],
+    session: tuple[str, bytes],
+    member: str,
+    proof: bytes,
+    server: str,
+) -> None:
+    """Check a peer link's member proof (forwarding between brokers, broker/peers.py):
+    the runtime must be a member of the view and prove the key its Join recorded.
+
+    Args:
+        join_keys: the join keys applied on the control partition.
+        members: the control partition's view as applied here.
+        session: the link's (member, nonce) from its MEMBER Hello.
+        member: the runtime the proof is for.
+        proof: its signature of the challenge, for :data:`PEER`.
+        server: this broker's node id.
+
+    Raises:
+        AccessRefused: why the link is not served.
+    """
+    said, nonce = session
+    if member != said:
+        raise AccessRefused(f"the peer proof names member {member!r}, its Hello said {said!r}")
+    if member not in members:
+        raise AccessRefused(
+            f"{member!r} is not a member of the cluster's view as applied here: forwarded"
+            " commands are served to members only"
+        )
+    public = join_keys.get(member)
+    if public is None:
+        raise AccessRefused(
+            f"no member key of {member!r} is on the log as applied here (it has not"
+            " recorded its key yet, or is of a build without member keys)"
+        )
+    if not verify(public, nonce, server, proof, PEER):
         raise AccessRefused(
             f"the member proof of {member!r} does not verify against the key of its Join"
         )

@@ -96,6 +96,7 @@ class Replication:
         #: Data partitions being closed here (not opened again meanwhile).
         self.closing: set[int] = set()
         self._ready_sent: dict[int, float] = {}  # partition -> when ReplicaReady was sent
+        self._planning: asyncio.Future[None] | None = None  # the plan under way (leader)
         #: Called with a data partition's number once this broker stopped applying it.
         self.on_closed: Callable[[int], None] | None = None
         #: Deletes a closed partition's store (set by the broker).
@@ -196,6 +197,12 @@ class Replication:
             self.closing.add(k)
             asyncio.ensure_future(self._close(k))
         owner.growth.check()
+        if owner.joined.is_set():
+            # At once rather than at the next tick: a broker caught up says so, and the
+            # leader plans what a view or group change calls for.
+            self._say_ready()
+            if owner.state.membership.leader() == owner.key and self._planning is None:
+                self._planning = asyncio.ensure_future(self._plan_once())
 
     async def tick(self) -> None:
         """Once a second: say ReplicaReady where caught up; plan, if leading control."""
@@ -208,9 +215,20 @@ class Replication:
                 ignore_outcome
             )
         if owner.state.membership.leader() == owner.key:
-            await self._plan()
+            if self._planning is None:
+                self._planning = asyncio.ensure_future(self._plan_once())
+                await self._planning
         else:
             self._missing_since.clear()
+
+    async def _plan_once(self) -> None:
+        """One plan at a time: its steps are applied before the next plan reads them."""
+        try:
+            await self._plan()
+        except Exception:  # a bug: said with its traceback, never a crash
+            log.exception("node %s: planning replica groups failed", self._owner.key)
+        finally:
+            self._planning = None
 
     def _say_ready(self) -> None:
         owner = self._owner

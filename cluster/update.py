@@ -54,7 +54,8 @@ from batonmq.cluster.features import FEATURES
 from batonmq.cluster.forwarding import OUTBOX_NAME, OUTBOX_QID
 from batonmq.cluster.events import Heartbeat
 from batonmq.cluster.log import Log
-from batonmq.cluster.member_proof import MECHANISM, NONCE_BYTES, MemberKey
+from batonmq.cluster.member_link import MemberLink
+from batonmq.cluster.member_proof import MemberKey
 from batonmq.cluster.queues import QueueState
 from batonmq.cluster.state import State
 from batonmq.store import Batch, Store, StoreReader, merge_headers
@@ -368,60 +369,31 @@ async def find_donors(
     return list(found.values())
 
 
-class _Link:
+class _Link(MemberLink):
     """A connection to a member for one update request, as a proven member."""
 
-    def __init__(
-        self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-        member: str,
-    ) -> None:
-        self.address = address
-        self.reader = reader
-        self.writer = writer
-        self.codec = wire.FrameCodec(MAX_UPDATE_FRAME)
-        self.member = member
-        self.proof = b""  # the signed challenge of this connection's member
-        # Whether the member listed its feature flags in HelloOk (a build with flags):
-        # only such a member reads an UpdateRequest that lists this build's.
-        self.flags = False
+    what = "update"
+    client = "baton-join"
+    proof = b""  # the signed challenge of this connection's member
+    # Whether the member listed its feature flags in HelloOk (a build with flags): only
+    # such a member reads an UpdateRequest that lists this build's.
+    flags = False
 
     @classmethod
-    async def open(cls, address: str, node: Joiner, timeout: float = 5.0) -> "_Link":
-        """Connect to the member at ``address`` and take its challenge (Hello MEMBER).
+    async def connect(cls, address: str, node: Joiner, timeout: float = 5.0) -> "_Link":
+        """Connect to the member at ``address`` and take its challenge (Hello MEMBER,
+        cluster/member_link.py).
 
         Raises:
             JoinFailed: no connection, or the member refused it or sent no challenge.
         """
-        host, _, port = address.rpartition(":")
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(
-                    host.strip("[]"), int(port), limit=1 << 20, ssl=node.tls
-                ),
-                timeout,
-            )
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise JoinFailed(f"cannot connect to {address}: {exc}") from exc
-        link = cls(address, reader, writer, node.key)
-        try:
-            link.send(wire.Hello(
-                1, wire.PROTOCOL_VERSION, f"baton-join/{node.key}",
-                {"mechanism": MECHANISM, "member": node.key},
-            ))
-            frame = await link.next(timeout)
-            if not isinstance(frame, wire.HelloOk):
-                raise JoinFailed(f"{address} refused the update connection: {frame}")
-            nonce = frame.auth.get("nonce")
-            if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
-                raise JoinFailed(
-                    f"{address} sent no member challenge in HelloOk (a broker of an older"
-                    " version?)"
-                )
-        except BaseException:
-            link.close()
-            raise
-        link.proof = node.join_key.prove(nonce, frame.node_id)
-        link.flags = isinstance(frame.auth.get("features"), list)
+        link = await cls.open(
+            address, node.key, node.tls, max_frame=MAX_UPDATE_FRAME, error=JoinFailed,
+            timeout=timeout,
+        )
+        assert link.hello is not None
+        link.proof = node.join_key.prove(link.nonce, link.node_id)
+        link.flags = isinstance(link.hello.auth.get("features"), list)
         return link
 
     def request(
@@ -439,26 +411,11 @@ class _Link:
         else:
             self.send(wire.UpdateRequest(corr, since, queues, state, self.member, self.proof))
 
-    def send(self, frame: wire.Frame) -> None:
-        self.writer.write(self.codec.send(frame))
-
     async def next(self, timeout: float | None = None) -> wire.Frame:
-        while True:
-            frame = self.codec.next_frame()
-            if isinstance(frame, wire.Frame):  # else NEED_DATA: read more
-                if isinstance(frame, wire.Error):
-                    raise wire_error(self.address, frame)
-                return frame
-            try:
-                data = await asyncio.wait_for(self.reader.read(1 << 20), timeout)
-            except (OSError, TimeoutError) as exc:
-                raise JoinFailed(f"update from {self.address} broke off: {exc!r}") from exc
-            if not data:
-                raise JoinFailed(f"{self.address} closed the update connection")
-            self.codec.receive_data(data)
-
-    def close(self) -> None:
-        self.writer.close()
+        frame = await super().next(timeout)
+        if isinstance(frame, wire.Error):
+            raise wire_error(self.address, frame)
+        return frame
 
 
 def wire_error(address: str, frame: wire.Error) -> BatonError:
@@ -525,7 +482,7 @@ class Catchup:
         errors = []
         for address in donors:
             try:
-                link = await _Link.open(address, self.node)
+                link = await _Link.connect(address, self.node)
                 self._corr += 1
                 link.request(self._corr, since, None, True, self.node.partition)
                 # The member may first have to apply up to our Join: seconds at most.
@@ -602,7 +559,7 @@ class Catchup:
                     want.add(name)
             for address in addresses:
                 try:
-                    link = await _Link.open(address, self.node)
+                    link = await _Link.connect(address, self.node)
                 except BatonError as exc:
                     log.warning("join: %s", exc)
                     self.failed.append(address)

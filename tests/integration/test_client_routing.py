@@ -13,12 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from batonmq import clients
 from batonmq.clients import sync
 from tests.helpers import eventually, topology
 from tests.integration.conftest import BrokerProcess, brokers_of, started
+from tests.integration.test_admin import TOOL_HEADERS
+from tests.integration.test_forwarding import _forwarded
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +31,8 @@ def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
     """Four brokers, two data partitions, groups of two, replaced after 3 s out."""
     yield from started(brokers_of(
         tmp_path, f"file:{tmp_path / 'shared-log'}", 4,
-        ["--partitions", "2", "--replicas", "2", "--replace-after-ms", "3000"],
+        ["--partitions", "2", "--replicas", "2", "--replace-after-ms", "3000",
+         "--admin-listen", "127.0.0.1:0"],
     ))
 
 
@@ -92,6 +96,13 @@ async def test_one_address_reaches_both_partitions_and_survives_a_killed_replica
                 await _drain(consumer, want, seen)
             assert seen == want
             assert (await conn.queue_stats(q))["ready"] == 0
+        # Nothing went through a broker's forwarding: every command reached a replica.
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=10), headers=TOOL_HEADERS
+        ) as http:
+            for b in grouped:
+                forwarded = await _forwarded(http, b)
+                assert all(v == 0 for v in forwarded.values()), (b.node_id, forwarded)
 
         # Kill -9 the replica of partition 1 the client uses; publishing and consuming
         # go on through the other one.

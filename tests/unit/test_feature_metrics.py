@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from batonmq.broker.admin import readiness
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.metrics import BrokerMetrics
+from batonmq.broker.peers import ForwardCounts
 from batonmq.cluster.events import DeclareQueue
 from batonmq.cluster.features import FEATURES, MAX_FORMAT
 from batonmq.cluster.log import Log, open_log
@@ -31,6 +32,7 @@ class _Broker:
         self.node = node
         self.delivery = Delivery(node, chunk_bytes=1 << 16)
         self.refusals: dict[str, int] = {}
+        self.forwarding = ForwardCounts()
 
     def connection_count(self) -> int:
         return 0

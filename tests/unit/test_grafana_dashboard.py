@@ -10,6 +10,7 @@ from typing import Any
 
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.metrics import BrokerMetrics
+from batonmq.broker.peers import ForwardCounts
 from batonmq.cluster.log import open_log, open_log_set
 from batonmq.cluster.node import Node
 from batonmq.cluster.partitioned import Partitioned
@@ -32,6 +33,7 @@ class _Broker:
         self.node = node
         self.delivery = Delivery(node, chunk_bytes=1 << 16)
         self.refusals = {"login": 1}
+        self.forwarding = ForwardCounts()
 
     def connection_count(self) -> int:
         return 0

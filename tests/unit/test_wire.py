@@ -105,6 +105,9 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.ConsumerCancelled: wire.ConsumerCancelled(3, errors.QueueNotFound.code, "queue deleted"),
     wire.Expired: wire.Expired(3, [4, 9]),
     wire.Touch: wire.Touch(21, 3, [4]),
+    wire.PeerProof: wire.PeerProof(2, "n2/r2", b"\x07" * 64),
+    wire.Submit: wire.Submit(3, 2, b"\x96\xa0\xa0\x00\x00\x0a\xa1q"),
+    wire.Submitted: wire.Submitted(3, ["Enqueued", {"first_position": 4, "count": 1}]),
 }
 
 

@@ -1,0 +1,276 @@
+"""Forwarding between brokers (docs/design.md §16, "Forwarding between brokers"): real
+brokers of a split log whose data partitions each have a replica group of two, so one of
+three brokers applies neither partition. A native client and an AMQP client (pika) of that
+broker declare, publish, purge and delete through it (a replica appends for it, over a
+peer link); its consumers are refused with one sentence naming the replicas; the metrics
+count on it and not on a replica; a restart (a new runtime that replayed control and
+records its key first) forwards again; and killing the replica it forwards to makes it
+pick the other, losing and doubling no confirmed publish. Peer links go over TLS, with
+client certificates, as the join update does."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+from pathlib import Path
+
+import aiohttp
+import pika
+import pytest
+
+from batonmq import clients
+from batonmq.cluster.errors import NotReplica, QueueNotFound
+from batonmq.loadtest.certs import make_certs
+from tests.helpers import eventually, now, topology, wait_stats
+from tests.integration.conftest import BrokerProcess, brokers_of, started
+from tests.integration.test_admin import TOOL_HEADERS, admin_of, metric_samples
+from tests.integration.test_amqp import amqp_port
+from tests.integration.test_tls import tls_flags
+
+pytestmark = pytest.mark.integration
+
+#: Two data partitions, groups of two, and no replacement of a dead broker within a test.
+GROUPS = ["--partitions", "2", "--replicas", "2", "--replace-after-ms", "600000"]
+
+
+@pytest.fixture
+def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    extra = [*GROUPS, "--admin-listen", "127.0.0.1:0", "--amqp-listen", "127.0.0.1:0"]
+    yield from started(brokers_of(tmp_path, f"file:{tmp_path / 'shared-log'}", 3, extra))
+
+
+async def _outsider(
+    brokers: list[BrokerProcess], k: int = 1, ssl: Any = None
+) -> tuple[BrokerProcess, list[BrokerProcess]]:
+    """A broker outside data partition ``k``'s replica group, and the group's two
+    brokers (once the group has settled: two live replicas, none joining)."""
+
+    async def group() -> list[str] | None:
+        async with await clients.connect(brokers[0].address, timeout=5, ssl=ssl) as c:
+            groups = (await c.topology()).get("groups") or []
+        g = next((g for g in groups if g["partition"] == k), None)
+        if g is None or not g["replicas"] or len(g["replicas"]) != 2 or g["joining"]:
+            return None
+        return list(g["replicas"]) if g["live_replicas"] == 2 else None
+
+    replicas = await eventually(group, f"data partition {k}'s group settled", timeout=60)
+    assert replicas is not None
+    out = next(b for b in brokers if b.node_id not in replicas)
+    return out, [b for b in brokers if b.node_id in replicas]
+
+
+async def _forwarded(http: aiohttp.ClientSession, b: BrokerProcess) -> dict[str, float]:
+    async with http.get(f"{admin_of(b)}/metrics") as r:
+        text = await r.text()
+    out = {f"kind={k}": v for k, v in _by(text, "baton_forwarded", "kind").items()}
+    out["errors"] = metric_samples(text, "baton_forward_errors")[""]
+    return out
+
+
+def _by(text: str, name: str, label: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return {s.labels[label]: s.value for s in family.samples if s.name.endswith("_total")}
+    raise AssertionError(f"no metric {name}")
+
+
+async def test_a_broker_outside_the_group_serves_native_and_amqp_clients(
+    grouped: list[BrokerProcess],
+) -> None:
+    outsider, replicas = await _outsider(grouped)
+    conn = await clients.connect(outsider.address, timeout=5, route=False)
+    assert (await conn.declare_queue("fq", partition=1))["created"]
+    positions = [await conn.publish("fq", b"native-%02d" % i) for i in range(20)]
+    assert positions == list(range(20))
+    await conn.publish_batch("fq", [b"batch-%02d" % i for i in range(10)])
+
+    # AMQP on the same broker: the declare (same settings) and confirmed publishes.
+    def amqp_side() -> str:
+        pc = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+        try:
+            ch = pc.channel()
+            ch.queue_declare("fq", durable=True)
+            ch.confirm_delivery()
+            for i in range(20):
+                ch.basic_publish("", "fq", b"amqp-%02d" % i, mandatory=True)
+            try:
+                ch.basic_get("fq")
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                assert exc.reply_code == 404
+                return str(exc.reply_text)
+            raise AssertionError("a Basic.Get on a broker outside the group was served")
+        finally:
+            pc.close()
+
+    refusal = await asyncio.to_thread(amqp_side)
+    assert "does not replicate" in refusal and all(r.address in refusal for r in replicas)
+
+    # Its stats are read where it is.
+    with pytest.raises(NotReplica, match="ask one of its replicas"):
+        await conn.queue_stats("fq")
+    with pytest.raises(NotReplica, match="ask one of its replicas"):
+        await conn.peek("fq", 5)
+
+    # A consumer here is served by a replica, relayed: acks, a release and a cancel go
+    # back to it; this broker appends no Interest on the partition (the owner and the
+    # interested brokers are replicas).
+    got: list[bytes] = []
+    outsider_runtime = (await topology(outsider.address))["runtime"]
+    replica_runtimes = [(await topology(r.address))["runtime"] for r in replicas]
+    async with await clients.connect(replicas[1].address, timeout=5) as rc:
+        async with conn.consume("fq", prefetch=10) as consumer:
+            while len(got) < 30:
+                batch = await consumer.get_many(10, timeout=10)
+                assert batch, f"{len(got)} of 30 through the relay"
+                got += [m.body for m in batch]
+                await consumer.ack_many(batch)
+            stats = await rc.queue_stats("fq")
+            assert stats["owner"] is not None, stats
+            for member in [stats["owner"], *stats["interested"]]:
+                assert outsider_runtime not in member, stats
+                assert any(r in member for r in replica_runtimes), stats
+            again = await consumer.get(timeout=10)
+            assert again is not None
+            await again.release()
+        # The release and the cancel gave back what the relayed consumer held.
+        await wait_stats(rc, "fq", timeout=10, ready=50 - len(got), acquired=0)
+        # The rest from the replica itself: each message once in all.
+        async with rc.consume("fq", prefetch=50) as consumer:
+            while len(got) < 50:
+                batch = await consumer.get_many(50, timeout=10)
+                assert batch, f"{len(got)} of 50"
+                got += [m.body for m in batch]
+                await consumer.ack_many(batch)
+    assert sorted(got) == sorted(
+        [b"native-%02d" % i for i in range(20)] + [b"batch-%02d" % i for i in range(10)]
+        + [b"amqp-%02d" % i for i in range(20)]
+    )
+
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=10), headers=TOOL_HEADERS
+    ) as http:
+        here = await _forwarded(http, outsider)
+        assert here["kind=declare"] >= 2 and here["kind=publish"] >= 3, here
+        assert here["errors"] == 0, here
+        for r in replicas:
+            there = await _forwarded(http, r)
+            assert there == {"errors": 0}, there  # nothing forwarded by a replica
+
+    # Purge and delete go through too; the replicas apply them.
+    await conn.publish("fq", b"left")
+    assert await conn.purge_queue("fq") == 1
+    await conn.delete_queue("fq")
+    async with await clients.connect(replicas[0].address, timeout=5) as rc:
+        await eventually(lambda: _gone(rc, "fq"), "fq deleted on the replicas", timeout=10)
+    await conn.close()
+
+    # Restarted, it is a new runtime that replayed control (no Join of its own): it
+    # records its key, then forwards again.
+    await asyncio.to_thread(outsider.terminate)
+    await asyncio.to_thread(outsider.restart)
+    async with await clients.connect(outsider.address, timeout=5, route=False) as c:
+        await c.declare_queue("again", partition=1)
+        assert await c.publish("again", b"after a restart") == 0
+    assert "recording its member key on control" in outsider.output_since(b"== test: start 2")
+    assert "Traceback" not in outsider.output()
+
+
+async def _gone(conn: clients.Connection, queue: str) -> bool:
+    try:
+        await conn.queue_stats(queue)
+    except QueueNotFound:
+        return True
+    return False
+
+
+@pytest.fixture
+def grouped_plain(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    yield from started(brokers_of(tmp_path, f"file:{tmp_path / 'shared-log'}", 3, GROUPS))
+
+
+async def test_killing_the_replica_it_forwards_to_makes_a_broker_pick_another(
+    grouped_plain: list[BrokerProcess],
+) -> None:
+    outsider, replicas = await _outsider(grouped_plain)
+    conn = await clients.connect(outsider.address, timeout=5, route=False)
+    await conn.declare_queue("kq", partition=1)
+    # The partition's leader is the replica it forwards to first.
+    rows = (await topology(replicas[0].address))["partitions"]
+    row = next(r for r in rows if r["partition"] == 1)
+    leader = row["leader"].split("/")[0]
+    victim = next(r for r in replicas if r.node_id == leader)
+    survivor = next(r for r in replicas if r is not victim)
+
+    confirmed: set[bytes] = set()
+    failed: list[str] = []
+
+    async def publisher(n: int) -> None:
+        for i in range(150):
+            body = b"p%d-%03d" % (n, i)
+            try:
+                await conn.publish("kq", body)
+            except clients.BatonError as exc:
+                failed.append(f"{body!r}: {exc!r}")
+            else:
+                confirmed.add(body)
+
+    async def kill_midway() -> None:
+        await eventually(lambda: now(len(confirmed) >= 100), "100 confirmed",
+                         timeout=30)
+        await asyncio.to_thread(victim.kill9)
+
+    # A consumer of the broker outside the group, relayed to the leader: it holds a few.
+    held = await clients.connect(outsider.address, timeout=5, route=False)
+    relayed = held.consume("kq", prefetch=5)
+    await relayed.__aenter__()
+
+    async def hold_some() -> None:
+        await eventually(lambda: now(len(confirmed) >= 20), "20 confirmed", timeout=30)
+        assert len(await relayed.get_many(5, timeout=10)) >= 1
+
+    await asyncio.gather(*(publisher(n) for n in range(4)), kill_midway(), hold_some())
+    assert len(confirmed) >= 500, failed  # re-picked: the publishes after the kill went on
+    out = outsider.output()
+    assert "trying another replica" in out, out[-3000:]
+    # Its link to the dead replica broke: the relayed consumer ends, retriable.
+    with pytest.raises(clients.ConnectionClosed):
+        while True:
+            await relayed.get(timeout=10)
+    await held.close()
+
+    async with await clients.connect(survivor.address, timeout=5) as rc:
+        seen: set[bytes] = set()
+        async with rc.consume("kq", prefetch=200) as consumer:
+            while not confirmed <= seen:
+                batch = await consumer.get_many(200, timeout=10)
+                assert batch, f"{len(confirmed - seen)} confirmed publishes missing"
+                for m in batch:
+                    assert m.body not in seen, f"{m.body!r} twice"
+                    seen.add(m.body)
+                await consumer.ack_many(batch)
+            assert await consumer.get(timeout=1) is None  # and nothing more
+    await conn.close()
+
+
+async def test_a_peer_link_goes_over_tls_with_client_certificates(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    flags = [*GROUPS, *tls_flags(certs, "--tls-verify-clients")]
+    brokers = brokers_of(tmp_path, f"file:{tmp_path / 'shared-log'}", 3, flags)
+    ctx = clients.tls.client_context(str(certs.ca), str(certs.client_cert), str(certs.client_key))
+    try:
+        for b in brokers:
+            await asyncio.to_thread(b.start)
+
+        out, _ = await _outsider(brokers, 2, ctx)
+        async with await clients.connect(out.address, ssl=ctx, route=False) as c:
+            await c.declare_queue("tq", partition=2)
+            assert [await c.publish("tq", b"m%d" % i) for i in range(5)] == list(range(5))
+        assert "peer link to 127.0.0.1:" in out.output()
+        assert "Traceback" not in out.output()
+    finally:
+        for b in brokers:
+            b.stop()
