@@ -814,7 +814,10 @@ class Session(ClientConnection):
             return
         self.rights = Rights(lambda: self.broker.node.state.users, user.name, self.broker.refused)
         self._authenticated()
-        self._greet(f.corr, {"message": outcome, "user": user.name, "admin": user.admin})
+        # "locate": this broker answers Locate (docs/client.md "Routing"); a client
+        # sends it only to a broker that says so (one before it closes on the frame).
+        self._greet(f.corr, {"message": outcome, "user": user.name, "admin": user.admin,
+                             "locate": True})
 
     def _greet(self, corr: int, auth: dict[str, Any]) -> None:
         self.greeted = True

@@ -256,8 +256,8 @@ class Router:
                 (it is passed over for a while).
             BatonError: the broker refused the ``Locate`` (e.g. no right on the queue).
         """
-        if self.table.flat or not self.enabled:
-            return self.primary
+        if self.table.flat or not self.enabled or not self.primary.locates:
+            return self.primary  # (a broker before Locate: no routing, as before)
         if self.primary.failovers != self._failovers:
             self._failovers = self.primary.failovers
             self.table.clear()
