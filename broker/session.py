@@ -551,6 +551,18 @@ class Session(ClientConnection):
             case wire.QueueStats():
                 self.rights.check_any(f.queue)
                 self.send(wire.Ok(f.corr, self.broker.queue_stats(f.queue)))
+            case wire.Locate():
+                # Where the queue's commands go (docs/design.md §16, "Clients route to
+                # replicas"): from control's placement, which every broker applies. A
+                # queue the user has no right on is "not placed": the command itself is
+                # then refused, with its own error, wherever it is sent.
+                node = self.broker.node
+                if isinstance(node, Partitioned):
+                    where = node.locate(f.queue, self.rights.sees(f.queue))
+                else:
+                    where = {"partition": 1, "anywhere": True, "addresses": [],
+                             "groups": False}
+                self.send(wire.Ok(f.corr, where))
             case wire.ListQueues():
                 queues = [q for q in self.broker.list_queues() if self.rights.sees(q["queue"])]
                 self.send(wire.ok(f.corr, QueueList(queues)))
@@ -822,7 +834,10 @@ class Session(ClientConnection):
             return
         self.rights = Rights(lambda: self.broker.node.state.users, user.name, self.broker.refused)
         self._authenticated()
-        self._greet(f.corr, {"message": outcome, "user": user.name, "admin": user.admin})
+        # "locate": this broker answers Locate (docs/client.md "Routing"); a client
+        # sends it only to a broker that says so (one before it closes on the frame).
+        self._greet(f.corr, {"message": outcome, "user": user.name, "admin": user.admin,
+                             "locate": True})
 
     def _greet(self, corr: int, auth: dict[str, Any]) -> None:
         self.greeted = True

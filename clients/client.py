@@ -13,6 +13,8 @@ Layout (after aiokafka's ``conn.py``, ``producer/`` and ``consumer/``):
 * :mod:`~batonmq.clients.watch`: :class:`TopologyWatch`, the poller of
   :meth:`Connection.watch_topology`.
 * :mod:`~batonmq.clients.leadership`: :class:`~batonmq.clients.leadership.Term`.
+* :mod:`~batonmq.clients.routing`: each queue's commands to a replica of its data
+  partition (replica groups, docs/design.md §16).
 * :mod:`~batonmq.clients.queue_options`: :class:`Retry` and a declaration's options.
 
 :class:`Connection` is the facade over them: every call of docs/client.md is here, and
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
 from ssl import SSLContext
 from types import TracebackType
@@ -41,6 +43,7 @@ from batonmq.clients.consumer import Consumer, Message
 from batonmq.clients.leadership import HandoverResult, ServiceInfo, Term
 from batonmq.clients.producer import Producer, publish_options
 from batonmq.clients.queue_options import Retry, declare_options
+from batonmq.clients.routing import RoutedConsumer, Router
 from batonmq.clients.scram import DEFAULT_USER, make_credentials
 from batonmq.clients.topology import TopologyEvent, TopologyTracker
 from batonmq.clients.watch import TopologyWatch
@@ -138,6 +141,7 @@ async def connect(
     keepalive: float | None = None,
     username: str | None = None,
     password: str | None = None,
+    route: bool = True,
 ) -> Connection:
     """Open a connection to the first broker that accepts TCP and answers Hello.
 
@@ -167,6 +171,10 @@ async def connect(
             wire; docs/security.md). Not given (here or in the URL): ``guest`` /
             ``guest``, which brokers accept from loopback only, and only while the
             cluster has that user.
+        route: send each queue's commands to a replica of its data partition, over
+            connections opened as needed (docs/client.md "Routing"). False: everything
+            over this one connection (a broker outside a queue's group then forwards,
+            or refuses, as it does for any client).
 
     Returns:
         An open :class:`Connection`. Use it as ``async with await connect(...) as conn``.
@@ -220,7 +228,24 @@ async def connect(
             channel.abort(exc)
             raise
         channel.opened = True
-        return Connection(channel)
+
+        async def open_replica(address: str, *, name: str = client_name,
+                               credentials: tuple[str, str] = (username, password)) -> Channel:
+            # A replica's connection (docs/client.md "Routing"): same name, credentials,
+            # TLS and keepalive; no failover of its own (a lost replica is routed around).
+            ((rhost, rport),) = parse_addresses(address)
+            replica = Channel([(rhost, rport)], client_name=name, connect_timeout=timeout,
+                              tls=ssl, keepalive=keepalive, credentials=credentials)
+            try:
+                async with asyncio.timeout(timeout):
+                    await replica.open(rhost, rport)
+            except BaseException as exc:
+                replica.abort(exc)
+                raise
+            replica.opened = True
+            return replica
+
+        return Connection(channel, open_replica if route else None)
     raise ConnectionClosed("could not connect to any broker: " + "; ".join(failures)) from last
 
 
@@ -244,10 +269,16 @@ class Connection:
         max_message: the largest message body the broker accepts, in bytes.
     """
 
-    def __init__(self, channel: Channel) -> None:
-        """Wrap an open channel (:func:`connect` makes both)."""
+    def __init__(
+        self, channel: Channel, open_replica: Callable[[str], Awaitable[Channel]] | None = None
+    ) -> None:
+        """Wrap an open channel (:func:`connect` makes both); ``open_replica`` opens a
+        channel to another broker, a replica of some queue's partition (None: no
+        routing, every command goes over ``channel``)."""
         self._channel = channel
-        self._producer = Producer(channel)
+        self._router = Router(channel, open_replica or _no_replicas,
+                              enabled=open_replica is not None)
+        self._producer: Producer = self._router.producer
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -340,7 +371,28 @@ class Connection:
         pending command fails with :class:`ConnectionClosed` and every consumer's
         iterator ends with it. Closing twice is harmless.
         """
+        await self._router.close()
         await self._channel.close()
+
+    @property
+    def replica_connections(self) -> list[str]:
+        """``"HOST:PORT"`` of the brokers this connection opened besides :attr:`address`
+        to reach a queue's replicas (docs/client.md "Routing"); empty on a cluster
+        without replica groups."""
+        return [c.address for c in self._router.extra_channels]
+
+    async def _on_queue(
+        self, queue: str, frame: Callable[[int], Frame], *, retry: bool
+    ) -> dict[str, Any]:
+        """Send the command ``frame(corr)`` about ``queue`` to a replica of its data
+        partition (docs/client.md "Routing"); ``retry``: idempotent (sent again after
+        a failover, or to another replica when its broker was lost)."""
+
+        def send(channel: Channel) -> Awaitable[dict[str, Any]]:
+            corr = channel.next_corr()
+            return channel.request(frame(corr), corr, retry)
+
+        return await self._router.run(queue, send, resend=retry)
 
     async def __aenter__(self) -> Connection:
         return self
@@ -592,9 +644,12 @@ class Connection:
             partition=partition,
             expires=expires,
         )
-        corr = self._next_corr()
         # Idempotent (create, or check the settings), so sent again after a failover.
-        result = await self._request(DeclareQueue(corr, name, options), corr, retry=True)
+        # A new queue goes through any broker, which places it; a broker outside its
+        # partition's group says so, and it is declared again on a replica.
+        result = await self._on_queue(
+            name, lambda corr: DeclareQueue(corr, name, options), retry=True
+        )
         read_result(Declared, result)  # checked; the caller gets the map
         return result
 
@@ -607,8 +662,7 @@ class Connection:
         Raises:
             QueueNotFound: no such queue.
         """
-        corr = self._next_corr()
-        result = await self._request(DeleteQueue(corr, name), corr)
+        result = await self._on_queue(name, lambda corr: DeleteQueue(corr, name), retry=False)
         return read_result(Deleted, result).deleted
 
     async def purge_queue(self, name: str) -> int:
@@ -620,8 +674,7 @@ class Connection:
         Raises:
             QueueNotFound: no such queue.
         """
-        corr = self._next_corr()
-        result = await self._request(PurgeQueue(corr, name), corr)
+        result = await self._on_queue(name, lambda corr: PurgeQueue(corr, name), retry=False)
         return read_result(Purged, result).purged
 
     async def declare_exchange(
@@ -741,8 +794,7 @@ class Connection:
         Raises:
             QueueNotFound: no such queue.
         """
-        corr = self._next_corr()
-        return await self._request(QueueStats(corr, name), corr, retry=True)
+        return await self._on_queue(name, lambda corr: QueueStats(corr, name), retry=True)
 
     async def list_queues(self) -> list[dict[str, Any]]:
         """Every queue's stats (the same mappings as :meth:`queue_stats`)."""
@@ -766,8 +818,7 @@ class Connection:
             QueueNotFound: no such queue.
             InvalidArgument: ``count`` out of range.
         """
-        corr = self._next_corr()
-        result = await self._request(Peek(corr, queue, count), corr, retry=True)
+        result = await self._on_queue(queue, lambda corr: Peek(corr, queue, count), retry=True)
         return read_result(Peeked, result)
 
     # -- users and rights (admin; docs/security.md) ----------------------------------
@@ -1009,9 +1060,10 @@ class Connection:
             QueueNotFound: the queue exists neither now nor on the log.
             InvalidArgument: a negative position or bound.
         """
-        corr = self._next_corr()
-        frame = MessageHistory(corr, queue, position, max_records)
-        return read_result(History, await self._request(frame, corr, retry=True))
+        result = await self._on_queue(
+            queue, lambda corr: MessageHistory(corr, queue, position, max_records), retry=True
+        )
+        return read_result(History, result)
 
     # --- range readers (the Spark source, docs/design.md §11; docs/protocol.md) ---------------
 
@@ -1041,10 +1093,9 @@ class Connection:
             QueueNotFound: no such queue.
             StaleToken: the fencing term is over (another leader took over).
         """
-        corr = self._next_corr()
         # Idempotent for the same holder: sent again after a failover.
-        result = await self._request(
-            Reserve(corr, queue, holder or "", service, token), corr, retry=True
+        result = await self._on_queue(
+            queue, lambda corr: Reserve(corr, queue, holder or "", service, token), retry=True
         )
         read_result(Reserved, result)  # checked; the caller gets the map
         return result
@@ -1071,9 +1122,9 @@ class Connection:
             QueueNotFound: no such queue.
             StaleToken: the fencing term is over (another leader took over).
         """
-        corr = self._next_corr()
-        result = await self._request(
-            AcceptThrough(corr, queue, through, holder, service, token), corr, retry=True
+        result = await self._on_queue(
+            queue, lambda corr: AcceptThrough(corr, queue, through, holder, service, token),
+            retry=True,
         )
         return read_result(AcceptedThrough, result).count
 
@@ -1096,8 +1147,9 @@ class Connection:
             Timeout: the broker did not reach ``end`` in time (try another).
             InvalidArgument: a bad range or limit.
         """
-        corr = self._next_corr()
-        result = await self._request(ReadRange(corr, queue, start, end, limit), corr, retry=True)
+        result = await self._on_queue(
+            queue, lambda corr: ReadRange(corr, queue, start, end, limit), retry=True
+        )
         read = read_result(RangeRead, result)
         return read.messages, read.next
 
@@ -1152,13 +1204,17 @@ class Connection:
         """
         # The producer's own coroutine, not one that awaits it: a publish is the hot
         # path, and a coroutine frame per call is a measurable share of its cost.
-        return self._producer.publish(
-            queue,
-            body,
-            headers,
-            idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before, priority, ttl),
-        )
+        options = publish_options(delay, not_before, priority, ttl)
+        if self._router.table.flat:  # no replica groups: the connection as it is
+            return self._producer.publish(
+                queue, body, headers, idempotency_key=idempotency_key, options=options
+            )
+        # One key for every attempt: a publish sent again to another replica is
+        # enqueued once.
+        key = self._producer.new_key() if idempotency_key is None else idempotency_key
+        router = self._router
+        return router.run(queue, lambda channel: router.producer_of(channel).publish(
+            queue, body, headers, idempotency_key=key, options=options))
 
     async def publish_batch(
         self,
@@ -1196,12 +1252,16 @@ class Connection:
             QueueNotFound, QueueFull: from the broker.
             ConnectionClosed: the connection ended before every confirmation arrived.
         """
-        return await self._producer.publish_batch(
-            queue,
-            messages,
-            idempotency_key=idempotency_key,
-            options=publish_options(delay, not_before, priority, ttl),
-        )
+        options = publish_options(delay, not_before, priority, ttl)
+        if self._router.table.flat:
+            return await self._producer.publish_batch(
+                queue, messages, idempotency_key=idempotency_key, options=options
+            )
+        items = list(messages)  # sent again as they are, with the same keys
+        key = self._producer.new_key() if idempotency_key is None else idempotency_key
+        router = self._router
+        return await router.run(queue, lambda channel: router.producer_of(channel).publish_batch(
+            queue, items, idempotency_key=key, options=options))
 
     def consume(
         self, queue: str, *, prefetch: int = 100, ack_timeout: float | None = None
@@ -1226,5 +1286,11 @@ class Connection:
             or ack_timeout <= 0
         ):
             raise InvalidArgument(f"ack_timeout must be positive seconds, got {ack_timeout!r}")
-        return Consumer(self._channel, queue, prefetch, ack_timeout)
+        # It subscribes on a replica of the queue's partition, and follows the queue
+        # when it moves (docs/client.md "Routing").
+        return RoutedConsumer(self._router, queue, prefetch, ack_timeout)
 
+
+
+async def _no_replicas(address: str) -> Channel:
+    raise ConnectionClosed(f"this connection opens no connection to another broker ({address})")

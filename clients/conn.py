@@ -193,6 +193,7 @@ class Channel:
         self._credentials = credentials
         self.user = ""  # the user the broker greeted us as
         self.admin = False  # whether that user is an admin
+        self.locates = False  # the broker answers Locate (docs/client.md "Routing")
         self.keepalive = keepalive  # seconds of silence after which a Ping is sent
         self._keepalive: asyncio.Task[None] | None = None
         self._last_write = 0.0
@@ -274,6 +275,8 @@ class Channel:
         outcome = hello.auth.get("message")
         exchange.verify(outcome if isinstance(outcome, bytes) else b"")
         self.user = str(hello.auth.get("user", ""))
+        # The broker answers Locate (a client routes only through one that does).
+        self.locates = hello.auth.get("locate") is True
         self.admin = hello.auth.get("admin") is True
         # The broker answers with the version the session speaks: the lower of its own
         # newest and ours (docs/protocol.md "Versions").

@@ -136,7 +136,9 @@ class Producer:
         self._key_prefix = secrets.token_hex(8) + ":"
         self._key_seq = 0
 
-    def _new_key(self) -> str:
+    def new_key(self) -> str:
+        """A fresh idempotency key of this connection (a routed publish keeps it when
+        it is sent again to another replica)."""
         self._key_seq += 1
         return f"{self._key_prefix}{self._key_seq:x}"
 
@@ -165,7 +167,7 @@ class Producer:
                 f"body of {len(data)} bytes is above the broker's maximum of {channel.max_message}"
             )
         hdrs = _headers(headers)
-        key = self._new_key() if idempotency_key is None else _key(idempotency_key)
+        key = self.new_key() if idempotency_key is None else _key(idempotency_key)
         if not channel.writable.is_set():
             await channel.wait_writable()
         corr = channel.next_corr()
@@ -192,7 +194,7 @@ class Producer:
                 f"body of {len(data)} bytes is above the broker's maximum of {channel.max_message}"
             )
         hdrs = _headers(headers)
-        key = self._new_key() if idempotency_key is None else _key(idempotency_key)
+        key = self.new_key() if idempotency_key is None else _key(idempotency_key)
         if not channel.writable.is_set():
             await channel.wait_writable()
         corr = channel.next_corr()
@@ -259,7 +261,7 @@ class Producer:
         for i, part in enumerate(chunks):
             corr = channel.next_corr()
             if base is None:
-                key = self._new_key()
+                key = self.new_key()
             else:
                 key = base if len(chunks) == 1 else f"{base}#{i}"
             encoded.append((corr, channel.encode(PublishBatch(corr, queue, part, key, options))))

@@ -133,6 +133,7 @@ def connect(
     keepalive: float | None = None,
     username: str | None = None,
     password: str | None = None,
+    route: bool = True,
 ) -> SyncConnection:
     """Open a blocking connection (see :func:`batonmq.clients.client.connect`).
 
@@ -143,7 +144,7 @@ def connect(
             every later call on the connection (a call that waits for a failover
             may hit it first: raise it to ``failover_timeout`` or more if calls
             should rather wait).
-        failover, failover_timeout, ssl, keepalive, username, password: as for
+        failover, failover_timeout, ssl, keepalive, username, password, route: as for
             :func:`batonmq.clients.client.connect` (the URL form names the user too).
 
     Returns:
@@ -167,6 +168,7 @@ def connect(
                 keepalive=keepalive,
                 username=username,
                 password=password,
+                route=route,
             ),
             # connect applies the timeout per address; allow for all of them.
             None,
@@ -202,6 +204,12 @@ class SyncConnection:
     def address(self) -> str:
         """``"HOST:PORT"`` of the broker."""
         return self._conn.address
+
+    @property
+    def replica_connections(self) -> list[str]:
+        """The brokers opened besides :attr:`address` to reach queues' replicas
+        (docs/client.md "Routing")."""
+        return self._conn.replica_connections
 
     @property
     def node_id(self) -> str:

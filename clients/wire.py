@@ -288,6 +288,20 @@ class ListQueues(Frame):
     corr: int
 
 
+@dataclass(frozen=True, slots=True)
+class Locate(Frame):
+    """C->S: where ``queue``'s commands go (docs/design.md §16, "Clients route to
+    replicas"): Ok({"partition": k, "anywhere": bool, "addresses": [str],
+    "groups": bool}). ``anywhere``: send them over this connection (a log of one, no
+    replica groups, or this broker is a caught-up replica of the queue's partition); else ``addresses`` are its live caught-up replicas.
+    A queue not placed yet (or that the user has no right on) answers partition 0 and
+    ``anywhere``. ``groups``: the cluster has replica groups."""
+
+    OP: ClassVar[int] = 125
+    corr: int
+    queue: str
+
+
 # --- exchanges (docs/design.md §14) -------------------------------------------------------
 
 
@@ -1063,6 +1077,7 @@ FRAME_TYPES: Final[dict[int, type[Frame]]] = {
         SetPolicy,
         ClearPolicy,
         GrowPartitions,
+        Locate,
         PeerProof,
         Submit,
         Submitted,

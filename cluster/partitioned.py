@@ -205,6 +205,22 @@ class Partitioned(Node):
         """Client addresses of the live brokers that serve data partition ``k``."""
         return self.replication.addresses(k)
 
+    def locate(self, queue: str, visible: bool = True) -> dict[str, Any]:
+        """Where a client sends ``queue``'s commands (the Locate frame; docs/design.md
+        §16, "Clients route to replicas"): its data partition (0: not placed, or not
+        ``visible`` to the asking user), whether the connection asking does
+        (``anywhere``: every broker applies it, or this one is a caught-up replica),
+        else the client addresses of its live caught-up replicas; and whether the
+        cluster has replica groups at all (``groups``)."""
+        groups = self.replication.active
+        k = self.state.placement.get(queue) if visible else None
+        g = self.replication.group(k) if k is not None and groups else None
+        here = k in self.data and g is not None and self.node_id in g.replicas
+        if k is None or not groups or here:
+            return {"partition": k or 0, "anywhere": True, "addresses": [], "groups": groups}
+        return {"partition": k, "anywhere": False, "addresses": self.replica_addresses(k),
+                "groups": True}
+
     def _elsewhere(self, queue: str) -> int:
         """The data partition ``queue`` is placed on when this broker does not apply it
         (replica groups), else 0."""

@@ -81,7 +81,7 @@ async def test_a_broker_outside_the_group_serves_native_and_amqp_clients(
     grouped: list[BrokerProcess],
 ) -> None:
     outsider, replicas = await _outsider(grouped)
-    conn = await clients.connect(outsider.address, timeout=5)
+    conn = await clients.connect(outsider.address, timeout=5, route=False)
     assert (await conn.declare_queue("fq", partition=1))["created"]
     positions = [await conn.publish("fq", b"native-%02d" % i) for i in range(20)]
     assert positions == list(range(20))
@@ -172,7 +172,7 @@ async def test_a_broker_outside_the_group_serves_native_and_amqp_clients(
     # records its key, then forwards again.
     await asyncio.to_thread(outsider.terminate)
     await asyncio.to_thread(outsider.restart)
-    async with await clients.connect(outsider.address, timeout=5) as c:
+    async with await clients.connect(outsider.address, timeout=5, route=False) as c:
         await c.declare_queue("again", partition=1)
         assert await c.publish("again", b"after a restart") == 0
     assert "recording its member key on control" in outsider.output_since(b"== test: start 2")
@@ -196,7 +196,7 @@ async def test_killing_the_replica_it_forwards_to_makes_a_broker_pick_another(
     grouped_plain: list[BrokerProcess],
 ) -> None:
     outsider, replicas = await _outsider(grouped_plain)
-    conn = await clients.connect(outsider.address, timeout=5)
+    conn = await clients.connect(outsider.address, timeout=5, route=False)
     await conn.declare_queue("kq", partition=1)
     # The partition's leader is the replica it forwards to first.
     rows = (await topology(replicas[0].address))["partitions"]
@@ -224,7 +224,7 @@ async def test_killing_the_replica_it_forwards_to_makes_a_broker_pick_another(
         await asyncio.to_thread(victim.kill9)
 
     # A consumer of the broker outside the group, relayed to the leader: it holds a few.
-    held = await clients.connect(outsider.address, timeout=5)
+    held = await clients.connect(outsider.address, timeout=5, route=False)
     relayed = held.consume("kq", prefetch=5)
     await relayed.__aenter__()
 
@@ -266,7 +266,7 @@ async def test_a_peer_link_goes_over_tls_with_client_certificates(tmp_path: Path
             await asyncio.to_thread(b.start)
 
         out, _ = await _outsider(brokers, 2, ctx)
-        async with await clients.connect(out.address, ssl=ctx) as c:
+        async with await clients.connect(out.address, ssl=ctx, route=False) as c:
             await c.declare_queue("tq", partition=2)
             assert [await c.publish("tq", b"m%d" % i) for i in range(5)] == list(range(5))
         assert "peer link to 127.0.0.1:" in out.output()

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from batonmq import clients
+from batonmq.clients import wire
 from tests.helpers import eventually, topology, wait_stats
 from tests.integration.conftest import BrokerProcess, brokers_of, started
+from tests.integration.test_bad_clients import RawClient
 
 pytestmark = pytest.mark.integration
 
@@ -78,8 +80,18 @@ async def test_each_broker_applies_and_stores_only_its_partitions(
         # A broker outside the group does not apply it: it forwards to the group
         # (broker/peers.py, tests/integration/test_forwarding.py).
         outside = next(b for b in grouped if b.node_id not in g["replicas"])
+        raw = await asyncio.to_thread(RawClient, outside.address)
+        try:
+            raw.send(wire.Publish(raw.next_corr(), f"q{k}", b"through the broker outside", {}))
+            reply = await asyncio.to_thread(raw.read)
+        finally:
+            raw.sock.close()
+        assert isinstance(reply, wire.Ok) and reply.result == {"position": 50}, reply
+        # The native client given that broker's address routes to a replica instead
+        # (docs/client.md "Routing").
         async with await clients.connect(outside.address, timeout=5) as conn:
-            assert await conn.publish(f"q{k}", b"through a broker outside the group") == 50
+            assert await conn.publish(f"q{k}", b"through a broker outside the group") == 51
+            assert conn.replica_connections
 
 
 async def test_a_killed_replica_is_replaced_and_nothing_is_lost(

@@ -46,6 +46,7 @@ SAMPLES: dict[type[Frame], Frame] = {
     wire.MovePartition: wire.MovePartition(9, 2, "node-1", "node-3"),
     wire.RebalancePartitions: wire.RebalancePartitions(9, True),
     wire.SetReplicas: wire.SetReplicas(9, 3),
+    wire.Locate: wire.Locate(9, "orders"),
     wire.Ok: wire.Ok(7, {"position": 42, "nested": {"a": [1, 2.5, None, True]}}),
     wire.Error: wire.Error(0, errors.ShuttingDown.code, "bye"),
     wire.Ping: wire.Ping(3),
