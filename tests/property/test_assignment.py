@@ -168,6 +168,8 @@ def test_any_consistent_state_converges(state: tuple[list[str], frozenset[str], 
     for p in range(1, count + 1):
         g = steady[p]
         assert not set(g.replicas + g.joining) & gone, (p, g)
-        assert len(holders(g)) >= r_eff, (p, g)
+        # Leaving replicas serve until nothing is joining: with a joiner that is down (not
+        # gone), a move waits, and its leaving replicas keep the group at R.
+        assert len(holders(g)) >= r_eff or len(set(g.replicas + g.joining)) >= r_eff, (p, g)
         if not g.joining:
             assert len([n for n in g.replicas if n in members]) <= r_eff, (p, g)
