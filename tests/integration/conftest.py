@@ -207,3 +207,13 @@ def any_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list
     else:
         url = f"file:{tmp_path / 'shared-log'}"
     yield from _start_cluster(tmp_path, url)
+
+
+@pytest.fixture
+def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Four brokers on one file log of two data partitions, in replica groups of two, a
+    broker out of the view replaced after 3 s (docs/design.md §16, "Replica groups")."""
+    yield from started(brokers_of(
+        tmp_path, f"file:{tmp_path / 'shared-log'}", 4,
+        ["--partitions", "2", "--replicas", "2", "--replace-after-ms", "3000"],
+    ))

@@ -27,15 +27,6 @@ from tests.integration.test_cli import baton
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
-    """Four brokers, two data partitions, groups of two."""
-    yield from started(brokers_of(
-        tmp_path, f"file:{tmp_path / 'shared-log'}", 4,
-        ["--partitions", "2", "--replicas", "2", "--replace-after-ms", "3000"],
-    ))
-
-
 def _steady(t: dict[str, Any], size: int) -> bool:
     """Every group of ``size`` caught-up live replicas, nothing joining or leaving, and
     the view's brokers holding within one partition of each other (the planner's

@@ -7,7 +7,6 @@ update, and nothing is lost."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +15,10 @@ import pytest
 from batonmq import clients
 from batonmq.clients import wire
 from tests.helpers import eventually, topology, wait_stats
-from tests.integration.conftest import BrokerProcess, brokers_of, started
+from tests.integration.conftest import BrokerProcess
 from tests.integration.test_bad_clients import RawClient
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
-    """Four brokers, two data partitions, groups of two, replaced after 3 s out."""
-    yield from started(brokers_of(
-        tmp_path, f"file:{tmp_path / 'shared-log'}", 4,
-        ["--partitions", "2", "--replicas", "2", "--replace-after-ms", "3000"],
-    ))
 
 
 def _settled(t: dict[str, Any], live: int) -> bool:
