@@ -66,6 +66,8 @@ class BodyBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        #: How many bodies had to wait for room (a connection's reading paused), ever.
+        self.waits = 0
         self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
 
     def reserve(self, size: int) -> bool:
@@ -78,6 +80,7 @@ class BodyBudget:
     def wait(self, size: int, granted: Callable[[], None]) -> None:
         """Reserve ``size`` bytes as soon as they fit, after the earlier waiters, then
         call ``granted``."""
+        self.waits += 1
         self._waiters.append((size, granted))
 
     def cancel(self, granted: Callable[[], None]) -> None:

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from batonmq.broker.delivery import Delivery
 from batonmq.broker.log_ends import apply_lag
+from batonmq.broker.memory import BodyBudget
 from batonmq.broker.peers import ForwardCounts
 from batonmq.cluster.features import FEATURES
 from batonmq.cluster.node import Node
@@ -51,6 +52,11 @@ class MetricsBroker(Protocol):
 
     def connection_count(self) -> int:
         """Open client connections."""
+        ...
+
+    @property
+    def amqp_bodies(self) -> BodyBudget:
+        """The bytes of half-sent AMQP bodies the broker may hold over all connections."""
         ...
 
     @property
@@ -169,6 +175,17 @@ class BrokerCollector(Collector):
         yield _gauge(
             "baton_connections", "Open client connections.", self.broker.connection_count()
         )
+        bodies = self.broker.amqp_bodies
+        yield _gauge("baton_amqp_body_bytes",
+                     "Bytes reserved for AMQP message bodies still arriving, over all"
+                     " connections (at most amqp_body_buffer_total).", bodies.used)
+        waits = CounterMetricFamily(
+            "baton_amqp_body_waits",
+            "AMQP bodies that waited for room under amqp_body_buffer_total, their"
+            " connection not read meanwhile.",
+        )
+        waits.add_metric([], bodies.waits)
+        yield waits
         yield _gauge("baton_view_members", "Members of the established view.", len(ms.members))
         yield _gauge("baton_view_sequence", "The established view's sequence number.",
                      ms.view_seq)

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batonmq.broker.admin import readiness
 from batonmq.broker.delivery import Delivery
+from batonmq.broker.memory import BodyBudget
 from batonmq.broker.metrics import BrokerMetrics
 from batonmq.broker.peers import ForwardCounts
 from batonmq.cluster.events import DeclareQueue
@@ -33,6 +34,7 @@ class _Broker:
         self.delivery = Delivery(node, chunk_bytes=1 << 16)
         self.refusals: dict[str, int] = {}
         self.forwarding = ForwardCounts()
+        self.amqp_bodies = BodyBudget(1 << 20)
 
     def connection_count(self) -> int:
         return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from batonmq.broker.delivery import Delivery
+from batonmq.broker.memory import BodyBudget
 from batonmq.broker.metrics import BrokerMetrics
 from batonmq.broker.peers import ForwardCounts
 from batonmq.cluster.log import open_log, open_log_set
@@ -34,6 +35,7 @@ class _Broker:
         self.delivery = Delivery(node, chunk_bytes=1 << 16)
         self.refusals = {"login": 1}
         self.forwarding = ForwardCounts()
+        self.amqp_bodies = BodyBudget(1 << 20)
 
     def connection_count(self) -> int:
         return 0
