@@ -9,7 +9,8 @@ Layout of directory PATH:
   makes the batch durable comes after the unlock (a stopped writer must not stall the
   others for longer than a write).
 * Readers never lock: a reader at the end of the log waits until the directory changes
-  (an inotify watch on Linux, which sees every process's writes; elsewhere it polls),
+  (an inotify watch on Linux, which sees every process's writes, held only while a
+  reader runs in this process; elsewhere it polls),
   then reads on with one ``pread``; it lists the directory only now and then (to notice
   truncation or damage), never on every step.
 * ``partition-K/``, ``GROW`` — the other partitions of the log set this directory is
@@ -263,6 +264,10 @@ class FileLog(Log):
         self._unwatchable = False
         self._watch_loop: asyncio.AbstractEventLoop | None = None
         self._tick: asyncio.TimerHandle | None = None
+        # Readers running now: the watch lives only while there is one, so that a log
+        # this process no longer reads (a data partition of other brokers' groups, still
+        # open for appends) is not woken by every append of the brokers that do.
+        self._readers = 0
         # When the watch last lost events (its queue overflowed): readers list the
         # directory afresh on their next step, as after any doubt.
         self._overflowed = 0.0
@@ -409,12 +414,17 @@ class FileLog(Log):
         if max_batch < 1:
             raise InvalidArgument("max_batch must be at least 1")
         loop = asyncio.get_running_loop()
-        self._watch_dir(loop)
+        self._readers += 1
         # At the tail (woken by an append, a few records in the page cache) a step is a
         # pread and a stat: it runs right here, saving two thread hops per batch. A
         # reader catching up (full batches) steps on a thread, so that reading a cold
         # log from disk does not hold up the event loop.
-        cursor = await loop.run_in_executor(None, _guard, self.url, self._seek, start)
+        try:
+            self._watch_dir(loop)
+            cursor = await loop.run_in_executor(None, _guard, self.url, self._seek, start)
+        except BaseException:
+            self._reader_gone()
+            raise
         step: asyncio.Future[tuple[list[Record], int]] | None = None
         suspect = 0
         behind = True
@@ -464,6 +474,27 @@ class FileLog(Log):
                 step.add_done_callback(lambda f: _close_after(f, cursor))
             else:
                 cursor.close()
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        """A reader ended: with none left, stop watching the directory (on the watch's
+        loop); the next reader watches it again."""
+        self._readers -= 1
+        loop = self._watch_loop
+        if self._readers > 0 or loop is None:
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # (a generator finalised outside any loop)
+            running = None
+        if running is loop:
+            self._unwatch()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._unwatch_unread)
+
+    def _unwatch_unread(self) -> None:
+        if self._readers == 0:
+            self._unwatch()
 
     async def start_offset(self) -> int:
         self._check_open()

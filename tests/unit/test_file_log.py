@@ -346,13 +346,14 @@ async def test_reader_sees_appends_of_another_process(
         reader = asyncio.create_task(collect(log, 0, 52, into=seen))
         # Once it has read the two records there, it waits at the end of the log.
         await eventually(lambda: now(len(seen)), "the reader at the end", until=lambda n: n == 2)
+        # (watched while a reader runs: test_a_log_no_one_reads_here_is_not_watched)
+        assert (log._watch is not None) == (watched and sys.platform == "linux")
         await wait_ok(spawn(tmp_path, "other", 50, 10))
         got = await asyncio.wait_for(reader, TIMEOUT)
         assert got[:2] == [(0, b"r0"), (1, b"r1")]
         assert got[2:] == [(2 + i, f"other:{i}".encode()) for i in range(50)]
         assert await log.end_offset() == 52  # the end reflects the other process too
         assert await log.append([b"mine"]) == 52
-        assert (log._watch is not None) == (watched and sys.platform == "linux")
     finally:
         await log.close()
 
@@ -465,6 +466,47 @@ async def test_a_watched_reader_at_the_tail_does_not_look_for_a_next_segment_eac
         await asyncio.wait_for(reader, TIMEOUT)
         assert [off for off, _ in seen] == list(range(61))
         assert len(segments(tmp_path)) > 2
+    finally:
+        await writer.close()
+        await log.close()
+
+
+def inotify_instances() -> int:
+    """This process's open inotify instances (Linux; 0 elsewhere)."""
+    fds = Path("/proc/self/fd")
+    if not fds.exists():
+        return 0
+    count = 0
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # (one closed meanwhile)
+            count += os.readlink(fd) == "anon_inode:inotify"
+    return count
+
+
+async def test_a_log_no_one_reads_here_is_not_watched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory watch is held while a reader runs and dropped when the last one
+    ends: a broker that stopped applying a data partition (another group's now) keeps
+    its log open for appends but is no longer woken by each append of the brokers
+    that apply it. A new reader watches again and is woken by another writer."""
+    monkeypatch.setattr(file_mod, "_WATCHED_POLL", 600.0)  # only the watch wakes a reader
+    log = await filled(tmp_path, 1, poll_interval=600)
+    writer = await FileLog.open(str(tmp_path))  # another broker's appends
+    try:
+        before = inotify_instances()
+        for start in (0, 1):
+            seen: list[Record] = []
+            reader = asyncio.create_task(collect(log, start, 2, into=seen))
+            await eventually(lambda: now(len(seen)), "the reader at the end", until=lambda n: n == 1)
+            if inotify_instances() == before:
+                pytest.skip("no inotify here: readers poll")
+            assert inotify_instances() == before + 1
+            await writer.append([f"w{start}".encode()])
+            await asyncio.wait_for(reader, 10)
+            await eventually(lambda: now(inotify_instances()), "the watch dropped with its reader",
+                             until=lambda n: n == before)
+        assert await collect(log, 0, 3) == [(0, b"r0"), (1, b"w0"), (2, b"w1")]
     finally:
         await writer.close()
         await log.close()
