@@ -10,11 +10,12 @@ import uuid
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from batonmq.broker.config import ready_address
-from tests.helpers import eventually_sync
+from tests.helpers import eventually, eventually_sync, topology
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -210,6 +211,16 @@ def any_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list
 
 
 @pytest.fixture
+def six_grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Six brokers (admin listeners on) on one file log of two data partitions, in
+    replica groups of three: each broker in one group (docs/design.md §16)."""
+    yield from started(brokers_of(
+        tmp_path, f"file:{tmp_path / 'shared-log'}", 6,
+        ["--partitions", "2", "--replicas", "3", "--admin-listen", "127.0.0.1:0"],
+    ))
+
+
+@pytest.fixture
 def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
     """Four brokers on one file log of two data partitions, in replica groups of two, a
     broker out of the view replaced after 3 s (docs/design.md §16, "Replica groups")."""
@@ -217,3 +228,51 @@ def grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
         tmp_path, f"file:{tmp_path / 'shared-log'}", 4,
         ["--partitions", "2", "--replicas", "2", "--replace-after-ms", "3000"],
     ))
+
+
+# -- replica groups: what a broker applies and stores (docs/design.md §16) ------------------
+
+
+def groups_settled(t: dict[str, Any], partitions: int, size: int, live: int) -> bool:
+    """Topology ``t`` shows ``partitions`` groups of ``size`` caught-up live replicas,
+    no one joining, spread over ``min(partitions * size, live)`` brokers evenly (no
+    broker with two more than another)."""
+    groups = t.get("groups") or []
+    if len(groups) != partitions or any(
+        g["replicas"] is None or len(g["replicas"]) != size or g["joining"]
+        or g["live_replicas"] != size for g in groups
+    ):
+        return False
+    per: dict[str, int] = {}
+    for g in groups:
+        for n in g["replicas"]:
+            per[n] = per.get(n, 0) + 1
+    return max(per.values()) - min(per.values()) <= 1 and len(per) == min(partitions * size, live)
+
+
+async def settled_groups(address: str, partitions: int, size: int, live: int) -> list[dict[str, Any]]:
+    """The topology's ``groups`` rows once :func:`groups_settled`, as the broker at
+    ``address`` applied them."""
+    top = await eventually(lambda: topology(address), "the groups settled", timeout=60,
+                           until=lambda t: groups_settled(t, partitions, size, live))
+    return list(top["groups"])
+
+
+def stored_partitions(data_dir: Path) -> list[int]:
+    """The data partitions whose store (``store-pK``) is in a broker's data dir."""
+    return sorted(int(p.name[len("store-p"):]) for p in data_dir.iterdir()
+                  if p.name.startswith("store-p"))
+
+
+async def applies_only_its_groups(b: BrokerProcess, groups: list[dict[str, Any]]) -> list[int]:
+    """Wait until broker ``b`` applies (topology ``partitions``, each as a member) and
+    stores exactly the data partitions whose group it is in; returns them."""
+    mine = sorted(g["partition"] for g in groups if b.node_id in g["replicas"])
+    top = await eventually(
+        lambda: topology(b.address), f"{b.node_id} applying only {mine}", timeout=30,
+        until=lambda t: [p["partition"] for p in t["partitions"]] == mine
+        and t["status"] == "ok",
+    )
+    assert all(p["member"] for p in top["partitions"]), top["partitions"]
+    assert stored_partitions(b.data_dir) == mine, (b.node_id, stored_partitions(b.data_dir), mine)
+    return mine

@@ -2,7 +2,8 @@
 partitions with groups of two — each broker applies control and only its partitions,
 stores only them, shows its groups in the topology and metrics; a replica killed -9
 is replaced after the replace delay, by a broker that catches up by the partition's
-update, and nothing is lost."""
+update, and nothing is lost. Six brokers in groups of three (the load test's layout):
+each applies, stores and shows in its metrics only its group's partition."""
 
 from __future__ import annotations
 
@@ -10,37 +11,29 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import msgpack
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from rocksdict import AccessType, Options, Rdict
 
 from batonmq import clients
 from batonmq.clients import wire
 from tests.helpers import eventually, topology, wait_stats
-from tests.integration.conftest import BrokerProcess
+from tests.integration.conftest import (
+    BrokerProcess,
+    applies_only_its_groups,
+    settled_groups,
+    stored_partitions,
+)
+from tests.integration.test_admin import TOOL_HEADERS, admin_of
 from tests.integration.test_bad_clients import RawClient
 
 pytestmark = pytest.mark.integration
 
 
-def _settled(t: dict[str, Any], live: int) -> bool:
-    """Every group of two caught-up live replicas, no one joining, and the partitions
-    spread one per broker over ``live`` brokers."""
-    groups = t.get("groups") or []
-    if len(groups) != 2 or any(
-        g["replicas"] is None or len(g["replicas"]) != 2 or g["joining"]
-        or g["live_replicas"] != 2 for g in groups
-    ):
-        return False
-    per: dict[str, int] = {}
-    for g in groups:
-        for n in g["replicas"]:
-            per[n] = per.get(n, 0) + 1
-    return max(per.values()) - min(per.values()) <= 1 and len(per) == min(4, live)
-
-
 async def _groups(address: str, live: int = 4) -> list[dict[str, Any]]:
-    top = await eventually(lambda: topology(address), "the groups settled", timeout=60,
-                           until=lambda t: _settled(t, live))
-    return list(top["groups"])
+    return await settled_groups(address, partitions=2, size=2, live=live)
 
 
 async def test_each_broker_applies_and_stores_only_its_partitions(
@@ -49,16 +42,7 @@ async def test_each_broker_applies_and_stores_only_its_partitions(
     groups = await _groups(grouped[0].address)
     by_node = {b.node_id: b for b in grouped}
     for b in grouped:
-        mine = sorted(g["partition"] for g in groups if b.node_id in g["replicas"])
-        top = await eventually(
-            lambda: topology(b.address), f"{b.node_id} applying only {mine}", timeout=30,
-            until=lambda t: [p["partition"] for p in t["partitions"]] == mine
-            and t["status"] == "ok",
-        )
-        assert all(p["member"] for p in top["partitions"]), top["partitions"]
-        stores = sorted(int(p.name[len("store-p"):]) for p in (tmp_path / b.node_id).iterdir()
-                        if p.name.startswith("store-p"))
-        assert stores == mine, (b.node_id, stores, mine)
+        await applies_only_its_groups(b, groups)
     # A queue on each partition, used through one of its replicas.
     for g in groups:
         k = g["partition"]
@@ -132,6 +116,63 @@ async def test_a_killed_replica_is_replaced_and_nothing_is_lost(
         timeout=60, until=lambda t: t["status"] == "ok"
         and [p["partition"] for p in t["partitions"]] == mine,
     )
-    stores = sorted(int(p.name[len("store-p"):]) for p in (tmp_path / victim.node_id).iterdir()
-                    if p.name.startswith("store-p"))
-    assert stores == mine
+    assert stored_partitions(victim.data_dir) == mine
+
+
+def _bodies(store: Path, prefix: bytes) -> int:
+    """Messages in the store at ``store`` (read-only, beside its running broker) whose
+    body starts with ``prefix``: its ``m`` rows (store/rocks.py) unpacked."""
+    db = Rdict(str(store), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        return sum(1 for key, value in db.items(from_key=b"m")
+                   if key[:1] == b"m" and msgpack.unpackb(value)[3].startswith(prefix))
+    finally:
+        db.close()
+
+
+async def _metrics(b: BrokerProcess) -> dict[str, Any]:
+    async with aiohttp.ClientSession(headers=TOOL_HEADERS) as http:
+        async with http.get(f"{admin_of(b)}/metrics") as r:
+            text = await r.text()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+async def test_six_brokers_apply_control_and_only_their_groups_partitions(
+    six_grouped: list[BrokerProcess],
+) -> None:
+    """The load test's acceptance layout without the load (6 brokers, N = 2, R = 3):
+    every broker applies control and exactly the data partitions of its group — by its
+    metrics, its topology and its data dir —, exactly three brokers apply each
+    partition, and a queue's messages are stored by its group's brokers only."""
+    groups = await settled_groups(six_grouped[0].address, partitions=2, size=3, live=6)
+    by_node = {b.node_id: b for b in six_grouped}
+    for g in groups:
+        k = g["partition"]
+        async with await clients.connect(by_node[g["replicas"][0]].address, timeout=5) as conn:
+            await conn.declare_queue(f"six-q{k}", partition=k)
+            await conn.publish_batch(f"six-q{k}", [b"six-p%d-%03d" % (k, i) for i in range(150)])
+            await wait_stats(conn, f"six-q{k}", ready=150)
+    appliers: dict[int, list[str]] = {1: [], 2: []}
+    for b in six_grouped:
+        mine = await applies_only_its_groups(b, groups)
+        families = await _metrics(b)
+        assert families["baton_member"].samples[0].value == 1, b.node_id  # control's view
+        assert families["baton_applied_offset"].samples[0].value > 0, b.node_id
+        here = {int(s.labels["partition"]): s.value
+                for s in families["baton_partition_applied_here"].samples}
+        assert here == {k: (1 if k in mine else 0) for k in (1, 2)}, (b.node_id, here, mine)
+        for k in mine:
+            appliers[k].append(b.node_id)
+    assert {k: sorted(v) for k, v in appliers.items()} == {
+        g["partition"]: sorted(g["replicas"]) for g in groups
+    }
+    assert all(len(v) == 3 for v in appliers.values()), appliers
+    # Each replica stores all of its partition's queue, and no store holds the other's.
+    for b in six_grouped:
+        for k in stored_partitions(b.data_dir):
+            store = b.data_dir / f"store-p{k}"
+            await eventually(lambda: asyncio.to_thread(_bodies, store, b"six-p%d-" % k),
+                             f"{b.node_id} storing partition {k}'s messages", timeout=30,
+                             until=lambda n: n == 150)
+            assert await asyncio.to_thread(_bodies, store, b"six-p%d-" % (3 - k)) == 0
+        assert await asyncio.to_thread(_bodies, b.data_dir / "store", b"six-p") == 0
