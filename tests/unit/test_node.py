@@ -344,9 +344,10 @@ async def test_service_leadership_survives_a_restart(tmp_path: Path) -> None:
         await b.submit(Candidate("svc", b.key + "/s1"))
         await b.submit(Candidate("other", b.key))
         assert first.leader == a.key
-        kept = b.state.services.snapshot()
         await _close(b)
-        # What the store kept is the service state b had applied (docs/design.md §9).
+        # What the store kept is the service state b had applied when it stopped (docs/
+        # design.md §9); taken after the close, as b may apply more records until then.
+        kept = b.state.services.snapshot()
         store = _reopen(b)
         loaded = store.load()
         store.close()
