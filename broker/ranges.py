@@ -2,12 +2,18 @@
 
 A range reader holds a queue (``Reserve``) and reads its messages by position,
 from whichever broker it is connected to; :func:`read_range` answers once this
-broker has applied the queue up to the end of the range asked for.
+broker has applied the queue up to the end of the range asked for. With replica
+groups, a read that waits while this broker leaves the queue's group (a partition
+move, docs/design.md §16) is answered ``NotReplica`` at once, naming the current
+replicas, so that the reader's client routes it there (clients/routing.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Final
+
+from batonmq.broker.peers import elsewhere
 from batonmq.clients import wire
 from batonmq.cluster.errors import InvalidArgument, QueueNotFound, Timeout
 from batonmq.cluster.node import Node
@@ -19,6 +25,9 @@ __all__ = ["MAX_READ_RANGE", "READ_RANGE_WAIT", "read_range"]
 MAX_READ_RANGE = 10_000
 #: How long a ReadRange waits for this broker to apply the queue up to its end.
 READ_RANGE_WAIT = 10.0
+#: Seconds between looks at whether this broker still applies the queue while a read
+#: waits (a partition closed here applies nothing more, so nothing else wakes it).
+_STILL_HERE_EVERY: Final = 0.25
 
 
 def read_range(node: Node, f: wire.ReadRange, max_frame: int) -> asyncio.Future[RangeRead]:
@@ -33,7 +42,8 @@ def read_range(node: Node, f: wire.ReadRange, max_frame: int) -> asyncio.Future[
         The answer, once read: ``[position, body, headers, publish_time]`` per
         message and the position to read on from. It fails with
         QueueNotFound, or Timeout when this broker has not applied the queue up to
-        ``f.end`` within READ_RANGE_WAIT seconds.
+        ``f.end`` within READ_RANGE_WAIT seconds, or NotReplica when this broker left
+        the queue's replica group meanwhile.
 
     Raises:
         InvalidArgument: the range or the limit is out of bounds.
@@ -51,7 +61,7 @@ async def _read_range_applied(node: Node, f: wire.ReadRange, max_frame: int) -> 
     AcceptThrough, below the reader's range), whichever one a reader fails over to."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + READ_RANGE_WAIT
-    node = node.part(f.queue)  # its data partition's (docs/design.md §16)
+    broker, node = node, node.part(f.queue)  # its data partition's (docs/design.md §16)
     while True:
         q = node.queues.get(f.queue)
         if q is None:
@@ -65,10 +75,15 @@ async def _read_range_applied(node: Node, f: wire.ReadRange, max_frame: int) -> 
                 f" not {f.end}, after {READ_RANGE_WAIT:g}s; try another broker"
             )
         try:
-            async with asyncio.timeout(remaining):
+            async with asyncio.timeout(min(remaining, _STILL_HERE_EVERY)):
                 await node.applied_event.wait()
         except TimeoutError:
             pass
+        if broker.part(f.queue) is not node:
+            # This broker left the queue's replica group meanwhile (its store is being
+            # deleted): the reader asks a current replica, without waiting for Timeout.
+            raise elsewhere(broker, f.queue, "ask") or QueueNotFound(
+                f"queue {f.queue!r} does not exist")
     max_bytes = max_frame // 2
     rows = node.store.read_range(q.qid, f.start, f.end, f.limit, max_bytes)
     size = sum(m.size for _, m in rows)

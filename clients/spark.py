@@ -49,6 +49,7 @@ Options (strings, as Spark passes them):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -381,14 +382,17 @@ def _read(
 
 
 def _rotate(opts: _Options) -> _Options:
-    """The same options with the broker list rotated by one."""
-    parts = [p for p in opts.brokers.split(",") if p.strip()]
+    """The same options with the broker list rotated by one (in a
+    ``baton://USER:PASSWORD@...`` form, the hosts after the ``@``)."""
+    prefix, hosts = "", opts.brokers
+    if "://" in hosts:
+        scheme, _, rest = hosts.partition("://")
+        userinfo, at, hosts = rest.rstrip("/").rpartition("@")
+        prefix = f"{scheme}://{userinfo}{at}"
+    parts = [p for p in hosts.split(",") if p.strip()]
     if len(parts) < 2:
         return opts
-    return _Options(
-        ",".join(parts[1:] + parts[:1]), opts.queue, opts.holder, opts.max_per_trigger,
-        opts.partitions, opts.timeout,
-    )
+    return dataclasses.replace(opts, brokers=prefix + ",".join(parts[1:] + parts[:1]))
 
 
 def _header_text(value: Any) -> str:

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from batonmq import clients
-from batonmq.cluster.errors import InvalidArgument, QueueReserved
+from batonmq.broker.ranges import READ_RANGE_WAIT
+from batonmq.cluster.errors import InvalidArgument, NotReplica, QueueReserved
 from tests.helpers import eventually, wait_stats
 from tests.integration.conftest import BrokerProcess
 
@@ -195,3 +196,40 @@ async def test_a_leader_cut_off_by_a_paused_broker_cannot_commit_late(
     finally:
         for conn in (a, a_commits, b):
             await conn.close()
+
+
+async def test_a_waiting_read_on_a_broker_that_leaves_the_group_names_the_replicas(
+    grouped: list[BrokerProcess],
+) -> None:
+    """A ReadRange waits on a replica for positions not written yet, and the partition
+    moves off that broker meanwhile: the read is answered NotReplica (the client's
+    routing sends it on), not held until its Timeout (docs/design.md §11)."""
+    from tests.integration.test_cli import baton
+    from tests.integration.test_partition_moves import _groups
+
+    groups = await _groups(grouped[0].address)
+    by_node = {b.node_id: b for b in grouped}
+    source = by_node[groups[1]["replicas"][0]]
+    target = next(b for b in grouped if b.node_id not in groups[1]["replicas"])
+    # route=False: the raw answer of the broker asked, not the routed retry.
+    async with await clients.connect(source.address, timeout=5, route=False) as conn:
+        await conn.declare_queue("q", partition=1)
+        await conn.publish_batch("q", [b"m%d" % i for i in range(10)])
+        await conn.reserve("q", "reader")
+        assert (await conn.read_range("q", 0, 10))[1] == 10
+        started = asyncio.get_running_loop().time()
+        waiting = asyncio.ensure_future(conn.read_range("q", 0, 20))  # 10..19: not yet
+        r = await asyncio.to_thread(
+            baton, "partitions", "move", "1", "--from", source.node_id, "--to", target.node_id,
+            "--wait", "--timeout", "60", "--broker", grouped[0].address, timeout=90,
+        )
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert asyncio.get_running_loop().time() - started < READ_RANGE_WAIT, (
+            "the move took longer than a read waits: nothing shown")
+        with pytest.raises(NotReplica, match=target.address):
+            await waiting
+    # Routed (the default), the same read goes to the new replicas.
+    async with await clients.connect(source.address, timeout=5) as conn:
+        await conn.publish_batch("q", [b"m%d" % i for i in range(10, 20)])
+        messages, nxt = await conn.read_range("q", 0, 20)
+        assert nxt == 20 and [m[1] for m in messages] == [b"m%d" % i for i in range(20)]

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +27,8 @@ from batonmq import clients
 from batonmq.cluster.errors import Timeout
 from batonmq.clients.import_entries import committed_position, generate
 from tests.helpers import eventually_sync
-from tests.integration.conftest import REPO, BrokerProcess
+from tests.integration.conftest import REPO, BrokerProcess, brokers_of, started
+from tests.integration.test_cli import baton
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -258,3 +260,116 @@ def test_two_instances_only_the_leader_runs_the_query_and_the_other_takes_over(
     assert result["table_rows"] == result["distinct_keys"] == result["valid"], result
     assert result["queue_ready"] == 0 and result["dlq_entries"] == result["invalid"], result
     assert result["ok"], result
+
+
+@pytest.fixture
+def three_grouped(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Three brokers on one file log of two data partitions in replica groups of two:
+    one broker is in both groups, each other one in one (docs/design.md §16)."""
+    yield from started(brokers_of(
+        tmp_path, f"file:{tmp_path / 'shared-log'}", 3, ["--partitions", "2", "--replicas", "2"],
+    ))
+
+
+def connected(broker: BrokerProcess) -> set[str]:
+    """The client names of ``broker``'s connections."""
+    with clients.sync.connect(broker.address, timeout=5, route=False) as conn:
+        return {c["client_name"] for c in conn.connections()}
+
+
+def settled_groups(address: str) -> dict[int, dict[str, Any]]:
+    """Both groups of two caught-up live replicas, nothing moving, spread 2/1/1."""
+
+    def steady(t: dict[str, Any]) -> bool:
+        groups = t.get("groups") or []
+        if len(groups) != 2 or not all(
+            g["replicas"] is not None and len(g["replicas"]) == 2 and not g["joining"]
+            and not g["leaving"] and g["live_replicas"] == 2 for g in groups
+        ):
+            return False
+        held = [sum(i["node_id"] in g["replicas"] for g in groups) for i in t["instances"]]
+        return sorted(held) == [1, 1, 2]
+
+    def probe() -> dict[str, Any]:
+        with clients.sync.connect(address, timeout=5) as conn:
+            return conn.topology()
+
+    top = eventually_sync(probe, "replica groups settled", timeout=60, until=steady, interval=0.2)
+    return {g["partition"]: g for g in top["groups"]}
+
+
+@pytest.mark.timeout(400)
+def test_pipeline_exactly_once_across_a_partition_move(
+    spark: Any, three_grouped: list[BrokerProcess], tmp_path: Path
+) -> None:
+    """The broker the source reads from leaves the queue's replica group in the middle of
+    the run (``baton partitions move --wait``): the source follows the queue to its new
+    replicas (the client's routing), and every entry lands in the table once."""
+    groups = settled_groups(three_grouped[0].address)
+    by_node = {b.node_id: b for b in three_grouped}
+    # The source reads from the broker in both groups (its partition stays balanced
+    # after the move, so the control leader's planner moves nothing back).
+    source = next(
+        b for b in three_grouped if all(b.node_id in g["replicas"] for g in groups.values())
+    )
+    k = 1
+    target = next(b for b in three_grouped if b.node_id not in groups[k]["replicas"])
+    others = [b for b in three_grouped if b is not source]
+    queue, total = "entries-move", 3000
+    bodies = [b for b, _ in generate(total, run="mv", seed=11)]
+    valid = sum(ok for _, ok in generate(total, run="mv", seed=11))
+    ck = str(tmp_path / "ck")
+    with clients.sync.connect(source.address) as conn:
+        conn.declare_queue(queue, partition=k)
+        conn.publish_batch(queue, bodies[:1000])
+        # The source's brokers: the one it reads from first (it applies the partition).
+        pipeline = Pipeline(
+            tmp_path, addresses([source, *others]), queue, "--max-per-trigger", "400"
+        )
+        pipeline.start()
+        try:
+            # (Spark's start is most of the test; a busy machine makes it slow.)
+            wait_for(lambda: (committed_position(ck) or 0) >= 300, 150, "a committed batch",
+                     pipeline)
+            publishing = threading.Event()
+            errors: list[BaseException] = []
+
+            def produce() -> None:  # entries keep coming while the partition moves
+                try:
+                    with clients.sync.connect(addresses(others)) as producer:
+                        for i in range(1000, 2500, 50):
+                            producer.publish_batch(queue, bodies[i:i + 50])
+                            publishing.wait(0.1)  # (a pace, about 500 entries/s)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            producer = threading.Thread(target=produce, name="move-producer")
+            producer.start()
+            r = baton(
+                "partitions", "move", str(k), "--from", source.node_id, "--to", target.node_id,
+                "--wait", "--timeout", "90", "--broker", others[0].address, timeout=120,
+            )
+            producer.join(60)
+            assert r.returncode == 0, (r.stdout, r.stderr)
+            assert not producer.is_alive() and not errors, errors
+            moved = settled_groups(others[0].address)[k]
+            assert source.node_id not in moved["replicas"], moved
+            assert target.node_id in moved["replicas"], moved
+            # These can only be read from the partition's new replicas.
+            conn.publish_batch(queue, bodies[2500:])
+            wait_for(lambda: (committed_position(ck) or 0) >= total, 90, "all committed", pipeline)
+            wait_for(lambda: conn.queue_stats(queue)["ready"] == 0, 30, "queue empty", pipeline)
+            stats = conn.queue_stats(queue)
+            assert stats["acquired"] == 0 and stats["partition"] == k, stats
+            # The driver follows the queue: it has a connection to a broker of the new
+            # group (its client's routing, clients/routing.py).
+            wait_for(lambda: any(
+                f"baton-spark:spark:{queue}" in connected(by_node[n]) for n in moved["replicas"]
+            ), 30, "the driver connected to a new replica", pipeline)
+        finally:
+            pipeline.stop()
+        table = spark.read.parquet(str(tmp_path / "table"))
+        assert table.count() == valid
+        assert table.select("key").distinct().count() == valid
+        assert table.select("position").distinct().count() == valid
+        assert conn.queue_stats(f"{queue}.dlq")["ready"] == total - valid  # each once

@@ -167,6 +167,15 @@ def test_the_url_form_names_the_user_and_the_spark_source_takes_it() -> None:
     assert _options({"brokers": url, "queue": "q"}).brokers == url  # connect() reads it
     with pytest.raises(InvalidArgument, match="bad address"):
         _options({"brokers": "baton://alice:pw@nonsense:abc", "queue": "q"})
+    # A read task that tries the next broker keeps the user and the fencing options.
+    from batonmq.clients.spark import _rotate
+
+    opts = _options({"brokers": url, "queue": "q", "service": "s", "token": "3"})
+    turned = _rotate(opts)
+    assert turned.brokers == "baton://alice:pw@127.0.0.1:5672,127.0.0.1:5671"
+    assert split_url(turned.brokers)[1:] == ("alice", "pw")
+    assert (turned.service, turned.token) == ("s", 3)
+    assert _rotate(_options({"brokers": "h1:1,h2:2", "queue": "q"})).brokers == "h2:2,h1:1"
 
 
 def test_every_applied_user_change_asks_the_brokers_to_look_again_at_its_sessions() -> None:
