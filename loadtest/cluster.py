@@ -26,6 +26,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
 from batonmq.broker.config import amqp_ready_address, ready_address
 from batonmq.clients import sync as client_sync
 from batonmq.cluster.errors import BatonError
@@ -323,6 +325,14 @@ class BatonCluster:
         self._launch(b)
         self._wait_ready(b, timeout)
 
+    def restart_many(self, brokers: list[Broker], timeout: float = 90.0) -> None:
+        """Start several stopped or killed brokers again at once, then wait for each
+        one's ready line (one after another would keep the last down longer)."""
+        for b in brokers:
+            self._launch(b)
+        for b in brokers:
+            self._wait_ready(b, timeout)
+
     def pause(self, b: Broker) -> None:
         """SIGSTOP the broker."""
         assert b.proc is not None
@@ -392,6 +402,40 @@ class BatonCluster:
         self._wait_ready(b, timeout)
         self.wait_member(b, max(1.0, deadline - time.monotonic()))
         return b
+
+    def groups(self) -> list[dict[str, Any]]:
+        """The replica groups a running broker reports (its topology's ``groups`` rows,
+        by partition; [] on one log).
+
+        Raises:
+            RuntimeError: no running broker answered.
+        """
+        last = "no running broker"
+        for b in self.running():
+            try:
+                with client_sync.connect(b.address, timeout=5.0, failover=False) as conn:
+                    rows = conn.topology().get("groups") or []
+                return sorted(rows, key=lambda r: int(r["partition"]))
+            except Exception as exc:  # noqa: BLE001 - the next broker may answer
+                last = f"{b.node_id}: {type(exc).__name__}: {exc}"
+        raise RuntimeError(f"no broker reported its replica groups ({last})")
+
+    def move_replica(self, partition: int, source: str, target: str) -> None:
+        """Ask a running broker to move a partition's replica from ``source`` to
+        ``target`` (node ids), as ``baton partitions move`` does; the move then runs.
+
+        Raises:
+            RuntimeError: the move was refused, or no running broker answered.
+        """
+        running = self.running()
+        if not running:
+            raise RuntimeError("no running broker to ask for a move")
+        try:
+            with client_sync.connect(running[0].address, timeout=10.0) as conn:
+                conn.move_partition(partition, source, target)
+        except BatonError as exc:
+            raise RuntimeError(f"moving partition {partition} from {source} to {target}:"
+                               f" {exc.message}") from exc
 
     def wait_member(self, b: Broker, timeout: float) -> None:
         """Wait until the broker's own topology lists it in the established view."""

@@ -11,7 +11,8 @@ A schedule is written ``--faults SPEC``::
             | "at:" SECONDS ("," SECONDS)*   at these times, the kinds in turn
     SECONDS:= a number with an optional unit: 500ms, 30s, 2m (plain numbers are seconds)
 
-for example ``kill9,sigstop,join@30s``, ``sigstop:8@random:20s``, ``kill9@at:10,40``.
+for example ``kill9,sigstop,join@30s``, ``sigstop:8@random:20s``, ``kill9@at:10,40``,
+``grow@at:10; kill9-replicas@at:30``.
 A kind's ``:SECONDS`` is how long the fault lasts (see :data:`KINDS`). Times count from
 the start of the load; faults past the duration are dropped. Faults never overlap:
 one that is due while another still runs waits for it (its record has the real time).
@@ -23,6 +24,15 @@ Kinds:
 - ``join``: start a new broker on a fresh data dir on the same log and wait until the
   view lists it; the broker an earlier ``join`` added is stopped first (SIGTERM), so the
   cluster has at most one broker more than it started with;
+- ``grow``: start a new broker as ``join`` does, and keep it for the rest of the run
+  (a later ``join`` never stops it). On a cluster with replica groups the fault ends
+  when the new broker is a caught-up replica of a partition: the planner's, or, when
+  the groups are balanced without it, one move the fault asks for
+  (:meth:`BatonCluster.move_replica`, as ``baton partitions move`` does);
+- ``kill9-replicas``: ``kill -9``, at once, one replica of each data partition's group
+  (read from a broker's topology), never more than a minority of any group
+  (:func:`replica_victims`), wait, restart them all; with no replica groups (one log,
+  or every broker in every group) it kills one broker, and its records say so;
 - ``kafka-restart``: stop the Kafka broker the harness started (``--log kafka``), wait,
   start it again;
 - ``diskfull``: fill the size-limited filesystem of the data dirs and the file log
@@ -87,13 +97,22 @@ __all__ = [
     "FaultInjector",
     "check_supported",
     "NET_KINDS",
+    "replica_victims",
+    "fault_line",
 ]
+
+#: How long ``grow`` waits for the planner to give the new broker a partition before it
+#: asks for a move, and for the new broker to be a caught-up replica (seconds).
+GROW_PLAN_WAIT = 10.0
+GROW_READY_WAIT = 120.0
 
 #: Fault kinds and how long each lasts by default (seconds).
 KINDS: dict[str, float] = {
     "kill9": 2.0,  # down before the restart
     "sigstop": 6.0,  # paused: longer than the default suspicion time (6 beats of 0.5 s)
     "join": 0.0,
+    "grow": 0.0,
+    "kill9-replicas": 2.0,  # down before the restart
     "kafka-restart": 3.0,  # Kafka down
     "diskfull": 8.0,  # kept full
     "netsplit": 8.0,  # cut: longer than the suspicion time
@@ -387,6 +406,10 @@ class FaultInjector(threading.Thread):
             b = s.join()
             self._joined = b
             self._note(w, "join", 1, f"node={b.node_id} address={b.address}")
+        elif ev.kind == "grow":
+            self._grow(w)
+        elif ev.kind == "kill9-replicas":
+            self._kill9_replicas(ev, w)
         elif ev.kind == "upgrade":
             on_old = s.old_brokers()
             if not on_old:
@@ -422,12 +445,136 @@ class FaultInjector(threading.Thread):
         else:  # pragma: no cover - parse_faults only makes known kinds
             raise RuntimeError(f"unknown fault {ev.kind}")
 
+    def _grow(self, w: HistoryWriter) -> None:
+        """A ``join`` whose broker stays; with replica groups, until it replicates a
+        partition (module doc)."""
+        s = self.system
+        self._note(w, "grow", 0, "")
+        b = s.join()
+        detail = f"node={b.node_id} address={b.address}"
+        rows = s.groups()
+        if not rows:
+            self._note(w, "grow", 1, f"{detail} no replica groups")
+            return
+        moved = ""
+        deadline = time.monotonic() + GROW_PLAN_WAIT
+        while not _held_by(rows, b.node_id) and time.monotonic() < deadline:
+            time.sleep(0.25)  # polling the planner, which runs once a second
+            rows = s.groups()
+        if not _held_by(rows, b.node_id):
+            # Balanced without it (no broker holds two more than another): one move
+            # onto it, from the last replica of the first group, as an operator does.
+            row = rows[0]
+            source = str(row["replicas"][-1])
+            s.move_replica(int(row["partition"]), source, b.node_id)
+            moved = f" moved={row['partition']}:{source}"
+        deadline = time.monotonic() + GROW_READY_WAIT
+        while not (mine := _replicated_by(rows, b.node_id)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{b.node_id} replicates no partition after"
+                                   f" {GROW_READY_WAIT:g}s (groups {rows})")
+            time.sleep(0.25)  # polling: its join update and ReplicaReady
+            rows = s.groups()
+        self._note(w, "grow", 1, f"{detail} partitions={','.join(map(str, mine))}{moved}")
+
+    def _kill9_replicas(self, ev: FaultEvent, w: HistoryWriter) -> None:
+        """``kill -9`` one replica of each group at once (module doc)."""
+        s = self.system
+        rows = s.groups()
+        running = [b.node_id for b in s.running()]
+        if not rows or all(set(running) <= set(r["replicas"]) for r in rows):
+            victims = [self._pick_broker(ev)]
+            why = "no replica groups: one broker"
+        else:
+            by_id = {b.node_id: b for b in s.running()}
+            victims = [by_id[n] for n in replica_victims(rows, running)]
+            why = "one replica of each group"
+            if not victims:
+                raise RuntimeError(f"no replica can be killed without a majority of its"
+                                   f" group (groups {rows})")
+        parts = {b.node_id: [int(r["partition"]) for r in rows if b.node_id in r["replicas"]]
+                 for b in victims}
+        killed = " ".join(f"{n}:{','.join(map(str, p)) or '-'}" for n, p in parts.items())
+        self._note(w, ev.kind, 0, f"killed={killed} ({why})")
+        details = [f"node={b.node_id} address={b.client_address or b.address}" for b in victims]
+        # The records go first: the checker ends the holds of their consumers at this
+        # time, before the cluster can give them back.
+        for d in details:
+            self._note(w, "kill9", 0, d)
+        down = time.monotonic()
+        for b in victims:
+            s.kill9(b)
+        self.halt.wait(ev.duration)
+        s.restart_many(victims)
+        back = time.monotonic() - down
+        for d in details:
+            self._note(w, "kill9", 1, d)
+        self._note(w, ev.kind, 1, f"killed={killed} back_after={back:.1f}s ({why})")
+
     def summary(self) -> list[dict[str, Any]]:
         """The faults applied, as JSON-ready mappings."""
         return [
             {"t": round(d.t, 3), "kind": d.kind, "phase": d.phase, "detail": d.detail}
             for d in self.log
         ]
+
+
+def replica_victims(groups: list[dict[str, Any]], running: list[str]) -> list[str]:
+    """The brokers a ``kill9-replicas`` kills: one replica of each data partition's group,
+    in partition order (a broker already picked covers each group it is in), never so
+    many that a group keeps no live majority of its replicas.
+
+    Args:
+        groups: topology ``groups`` rows (``partition``, ``replicas``: node ids).
+        running: node ids of the running brokers (a replica not among them is down
+            already and counts against its group's majority).
+
+    Returns:
+        Node ids, in the order picked (a group of one or two replicas gets none).
+    """
+    victims: list[str] = []
+
+    def fits(trial: list[str]) -> bool:
+        for row in groups:
+            replicas = [str(n) for n in row["replicas"]]
+            down = sum(1 for n in replicas if n in trial or n not in running)
+            if down > (len(replicas) - 1) // 2:
+                return False
+        return True
+
+    for row in sorted(groups, key=lambda r: int(r["partition"])):
+        replicas = [str(n) for n in row["replicas"]]
+        if any(v in replicas for v in victims):
+            continue
+        for node in replicas:
+            if node in running and fits([*victims, node]):
+                victims.append(node)
+                break
+    return victims
+
+
+def _held_by(rows: list[dict[str, Any]], node: str) -> bool:
+    return any(node in r["replicas"] or node in r.get("joining", ()) for r in rows)
+
+
+def _replicated_by(rows: list[dict[str, Any]], node: str) -> list[int]:
+    return [int(r["partition"]) for r in rows if node in r["replicas"]]
+
+
+def fault_line(faults: list[dict[str, Any]]) -> str:
+    """The report's one line of the faults applied (``metrics.faults``): each start, with
+    its broker, or, for ``grow`` and ``kill9-replicas``, with its end note."""
+    ends = [f for f in faults if f["phase"] == "end"]
+    out = []
+    for f in (f for f in faults if f["phase"] == "start"):
+        text = f"{f['kind']}@{f['t']:.0f}s"
+        if f["detail"].startswith("node="):
+            text += f"({f['detail'].split()[0][5:]})"
+        elif f["kind"] in ("grow", "kill9-replicas"):
+            end = next((e for e in ends if e["kind"] == f["kind"] and e["t"] >= f["t"]), None)
+            text += f"({end['detail'] if end else 'not over'})"
+        out.append(text)
+    return "faults: " + ", ".join(out)
 
 
 def _holds_flock(pid: int) -> bool:

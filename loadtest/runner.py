@@ -30,7 +30,9 @@ from batonmq.loadtest.adapters import BatonAdapter
 from batonmq.loadtest.connect import open_adapter
 from batonmq.loadtest.checker import CheckResult, check
 from batonmq.loadtest.cluster import BatonCluster, ExternalSystem
-from batonmq.loadtest.faults import NET_KINDS, FaultEvent, FaultInjector, check_supported
+from batonmq.loadtest.faults import (
+    NET_KINDS, FaultEvent, FaultInjector, check_supported, fault_line,
+)
 from batonmq.loadtest.hist import LogHistogram
 from batonmq.loadtest.history import HistoryWriter, Op, OpKind, load_run
 from batonmq.loadtest.procstat import GENERATOR_SATURATED, Sampler, summarize
@@ -719,12 +721,7 @@ def format_report(result: RunResult) -> str:
                if gen["saturated"] else "")
         )
     if m.get("faults"):
-        starts = [f for f in m["faults"] if f["phase"] == "start"]
-        lines.append("faults: " + ", ".join(
-            f"{f['kind']}@{f['t']:.0f}s" + (f"({f['detail'].split()[0][5:]})"
-                                            if f["detail"].startswith("node=") else "")
-            for f in starts
-        ))
+        lines.append(fault_line(m["faults"]))
     if m.get("fault_errors"):
         lines.append("fault errors: " + "; ".join(m["fault_errors"]))
     if m.get("failed_workers"):

@@ -135,6 +135,39 @@ def test_fault_run_with_kill9_sigstop_and_join_keeps_the_guarantees(tmp_path: Pa
     assert "kill9" in (report / "report.html").read_text()
 
 
+@pytest.mark.timeout(240)
+def test_grow_and_kill9_replicas_on_replica_groups_keep_the_guarantees(tmp_path: Path) -> None:
+    """A broker joins for good and takes a partition (four brokers hold six replicas:
+    the planner moves one to the fifth); then one replica of each group is killed -9 at
+    once and restarted; the checker stays clean."""
+    report, out = tmp_path / "report", tmp_path / "result.json"
+    done = loadtest(
+        "--preset", "latency", "--rate", "800", "--duration", "16", "--brokers", "4",
+        "--partitions", "2", "--replicas", "3",
+        "--faults", "grow@at:3; kill9-replicas:2s@at:9", "--report", str(report),
+        "--json", str(out), "--quiet",
+        timeout=220,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert all(v == 0 for v in result["checker"]["counts"].values()), result["checker"]
+    assert not result["metrics"].get("fault_errors")
+    faults = result["metrics"]["faults"]
+    started = [f["kind"] for f in faults if f["phase"] == "start"]
+    assert started[:2] == ["grow", "kill9-replicas"], faults
+    grown = next(f["detail"] for f in faults if f["kind"] == "grow" and f["phase"] == "end")
+    assert grown.startswith("node=node-5 ") and " partitions=" in grown, grown
+    assert "moved=" not in grown, grown  # the planner gave it one: no move asked for
+    kills = [f["detail"] for f in faults if f["kind"] == "kill9" and f["phase"] == "start"]
+    end = next(f["detail"] for f in faults
+               if f["kind"] == "kill9-replicas" and f["phase"] == "end")
+    # Groups of three on two partitions: one or two brokers, one replica of each group.
+    assert 1 <= len(kills) <= 2 and "(one replica of each group)" in end, (kills, end)
+    assert "back_after=" in end and "faults: grow@" in done.stdout, done.stdout
+    # The grown broker stayed to the end and was sampled.
+    assert "node-5" in result["metrics"]["servers"]["per_process"]
+
+
 def _need(binary: str, package: str, *paths: str) -> None:
     if shutil.which(binary) is None and not any(Path(p).exists() for p in paths):
         reason = f"{binary} is not installed (apt-get install -y {package})"

@@ -329,3 +329,53 @@ def test_upgrade_faults_need_an_old_build_and_one_with_no_old_broker_left_is_rec
         injector._apply(FaultEvent(0, "upgrade", 0.0), w)
     records = [(op.msg, op.count, op.info) for op in load_run(tmp_path)]
     assert records == [("upgrade", 0, "none left"), ("upgrade", 1, "none left")]
+
+
+def test_grow_and_kill9_replicas_parse_and_a_bad_spelling_is_one_clear_error() -> None:
+    events = parse_faults("grow@at:10; kill9-replicas:3s@at:30", 60)
+    assert events == [FaultEvent(10, "grow", 0.0), FaultEvent(30, "kill9-replicas", 3.0)]
+    assert parse_faults("kill9-replicas@at:5", 10)[0].duration == 2.0  # kill9's down time
+    with pytest.raises(FaultSpecError, match="unknown fault 'kill9-replica'"):
+        parse_faults("kill9-replica@at:5", 10)
+
+
+def test_kill9_replicas_kills_one_replica_of_each_group_never_a_majority() -> None:
+    from batonmq.loadtest.faults import replica_victims
+
+    def rows(*groups: list[str]) -> list[dict[str, object]]:
+        return [{"partition": k, "replicas": g} for k, g in enumerate(groups)]
+
+    six = [f"node-{i}" for i in range(1, 7)]
+    # Two disjoint groups of three: one of each.
+    assert replica_victims(rows(six[:3], six[3:]), six) == ["node-1", "node-4"]
+    # Overlapping groups: a broker in both covers both.
+    assert replica_victims(rows(["node-1", "node-2", "node-3"], ["node-3", "node-1", "node-5"]),
+                           six) == ["node-1"]
+    # A group of two (or one) has no minority to kill; a replica down already counts.
+    assert replica_victims(rows(["node-1", "node-2"], six[3:]), six) == ["node-4"]
+    assert replica_victims(rows(six[:3], six[3:]), ["node-2", "node-3", *six[3:]]) == ["node-4"]
+    # Groups of five: the second group's pick is also in the first, which keeps 3 of 5.
+    assert replica_victims(rows(six[:5], six[1:]), six) == ["node-1", "node-2"]
+    # A pick that would take a majority of a later group is passed over.
+    groups = rows(["node-1", "node-2", "node-3"], ["node-1", "node-4", "node-5"],
+                  ["node-2", "node-4", "node-6"])
+    assert replica_victims(groups, six) == ["node-1", "node-6"]  # not node-2, not node-4
+
+
+def test_the_report_line_carries_the_notes_of_grow_and_kill9_replicas() -> None:
+    from batonmq.loadtest.faults import fault_line
+
+    faults = [
+        {"t": 10.0, "kind": "grow", "phase": "start", "detail": ""},
+        {"t": 14.0, "kind": "grow", "phase": "end",
+         "detail": "node=node-7 address=127.0.0.1:1 partitions=1 moved=1:node-6"},
+        {"t": 30.0, "kind": "kill9-replicas", "phase": "start", "detail": "killed=node-1:0"},
+        {"t": 30.0, "kind": "kill9", "phase": "start", "detail": "node=node-1 address=a"},
+        {"t": 33.0, "kind": "kill9", "phase": "end", "detail": "node=node-1 address=a"},
+        {"t": 33.0, "kind": "kill9-replicas", "phase": "end",
+         "detail": "killed=node-1:0 back_after=3.0s (one replica of each group)"},
+    ]
+    assert fault_line(faults) == (
+        "faults: grow@10s(node=node-7 address=127.0.0.1:1 partitions=1 moved=1:node-6),"
+        " kill9-replicas@30s(killed=node-1:0 back_after=3.0s (one replica of each group)),"
+        " kill9@30s(node-1)")
