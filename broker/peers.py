@@ -264,7 +264,14 @@ class Peer:
         if sink is not None:
             self._subscribing[corr] = sink
         try:
+            if link.writer.is_closing():
+                # (the peer went; the link's reader has not seen it yet)
+                raise NotSent(f"the peer link to {self.address} is closed")
             link.send(make(corr))
+        except (RuntimeError, OSError) as exc:  # written to a transport just closed
+            self._pending.pop(corr, None)
+            self._subscribing.pop(corr, None)
+            raise NotSent(f"the peer link to {self.address} is closed: {exc}") from None
         except BaseException:
             self._pending.pop(corr, None)
             self._subscribing.pop(corr, None)

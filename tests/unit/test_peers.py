@@ -11,6 +11,8 @@ import pytest
 
 from batonmq.broker.peers import (
     FORWARDABLE,
+    NotSent,
+    Peer,
     decode_event,
     decode_result,
     encode_event,
@@ -143,3 +145,36 @@ def test_a_peer_proof_is_no_join_update_proof_and_the_other_way_round() -> None:
         check_peer(keys, {"n2/r2"}, ("n2/r2", nonce), "n2/r2",
                    key.prove(nonce, "server", UPDATE), "server")
     check(keys, ("n2/r2", nonce), "n2/r2", key.prove(nonce, "server"), "server")
+
+
+class _ClosedWriter:
+    def __init__(self, closing: bool) -> None:
+        self.closing = closing
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+
+class _StaleLink:
+    """A peer link whose peer went before its reader noticed."""
+
+    def __init__(self, closing: bool) -> None:
+        self.writer = _ClosedWriter(closing)
+        self.codec = wire.FrameCodec()
+
+    def send(self, frame: wire.Frame) -> None:
+        self.writer.write(self.codec.send(frame))
+
+
+@pytest.mark.parametrize("closing", [True, False])
+async def test_a_request_on_a_link_just_closed_is_not_sent_so_another_replica_is_tried(
+    closing: bool,
+) -> None:
+    peer = Peer("127.0.0.1:1", None)  # type: ignore[arg-type]
+    peer._link = _StaleLink(closing)  # type: ignore[assignment]
+    with pytest.raises(NotSent, match="peer link to 127.0.0.1:1 is closed"):
+        await peer.submit(1, b"\x90")
+    assert not peer._pending
