@@ -175,7 +175,7 @@ class BrokerConfig:
             N > 1: a control partition and N data partitions, docs/design.md §16); a log
             that exists keeps the partitions it has.
         replicas: each data partition's replica group size on a split log (0: the
-            cluster's setting, else every broker; capped by the brokers there are);
+            cluster's setting, else 3; capped by the brokers there are);
             recorded by the first broker of a cluster that gives it.
         replace_after_ms: how long a broker may be out of the view before its replica
             groups replace it (a restart within it moves no data).
@@ -273,7 +273,8 @@ class BrokerConfig:
                                 " docs/operations.md); an existing log keeps its own")
     replicas: int = _opt(0, least=0,
                          help="brokers in each data partition's replica group on a split log"
-                              " (0: the cluster's setting, else every broker); recorded once per"
+                              " (0: the cluster's setting, else 3; capped by the brokers there are);"
+                              " recorded once per"
                               " cluster")
     replace_after_ms: int = _opt(30_000, least=0,
                                  help="a broker out of the view this long is replaced in its"

@@ -36,9 +36,11 @@ __all__ = ["ReplicaGroups", "DEFAULT_REPLICAS", "MAX_REPLICAS", "GroupEvent"]
 
 #: The largest group size a cluster may set.
 MAX_REPLICAS = 15
-#: The group size of a cluster that set none: every broker (capped by the members there
-#: are, up to :data:`MAX_REPLICAS`), as before groups; ``--replicas R`` sets a smaller one.
-DEFAULT_REPLICAS = MAX_REPLICAS
+#: The group size of a cluster that set none: 3 (capped by the members there are, so a
+#: cluster of 1 to 3 brokers has every broker in every group), as NATS JetStream and
+#: RabbitMQ quorum queues default to; ``--replicas R`` sets another. It is code, not
+#: recorded: a setting of 0 on control means "this default" on every broker.
+DEFAULT_REPLICAS = 3
 #: The largest partition number a group may name (placement's own cap).
 _MAX_PARTITION = 1024
 

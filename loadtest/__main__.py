@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    " control partition and N data partitions, the queues spread over them)")
     p.add_argument("--replicas", type=int, default=None, metavar="R",
                    help="with --partitions N > 1: each data partition's replica group has R"
-                   " of the started brokers (serve --replicas R; default every broker)")
+                   " of the started brokers (serve --replicas R; default: the brokers' default, 3)")
     p.add_argument("--disk-limit", type=int, default=None, metavar="MB",
                    help="put the brokers' data dirs and file log on a tmpfs of MB MiB "
                    "(needed by the diskfull fault; root)")

@@ -455,7 +455,7 @@ def run(config: RunConfig) -> RunResult:
         "seed": config.seed,
         "faults": config.faults_spec,
         "partitions": config.partitions,
-        "replicas": config.replicas or None,  # (None: not given, every broker)
+        "replicas": config.replicas or None,  # (None: not given, the brokers' default, 3)
         "old_build": config.old_build or "",
         "workload": asdict(workload),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],

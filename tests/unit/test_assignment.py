@@ -26,6 +26,7 @@ from batonmq.cluster.assignment import (
     rebalance,
 )
 from batonmq.cluster.errors import InvalidArgument
+from batonmq.cluster.groups import MAX_REPLICAS, ReplicaGroups
 
 M4 = ("a", "b", "c", "d")
 
@@ -79,6 +80,23 @@ def test_effective_r_is_capped_by_the_members_and_at_least_one() -> None:
     assert effective_r(3, ("a", "b")) == 2
     assert effective_r(3, ()) == 1
     assert effective_r(0, M4) == 1
+
+
+def test_a_cluster_that_set_no_size_gets_groups_of_three() -> None:
+    # No setting recorded (0): the default, 3, read the same on every broker (it is code).
+    groups = ReplicaGroups()
+    assert groups.setting == 0 and groups.replicas == 3 and MAX_REPLICAS == 15
+    # 1 to 3 brokers: every broker in every group, as before groups.
+    for members in (("a",), ("a", "b"), ("a", "b", "c")):
+        steps = plan(4, groups.replicas, members, {})
+        assert all(sorted(s.nodes) == sorted(members) for s in steps), (members, steps)
+    # 4 or more (observers count as members): groups of 3, not every broker.
+    five = ("a", "b", "c", "d", "e")
+    steps = plan(5, groups.replicas, five, {})
+    assert [len(s.nodes) for s in steps] == [3] * 5
+    # A setting recorded still wins over the default.
+    groups.setting = 5
+    assert [len(s.nodes) for s in plan(2, groups.replicas, five, {})] == [5, 5]
 
 
 def test_a_new_cluster_is_assigned_balanced_and_ready_at_once() -> None:
