@@ -48,6 +48,7 @@ from batonmq.broker.exchanges import EXCHANGE_BINDINGS
 from batonmq.broker.inspect import ConnectionView
 from batonmq.broker.memory import BodyBudget
 from batonmq.broker.networks import LOOPBACK, Networks, allows
+from batonmq.broker.peers import Peers
 from batonmq.cluster.errors import AccessRefused, LimitExceeded
 from batonmq.cluster.events import DeleteQueue
 from batonmq.cluster.node import Node
@@ -88,6 +89,11 @@ class AmqpBroker(Protocol):
 
     @property
     def delivery(self) -> Delivery: ...
+
+    @property
+    def peers(self) -> Peers | None:
+        """The links to other brokers (replica groups), or None."""
+        ...
 
     @property
     def allow_from(self) -> Networks | None: ...
@@ -190,6 +196,10 @@ class AmqpConnection(asyncio.Protocol):
     @property
     def delivery(self) -> Delivery:
         return self.broker.delivery
+
+    @property
+    def peers(self) -> Peers | None:
+        return self.broker.peers
 
     def next_key(self) -> str:
         self._key_counter += 1

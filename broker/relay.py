@@ -12,6 +12,12 @@ a partition it does not replicate, and a queue's ownership stays within its grou
 A link that breaks ends the relayed consumers on it (``ConsumerCancelled``, retriable:
 the replica gives back what they held, as for any consumer whose connection ended); the
 client subscribes again.
+
+The client is a native session (broker/session.py), which passes its client's frames
+on (:meth:`Relay.command`), or an AMQP channel (broker/amqp_channel.py), which turns
+``Basic.Ack`` / ``Nack`` / ``Reject`` into the same frames and waits for their answers
+(:meth:`Relay.settle`). Each relayed consumer that a replica took counts in
+``baton_forwarded_total{kind="consume"}``.
 """
 
 from __future__ import annotations
@@ -96,10 +102,13 @@ class Relay:
                     lambda corr: wire.Subscribe(corr, f.queue, f.prefetch, f.options), self
                 )
             except (NotSent, NotReplica) as exc:
+                self._peers.counts.errors += 1
                 last = exc
                 tried.append(address)
                 continue
             self._peer, self._remote = peer, result["consumer"]
+            counts = self._peers.counts
+            counts.forwarded["consume"] = counts.forwarded.get("consume", 0) + 1
             if self.closed:  # (the client went meanwhile)
                 self.close()
             return address
@@ -137,22 +146,44 @@ class Relay:
             self.closed = True
             peer.unsubscribed(self._remote)
 
-    def close(self) -> None:
-        """The client went: the replica's consumer ends (what it held goes back)."""
+    def settle(self, f: wire.Ack | wire.Release | wire.Reject) -> asyncio.Future[Any]:
+        """Send a settlement to the replica (its ``consumer`` and ``corr`` are set
+        here); the future of the replica's answer (``Ok``'s map).
+
+        Raises (through the future):
+            ConnectionClosed: not subscribed, or the link broke (the replica gave back
+                what the consumer held).
+            BatonError: the replica's answer.
+        """
+        peer = self._peer
+        if peer is None or self.closed:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut.set_exception(ConnectionClosed("the consumer is not subscribed on a replica"))
+            return fut
+        sent = dataclasses.replace(f, consumer=self._remote)
+        return asyncio.ensure_future(
+            peer.request(lambda corr: dataclasses.replace(sent, corr=corr))
+        )
+
+    def close(self, received: int = -1) -> asyncio.Future[None] | None:
+        """The client went: the replica's consumer ends (what it held goes back; with
+        ``received`` 0, none of it as a failed delivery). The future of the cancel
+        (it never fails: a broken link released it anyway), None if not subscribed."""
         self.closed = True
         peer = self._peer
         if peer is None:
-            return
+            return None
+        self._peer = None
         peer.unsubscribed(self._remote)
         remote = self._remote
 
         async def cancel() -> None:
             try:
-                await peer.request(lambda corr: wire.Cancel(corr, remote, []))
+                await peer.request(lambda corr: wire.Cancel(corr, remote, [], received))
             except BatonError as exc:  # (a broken link released it anyway)
                 log.info("cancelling a relayed consumer: %s", exc.message)
 
-        asyncio.ensure_future(cancel())
+        return asyncio.ensure_future(cancel())
 
     # -- what the peer link feeds it (peers.RelaySink) ----------------------------------
 
