@@ -226,8 +226,14 @@ class AmqpConnection(asyncio.Protocol):
             self._auto_delete.add(queue)
 
     def consumer_gone(self, queue: str) -> None:
-        """Auto-delete: the queue goes with the last consumer (on this broker)."""
-        if queue in self._auto_delete and not self.delivery.by_queue.get(queue):
+        """Auto-delete: the queue goes with the last consumer (on this broker, relayed
+        ones too: those are not in its delivery, docs/amqp.md "Replica groups")."""
+        if queue in self._auto_delete and not self.delivery.by_queue.get(queue) and not any(
+            c.queue == queue and not c.closed
+            for conn in self.broker.amqp_connections
+            for ch in conn.channels.values()
+            for c in ch.consumers()
+        ):
             self._auto_delete.discard(queue)
             self.node.submit(DeleteQueue(queue)).add_done_callback(_quiet)
 
