@@ -348,9 +348,12 @@ class Channel:
             if get is not None and get.timer is not None:
                 get.timer.cancel()
             c.prefetch = 0
+            sub.cancelled = sub.relay is not None  # (relayed: ends once it is settled)
         self.owner.write(b"".join(out))
         if accepted:
             self._settle_positions(c, accepted, "accept")
+        if sub.relay is not None and sub.getter:
+            self._end_if_settled(sub)
 
     def consumer_cancelled(self, tag: int, exc: BatonError) -> None:
         """The broker ended a consumer (its queue was deleted)."""
@@ -359,7 +362,10 @@ class Channel:
             return
         self._subs.pop(sub.tag, None)
         if sub.getter:
-            self._getters.pop(sub.consumer.queue, None)
+            if sub.relay is not None:
+                sub.consumer.closed = True  # (a Basic.Get waiting answers at its deadline)
+            else:
+                self._getters.pop(sub.consumer.queue, None)
             return
         if self._replies(sub):
             self._reply = None  # (a publish naming it as its reply_to is refused again)
@@ -1258,8 +1264,10 @@ class Channel:
                 return  # (looked at again when a settlement is answered)
             self._by_int.pop(c.tag, None)
             c.closed = True
-            sub.relay.close()
-            self.owner.consumer_gone(c.queue)
+            # (what came after the client's last message goes back, not failed)
+            sub.relay.close(received=sub.relay.received)
+            if not sub.getter:
+                self.owner.consumer_gone(c.queue)
             return
         if c.held or c.acquiring or c.settling:
             if not c.held:
@@ -1285,7 +1293,11 @@ class Channel:
         self.owner.rights.check("read", queue)
         self._locked(queue)
         q = self.owner.node.queues.get(queue)
-        if q is None:  # (a Basic.Get is not relayed: docs/amqp.md "Replica groups")
+        if q is None:
+            k = self._relayed_partition(queue)
+            if k is not None:
+                self._basic_get_relayed(m, queue, k)
+                return
             self._served_elsewhere(queue, "get from")
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
         if self._get is not None:
@@ -1309,6 +1321,60 @@ class Channel:
         self.owner.delivery.pump(queue)
         get.timer = loop.call_later(_GET_POLL, self._get_check)
 
+    def _basic_get_relayed(self, m: commands.Basic.Get, queue: str, k: int) -> None:
+        """``Basic.Get`` of a queue that other brokers replicate (docs/amqp.md "Replica
+        groups"): ``Get-Empty`` if a replica has no ready message, else a consumer of
+        prefetch 1 relayed to a replica for this one message; it ends once the message
+        is settled (at once for ``no_ack``), or with ``Get-Empty`` if none came within
+        :data:`GET_WAIT`."""
+        peers = self.owner.peers
+        assert peers is not None
+        if self._get is not None:
+            self._get_empty()  # (a client that did not wait for the last answer)
+        self._next_int += 1
+        n = self._next_int
+        record = Consumer(n, "", queue, 1, self, counters=True)
+        record.counted = False
+        relay = Relay(peers, k, queue, self, n)
+        sub = _Sub("", record, bool(m.no_ack), getter=True, limit=1, relay=relay)
+
+        async def fetch() -> bool:
+            if await relay.ready_messages() == 0:
+                return False
+            await relay.start(wire.Subscribe(0, queue, 1, {"counters": True}))
+            return True
+
+        self._by_int[n] = sub  # (a channel that closes meanwhile ends its relay)
+        fut = asyncio.ensure_future(fetch())
+        self._order.track(fut)
+        self.commands_started(1)
+
+        def done(f: asyncio.Future[bool]) -> None:
+            self.commands_finished(1)
+            _quiet(f)
+
+        def answer() -> None:
+            exc = fut.exception() if not fut.cancelled() else ConnectionClosed("cancelled")
+            if exc is not None or not fut.result():
+                self._by_int.pop(n, None)
+                relay.close(received=0)
+                if exc is None:
+                    self._method(commands.Basic.GetEmpty())
+                    return
+                if isinstance(exc, BatonError):
+                    raise ChannelError(error_code(exc), exc.message)
+                raise exc
+            if self._get is not None:
+                self._get_empty()
+            loop = asyncio.get_running_loop()
+            get = _Get(sub, bool(m.no_ack), loop.time() + GET_WAIT)
+            self._get = get
+            get.timer = loop.call_later(GET_WAIT, self._get_check)
+            relay.ready()
+
+        fut.add_done_callback(done)
+        self._order.wait(answer)
+
     def _drop_idle_getters(self) -> None:
         """End the getters that hold nothing (a channel that gets from many queues
         keeps a consumer for only the last few)."""
@@ -1326,6 +1392,13 @@ class Channel:
         c = get.sub.consumer
         q = self.owner.node.queues.get(c.queue)
         now = asyncio.get_running_loop().time()
+        if get.sub.relay is not None:  # (relayed: its replica delivers, or the time is up)
+            if now >= get.deadline:
+                self._get_empty()
+            else:
+                get.timer = asyncio.get_running_loop().call_later(
+                    get.deadline - now, self._get_check)
+            return
         if q is None or now >= get.deadline or (q.ready == 0 and not c.acquiring):
             self._get_empty()
             return
@@ -1340,6 +1413,9 @@ class Channel:
             get.timer.cancel()
         get.sub.consumer.prefetch = 0
         self._method(commands.Basic.GetEmpty())
+        if get.sub.relay is not None:  # (one Basic.Get, one relayed consumer)
+            get.sub.cancelled = True
+            self._end_if_settled(get.sub)
 
     def consumers(self) -> list[Consumer]:
         """This channel's consumers (not its getters), in the order they started."""

@@ -16,7 +16,8 @@ client subscribes again.
 The client is a native session (broker/session.py), which passes its client's frames
 on (:meth:`Relay.command`), or an AMQP channel (broker/amqp_channel.py), which turns
 ``Basic.Ack`` / ``Nack`` / ``Reject`` into the same frames and waits for their answers
-(:meth:`Relay.settle`). Each relayed consumer that a replica took counts in
+(:meth:`Relay.settle`); an AMQP ``Basic.Get`` is a relay of prefetch 1 for one message,
+after :meth:`Relay.ready_messages`. Each relayed consumer that a replica took counts in
 ``baton_forwarded_total{kind="consume"}``.
 """
 
@@ -83,6 +84,7 @@ class Relay:
         self._peer: Peer | None = None
         self._remote = 0  # the replica's consumer tag
         self.closed = False
+        self.received = 0  # messages the replica delivered to it
         # Deliveries that came before the client was told its consumer's tag.
         self._early: list[list[list[Any]]] | None = []
 
@@ -116,6 +118,32 @@ class Relay:
             f"queue {f.queue!r} is on data partition {self._k}, which this broker does not"
             f" replicate, and none of its replicas took the consumer"
             f" ({', '.join(tried) or 'no live replica'})"
+            + (f": {last.message}" if last is not None else "")
+        )
+
+    async def ready_messages(self) -> int:
+        """The queue's ready messages, as a replica (its partition's leader first) has
+        applied them (an AMQP ``Basic.Get`` answers ``Get-Empty`` at once on 0).
+
+        Raises:
+            LogUnavailable: no replica could be reached.
+            BatonError: the replica's answer (``QueueNotFound``, ...).
+        """
+        last: BatonError | None = None
+        for address in self._peers.replicas(self._k):
+            try:
+                stats = await self._peers.peer(address).request(
+                    lambda corr: wire.QueueStats(corr, self.queue)
+                )
+            except (NotSent, NotReplica) as exc:
+                self._peers.counts.errors += 1
+                last = exc
+                continue
+            ready = stats.get("ready") if isinstance(stats, dict) else None
+            return ready if isinstance(ready, int) else 0
+        raise LogUnavailable(
+            f"queue {self.queue!r} is on data partition {self._k}, which this broker does"
+            f" not replicate, and none of its replicas answered"
             + (f": {last.message}" if last is not None else "")
         )
 
@@ -194,6 +222,7 @@ class Relay:
             self.deliver(messages)
 
     def deliver(self, messages: list[list[Any]]) -> None:
+        self.received += len(messages)
         if self._early is not None:
             self._early.append(messages)
         elif not self.closed:
