@@ -1589,6 +1589,7 @@ class Channel:
 
         def settled(f: asyncio.Future[Any]) -> None:
             # (a failure: the link broke and the replica gave back what it held)
+            _quiet(f)
             c.settling -= len(positions)
             self._end_if_settled(sub)
 
