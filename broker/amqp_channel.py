@@ -1586,6 +1586,13 @@ class Channel:
             frame = wire.Release(0, 0, positions, failed=how == "fail")
         c.settling += len(positions)
         fut = relay.settle(frame)
+        if sub.getter:
+            # A Basic.Get's one message: its consumer ends right behind the settlement
+            # (the frames go in order), before the replica could acquire another for it.
+            sub.cancelled = c.closed = True
+            if self._by_int.get(c.tag) is sub:
+                del self._by_int[c.tag]
+            relay.close(received=relay.received)
 
         def settled(f: asyncio.Future[Any]) -> None:
             # (a failure: the link broke and the replica gave back what it held)
