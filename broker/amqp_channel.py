@@ -21,9 +21,15 @@ A transactional channel (``Tx.Select``) holds its publishes and settlements in a
 :class:`~batonmq.broker.amqp_tx.Transaction` and submits them at ``Tx.Commit`` through
 the same paths as above, answering once they are applied here.
 
-Size: over 1,100 lines, because the methods of AMQP's Basic, Queue, Confirm and Tx
+With replica groups, a consumer of a queue whose data partition this broker does not
+replicate is relayed to a replica (:class:`~batonmq.broker.relay.Relay`): its ``_Sub``
+keeps a record of what it holds (a ``Consumer`` that this broker's delivery does not
+serve), and its settlements go to the replica as the native frames.
+
+Size: about 1,600 lines, because the methods of AMQP's Basic, Queue, Confirm and Tx
 classes share one channel's state (delivery tags, consumers and getters, a shared
-prefetch, unconfirmed publishes, a transaction); what needs none of it is in modules of
+prefetch, unconfirmed publishes, a transaction, relayed consumers settled through the
+same delivery tags); what needs none of it is in modules of
 its own (broker/amqp_queues.py, the arguments; broker/amqp_routes.py, the exchange seam;
 broker/amqp_message.py, the properties; broker/amqp_order.py, the channel's order;
 broker/amqp_tx.py, what a transaction holds).
@@ -62,13 +68,15 @@ from batonmq.broker.config import BrokerConfig
 from batonmq.broker.delivery import Consumer, Delivery
 from batonmq.broker.exchanges import EXCHANGE_BINDINGS, ExchangeFacade
 from batonmq.broker.limits import check_event, check_headers, check_name
-from batonmq.broker.peers import elsewhere, routable
+from batonmq.broker.peers import Peers, elsewhere, routable
+from batonmq.broker.relay import Relay
 from batonmq.broker.reply import Shape
 from batonmq.broker.session import declare_event
 from batonmq.clients import wire
 from batonmq.cluster.errors import (
     AccessRefused,
     BatonError,
+    ConnectionClosed,
     ExchangeNotFound,
     LimitExceeded,
     MessageTooLarge,
@@ -84,6 +92,7 @@ from batonmq.cluster.events import (
     RoutedEnqueue,
 )
 from batonmq.cluster.node import Node
+from batonmq.cluster.partitioned import Partitioned
 from batonmq.cluster.results import Enqueued, Routed, Settled
 
 __all__ = ["Channel", "ChannelOwner", "DEFAULT_PREFETCH", "GET_WAIT"]
@@ -133,6 +142,11 @@ class ChannelOwner(Protocol):
 
     @property
     def rights(self) -> Rights: ...
+
+    @property
+    def peers(self) -> Peers | None:
+        """The links to other brokers (replica groups: relayed consumers), or None."""
+        ...
 
     @property
     def cancel_notify(self) -> bool:
@@ -190,6 +204,10 @@ class _Sub:
     getter: bool = False
     cancelled: bool = False  # Basic.Cancel: delivers nothing more, ends when settled
     limit: int = 0  # its own prefetch (Basic.Qos per consumer, or the default)
+    # Served by a replica of the queue's data partition (replica groups, broker/relay.py):
+    # ``consumer`` is then this channel's record of it only (what it holds), not one
+    # of this broker's delivery.
+    relay: Relay | None = None
 
 
 @dataclass(slots=True)
@@ -283,6 +301,8 @@ class Channel:
         if sub is None:
             return
         c = sub.consumer
+        if sub.relay is not None:  # (what a replica delivered is held as a local one's)
+            c.held.update(dict.fromkeys((m[0] for m in messages), 0))
         if not self.open or sub.cancelled or (sub.getter and self._get is None):
             # Nobody wants them now: back to the queue, not a failure (never sent).
             positions = [m[0] for m in messages]
@@ -328,9 +348,12 @@ class Channel:
             if get is not None and get.timer is not None:
                 get.timer.cancel()
             c.prefetch = 0
+            sub.cancelled = sub.relay is not None  # (relayed: ends once it is settled)
         self.owner.write(b"".join(out))
         if accepted:
             self._settle_positions(c, accepted, "accept")
+        if sub.relay is not None and sub.getter:
+            self._end_if_settled(sub)
 
     def consumer_cancelled(self, tag: int, exc: BatonError) -> None:
         """The broker ended a consumer (its queue was deleted)."""
@@ -339,10 +362,26 @@ class Channel:
             return
         self._subs.pop(sub.tag, None)
         if sub.getter:
-            self._getters.pop(sub.consumer.queue, None)
+            if sub.relay is not None:
+                sub.consumer.closed = True  # (a Basic.Get waiting answers at its deadline)
+            else:
+                self._getters.pop(sub.consumer.queue, None)
             return
         if self._replies(sub):
             self._reply = None  # (a publish naming it as its reply_to is refused again)
+        if sub.relay is not None:
+            # Its replica ended it, or the peer link broke (the replica gave back what
+            # it held): the acks of what it had are no-ops now.
+            sub.consumer.closed = True
+            self.owner.consumer_gone(sub.consumer.queue)
+            if (self.open and not self.owner.cancel_notify and not sub.cancelled
+                    and isinstance(exc, ConnectionClosed)):
+                # (a client that takes no Basic.Cancel would wait for ever)
+                self.owner.close_channel(
+                    self, 506, f"consumer '{sub.tag}' of queue '{sub.consumer.queue}' ended:"
+                    f" {exc.message}; consume again"
+                )
+                return
         if self.open and self.owner.cancel_notify and not sub.cancelled:
             self._method(commands.Basic.Cancel(sub.tag, nowait=True))
 
@@ -1030,7 +1069,9 @@ class Channel:
         if not reply:  # (the channel's own reply queue: no right needed, as RabbitMQ)
             self.owner.rights.check("read", queue)
         self._locked(queue)
-        if queue not in self.owner.node.queues:
+        here = queue in self.owner.node.queues
+        relayed = None if here else self._relayed_partition(queue)
+        if not here and relayed is None:
             self._served_elsewhere(queue)
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
         if "x-stream-offset" in (m.arguments or {}):
@@ -1042,6 +1083,9 @@ class Channel:
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in self._subs:
             raise ConnectionFault(530, f"attempt to reuse consumer tag '{tag}'", (60, 20))
+        if relayed is not None:
+            self._consume_relayed(m, queue, tag, relayed)
+            return
         # An exclusive consumer is the queue's only one, as RabbitMQ: refused while
         # it has consumers, and none joins it (per broker: consumers on other brokers
         # are not replicated, docs/amqp.md).
@@ -1058,6 +1102,62 @@ class Channel:
         if not m.nowait:
             self._method(commands.Basic.ConsumeOk(tag))
         self.owner.delivery.pump(sub.consumer.queue)
+
+    def _relayed_partition(self, queue: str) -> int | None:
+        """The data partition of ``queue`` if one of its replicas serves this broker's
+        consumers of it (replica groups: this broker does not replicate it), else None."""
+        node = self.owner.node
+        if self.owner.peers is None or not isinstance(node, Partitioned):
+            return None
+        if elsewhere(node, queue) is None:
+            return None
+        return node.state.placement.get(queue)
+
+    def _consume_relayed(self, m: commands.Basic.Consume, queue: str, tag: str, k: int) -> None:
+        """A consumer of a queue that other brokers replicate: one of them serves it,
+        relayed over the peer link (broker/relay.py, docs/amqp.md "Replica groups"). Its
+        prefetch is the replica's consumer's; under a shared (global) prefetch it gets
+        at most that prefetch on its own. ``Consume-Ok`` once the replica took it."""
+        peers = self.owner.peers
+        assert peers is not None
+        no_ack = bool(m.no_ack)
+        prefetch = self._consumer_limits(no_ack)
+        if self.global_prefetch and not no_ack:
+            prefetch = min(prefetch, self.global_prefetch)
+        self._next_int += 1
+        n = self._next_int
+        record = Consumer(n, "", queue, prefetch, self, counters=True)
+        record.exclusive = bool(m.exclusive)
+        relay = Relay(peers, k, queue, self, n)
+        sub = _Sub(tag, record, no_ack, limit=prefetch, relay=relay)
+        self._by_int[n] = sub
+        self._subs[tag] = sub
+        fut = asyncio.ensure_future(
+            relay.start(wire.Subscribe(0, queue, prefetch, {"counters": True}))
+        )
+        self._order.track(fut)
+        self.commands_started(1)
+
+        def done(f: asyncio.Future[str]) -> None:
+            self.commands_finished(1)
+            _quiet(f)
+
+        def started() -> None:
+            exc = fut.exception() if not fut.cancelled() else ConnectionClosed("cancelled")
+            if exc is not None:
+                if self._by_int.get(n) is sub:
+                    del self._by_int[n]
+                if self._subs.get(tag) is sub:
+                    del self._subs[tag]
+                if isinstance(exc, BatonError):
+                    raise ChannelError(error_code(exc), exc.message)
+                raise exc
+            if not m.nowait:
+                self._method(commands.Basic.ConsumeOk(tag))
+            relay.ready()  # (after the Consume-Ok: its deliveries)
+
+        fut.add_done_callback(done)
+        self._order.wait(started)
 
     def _consumer_limits(self, no_ack: bool) -> int:
         """The prefetch of a new consumer, once the connection's and the user's limits
@@ -1159,6 +1259,16 @@ class Channel:
         c = sub.consumer
         if not sub.cancelled or c.closed or not self.open:
             return
+        if sub.relay is not None:
+            if c.held or c.settling:
+                return  # (looked at again when a settlement is answered)
+            self._by_int.pop(c.tag, None)
+            c.closed = True
+            # (what came after the client's last message goes back, not failed)
+            sub.relay.close(received=sub.relay.received)
+            if not sub.getter:
+                self.owner.consumer_gone(c.queue)
+            return
         if c.held or c.acquiring or c.settling:
             if not c.held:
                 asyncio.get_running_loop().call_later(0.2, self._end_if_settled, sub)
@@ -1169,11 +1279,12 @@ class Channel:
         self._share()
         self.pump()
 
-    def _served_elsewhere(self, queue: str) -> None:
-        """A queue whose data partition other brokers apply (replica groups) is consumed
-        there: refused (404, as RabbitMQ for a queue whose node is out of reach) with one
-        sentence naming them (docs/design.md §16)."""
-        why = elsewhere(self.owner.node, queue)
+    def _served_elsewhere(self, queue: str, doing: str = "consume from") -> None:
+        """A queue whose data partition other brokers apply (replica groups), which
+        cannot be relayed from here (no peer links; a Basic.Get): refused (404, as
+        RabbitMQ for a queue whose node is out of reach) with one sentence naming them
+        (docs/design.md §16, docs/amqp.md "Replica groups")."""
+        why = elsewhere(self.owner.node, queue, doing)
         if why is not None:
             raise ChannelError(404, why.message)
 
@@ -1183,7 +1294,11 @@ class Channel:
         self._locked(queue)
         q = self.owner.node.queues.get(queue)
         if q is None:
-            self._served_elsewhere(queue)
+            k = self._relayed_partition(queue)
+            if k is not None:
+                self._basic_get_relayed(m, queue, k)
+                return
+            self._served_elsewhere(queue, "get from")
             raise ChannelError(404, f"no queue '{queue}' in vhost '/'")
         if self._get is not None:
             self._get_empty()  # (a client that did not wait for the last answer)
@@ -1206,6 +1321,60 @@ class Channel:
         self.owner.delivery.pump(queue)
         get.timer = loop.call_later(_GET_POLL, self._get_check)
 
+    def _basic_get_relayed(self, m: commands.Basic.Get, queue: str, k: int) -> None:
+        """``Basic.Get`` of a queue that other brokers replicate (docs/amqp.md "Replica
+        groups"): ``Get-Empty`` if a replica has no ready message, else a consumer of
+        prefetch 1 relayed to a replica for this one message; it ends once the message
+        is settled (at once for ``no_ack``), or with ``Get-Empty`` if none came within
+        :data:`GET_WAIT`."""
+        peers = self.owner.peers
+        assert peers is not None
+        if self._get is not None:
+            self._get_empty()  # (a client that did not wait for the last answer)
+        self._next_int += 1
+        n = self._next_int
+        record = Consumer(n, "", queue, 1, self, counters=True)
+        record.counted = False
+        relay = Relay(peers, k, queue, self, n)
+        sub = _Sub("", record, bool(m.no_ack), getter=True, limit=1, relay=relay)
+
+        async def fetch() -> bool:
+            if await relay.ready_messages() == 0:
+                return False
+            await relay.start(wire.Subscribe(0, queue, 1, {"counters": True}))
+            return True
+
+        self._by_int[n] = sub  # (a channel that closes meanwhile ends its relay)
+        fut = asyncio.ensure_future(fetch())
+        self._order.track(fut)
+        self.commands_started(1)
+
+        def done(f: asyncio.Future[bool]) -> None:
+            self.commands_finished(1)
+            _quiet(f)
+
+        def answer() -> None:
+            exc = fut.exception() if not fut.cancelled() else ConnectionClosed("cancelled")
+            if exc is not None or not fut.result():
+                self._by_int.pop(n, None)
+                relay.close(received=0)
+                if exc is None:
+                    self._method(commands.Basic.GetEmpty())
+                    return
+                if isinstance(exc, BatonError):
+                    raise ChannelError(error_code(exc), exc.message)
+                raise exc
+            if self._get is not None:
+                self._get_empty()
+            loop = asyncio.get_running_loop()
+            get = _Get(sub, bool(m.no_ack), loop.time() + GET_WAIT)
+            self._get = get
+            get.timer = loop.call_later(GET_WAIT, self._get_check)
+            relay.ready()
+
+        fut.add_done_callback(done)
+        self._order.wait(answer)
+
     def _drop_idle_getters(self) -> None:
         """End the getters that hold nothing (a channel that gets from many queues
         keeps a consumer for only the last few)."""
@@ -1223,6 +1392,13 @@ class Channel:
         c = get.sub.consumer
         q = self.owner.node.queues.get(c.queue)
         now = asyncio.get_running_loop().time()
+        if get.sub.relay is not None:  # (relayed: its replica delivers, or the time is up)
+            if now >= get.deadline:
+                self._get_empty()
+            else:
+                get.timer = asyncio.get_running_loop().call_later(
+                    get.deadline - now, self._get_check)
+            return
         if q is None or now >= get.deadline or (q.ready == 0 and not c.acquiring):
             self._get_empty()
             return
@@ -1237,6 +1413,9 @@ class Channel:
             get.timer.cancel()
         get.sub.consumer.prefetch = 0
         self._method(commands.Basic.GetEmpty())
+        if get.sub.relay is not None:  # (one Basic.Get, one relayed consumer)
+            get.sub.cancelled = True
+            self._end_if_settled(get.sub)
 
     def consumers(self) -> list[Consumer]:
         """This channel's consumers (not its getters), in the order they started."""
@@ -1260,7 +1439,9 @@ class Channel:
         """
         if m.prefetch_count < 0:
             raise ChannelError(406, "prefetch_count must not be negative")
-        subs = [s for s in self._by_int.values() if not (s.getter or s.cancelled or s.no_ack)]
+        # (a relayed consumer keeps the prefetch it subscribed with on its replica)
+        subs = [s for s in self._by_int.values()
+                if not (s.getter or s.cancelled or s.no_ack or s.relay)]
         if m.global_:
             self.global_prefetch = m.prefetch_count
         else:
@@ -1291,7 +1472,8 @@ class Channel:
         plus its share of what is free, so their credits never add up to more; called
         whenever what they hold goes down (a settle) or they come and go."""
         limit = self.global_prefetch
-        subs = [s for s in self._by_int.values() if not (s.getter or s.cancelled or s.no_ack)]
+        subs = [s for s in self._by_int.values()
+                if not (s.getter or s.cancelled or s.no_ack or s.relay)]
         if not limit or not subs:
             return
         taken = [len(s.consumer.held) + s.consumer.acquiring for s in subs]
@@ -1306,7 +1488,7 @@ class Channel:
 
     def pump(self) -> None:
         """Deliver again where this channel's consumers wait (flow on, writable)."""
-        for q in {s.consumer.queue for s in self._by_int.values()}:
+        for q in {s.consumer.queue for s in self._by_int.values() if s.relay is None}:
             self.owner.delivery.pump(q)
 
     # -- settling ----------------------------------------------------------------------------
@@ -1357,6 +1539,9 @@ class Channel:
         mine = [p for p in positions if held.pop(p, None) is not None]
         if not mine or c.closed:
             return None
+        sub = self._by_int.get(c.tag)
+        if sub is not None and sub.consumer is c and sub.relay is not None:
+            return self._settle_relayed(sub, sub.relay, mine, how)
         c.settled_positions(mine)
         c.settling += len(mine)
         delivery = self.owner.delivery
@@ -1387,6 +1572,37 @@ class Channel:
             self.pump()  # (the shares of its other consumers grew too)
         return fut
 
+    def _settle_relayed(
+        self, sub: _Sub, relay: Relay, positions: list[int], how: str
+    ) -> asyncio.Future[Any]:
+        """Settle what a relayed consumer held: the native frame to its replica."""
+        c = sub.consumer
+        frame: wire.Ack | wire.Release | wire.Reject
+        if how == "accept":
+            frame = wire.Ack(0, 0, positions)
+        elif how == "reject":
+            frame = wire.Reject(0, 0, positions)
+        else:
+            frame = wire.Release(0, 0, positions, failed=how == "fail")
+        c.settling += len(positions)
+        fut = relay.settle(frame)
+        if sub.getter:
+            # A Basic.Get's one message: its consumer ends right behind the settlement
+            # (the frames go in order), before the replica could acquire another for it.
+            sub.cancelled = c.closed = True
+            if self._by_int.get(c.tag) is sub:
+                del self._by_int[c.tag]
+            relay.close(received=relay.received)
+
+        def settled(f: asyncio.Future[Any]) -> None:
+            # (a failure: the link broke and the replica gave back what it held)
+            _quiet(f)
+            c.settling -= len(positions)
+            self._end_if_settled(sub)
+
+        fut.add_done_callback(settled)
+        return fut
+
     # -- closing -----------------------------------------------------------------------------
 
     def rights_changed(self) -> None:
@@ -1403,7 +1619,11 @@ class Channel:
                 continue  # (the channel's reply consumer needs no right)
             del self._by_int[number]
             self._subs.pop(sub.tag, None)
-            self.owner.delivery.remove(c, received=0)
+            if sub.relay is not None:
+                c.closed = True
+                sub.relay.close(received=0)
+            else:
+                self.owner.delivery.remove(c, received=0)
             self.owner.consumer_gone(c.queue)
             ended = True
             if self.open and self.owner.cancel_notify and not sub.cancelled:
@@ -1426,7 +1646,12 @@ class Channel:
         delivery = self.owner.delivery
         returns: list[asyncio.Future[Any]] = []
         for sub in list(self._by_int.values()):
-            fut = delivery.remove(sub.consumer)
+            fut: asyncio.Future[Any] | None
+            if sub.relay is not None:
+                sub.consumer.closed = True
+                fut = sub.relay.close()  # (its replica gives back what it held)
+            else:
+                fut = delivery.remove(sub.consumer)
             if fut is not None:
                 returns.append(fut)
             if not sub.getter:

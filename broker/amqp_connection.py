@@ -48,6 +48,7 @@ from batonmq.broker.exchanges import EXCHANGE_BINDINGS
 from batonmq.broker.inspect import ConnectionView
 from batonmq.broker.memory import BodyBudget
 from batonmq.broker.networks import LOOPBACK, Networks, allows
+from batonmq.broker.peers import Peers
 from batonmq.cluster.errors import AccessRefused, LimitExceeded
 from batonmq.cluster.events import DeleteQueue
 from batonmq.cluster.node import Node
@@ -88,6 +89,11 @@ class AmqpBroker(Protocol):
 
     @property
     def delivery(self) -> Delivery: ...
+
+    @property
+    def peers(self) -> Peers | None:
+        """The links to other brokers (replica groups), or None."""
+        ...
 
     @property
     def allow_from(self) -> Networks | None: ...
@@ -191,6 +197,10 @@ class AmqpConnection(asyncio.Protocol):
     def delivery(self) -> Delivery:
         return self.broker.delivery
 
+    @property
+    def peers(self) -> Peers | None:
+        return self.broker.peers
+
     def next_key(self) -> str:
         self._key_counter += 1
         return f"{self._key_prefix}:{self._key_counter:x}"
@@ -216,8 +226,14 @@ class AmqpConnection(asyncio.Protocol):
             self._auto_delete.add(queue)
 
     def consumer_gone(self, queue: str) -> None:
-        """Auto-delete: the queue goes with the last consumer (on this broker)."""
-        if queue in self._auto_delete and not self.delivery.by_queue.get(queue):
+        """Auto-delete: the queue goes with the last consumer (on this broker, relayed
+        ones too: those are not in its delivery, docs/amqp.md "Replica groups")."""
+        if queue in self._auto_delete and not self.delivery.by_queue.get(queue) and not any(
+            c.queue == queue and not c.closed
+            for conn in self.broker.amqp_connections
+            for ch in conn.channels.values()
+            for c in ch.consumers()
+        ):
             self._auto_delete.discard(queue)
             self.node.submit(DeleteQueue(queue)).add_done_callback(_quiet)
 

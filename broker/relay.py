@@ -12,6 +12,13 @@ a partition it does not replicate, and a queue's ownership stays within its grou
 A link that breaks ends the relayed consumers on it (``ConsumerCancelled``, retriable:
 the replica gives back what they held, as for any consumer whose connection ended); the
 client subscribes again.
+
+The client is a native session (broker/session.py), which passes its client's frames
+on (:meth:`Relay.command`), or an AMQP channel (broker/amqp_channel.py), which turns
+``Basic.Ack`` / ``Nack`` / ``Reject`` into the same frames and waits for their answers
+(:meth:`Relay.settle`); an AMQP ``Basic.Get`` is a relay of prefetch 1 for one message,
+after :meth:`Relay.ready_messages`. Each relayed consumer that a replica took counts in
+``baton_forwarded_total{kind="consume"}``.
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ class Relay:
         self._peer: Peer | None = None
         self._remote = 0  # the replica's consumer tag
         self.closed = False
+        self.received = 0  # messages the replica delivered to it
         # Deliveries that came before the client was told its consumer's tag.
         self._early: list[list[list[Any]]] | None = []
 
@@ -96,10 +104,13 @@ class Relay:
                     lambda corr: wire.Subscribe(corr, f.queue, f.prefetch, f.options), self
                 )
             except (NotSent, NotReplica) as exc:
+                self._peers.counts.errors += 1
                 last = exc
                 tried.append(address)
                 continue
             self._peer, self._remote = peer, result["consumer"]
+            counts = self._peers.counts
+            counts.forwarded["consume"] = counts.forwarded.get("consume", 0) + 1
             if self.closed:  # (the client went meanwhile)
                 self.close()
             return address
@@ -107,6 +118,32 @@ class Relay:
             f"queue {f.queue!r} is on data partition {self._k}, which this broker does not"
             f" replicate, and none of its replicas took the consumer"
             f" ({', '.join(tried) or 'no live replica'})"
+            + (f": {last.message}" if last is not None else "")
+        )
+
+    async def ready_messages(self) -> int:
+        """The queue's ready messages, as a replica (its partition's leader first) has
+        applied them (an AMQP ``Basic.Get`` answers ``Get-Empty`` at once on 0).
+
+        Raises:
+            LogUnavailable: no replica could be reached.
+            BatonError: the replica's answer (``QueueNotFound``, ...).
+        """
+        last: BatonError | None = None
+        for address in self._peers.replicas(self._k):
+            try:
+                stats = await self._peers.peer(address).request(
+                    lambda corr: wire.QueueStats(corr, self.queue)
+                )
+            except (NotSent, NotReplica) as exc:
+                self._peers.counts.errors += 1
+                last = exc
+                continue
+            ready = stats.get("ready") if isinstance(stats, dict) else None
+            return ready if isinstance(ready, int) else 0
+        raise LogUnavailable(
+            f"queue {self.queue!r} is on data partition {self._k}, which this broker does"
+            f" not replicate, and none of its replicas answered"
             + (f": {last.message}" if last is not None else "")
         )
 
@@ -137,22 +174,44 @@ class Relay:
             self.closed = True
             peer.unsubscribed(self._remote)
 
-    def close(self) -> None:
-        """The client went: the replica's consumer ends (what it held goes back)."""
+    def settle(self, f: wire.Ack | wire.Release | wire.Reject) -> asyncio.Future[Any]:
+        """Send a settlement to the replica (its ``consumer`` and ``corr`` are set
+        here); the future of the replica's answer (``Ok``'s map).
+
+        Raises (through the future):
+            ConnectionClosed: not subscribed, or the link broke (the replica gave back
+                what the consumer held).
+            BatonError: the replica's answer.
+        """
+        peer = self._peer
+        if peer is None or self.closed:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut.set_exception(ConnectionClosed("the consumer is not subscribed on a replica"))
+            return fut
+        sent = dataclasses.replace(f, consumer=self._remote)
+        return asyncio.ensure_future(
+            peer.request(lambda corr: dataclasses.replace(sent, corr=corr))
+        )
+
+    def close(self, received: int = -1) -> asyncio.Future[None] | None:
+        """The client went: the replica's consumer ends (what it held goes back; with
+        ``received`` 0, none of it as a failed delivery). The future of the cancel
+        (it never fails: a broken link released it anyway), None if not subscribed."""
         self.closed = True
         peer = self._peer
         if peer is None:
-            return
+            return None
+        self._peer = None
         peer.unsubscribed(self._remote)
         remote = self._remote
 
         async def cancel() -> None:
             try:
-                await peer.request(lambda corr: wire.Cancel(corr, remote, []))
+                await peer.request(lambda corr: wire.Cancel(corr, remote, [], received))
             except BatonError as exc:  # (a broken link released it anyway)
                 log.info("cancelling a relayed consumer: %s", exc.message)
 
-        asyncio.ensure_future(cancel())
+        return asyncio.ensure_future(cancel())
 
     # -- what the peer link feeds it (peers.RelaySink) ----------------------------------
 
@@ -163,6 +222,7 @@ class Relay:
             self.deliver(messages)
 
     def deliver(self, messages: list[list[Any]]) -> None:
+        self.received += len(messages)
         if self._early is not None:
             self._early.append(messages)
         elif not self.closed:

@@ -434,8 +434,9 @@ class Session(ClientConnection):
                 return
             relaying = self._peer is not None and self._peer.proven
             if not isinstance(f, (wire.UpdateRequest, wire.Ping)) and not (
-                relaying and isinstance(f, (wire.Subscribe, *RELAYED))
-            ):  # (a proven peer link's consumers: relayed ones, broker/relay.py)
+                relaying and isinstance(f, (wire.Subscribe, wire.QueueStats, *RELAYED))
+            ):  # (a proven peer link's consumers: relayed ones, and a relayed Basic.Get's
+                # look at the queue first, broker/relay.py)
                 self.broker.refused("member")
                 raise AccessRefused(
                     f"a member session sends UpdateRequest, PeerProof, Submit and Ping only,"

@@ -2,7 +2,8 @@
 brokers of a split log whose data partitions each have a replica group of two, so one of
 three brokers applies neither partition. A native client and an AMQP client (pika) of that
 broker declare, publish, purge and delete through it (a replica appends for it, over a
-peer link); its consumers are refused with one sentence naming the replicas; the metrics
+peer link); its consumers are relayed to a replica (native and AMQP, and a broken link
+ends them), an AMQP Basic.Get is refused with one sentence naming the replicas; the metrics
 count on it and not on a replica; a restart (a new runtime that replayed control and
 records its key first) forwards again; and killing the replica it forwards to makes it
 pick the other, losing and doubling no confirmed publish. Peer links go over TLS, with
@@ -11,10 +12,12 @@ client certificates, as the join update does."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 from pathlib import Path
 
+import aio_pika
 import aiohttp
 import pika
 import pytest
@@ -97,17 +100,15 @@ async def test_a_broker_outside_the_group_serves_native_and_amqp_clients(
             ch.confirm_delivery()
             for i in range(20):
                 ch.basic_publish("", "fq", b"amqp-%02d" % i, mandatory=True)
-            try:
-                ch.basic_get("fq")
-            except pika.exceptions.ChannelClosedByBroker as exc:
-                assert exc.reply_code == 404
-                return str(exc.reply_text)
-            raise AssertionError("a Basic.Get on a broker outside the group was served")
+            # A Basic.Get is relayed: one message, given back here.
+            method, _props, body = ch.basic_get("fq")
+            assert method is not None
+            ch.basic_nack(method.delivery_tag, requeue=True)
+            return bytes(body)
         finally:
             pc.close()
 
-    refusal = await asyncio.to_thread(amqp_side)
-    assert "does not replicate" in refusal and all(r.address in refusal for r in replicas)
+    assert (await asyncio.to_thread(amqp_side)).startswith(b"native-")
 
     # Its stats are read where it is.
     with pytest.raises(NotReplica, match="ask one of its replicas"):
@@ -274,3 +275,247 @@ async def test_a_peer_link_goes_over_tls_with_client_certificates(tmp_path: Path
     finally:
         for b in brokers:
             b.stop()
+
+
+async def test_an_amqp_consumer_of_a_broker_outside_the_group_is_relayed(
+    grouped: list[BrokerProcess],
+) -> None:
+    """pika on a broker outside the queue's group consumes it (relayed to a replica):
+    manual acks, nacks with requeue seen again redelivered, a no_ack consumer, a cancel
+    and a channel close that leave no consumer on the replica."""
+    outsider, replicas = await _outsider(grouped)
+    async with await clients.connect(outsider.address, timeout=5, route=False) as conn:
+        await conn.declare_queue("aq", partition=1)
+    total = 300
+
+    def consume_acked() -> tuple[list[bytes], int]:
+        pc = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+        try:
+            ch = pc.channel()
+            ch.confirm_delivery()
+            for i in range(total):
+                ch.basic_publish("", "aq", b"m-%03d" % i, mandatory=True)
+            ch.basic_qos(prefetch_count=40)
+            acked: list[bytes] = []
+            nacked: set[bytes] = set()
+            seen_again = 0
+            for method, _props, body in ch.consume("aq", inactivity_timeout=10):
+                assert method is not None, f"{len(acked)} of {total} through the relay"
+                if method.redelivered:
+                    seen_again += body in nacked
+                if int(body[2:]) % 10 == 0 and body not in nacked:
+                    nacked.add(body)
+                    ch.basic_nack(method.delivery_tag, requeue=True)
+                    continue
+                ch.basic_ack(method.delivery_tag)
+                acked.append(body)
+                if len(acked) == total:
+                    break
+            ch.cancel()
+            return acked, seen_again
+        finally:
+            pc.close()
+
+    acked, seen_again = await asyncio.to_thread(consume_acked)
+    assert sorted(acked) == [b"m-%03d" % i for i in range(total)]
+    assert seen_again == total // 10
+    async with await clients.connect(replicas[0].address, timeout=5) as rc:
+        # Everything acked on the replica; the cancel ended the consumer there.
+        await wait_stats(rc, "aq", timeout=10, ready=0, acquired=0, interested=[])
+
+        def no_ack_and_close() -> tuple[int, int]:
+            pc = pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+            try:
+                ch = pc.channel()
+                ch.confirm_delivery()
+                for i in range(60):
+                    ch.basic_publish("", "aq", b"n-%02d" % i, mandatory=True)
+                got = 0
+                for method, _props, _body in ch.consume("aq", auto_ack=True,
+                                                        inactivity_timeout=10):
+                    assert method is not None, f"{got} of 60 without acks"
+                    got += 1
+                    if got == 60:
+                        break
+                ch.cancel()
+                for i in range(10):
+                    ch.basic_publish("", "aq", b"h-%02d" % i, mandatory=True)
+                # A consumer that holds some, then its channel closes: they go back.
+                ch2 = pc.channel()
+                ch2.basic_qos(prefetch_count=5)
+                held = 0
+                for method, _props, _body in ch2.consume("aq", inactivity_timeout=10):
+                    assert method is not None
+                    held += 1
+                    if held == 5:
+                        break
+                ch2.close()
+                return got, held
+            finally:
+                pc.close()
+
+        got, held = await asyncio.to_thread(no_ack_and_close)
+        assert (got, held) == (60, 5)
+        await wait_stats(rc, "aq", timeout=10, ready=10, acquired=0, interested=[])
+
+        def in_a_transaction() -> int:
+            pc = pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+            try:
+                ch = pc.channel()
+                ch.tx_select()
+                ch.basic_qos(prefetch_count=10)
+                tags = []
+                for method, _props, _body in ch.consume("aq", inactivity_timeout=10):
+                    assert method is not None
+                    tags.append(method.delivery_tag)
+                    if len(tags) == 10:
+                        break
+                ch.basic_ack(tags[4], multiple=True)  # five, held until the commit
+                ch.basic_reject(tags[5], requeue=False)  # dropped (no dead-letter queue)
+                ch.tx_rollback()  # (nothing settled: the six are the client's again)
+                ch.basic_ack(tags[2])
+                ch.tx_commit()  # one acked
+                return ch.cancel()  # (the nine it holds go back when it closes)
+            finally:
+                pc.close()
+
+        assert await asyncio.to_thread(in_a_transaction) == 0
+        await wait_stats(rc, "aq", timeout=10, ready=9, acquired=0, interested=[])
+
+        # aio-pika too: the nine left and fifty more, each tenth nacked once.
+        aio = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp_port(outsider)}/")
+        async with aio:
+            ch = await aio.channel()
+            for i in range(50):
+                await ch.default_exchange.publish(aio_pika.Message(b"a-%02d" % i), "aq")
+            await ch.set_qos(prefetch_count=20)
+            queue = await ch.get_queue("aq", ensure=False)
+            done: list[bytes] = []
+            again: set[bytes] = set()
+            async with queue.iterator() as messages:
+                async for message in messages:
+                    if message.body.startswith(b"a-") and int(message.body[2:]) % 10 == 0 \
+                            and message.body not in again:
+                        again.add(message.body)
+                        await message.nack(requeue=True)
+                        continue
+                    assert message.body not in again or message.redelivered
+                    await message.ack()
+                    done.append(message.body)
+                    if len(done) == 59:
+                        break
+        assert len(set(done)) == 59 and again <= set(done)
+        await wait_stats(rc, "aq", timeout=10, ready=0, acquired=0, interested=[])
+
+        def gets() -> list[bytes]:
+            pc = pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+            try:
+                ch = pc.channel()
+                ch.confirm_delivery()
+                assert ch.basic_get("aq") == (None, None, None)  # Get-Empty
+                for i in range(3):
+                    ch.basic_publish("", "aq", b"g-%d" % i, mandatory=True)
+                out = []
+                m1, _, b1 = ch.basic_get("aq")
+                assert m1 is not None and not m1.redelivered
+                ch.basic_ack(m1.delivery_tag)
+                m2, _, b2 = ch.basic_get("aq", auto_ack=True)
+                assert m2 is not None
+                m3, _, b3 = ch.basic_get("aq")
+                assert m3 is not None
+                ch.basic_nack(m3.delivery_tag, requeue=True)
+                m4, _, b4 = ch.basic_get("aq")
+                assert m4 is not None and m4.redelivered and b4 == b3
+                ch.basic_ack(m4.delivery_tag)
+                out += [b1, b2, b4]
+                assert ch.basic_get("aq") == (None, None, None)
+                return out
+            finally:
+                pc.close()
+
+        assert sorted(await asyncio.to_thread(gets)) == [b"g-0", b"g-1", b"g-2"]
+        await wait_stats(rc, "aq", timeout=10, ready=0, acquired=0, interested=[])
+
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=10), headers=TOOL_HEADERS
+    ) as http:
+        here = await _forwarded(http, outsider)
+        assert here.get("kind=consume", 0) >= 5, here
+    assert "Traceback" not in outsider.output()
+
+
+async def test_a_broken_peer_link_ends_a_relayed_amqp_consumer(
+    grouped: list[BrokerProcess],
+) -> None:
+    """The replica an AMQP consumer is relayed to dies: a client that takes a server's
+    Basic.Cancel (consumer_cancel_notify) gets one; one that does not sees its channel
+    closed with a clear reply text; what they held is not lost."""
+    outsider, replicas = await _outsider(grouped)
+    async with await clients.connect(outsider.address, timeout=5, route=False) as conn:
+        await conn.declare_queue("bq", partition=1)
+        for i in range(40):
+            await conn.publish("bq", b"b-%02d" % i)
+    rows = (await topology(replicas[0].address))["partitions"]
+    leader = next(r for r in rows if r["partition"] == 1)["leader"].split("/")[0]
+    victim = next(r for r in replicas if r.node_id == leader)
+    survivor = next(r for r in replicas if r is not victim)
+
+    def connect(notify: bool) -> pika.BlockingConnection:
+        props = None if notify else {"capabilities": {}}  # (pika asks for it by default)
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", amqp_port(outsider), connection_attempts=1,
+            client_properties=props))
+
+    def kill_while_held() -> tuple[list[Any], list[Any], list[bytes]]:
+        notified, plain = connect(True), connect(False)
+        try:
+            cancels: list[Any] = []
+            closed: list[Any] = []
+            held: list[bytes] = []
+            for pc in (notified, plain):
+                ch = pc.channel()
+                ch.basic_qos(prefetch_count=5)
+                ch.basic_consume("bq", lambda _c, _m, _p, body: held.append(body))
+                if pc is notified:
+                    ch.add_on_cancel_callback(cancels.append)
+                else:  # (the blocking channel tells its close on the next call only)
+                    ch._impl.add_on_close_callback(lambda _ch, why: closed.append(why))
+            deadline = time.monotonic() + 10
+            while len(held) < 10 and time.monotonic() < deadline:
+                for pc in (notified, plain):
+                    pc.process_data_events(0.05)
+            assert len(held) == 10, held  # each holds its prefetch, unacked
+            victim.kill9()
+            deadline = time.monotonic() + 15
+            while (not cancels or not closed) and time.monotonic() < deadline:
+                for pc in (notified, plain):
+                    pc.process_data_events(0.05)
+            return cancels, closed, held
+        finally:
+            for pc in (notified, plain):
+                if pc.is_open:
+                    pc.close()
+
+    cancels, closed, held = await asyncio.to_thread(kill_while_held)
+    assert cancels, "no Basic.Cancel for the relayed consumer"
+    assert closed, "the channel of a client without consumer_cancel_notify stayed open"
+    reason = closed[0]
+    assert isinstance(reason, pika.exceptions.ChannelClosedByBroker), reason
+    assert reason.reply_code == 506, reason
+    assert "ended" in reason.reply_text and "consume again" in reason.reply_text, reason
+
+    # Nothing held was lost: all 40 from the survivor, each once.
+    async with await clients.connect(survivor.address, timeout=5) as rc:
+        seen: list[bytes] = []
+        async with rc.consume("bq", prefetch=50) as consumer:
+            while len(seen) < 40:
+                batch = await consumer.get_many(50, timeout=15)
+                assert batch, f"{len(seen)} of 40"
+                seen += [m.body for m in batch]
+                await consumer.ack_many(batch)
+        assert sorted(seen) == [b"b-%02d" % i for i in range(40)]
+    assert "Traceback" not in outsider.output()

@@ -39,6 +39,7 @@ class Owner:
         )
         self.rights = SimpleNamespace(check=lambda right, name, what="": None)
         self.cancel_notify = True
+        self.peers = None  # (no replica groups)
         self.written = b""
         self.keys = 0
 
