@@ -71,6 +71,12 @@ async def _forwarded(http: aiohttp.ClientSession, b: BrokerProcess) -> dict[str,
     return out
 
 
+def _pika(b: BrokerProcess) -> pika.BlockingConnection:
+    """A blocking pika connection to ``b``'s AMQP listener (one attempt)."""
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", amqp_port(b), connection_attempts=1))
+
+
 def _by(text: str, name: str, label: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -92,8 +98,7 @@ async def test_a_broker_outside_the_group_serves_native_and_amqp_clients(
 
     # AMQP on the same broker: the declare (same settings) and confirmed publishes.
     def amqp_side() -> str:
-        pc = pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+        pc = _pika(outsider)
         try:
             ch = pc.channel()
             ch.queue_declare("fq", durable=True)
@@ -289,8 +294,7 @@ async def test_an_amqp_consumer_of_a_broker_outside_the_group_is_relayed(
     total = 300
 
     def consume_acked() -> tuple[list[bytes], int]:
-        pc = pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+        pc = _pika(outsider)
         try:
             ch = pc.channel()
             ch.confirm_delivery()
@@ -325,8 +329,7 @@ async def test_an_amqp_consumer_of_a_broker_outside_the_group_is_relayed(
         await wait_stats(rc, "aq", timeout=10, ready=0, acquired=0, interested=[])
 
         def no_ack_and_close() -> tuple[int, int]:
-            pc = pika.BlockingConnection(pika.ConnectionParameters(
-                "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+            pc = _pika(outsider)
             try:
                 ch = pc.channel()
                 ch.confirm_delivery()
@@ -361,8 +364,7 @@ async def test_an_amqp_consumer_of_a_broker_outside_the_group_is_relayed(
         await wait_stats(rc, "aq", timeout=10, ready=10, acquired=0, interested=[])
 
         def in_a_transaction() -> int:
-            pc = pika.BlockingConnection(pika.ConnectionParameters(
-                "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+            pc = _pika(outsider)
             try:
                 ch = pc.channel()
                 ch.tx_select()
@@ -411,8 +413,7 @@ async def test_an_amqp_consumer_of_a_broker_outside_the_group_is_relayed(
         await wait_stats(rc, "aq", timeout=10, ready=0, acquired=0, interested=[])
 
         def gets() -> list[bytes]:
-            pc = pika.BlockingConnection(pika.ConnectionParameters(
-                "127.0.0.1", amqp_port(outsider), connection_attempts=1))
+            pc = _pika(outsider)
             try:
                 ch = pc.channel()
                 ch.confirm_delivery()
