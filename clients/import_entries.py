@@ -325,15 +325,33 @@ async def _declare(conn: _aio.Connection, queue: str) -> None:
 # --- the Spark job ----------------------------------------------------------------------
 
 
-def spark_session(app: str = "baton-import-entries", master: str = "local[2]") -> "SparkSession":
+def spark_session(
+    app: str = "baton-import-entries", master: str = "local[2]", *, detach: bool = False
+) -> "SparkSession":
     """A SparkSession whose Python workers use this interpreter (where Baton is
-    installed), with the ``baton`` format registered."""
+    installed), with the ``baton`` format registered.
+
+    ``detach`` starts Spark's JVM in a session of its own, so a Ctrl-C at the terminal
+    (SIGINT to the whole foreground process group) reaches only this process, which
+    stops in order. Without it, the signal also reaches Spark's Python workers, which
+    die in the middle of the batch in progress with a long Java stack trace. The JVM
+    still ends with this process: it exits when its stdin, a pipe from here, closes.
+    """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from batonmq.clients import spark as baton_spark
 
+    if detach:
+        from pyspark import SparkConf, SparkContext
+        from pyspark.java_gateway import launch_gateway
+
+        if SparkContext._active_spark_context is None:
+            conf = SparkConf().setAppName(app).setMaster(master)
+            detached = {"start_new_session": True}
+            gateway = launch_gateway(conf, popen_kwargs=detached)  # type: ignore[no-untyped-call]
+            SparkContext(conf=conf, gateway=gateway)  # the builder below takes it up
     builder: Any = SparkSession.builder
     spark: SparkSession = (
         builder.appName(app)
@@ -491,7 +509,7 @@ async def run_pipeline(cfg: PipelineConfig, stop: asyncio.Event | None = None) -
     Spark session starts before (a warm standby takes over in seconds).
     """
     stop = stop or asyncio.Event()
-    spark = await asyncio.to_thread(spark_session, master=cfg.master)
+    spark = await asyncio.to_thread(spark_session, master=cfg.master, detach=True)
     async with await _aio.connect(cfg.brokers, failover=True, failover_timeout=60) as conn:
         await _declare(conn, cfg.queue)
         await _declare(conn, cfg.dlq or f"{cfg.queue}.dlq")

@@ -155,9 +155,16 @@ class Pipeline:
         return self.out.read_text(errors="replace")[-6000:]
 
     def kill9(self) -> None:
-        """kill -9 of the driver: the Python process and its JVM."""
+        """kill -9 of the driver: the Python process and its JVM (which runs in a
+        session of its own, with Spark's Python workers)."""
         assert self.proc is not None
+        tree = descendants(self.proc.pid)
         os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait(10)
 
     def stop(self) -> None:
@@ -168,6 +175,33 @@ class Pipeline:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def process_group(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return -1
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str, pipeline: Pipeline) -> None:
@@ -234,6 +268,12 @@ def test_ctrl_c_of_the_pipeline_ends_it_quietly(
         ck = str(tmp_path / "ck")
         wait_for(lambda: (committed_position(ck) or 0) >= 3000, 90, "a committed batch", pipeline)
         assert pipeline.proc is not None
+        # Spark's JVM and Python workers are outside the pipeline's process group, so the
+        # Ctrl-C below cannot kill a worker in the middle of a batch.
+        spark_processes = descendants(pipeline.proc.pid)
+        assert spark_processes, "the pipeline has no Spark processes"
+        in_group = [p for p in spark_processes if process_group(p) == pipeline.proc.pid]
+        assert not in_group, f"Spark processes in the pipeline's process group: {in_group}"
         os.killpg(pipeline.proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
         assert pipeline.proc.wait(60) == 0, pipeline.output()
     finally:
