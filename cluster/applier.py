@@ -27,7 +27,7 @@ from batonmq.cluster.effects import (
     RemovedRange,
     Stored,
 )
-from batonmq.cluster.errors import LogCorrupt, LogTruncated, StoreError
+from batonmq.cluster.errors import InvalidArgument, LogCorrupt, LogTruncated, StoreError
 from batonmq.cluster.events import EnableFeatures
 from batonmq.cluster.health import Health
 from batonmq.cluster.log import UNOPENED, Log
@@ -242,6 +242,12 @@ class Applier:
                         except MalformedEvent as exc:
                             log.warning("log offset %d: malformed record ignored: %s", offset, exc)
                             state.skip_malformed(offset)
+                            if exc.origin is not None:
+                                # Its writer's command fails now rather than never.
+                                o = exc.origin
+                                out.append(Completed(o.node, o.runtime, o.seq, None, InvalidArgument(
+                                    f"the event was written but cannot be applied: {exc.message}"
+                                )))
                             continue
                         except UnreadableRecord as exc:
                             unreadable = (offset, exc.message)

@@ -53,9 +53,11 @@ __all__ = ["MalformedEvent", "UnreadableRecord", "encode", "decode", "EventEncod
 
 
 class MalformedEvent(BatonError):
-    """A log record is not a well-formed event."""
+    """A log record is not a well-formed event. ``origin``: who wrote it, when its
+    envelope could be read (only its fields are bad)."""
 
     code = 1
+    origin: "Origin | None" = None
 
 
 class UnreadableRecord(BatonError):
@@ -162,13 +164,22 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
         and type(op) is int
     ):
         raise MalformedEvent("bad event envelope")
+    try:
+        event = _event(op, items[5:])
+    except MalformedEvent as exc:
+        exc.origin = Origin(node, runtime, seq, ts)
+        raise
+    return Origin(node, runtime, seq, ts), event
+
+
+def _event(op: int, values: list[Any]) -> AnyEvent:
+    """The event of op-code ``op`` from its fields, checked (see :func:`decode`)."""
     names = _FIELDS.get(op)
     if names is None:
         raise UnreadableRecord(
             f"event op-code {op} is unknown to this build (Baton {VERSION}): a newer build"
             " wrote it"
         )
-    values = items[5:]
     if not _REQUIRED[op] <= len(values) <= len(names):
         raise MalformedEvent(
             f"{EVENT_TYPES[op].__name__} needs {_REQUIRED[op]} to {len(names)} fields"
@@ -282,7 +293,7 @@ def decode(record: bytes) -> tuple[Origin, AnyEvent]:
     except TypeError as exc:
         raise MalformedEvent(str(exc)) from exc
     _check_scalars(event)
-    return Origin(node, runtime, seq, ts), event
+    return event
 
 
 def _messages(raw: Any) -> tuple[tuple[bytes, dict[str, Any]], ...]:

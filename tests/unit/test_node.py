@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from batonmq.cluster.results import Declared, Enqueued
-from batonmq.cluster.errors import LogUnavailable, QueueNotFound
+from batonmq.cluster.errors import InvalidArgument, LogUnavailable, QueueNotFound
 from batonmq.cluster.events import Accept, Acquire, Candidate, DeclareQueue, Enqueue, Interest
 from batonmq.cluster.log import open_log
 from batonmq.cluster.log.memory import MemoryLog
@@ -69,6 +69,22 @@ async def test_commands_complete_with_results() -> None:
         msgs = node.store.get_messages(node.state.queues["q"].qid, [0, 1, 2])
         assert [m.body if m else None for m in msgs] == [b"x", b"y", None]
         assert msgs[0] is not None and msgs[0].headers == {"h": 1}
+    finally:
+        await _close(node)
+
+
+async def test_an_event_written_but_not_readable_fails_its_command_and_nothing_else() -> None:
+    """A record every replica skips as malformed (here a TTL the codec refuses, which
+    only a caller bypassing the session's checks can submit) must fail its command at
+    once: before, its future never resolved and the client waited forever."""
+    node = await _node("a", "memory:")
+    try:
+        await node.submit(DeclareQueue("q"))
+        with pytest.raises(InvalidArgument, match="cannot be applied.*ttls"):
+            await asyncio.wait_for(node.submit(Enqueue("q", ((b"x", {}),), ttls=(-5,))), 10)
+        assert node.state.ignored.get("malformed") == 1
+        ok = await node.submit(Enqueue("q", ((b"y", {}),)))  # the next one is applied
+        assert ok == Enqueued(first_position=0, count=1)
     finally:
         await _close(node)
 
