@@ -12,7 +12,8 @@ opened; a queue whose partition the connected broker applies is answered ``anywh
 and served over that connection too.
 
 When the map changes under the client — a command answered "not applied by this
-broker" (or ``NotReplica``), a replica's connection lost, a consumer cancelled
+broker" (or ``NotReplica``), a replica's connection lost, a command in flight while
+its broker closed the partition (``ShuttingDown``), a consumer cancelled
 because its broker left the group — the route is looked up again and the command is
 sent to a current replica: publishes keep their idempotency keys, so a re-sent one
 is enqueued once; a consumer subscribes again (what it held goes back to the queue,
@@ -36,9 +37,15 @@ from batonmq.clients.consumer import Consumer
 from batonmq.clients.producer import Producer
 from batonmq.clients.results import consume_result
 from batonmq.clients.wire import Locate
-from batonmq.cluster.errors import BatonError, ConnectionClosed, LogUnavailable, ProtocolError
+from batonmq.cluster.errors import (
+    BatonError,
+    ConnectionClosed,
+    LogUnavailable,
+    ProtocolError,
+    ShuttingDown,
+)
 
-__all__ = ["Route", "RouteTable", "Router", "RoutedConsumer", "misrouted"]
+__all__ = ["Route", "RouteTable", "Router", "RoutedConsumer", "misrouted", "send_again"]
 
 _log = logging.getLogger("baton.client")
 
@@ -165,6 +172,22 @@ def misrouted(exc: BaseException) -> bool:
     if type(exc).__name__ == "NotReplica":
         return True
     return isinstance(exc, LogUnavailable) and any(t in exc.message for t in _MISROUTED_TEXT)
+
+
+def send_again(exc: BaseException, *, replica: bool, resend: bool) -> bool:
+    """Whether a routed command that failed with ``exc`` goes to a replica again.
+
+    Misrouted: always (the broker did not apply it). ``ShuttingDown`` (the broker, or
+    its copy of the queue's partition when its group changed, closed with the command
+    in flight) and, on a ``replica``'s channel rather than the primary one (which has
+    its own failover), a lost connection: the outcome is unknown, so only a command
+    that may be applied twice (``resend``: idempotent) goes again.
+    """
+    if misrouted(exc):
+        return True
+    if isinstance(exc, ShuttingDown) or replica and isinstance(exc, ConnectionClosed):
+        return resend
+    return False
 
 
 class Router:
@@ -308,12 +331,10 @@ class Router:
         was lost and the command may be sent again (``resend``: idempotent)."""
         if self.ended or not self.enabled:
             return False
-        if misrouted(exc):
-            return True
-        if isinstance(exc, ConnectionClosed) and channel is not self.primary:
+        replica = channel is not self.primary
+        if replica and isinstance(exc, ConnectionClosed):
             self.table.failed(channel.address, self.primary.loop.time())
-            return resend
-        return False
+        return send_again(exc, replica=replica, resend=resend)
 
     async def run(
         self, queue: str, command: Callable[[Channel], Awaitable[T]], *, resend: bool = True

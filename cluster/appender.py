@@ -83,6 +83,8 @@ class Appender:
         self.store = store
         self.health = health
         self.closing = False  # set by close(): new submissions fail with ShuttingDown
+        # Why it closes (ShuttingDown's message); the whole broker unless said otherwise.
+        self.closing_why = "the broker is shutting down"
         self.halted: str | None = None  # set by halt(): why this broker takes no commands
         self._clock = clock
         self._max_append = max_append
@@ -158,7 +160,7 @@ class Appender:
         """
         fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         if self.closing:
-            fut.set_exception(ShuttingDown("the broker is shutting down"))
+            fut.set_exception(ShuttingDown(self.closing_why))
             return fut
         if self.halted is not None:
             fut.set_exception(ShuttingDown(self.halted))
@@ -397,9 +399,11 @@ class Appender:
 
     # -- closing ---------------------------------------------------------------------
 
-    async def close(self, timeout: float = 5.0) -> None:
+    async def close(self, timeout: float = 5.0, why: str | None = None) -> None:
         """Refuse new events and wait (up to ``timeout`` seconds) until the outbox is
-        on the log."""
+        on the log. ``why``: what ShuttingDown says (default: the broker shuts down)."""
+        if why is not None:
+            self.closing_why = why
         self.closing = True
         deadline = time.monotonic() + timeout
         while self._outbox and time.monotonic() < deadline:
@@ -427,10 +431,12 @@ class Appender:
         self._waiting.clear()
 
     def fail_waiting(self) -> None:
-        """Fail every future still waiting with ShuttingDown (the tasks have stopped)."""
+        """Fail every future still waiting with ShuttingDown (the tasks have stopped):
+        its outcome is unknown (it may be on the log)."""
+        why = f"{self.closing_why}; this command's outcome is unknown"
         for fut in self._waiting.values():
             if not fut.done():
-                fut.set_exception(ShuttingDown("the broker is shutting down"))
+                fut.set_exception(ShuttingDown(why))
         self._waiting.clear()
 
 

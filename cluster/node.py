@@ -680,9 +680,10 @@ class Node:
         if self._voted == ballot:
             self._voted = None
 
-    async def stop(self) -> None:
-        """Finish pending appends, stop the tasks. Pending commands fail with ShuttingDown."""
-        await self.appender.close()
+    async def stop(self, why: str | None = None) -> None:
+        """Finish pending appends, stop the tasks. Pending commands fail with ShuttingDown
+        (saying ``why``, if given: default, the broker shuts down)."""
+        await self.appender.close(why=why)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -636,8 +636,8 @@ class Partitioned(Node):
     async def leave(self) -> None:
         await asyncio.gather(*(n.leave() for n in self.data.values()), super().leave())
 
-    async def stop(self) -> None:
+    async def stop(self, why: str | None = None) -> None:
         await self.growth.stop()
-        await asyncio.gather(*(n.stop() for n in self.data.values()))
-        await super().stop()
+        await asyncio.gather(*(n.stop(why) for n in self.data.values()))
+        await super().stop(why)
 

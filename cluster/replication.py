@@ -315,7 +315,7 @@ class Replication:
             except BatonError as exc:
                 log.warning("partition %d: leaving its view failed (%s): stopping anyway",
                             k, exc)
-            await node.stop()
+            await node.stop(why=f"data partition {k} is served by other brokers now")
             owner.closed_seqs[k] = node.appender.seq  # (if it is given the partition again)
             if self.on_closed is not None:
                 self.on_closed(k)

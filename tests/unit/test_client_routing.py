@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from batonmq.clients.routing import Route, RouteTable, misrouted
-from batonmq.cluster.errors import ConnectionClosed, LogUnavailable, ProtocolError, QueueNotFound
+from batonmq.clients.routing import Route, RouteTable, misrouted, send_again
+from batonmq.cluster.errors import (
+    ConnectionClosed,
+    LogUnavailable,
+    ProtocolError,
+    QueueNotFound,
+    ShuttingDown,
+)
 
 
 def _answer(
@@ -99,3 +105,19 @@ def test_misrouted_errors() -> None:
     assert not misrouted(LogUnavailable("the log is down"))
     assert not misrouted(QueueNotFound("queue 'q' does not exist"))
     assert not misrouted(ConnectionClosed("lost"))
+
+
+@pytest.mark.parametrize("replica", [True, False])
+def test_what_is_sent_again_to_another_replica(replica: bool) -> None:
+    moved = LogUnavailable("queue 'q' is served by other brokers now (data partition 2 moved)")
+    closing = ShuttingDown("data partition 2 is served by other brokers now; this command's"
+                           " outcome is unknown")
+    for resend in (True, False):
+        assert send_again(moved, replica=replica, resend=resend)  # never applied there
+        # In flight while the partition closed there: only an idempotent command again.
+        assert send_again(closing, replica=replica, resend=resend) is resend
+        assert not send_again(QueueNotFound("queue 'q' does not exist"), replica=replica,
+                              resend=resend)
+    # A lost replica connection: unknown outcome; the primary channel fails over itself.
+    assert send_again(ConnectionClosed("lost"), replica=replica, resend=True) is replica
+    assert not send_again(ConnectionClosed("lost"), replica=replica, resend=False)
