@@ -347,11 +347,11 @@ def spark_session(
         from pyspark import SparkConf, SparkContext
         from pyspark.java_gateway import launch_gateway
 
-        if SparkContext._active_spark_context is None:
-            conf = SparkConf().setAppName(app).setMaster(master)
-            detached = {"start_new_session": True}
-            gateway = launch_gateway(conf, popen_kwargs=detached)  # type: ignore[no-untyped-call]
-            SparkContext(conf=conf, gateway=gateway)  # the builder below takes it up
+        # (Only where no Spark runs in this process yet: the pipeline's own command.)
+        conf = SparkConf().setAppName(app).setMaster(master)
+        detached = {"start_new_session": True}
+        gateway = launch_gateway(conf, popen_kwargs=detached)  # type: ignore[no-untyped-call]
+        SparkContext(conf=conf, gateway=gateway)  # the builder below takes it up
     builder: Any = SparkSession.builder
     spark: SparkSession = (
         builder.appName(app)
