@@ -208,6 +208,9 @@ class _Sub:
     # ``consumer`` is then this channel's record of it only (what it holds), not one
     # of this broker's delivery.
     relay: Relay | None = None
+    # A relayed getter that has its message: done once its replica's consumer is
+    # cancelled (what that consumer took after its one message is then back).
+    ended: asyncio.Future[None] | None = None
 
 
 @dataclass(slots=True)
@@ -251,6 +254,8 @@ class Channel:
         self._next_int = 0
         self._getters: dict[str, _Sub] = {}  # by queue
         self._get: _Get | None = None
+        # Relayed getters that have their message, until their replica's consumer ends.
+        self._gets_ending: dict[int, _Sub] = {}
         self._delivery_tag = 0
         self._unacked: dict[int, tuple[_Sub, int]] = {}  # delivery tag -> (sub, position)
         self._publishes: dict[str, list[_Publish]] = {}
@@ -349,6 +354,9 @@ class Channel:
                 get.timer.cancel()
             c.prefetch = 0
             sub.cancelled = sub.relay is not None  # (relayed: ends once it is settled)
+            if sub.relay is not None:
+                sub.ended = asyncio.get_running_loop().create_future()
+                self._gets_ending[c.tag] = sub
         self.owner.write(b"".join(out))
         if accepted:
             self._settle_positions(c, accepted, "accept")
@@ -364,6 +372,7 @@ class Channel:
         if sub.getter:
             if sub.relay is not None:
                 sub.consumer.closed = True  # (a Basic.Get waiting answers at its deadline)
+                self._get_ended(sub)
             else:
                 self._getters.pop(sub.consumer.queue, None)
             return
@@ -1265,9 +1274,13 @@ class Channel:
             self._by_int.pop(c.tag, None)
             c.closed = True
             # (what came after the client's last message goes back, not failed)
-            sub.relay.close(received=sub.relay.received)
+            closing = sub.relay.close(received=sub.relay.received)
             if not sub.getter:
                 self.owner.consumer_gone(c.queue)
+            elif closing is None:
+                self._get_ended(sub)
+            else:
+                closing.add_done_callback(lambda _: self._get_ended(sub))
             return
         if c.held or c.acquiring or c.settling:
             if not c.held:
@@ -1339,6 +1352,15 @@ class Channel:
         sub = _Sub("", record, bool(m.no_ack), getter=True, limit=1, relay=relay)
 
         async def fetch() -> bool:
+            # A getter of this queue whose message is settled may have taken the next
+            # one meanwhile, which its cancel gives back: wait for that first (a client
+            # that gets one message at a time then sees every one).
+            ending = [
+                e.ended for e in self._gets_ending.values()
+                if e.ended is not None and e.consumer.queue == queue and not e.consumer.held
+            ]
+            if ending:
+                await asyncio.wait(ending, timeout=GET_WAIT)
             if await relay.ready_messages() == 0:
                 return False
             await relay.start(wire.Subscribe(0, queue, 1, {"counters": True}))
@@ -1374,6 +1396,12 @@ class Channel:
 
         fut.add_done_callback(done)
         self._order.wait(answer)
+
+    def _get_ended(self, sub: _Sub) -> None:
+        """A relayed getter's consumer has ended on its replica."""
+        self._gets_ending.pop(sub.consumer.tag, None)
+        if sub.ended is not None and not sub.ended.done():
+            sub.ended.set_result(None)
 
     def _drop_idle_getters(self) -> None:
         """End the getters that hold nothing (a channel that gets from many queues
