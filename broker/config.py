@@ -160,8 +160,9 @@ class BrokerConfig:
             stops reading from it.
         max_append: most events per log append (the appender's batch).
         max_outbox: most events waiting for an unavailable log before commands fail.
-        append_linger_us: microseconds the appender waits before taking each batch
-            (0: none; docs/performance.md "Changes and their effect").
+        append_linger_us: microseconds the appender waits before taking each batch,
+            while that gathers more events (0: never; docs/performance.md "Changes and
+            their effect").
         expiry_interval: seconds between TTL checks of queues with a message TTL.
         role: "voter" (votes, may lead) or "observer" (replicates and serves only).
         properties: instance properties shown in the topology (e.g. zone=a).
@@ -250,10 +251,11 @@ class BrokerConfig:
     max_outbox: int = _opt(200_000, least=1,
                            help="most events waiting for an unavailable log before commands"
                                 " fail with LogUnavailable")
-    append_linger_us: int = _opt(0, least=0,
+    append_linger_us: int = _opt(2000, least=0,
                                  help="microseconds the appender waits before taking each"
-                                      " batch of events for the log (0: none): fewer,"
-                                      " larger appends, that much more latency")
+                                      " batch of events for the log, while waiting gathers"
+                                      " more (0: never): fewer, larger appends under load,"
+                                      " at most that much more latency")
     expiry_interval: float = _opt(0.25, help="seconds between TTL checks of queues with a TTL")
     role: str = _opt("voter", choices=("voter", "observer"),
                      help="observers replicate and serve clients, never vote or lead")

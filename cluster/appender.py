@@ -49,6 +49,10 @@ log = logging.getLogger("baton.node")
 #: Bytes a log backend may add per record, counted when cutting appends to size.
 _RECORD_OVERHEAD = 64
 
+#: Seconds lingering stays off once lingers gather next to nothing (then one is tried
+#: again): a client that sends one command at a time pays a linger at most this often.
+LINGER_RETRY_S = 0.5
+
 
 class Appender:
     """Stamps, queues and appends this runtime's events; completes their futures.
@@ -111,7 +115,11 @@ class Appender:
         #: Microseconds to wait before taking a batch (0: none): more events per append
         #: (one write, one fsync, one apply cycle for more of them), for that much more
         #: latency (``append_linger_us``, docs/performance.md "Changes and their effect").
+        #: Only while lingering pays: see :meth:`_linger`.
         self.linger_us = 0
+        self._gathered = 0.5  # events a linger gathered: a moving average
+        self.lingers = 0  # lingers waited (tests)
+        self._linger_off_until = 0.0  # (loop time) lingering paid too little
 
     # -- stamping and queueing -----------------------------------------------------
 
@@ -208,8 +216,8 @@ class Appender:
         """Append what the outbox holds, batch after batch, forever."""
         while True:
             await self._outbox_ready.wait()
-            if self.linger_us:
-                await asyncio.sleep(self.linger_us / 1e6)
+            if self.linger_us and len(self._outbox) < self._max_append:
+                await self._linger()
             batch = self._take_batch()
             if not self._outbox:
                 self._outbox_ready.clear()
@@ -229,6 +237,31 @@ class Appender:
                 done = self._stashed.pop(seq, None)
                 if done is not None:
                     self._complete(done)
+
+    async def _linger(self) -> None:
+        """Wait ``linger_us`` for more events to share the append, while that pays.
+
+        It pays when independent events keep coming (many clients, a steady rate):
+        each append then carries those of several turns, and the write, the sync, the
+        apply, the store's write batch and the answers are paid once for all of them.
+        It does not when the next event waits for this one (a client that sends one
+        command at a time, a message's acquire behind its enqueue): nothing comes in
+        meanwhile, and the wait is only latency. So when the lingers have gathered
+        less than half an event on average (a moving average over the last few),
+        lingering is off for :data:`LINGER_RETRY_S`; then one linger is tried again,
+        and one that gathers an event turns it back on. The first linger is such a
+        try.
+        """
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._linger_off_until:
+            return
+        before = len(self._outbox)
+        self.lingers += 1
+        await asyncio.sleep(self.linger_us / 1e6)
+        gathered = self._gathered = 0.75 * self._gathered + 0.25 * (len(self._outbox) - before)
+        if gathered < 0.5:
+            self._linger_off_until = loop.time() + LINGER_RETRY_S
+            self._gathered = 0.5
 
     async def _append_retrying(
         self, records: list[bytes], batch: list[tuple[int, bytes, bool]], kept: list[int]

@@ -510,9 +510,12 @@ async def test_append_linger_gathers_what_comes_meanwhile(linger_us: int, append
     """``append_linger_us``: the appender waits that long before taking a batch, so an
     event submitted meanwhile shares the first one's append."""
     node = Node("a", MemoryLog(), MemoryStore(), append_linger_us=linger_us)
+    assert node.appender.linger_us == linger_us
+    node.appender.linger_us = 0  # the declare alone: a linger would gather nothing
     await node.start()
     try:
         await node.submit(DeclareQueue("q"))
+        node.appender.linger_us = linger_us
         took: list[float] = []
         node.appender.append_observer = took.append
         first = node.submit(Enqueue("q", ((b"1", {}),)))
@@ -527,3 +530,30 @@ async def test_append_linger_gathers_what_comes_meanwhile(linger_us: int, append
         assert len(took) == appends
     finally:
         await _close(node)
+
+
+async def test_a_linger_that_gathers_nothing_turns_lingering_off_for_a_while() -> None:
+    """One command at a time: the next event waits for this one, so a linger only
+    delays it. After one that gathered nothing, the appender appends at once (for
+    LINGER_RETRY_S), then tries a linger again."""
+    from batonmq.cluster import appender as appender_mod
+
+    node = Node("a", MemoryLog(), MemoryStore(), append_linger_us=50_000)
+    await node.start()
+    try:
+        await node.submit(DeclareQueue("q"))  # the first append tries a linger
+        tried = node.appender.lingers
+        assert tried >= 1
+        for i in range(5):  # one at a time, well within LINGER_RETRY_S of 0.5 s
+            await node.submit(Enqueue("q", ((b"%d" % i, {}),)))
+        assert node.appender.lingers == tried
+        assert appender_mod.LINGER_RETRY_S <= 1.0
+        await eventually(lambda: _lingers_after_retry(node, tried), "a linger tried again", 5)
+    finally:
+        await _close(node)
+
+
+def _lingers_after_retry(node: Node, tried: int) -> bool:
+    """Submit one more event (in the background) and say whether it lingered."""
+    node.submit(Enqueue("q", ((b"again", {}),))).add_done_callback(lambda f: f.exception())
+    return node.appender.lingers > tried
