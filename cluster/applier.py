@@ -245,9 +245,10 @@ class Applier:
                             if exc.origin is not None:
                                 # Its writer's command fails now rather than never.
                                 o = exc.origin
-                                out.append(Completed(o.node, o.runtime, o.seq, None, InvalidArgument(
-                                    f"the event was written but cannot be applied: {exc.message}"
-                                )))
+                                why = f"the event was written but cannot be applied: {exc.message}"
+                                out.append(Completed(
+                                    o.node, o.runtime, o.seq, None, InvalidArgument(why)
+                                ))
                             continue
                         except UnreadableRecord as exc:
                             unreadable = (offset, exc.message)
