@@ -13,7 +13,8 @@ and served over that connection too.
 
 When the map changes under the client — a command answered "not applied by this
 broker" (or ``NotReplica``), a replica's connection lost, a command in flight while
-its broker closed the partition (``ShuttingDown``), a consumer cancelled
+its broker closed the partition (``ShuttingDown``, "served by other brokers now"),
+a consumer cancelled
 because its broker left the group — the route is looked up again and the command is
 sent to a current replica: publishes keep their idempotency keys, so a re-sent one
 is enqueued once; a consumer subscribes again (what it held goes back to the queue,
@@ -61,6 +62,9 @@ _BACKOFF_MAX: Final = 1.0
 
 #: What a broker says when it is not (or no longer) a replica of the queue's partition.
 _MISROUTED_TEXT: Final = ("is not applied by this broker", "is served by other brokers now")
+#: What ``ShuttingDown`` says of a command in flight while its partition closed here
+#: (cluster/replication.py).
+_PARTITION_CLOSED: Final = "is served by other brokers now"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,15 +181,18 @@ def misrouted(exc: BaseException) -> bool:
 def send_again(exc: BaseException, *, replica: bool, resend: bool) -> bool:
     """Whether a routed command that failed with ``exc`` goes to a replica again.
 
-    Misrouted: always (the broker did not apply it). ``ShuttingDown`` (the broker, or
-    its copy of the queue's partition when its group changed, closed with the command
-    in flight) and, on a ``replica``'s channel rather than the primary one (which has
-    its own failover), a lost connection: the outcome is unknown, so only a command
-    that may be applied twice (``resend``: idempotent) goes again.
+    Misrouted: always (the broker did not apply it). ``ShuttingDown`` because the
+    broker's copy of the queue's partition closed with the command in flight (its
+    group changed) and, on a ``replica``'s channel rather than the primary one (which
+    has its own failover), a lost connection: the outcome is unknown, so only a command
+    that may be applied twice (``resend``: idempotent) goes again. Any other
+    ``ShuttingDown`` (the broker stops, or stopped applying) is the caller's to see.
     """
     if misrouted(exc):
         return True
-    if isinstance(exc, ShuttingDown) or replica and isinstance(exc, ConnectionClosed):
+    if isinstance(exc, ShuttingDown) and _PARTITION_CLOSED in exc.message:
+        return resend
+    if replica and isinstance(exc, ConnectionClosed):
         return resend
     return False
 

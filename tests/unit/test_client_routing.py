@@ -118,6 +118,12 @@ def test_what_is_sent_again_to_another_replica(replica: bool) -> None:
         assert send_again(closing, replica=replica, resend=resend) is resend
         assert not send_again(QueueNotFound("queue 'q' does not exist"), replica=replica,
                               resend=resend)
+    # The broker stops, or stopped applying: the caller sees it.
+    halted = ShuttingDown("this broker stopped applying the log at offset 16 (...); use"
+                          " another broker")
+    assert not send_again(halted, replica=replica, resend=True)
+    assert not send_again(ShuttingDown("the broker is shutting down"), replica=replica,
+                          resend=True)
     # A lost replica connection: unknown outcome; the primary channel fails over itself.
     assert send_again(ConnectionClosed("lost"), replica=replica, resend=True) is replica
     assert not send_again(ConnectionClosed("lost"), replica=replica, resend=False)
