@@ -60,11 +60,11 @@ DEAD_FOR: Final = 5.0
 _BACKOFF_FIRST: Final = 0.05
 _BACKOFF_MAX: Final = 1.0
 
-#: What a broker says when it is not (or no longer) a replica of the queue's partition.
-_MISROUTED_TEXT: Final = ("is not applied by this broker", "is served by other brokers now")
-#: What ``ShuttingDown`` says of a command in flight while its partition closed here
-#: (cluster/replication.py).
+#: What a broker says of a queue whose partition it closed (cluster/replication.py,
+#: broker/server.py): the ``ShuttingDown`` of a command in flight then, too.
 _PARTITION_CLOSED: Final = "is served by other brokers now"
+#: What a broker says when it is not (or no longer) a replica of the queue's partition.
+_MISROUTED_TEXT: Final = ("is not applied by this broker", _PARTITION_CLOSED)
 
 
 @dataclass(frozen=True, slots=True)
