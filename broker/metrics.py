@@ -172,6 +172,13 @@ class BrokerCollector(Collector):
             "baton_outbox_events", "Events waiting for their log append.",
             node.appender.outbox_depth,
         )
+        lingers = CounterMetricFamily(
+            "baton_append_lingers",
+            "Times the appender waited append_linger_us for more events before an append"
+            " (it stops while waiting gathers nothing, docs/performance.md).",
+        )
+        lingers.add_metric([], node.appender.lingers)
+        yield lingers
         yield _gauge(
             "baton_connections", "Open client connections.", self.broker.connection_count()
         )

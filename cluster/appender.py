@@ -118,7 +118,7 @@ class Appender:
         #: Only while lingering pays: see :meth:`_linger`.
         self.linger_us = 0
         self._gathered = 0.5  # events a linger gathered: a moving average
-        self.lingers = 0  # lingers waited (tests)
+        self.lingers = 0  # lingers waited (the metric baton_append_lingers_total)
         self._linger_off_until = 0.0  # (loop time) lingering paid too little
 
     # -- stamping and queueing -----------------------------------------------------
