@@ -251,7 +251,7 @@ class BrokerConfig:
     max_outbox: int = _opt(200_000, least=1,
                            help="most events waiting for an unavailable log before commands"
                                 " fail with LogUnavailable")
-    append_linger_us: int = _opt(2000, least=0,
+    append_linger_us: int = _opt(3000, least=0,
                                  help="microseconds the appender waits before taking each"
                                       " batch of events for the log, while waiting gathers"
                                       " more (0: never): fewer, larger appends under load,"
