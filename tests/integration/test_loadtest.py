@@ -43,7 +43,7 @@ def test_throughput_run_on_three_brokers_is_clean_and_a_corrupted_history_fails(
     run_dir = report / "baton"
     out = tmp_path / "result.json"
     done = loadtest(
-        "--preset", "throughput", "--duration", "10", "--brokers", "3",
+        "--preset", "throughput", "--duration", "6", "--brokers", "3",
         "--report", str(report), "--json", str(out),
         timeout=150,
     )
