@@ -27,7 +27,8 @@ from tests.helpers import eventually, equal_digests, topology
 from tests.integration.conftest import BrokerProcess, started
 from tests.integration.test_partition_dead_letters import N, parted_brokers
 
-pytestmark = pytest.mark.integration
+# (Up to ROUNDS kill rounds of ~14 s each: more than the suite's 120 s default.)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 PER_ROUND = 150
 #: Kills tried until one falls between the two steps (each round ~14 s; two CI runs took
