@@ -33,7 +33,8 @@ __all__ = [
 def package_version() -> str:
     """The build's version, one number for ``--version`` and ``HelloOk``: the package's
     (a test keeps it equal to pyproject.toml's), so that a broker does not load
-    ``importlib.metadata`` (and the ``email`` package under it: ~4.5 MiB) to ask."""
+    ``importlib.metadata`` and the ``email`` package under it to ask (1.5 MiB of an
+    idle broker's RSS)."""
     return VERSION
 
 
