@@ -29,7 +29,9 @@ from batonmq.broker.session import Session
 from batonmq.clients import scram
 from batonmq.clients.tls import client_context, server_context
 from batonmq.cluster.features import ANNOUNCE, announced
-from batonmq.cluster.errors import InvalidArgument, LogUnavailable, QueueNotFound, StoreError
+from batonmq.cluster.errors import (
+    PARTITION_CLOSED, InvalidArgument, LogUnavailable, QueueNotFound, StoreError,
+)
 from batonmq.cluster.events import PutUser
 from batonmq.broker.memory import BodyBudget
 from batonmq.broker.log_ends import apply_lag, partition_log_ends
@@ -463,7 +465,7 @@ class Broker:
         where = ", ".join(node.replica_addresses(k)) or "its replicas"
         for queue in [q for q in self.delivery.by_queue if node.state.placement.get(q) == k]:
             self.delivery.cancel_all(queue, LogUnavailable(
-                f"queue {queue!r} is served by other brokers now (data partition {k}"
+                f"queue {queue!r} {PARTITION_CLOSED} (data partition {k}"
                 f" moved: {where}); subscribe again"
             ))
 

@@ -39,6 +39,7 @@ from batonmq.clients.producer import Producer
 from batonmq.clients.results import consume_result
 from batonmq.clients.wire import Locate
 from batonmq.cluster.errors import (
+    PARTITION_CLOSED,
     BatonError,
     ConnectionClosed,
     LogUnavailable,
@@ -60,11 +61,8 @@ DEAD_FOR: Final = 5.0
 _BACKOFF_FIRST: Final = 0.05
 _BACKOFF_MAX: Final = 1.0
 
-#: What a broker says of a queue whose partition it closed (cluster/replication.py,
-#: broker/server.py): the ``ShuttingDown`` of a command in flight then, too.
-_PARTITION_CLOSED: Final = "is served by other brokers now"
 #: What a broker says when it is not (or no longer) a replica of the queue's partition.
-_MISROUTED_TEXT: Final = ("is not applied by this broker", _PARTITION_CLOSED)
+_MISROUTED_TEXT: Final = ("is not applied by this broker", PARTITION_CLOSED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +188,7 @@ def send_again(exc: BaseException, *, replica: bool, resend: bool) -> bool:
     """
     if misrouted(exc):
         return True
-    if isinstance(exc, ShuttingDown) and _PARTITION_CLOSED in exc.message:
+    if isinstance(exc, ShuttingDown) and PARTITION_CLOSED in exc.message:
         return resend
     if replica and isinstance(exc, ConnectionClosed):
         return resend

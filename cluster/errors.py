@@ -8,7 +8,7 @@ rebuilds the same class with :func:`for_code`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 __all__ = [
     "BatonError",
@@ -41,6 +41,7 @@ __all__ = [
     "Timeout",
     "ConnectionClosed",
     "NotReplica",
+    "PARTITION_CLOSED",
     "InternalError",
     "for_code",
 ]
@@ -238,6 +239,13 @@ class ShuttingDown(BatonError):
 
     code = 23
     retriable = True
+
+
+#: What a broker says of a queue whose data partition it no longer applies (its group
+#: changed): in a ``ShuttingDown`` of a command in flight then, and when it cancels the
+#: queue's consumers. The client's router sends such a command to a current replica
+#: (clients/routing.py): it matches this text.
+PARTITION_CLOSED: Final = "is served by other brokers now"
 
 
 class Timeout(BatonError):

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from batonmq.cluster.appender import ignore_outcome
 from batonmq.cluster.assignment import Group, Step, effective_r, plan
-from batonmq.cluster.errors import BatonError
+from batonmq.cluster.errors import PARTITION_CLOSED, BatonError
 from batonmq.cluster.events import (
     AddReplica,
     AssignReplicas,
@@ -315,7 +315,7 @@ class Replication:
             except BatonError as exc:
                 log.warning("partition %d: leaving its view failed (%s): stopping anyway",
                             k, exc)
-            await node.stop(why=f"data partition {k} is served by other brokers now")
+            await node.stop(why=f"data partition {k} {PARTITION_CLOSED}")
             owner.closed_seqs[k] = node.appender.seq  # (if it is given the partition again)
             if self.on_closed is not None:
                 self.on_closed(k)
