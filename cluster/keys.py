@@ -10,12 +10,15 @@ when more than :data:`KEY_MEMORY` are remembered, so every replica forgets the s
 
 Every client publish carries a key (a connection's random id and a counter,
 ``<16 hex digits>:<hex counter>``, see ``clients/producer.py``), so at saturation the
-memory holds up to :data:`KEY_MEMORY` keys and must cost little per key. The entries are
-kept in log order in parallel arrays of machine integers (queue id, first position,
-expiry, the entry's digest hash); a key in the clients' form is kept as two integers
-(connection id, counter), found through a sorted array of counters per queue and
-connection (:class:`_Run`), so it costs no Python object at all; any other key is kept as
-its string in a dict per queue. About 64 bytes per key against 220 for strings in dicts.
+memory holds up to :data:`KEY_MEMORY` keys and must cost little per key. A connection's
+publishes applied in one event have consecutive counters, consecutive first positions
+(a fixed step apart) and one expiry, so the entries are kept in log order as *blocks* of
+such keys, each a few machine integers in parallel arrays (first sequence number, queue
+id, connection id, first counter, first position, step, expiry, length), found through
+blocks of counters per queue and connection (:class:`_Run`); only the digest hash is
+kept per key. A key not in the clients' form is a block of its own, its string in a dict
+per queue. About 13 bytes per key when a connection's publishes arrive 5-30 to an event
+(64 when each was its own entry, 220 for strings in dicts).
 The node driver stores them as they come (:meth:`PublishKeys.take`), not with every batch.
 """
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import re
 import zlib
 from array import array
-from bisect import bisect_left
+from bisect import bisect_right
 from typing import Any, Final
 
 from batonmq.cluster.events import DEFAULT_DEDUPE_WINDOW_MS, Enqueue
@@ -47,7 +50,7 @@ _CUT: Final = 4096
 #: 64-bit array): kept as two integers. ``fullmatch`` only: the string is exactly what
 #: formatting the two integers back gives.
 _AUTO: Final = re.compile(r"[0-9a-f]{16}:[1-9a-f][0-9a-f]{0,14}")
-#: ``_counters`` of an entry whose key is kept as a string.
+#: ``_bcounter`` of a block whose one entry's key is kept as a string.
 _STR: Final = -1
 
 
@@ -64,54 +67,112 @@ def _auto_key(prefix: int, counter: int) -> str:
 
 
 class _Run:
-    """The remembered client-form keys of one connection on one queue: their counters in
-    increasing order from ``head`` (a forgotten prefix is cut off now and then), with each
-    one's entry sequence number. A connection's counters grow, so remembering appends and
-    forgetting (in log order) takes from the front; only a re-send that overtook an older
-    publish lands in the middle."""
+    """The remembered client-form keys of one connection on one queue, as blocks of
+    consecutive counters whose entries have consecutive sequence numbers (a connection's
+    publishes, applied in order, make one block per event or longer): each block's first
+    counter, its first entry's sequence number and its length, in increasing counter
+    order from ``head`` (a forgotten prefix is cut off now and then). A connection's
+    counters grow, so remembering extends the last block and forgetting (in log order)
+    takes from the front; only a re-send that overtook an older publish, or a key
+    remembered again, lands in the middle (splitting a block)."""
 
-    __slots__ = ("counters", "seqs", "head")
+    __slots__ = ("starts", "seqs", "lens", "head", "end", "next_seq")
 
     def __init__(self) -> None:
-        self.counters = array("q")
+        self.starts = array("q")
         self.seqs = array("q")
+        self.lens = array("q")
         self.head = 0
+        # The counter and sequence number that would continue the last block (-1: none).
+        self.end = self.next_seq = -1
+
+    def _retail(self) -> None:
+        """Set ``end`` and ``next_seq`` from the last block after a change of it."""
+        n = len(self.starts)
+        if n > self.head:
+            self.end = self.starts[n - 1] + self.lens[n - 1]
+            self.next_seq = self.seqs[n - 1] + self.lens[n - 1]
+        else:
+            self.end = self.next_seq = -1
+
+    def _block(self, counter: int) -> int:
+        """The index of the block holding ``counter``, or -1."""
+        starts = self.starts
+        n = len(starts)
+        if n == self.head or counter >= starts[n - 1] + self.lens[n - 1]:
+            return -1
+        i = bisect_right(starts, counter, self.head) - 1
+        return i if i >= self.head and counter < starts[i] + self.lens[i] else -1
 
     def find(self, counter: int) -> int:
-        """The index of ``counter``, or -1."""
-        counters = self.counters
-        n = len(counters)
-        if n == self.head or counter > counters[n - 1]:
-            return -1
-        i = bisect_left(counters, counter, self.head)
-        return i if counters[i] == counter else -1
+        """The sequence number of the newest entry of ``counter``, or -1."""
+        i = self._block(counter)
+        return -1 if i < 0 else self.seqs[i] + counter - self.starts[i]
 
     def put(self, counter: int, seq: int) -> None:
-        counters = self.counters
-        n = len(counters)
-        if n == self.head or counter > counters[n - 1]:
-            counters.append(counter)
-            self.seqs.append(seq)
+        if counter == self.end and seq == self.next_seq:
+            self.lens[-1] += 1
+            self.end = counter + 1
+            self.next_seq = seq + 1
             return
-        i = bisect_left(counters, counter, self.head)
-        if counters[i] == counter:
-            self.seqs[i] = seq
-        else:
-            counters.insert(i, counter)
-            self.seqs.insert(i, seq)
+        starts, seqs, lens = self.starts, self.seqs, self.lens
+        n = len(starts)
+        if n == self.head or counter >= starts[n - 1] + lens[n - 1]:
+            starts.append(counter)
+            seqs.append(seq)
+            lens.append(1)
+            self.end = counter + 1
+            self.next_seq = seq + 1
+            return
+        i = self._block(counter)
+        if i < 0:  # in a gap (or before the first block): a block of its own
+            at = bisect_right(starts, counter, self.head)
+            starts.insert(at, counter)
+            seqs.insert(at, seq)
+            lens.insert(at, 1)
+            self._retail()
+            return
+        self._cut(i, counter)
+        at = self._block(counter)  # now a block of one counter
+        seqs[at] = seq
+        self._retail()
+
+    def _cut(self, i: int, counter: int) -> None:
+        """Split block ``i`` so that ``counter`` is a block of its own."""
+        starts, seqs, lens = self.starts, self.seqs, self.lens
+        start, seq0, n = starts[i], seqs[i], lens[i]
+        k = counter - start
+        parts = [(start, seq0, k), (counter, seq0 + k, 1), (counter + 1, seq0 + k + 1, n - k - 1)]
+        parts = [p for p in parts if p[2] > 0]
+        starts[i : i + 1] = array("q", [p[0] for p in parts])
+        seqs[i : i + 1] = array("q", [p[1] for p in parts])
+        lens[i : i + 1] = array("q", [p[2] for p in parts])
 
     def drop(self, counter: int, seq: int) -> bool:
         """Forget ``counter`` if its newest entry is ``seq``. Returns: the run is empty."""
-        i = self.find(counter)
-        if i >= 0 and self.seqs[i] == seq:
-            if i == self.head:
-                self.head = i + 1
-                if self.head >= _CUT and self.head * 2 >= len(self.counters):
-                    del self.counters[: self.head], self.seqs[: self.head]
-                    self.head = 0
+        i = self._block(counter)
+        if i >= 0 and self.seqs[i] + counter - self.starts[i] == seq:
+            starts, seqs, lens = self.starts, self.seqs, self.lens
+            if counter == starts[i]:
+                if lens[i] > 1:
+                    starts[i] += 1
+                    seqs[i] += 1
+                    lens[i] -= 1
+                elif i == self.head:
+                    self.head = i + 1
+                    if self.head >= _CUT and self.head * 2 >= len(starts):
+                        del starts[: self.head], seqs[: self.head], lens[: self.head]
+                        self.head = 0
+                else:
+                    del starts[i], seqs[i], lens[i]
+            elif counter == starts[i] + lens[i] - 1:
+                lens[i] -= 1
             else:
-                del self.counters[i], self.seqs[i]
-        return self.head == len(self.counters)
+                self._cut(i, counter)
+                at = self._block(counter)
+                del starts[at], seqs[at], lens[at]
+            self._retail()
+        return self.head == len(self.starts)
 
 
 def _entry_hash(seq: int, qid: int, key: str, first: int, expires: int) -> int:
@@ -141,22 +202,35 @@ class PublishKeys:
     def __init__(self, memory: int = KEY_MEMORY) -> None:
         self.memory = memory
         # Up to a million keys at a time, so each costs as little as it can. The
-        # entries in log order, as machine integers in parallel arrays (the oldest
-        # first, from ``_head``; the forgotten prefix is cut off now and then): queue
-        # id, first position, expiry, the entry's hash (for the digest sum), and the
-        # key as (connection id, counter), or counter _STR with the string in _strs.
-        self._qids = array("q")
-        self._firsts = array("q")
-        self._expires = array("q")
+        # entries in log order, as blocks (the oldest first, from ``_bhead``; the
+        # forgotten prefix is cut off now and then), each in parallel arrays of machine
+        # integers: its first entry's sequence number, queue id, connection id, first
+        # counter (or _STR: one entry whose key is in ``_strs``), first position, the
+        # step from one entry's first position to the next, expiry and length. The
+        # entries of a block have consecutive sequence numbers and counters, one queue,
+        # one connection and one expiry: a connection's publishes in one event are one
+        # block. Forgetting the oldest entry shrinks the head block from the front.
+        self._bseq = array("q")
+        self._bqid = array("q")
+        self._bprefix = array("Q")
+        self._bcounter = array("q")
+        self._bfirst = array("q")
+        self._bstep = array("q")
+        self._bexpires = array("q")
+        self._blen = array("q")
+        self._bhead = 0
+        # The newest block's continuation: (the next entry's sequence number and counter,
+        # its connection id, queue id and expiry, its first position: None while the
+        # block holds one entry), or None when the newest block cannot be continued.
+        self._tail: tuple[int, int, int, int, int, int | None] | None = None
+        # Each remembered entry's hash (for the digest sum), in log order from _ehead.
         self._hashes = array("Q")
-        self._prefixes = array("Q")
-        self._counters = array("q")
+        self._ehead = 0
         self._strs: dict[int, str] = {}  # seq -> key, for keys not in the clients' form
         # The lookup: client-form keys per queue id and connection id; other keys per
         # queue id, key -> the sequence number of its newest entry.
         self._runs: dict[int, dict[int, _Run]] = {}
         self._by_q: dict[int, dict[str, int]] = {}
-        self._head = 0  # index of the oldest remembered entry in the arrays
         self.total = 0  # keys ever remembered: the next key's sequence number
         self._new: list[KeyEntry] = []  # (seq, qid, key, first, expires) to store
         # The sum (mod 2**64) of every remembered entry's hash, kept as keys come and
@@ -166,7 +240,7 @@ class PublishKeys:
 
     def __len__(self) -> int:
         """How many keys are remembered now."""
-        return len(self._firsts) - self._head
+        return len(self._hashes) - self._ehead
 
     def _newest(self, qid: int, key: str) -> int | None:
         """The sequence number of the newest remembered entry of ``key`` on ``qid``."""
@@ -178,16 +252,19 @@ class PublishKeys:
         run = runs.get(auto[0]) if runs is not None else None
         if run is None:
             return None
-        i = run.find(auto[1])
-        return run.seqs[i] if i >= 0 else None
+        seq = run.find(auto[1])
+        return seq if seq >= 0 else None
+
+    def _at(self, seq: int) -> tuple[int, int]:
+        """(first position, expires) of the remembered entry ``seq``."""
+        bseq = self._bseq
+        b = bisect_right(bseq, seq, self._bhead) - 1
+        return self._bfirst[b] + (seq - bseq[b]) * self._bstep[b], self._bexpires[b]
 
     def lookup(self, qid: int, key: str) -> tuple[int, int] | None:
         """(first position, expires) of the newest ``key`` remembered for queue ``qid``."""
         seq = self._newest(qid, key)
-        if seq is None:
-            return None
-        i = seq - self.total + len(self._firsts)
-        return self._firsts[i], self._expires[i]
+        return None if seq is None else self._at(seq)
 
     @property
     def known(self) -> dict[tuple[int, str], tuple[int, int]]:
@@ -213,7 +290,6 @@ class PublishKeys:
         """
         seqs = self._by_q.get(qid)
         runs = self._runs.get(qid)
-        firsts, expiries, total_len = self._firsts, self._expires, len(self._firsts) - self.total
         starts: list[int] = []
         fresh: list[Fresh] = []
         here: dict[str, int] = {}  # a key twice in one event: the second is a re-send
@@ -234,11 +310,11 @@ class PublishKeys:
                     if run is not None:
                         at = run.find(auto[1])
                         if at >= 0:
-                            seq = run.seqs[at]
+                            seq = at
                 if seq is not None:
-                    expires = expiries[seq + total_len]
+                    first, expires = self._at(seq)
                     if expires < 0 or expires > clock:
-                        old = firsts[seq + total_len]
+                        old = first
                 if old is None:
                     old = here.get(key)
             if old is not None:
@@ -264,10 +340,11 @@ class PublishKeys:
     def _append(
         self, seq: int, qid: int, key: str, first: int, expires: int, auto: Parsed | bool = True
     ) -> None:
-        """Add an entry at the end of the arrays and the lookup (``auto``: the key's
+        """Add an entry at the end of the blocks and the lookup (``auto``: the key's
         :func:`_auto` if known, True to parse it here)."""
         h = _entry_hash(seq, qid, key, first, expires)
         self._sum = (self._sum + h) & _MASK
+        self._hashes.append(h)
         if auto is True:
             auto = _auto(key)
         if not auto:
@@ -276,22 +353,53 @@ class PublishKeys:
             if seqs is None:
                 seqs = self._by_q[qid] = {}
             seqs[key] = seq
-            self._prefixes.append(0)
-            self._counters.append(_STR)
-        else:
-            runs = self._runs.get(qid)
-            if runs is None:
-                runs = self._runs[qid] = {}
-            run = runs.get(auto[0])
-            if run is None:
-                run = runs[auto[0]] = _Run()
-            run.put(auto[1], seq)
-            self._prefixes.append(auto[0])
-            self._counters.append(auto[1])
-        self._qids.append(qid)
-        self._firsts.append(first)
-        self._expires.append(expires)
-        self._hashes.append(h)
+            self._block(seq, qid, 0, _STR, first, expires)
+            self._tail = None
+            return
+        prefix, counter = auto
+        runs = self._runs.get(qid)
+        if runs is None:
+            runs = self._runs[qid] = {}
+        run = runs.get(prefix)
+        if run is None:
+            run = runs[prefix] = _Run()
+        run.put(counter, seq)
+        # Extend the newest block if this entry continues it (its end kept in _tail).
+        tail = self._tail
+        if (
+            tail is not None
+            and tail[0] == seq
+            and tail[1] == counter
+            and tail[2] == prefix
+            and tail[3] == qid
+            and tail[4] == expires
+            and (tail[5] is None or tail[5] == first)
+        ):
+            b = len(self._bseq) - 1
+            if b >= self._bhead:
+                n = self._blen[b]
+                if tail[5] is None:
+                    step = first - self._bfirst[b]
+                    self._bstep[b] = step
+                else:
+                    step = self._bstep[b]
+                self._blen[b] = n + 1
+                self._tail = (seq + 1, counter + 1, prefix, qid, expires, first + step)
+                return
+        self._block(seq, qid, prefix, counter, first, expires)
+        self._tail = (seq + 1, counter + 1, prefix, qid, expires, None)
+
+    def _block(self, seq: int, qid: int, prefix: int, counter: int, first: int,
+               expires: int) -> None:
+        """Start a block of one entry."""
+        self._bseq.append(seq)
+        self._bqid.append(qid)
+        self._bprefix.append(prefix)
+        self._bcounter.append(counter)
+        self._bfirst.append(first)
+        self._bstep.append(0)
+        self._bexpires.append(expires)
+        self._blen.append(1)
 
     def remember(
         self, qid: int, key: str, first: int, expires: int = _NEVER, auto: Parsed | bool = True
@@ -303,16 +411,21 @@ class PublishKeys:
         self._append(seq, qid, key, first, expires, auto)
         self._new.append((seq, qid, key, first, expires))
         self.total += 1
-        while len(self._firsts) - self._head > self.memory:
+        while len(self._hashes) - self._ehead > self.memory:
             self._pop()
 
     def _pop(self) -> None:
         """Forget the oldest key (unless the same key was remembered again since)."""
-        i = self._head
-        seq = self.total - len(self._firsts) + i
-        qid = self._qids[i]
-        self._sum = (self._sum - self._hashes[i]) & _MASK
-        counter = self._counters[i]
+        b = self._bhead
+        seq = self._bseq[b]
+        qid = self._bqid[b]
+        e = self._ehead
+        self._sum = (self._sum - self._hashes[e]) & _MASK
+        self._ehead = e + 1
+        if self._ehead >= _CUT and self._ehead * 2 >= len(self._hashes):
+            del self._hashes[: self._ehead]  # amortised O(1) per key
+            self._ehead = 0
+        counter = self._bcounter[b]
         if counter == _STR:
             name = self._strs.pop(seq)
             seqs = self._by_q[qid]
@@ -322,47 +435,50 @@ class PublishKeys:
                     del self._by_q[qid]
         else:
             runs = self._runs[qid]
-            prefix = self._prefixes[i]
+            prefix = self._bprefix[b]
             if runs[prefix].drop(counter, seq):
                 del runs[prefix]
                 if not runs:
                     del self._runs[qid]
-        self._head = i + 1
-        if self._head >= _CUT and self._head * 2 >= len(self._firsts):
-            # Cut the forgotten prefix off (amortised O(1) per key).
-            n = self._head
-            del self._qids[:n], self._firsts[:n], self._expires[:n], self._hashes[:n]
-            del self._prefixes[:n], self._counters[:n]
-            self._head = 0
+        n = self._blen[b]
+        if n > 1:  # the head block loses its first entry
+            self._bseq[b] = seq + 1
+            self._bcounter[b] = counter + 1
+            self._bfirst[b] += self._bstep[b]
+            self._blen[b] = n - 1
+            return
+        self._bhead = b + 1
+        if self._bhead >= _CUT and self._bhead * 2 >= len(self._bseq):
+            n = self._bhead
+            del self._bseq[:n], self._bqid[:n], self._bprefix[:n], self._bcounter[:n]
+            del self._bfirst[:n], self._bstep[:n], self._bexpires[:n], self._blen[:n]
+            self._bhead = 0
 
     def forget_expired(self, clock: int) -> None:
         """Forget the oldest keys, in log order, while their window has passed at
         ``clock`` (a key behind one with a longer window waits for it, but is no
         longer honoured: :meth:`split` checks each key's own time)."""
-        expires = self._expires
-        while self._head < len(expires) and 0 <= expires[self._head] <= clock:
+        expires = self._bexpires
+        while self._bhead < len(expires) and 0 <= expires[self._bhead] <= clock:
             self._pop()
 
     def entries(self) -> list[KeyEntry]:
         """The remembered keys as (seq, qid, key, first position, expires), in log order."""
-        h = self._head
-        low = self.total - len(self._firsts) + h
+        h = self._bhead
         strs = self._strs
-        return [
-            (
-                low + i,
-                qid,
-                strs[low + i] if counter == _STR else _auto_key(prefix, counter),
-                first,
-                expires,
-            )
-            for i, (qid, prefix, counter, first, expires) in enumerate(
-                zip(
-                    self._qids[h:], self._prefixes[h:], self._counters[h:],
-                    self._firsts[h:], self._expires[h:],
+        out: list[KeyEntry] = []
+        for seq, qid, prefix, counter, first, step, expires, n in zip(
+            self._bseq[h:], self._bqid[h:], self._bprefix[h:], self._bcounter[h:],
+            self._bfirst[h:], self._bstep[h:], self._bexpires[h:], self._blen[h:],
+        ):
+            if counter == _STR:
+                out.append((seq, qid, strs[seq], first, expires))
+            else:
+                out.extend(
+                    (seq + j, qid, _auto_key(prefix, counter + j), first + j * step, expires)
+                    for j in range(n)
                 )
-            )
-        ]
+        return out
 
     def restore(self, entries: list[KeyEntry]) -> None:
         """Restore the memory from :meth:`entries` (``total`` is restored with the meta

@@ -361,3 +361,76 @@ def test_a_re_sent_client_key_is_found_wherever_it_sits_in_its_run() -> None:
     for n in (1, 2, 3):
         small.remember(0, f"{conn}:{n:x}", n, -1)
     assert small.lookup(0, f"{conn}:1") is None and small.lookup(0, f"{conn}:3") == (3, -1)
+
+
+def test_a_connections_publishes_are_kept_as_blocks_and_answer_as_a_plain_model() -> None:
+    """A connection's publishes in one event (consecutive counters, positions a fixed
+    step apart, one expiry) are kept as one block of integers. Through events that
+    interleave connections and queues, a step that changes inside an event, keys
+    remembered again in the middle of a block, forgetting by the memory bound (which
+    cuts blocks from the front) and by the window, and a restore, every lookup, entry
+    and the digest sum answer as a plain model; and the blocks are few."""
+    import random
+
+    from batonmq.cluster.keys import _CUT, _MASK, _entry_hash
+
+    memory = _CUT + 900
+    rng = random.Random(17)
+    conns = [f"{rng.getrandbits(64):016x}" for _ in range(4)]
+    counters = [0] * 4
+    keys = PublishKeys(memory=memory)
+    log: list[tuple[int, str, int, int]] = []
+    alive: list[tuple[int, str, int, int]] = []  # what the model still remembers
+    pos = 0
+    clock = 0
+
+    def model() -> dict[tuple[int, str], tuple[int, int]]:
+        out: dict[tuple[int, str], tuple[int, int]] = {}
+        for qid, key, first, expires in alive:
+            out[(qid, key)] = (first, expires)
+        return out
+
+    def remember(qid: int, key: str, first: int, expires: int) -> None:
+        keys.remember(qid, key, first, expires)
+        log.append((qid, key, first, expires))
+        alive.append((qid, key, first, expires))
+        del alive[: max(0, len(alive) - memory)]
+
+    for step in range(2500):
+        clock += rng.randrange(1, 4)
+        c = rng.randrange(4)
+        qid = rng.randrange(2)
+        expires = rng.choice([-1, clock + 400])
+        count = rng.choice([1, 1, 1, 2, 3])
+        for _ in range(rng.randrange(1, 12)):
+            if rng.random() < 0.05 and counters[c] > 3:  # an old key again, mid-block
+                remember(qid, f"{conns[c]}:{rng.randrange(1, counters[c]):x}", pos, expires)
+            else:
+                counters[c] += 1
+                remember(qid, f"{conns[c]}:{counters[c]:x}", pos, expires)
+            pos += count if rng.random() < 0.9 else count + 1  # now and then a new step
+        if rng.random() < 0.1:
+            keys.forget_expired(clock)
+            while alive and 0 <= alive[0][3] <= clock:
+                alive.pop(0)
+        if step % 250 == 0 or step == 2499:
+            expected = model()
+            assert keys.known == expected, step
+            for qid in range(2):
+                for c2 in range(4):
+                    for n in range(1, counters[c2] + 2):
+                        key = f"{conns[c2]}:{n:x}"
+                        assert keys.lookup(qid, key) == expected.get((qid, key)), (step, key)
+            entries = keys.entries()
+            assert [e[1:] for e in entries] == alive
+            assert keys.digest_part() == [
+                keys.total, len(alive), sum(_entry_hash(*e) for e in entries) & _MASK
+            ]
+    blocks = len(keys._bseq) - keys._bhead
+    assert blocks < len(keys) // 3, (blocks, len(keys))  # several keys to a block
+    again = PublishKeys(memory=memory)
+    again.total = keys.total
+    again.restore(keys.entries())
+    assert again.known == keys.known == model()
+    assert again.entries() == keys.entries()
+    assert again.digest_part() == keys.digest_part()
