@@ -13,12 +13,13 @@ Every client publish carries a key (a connection's random id and a counter,
 memory holds up to :data:`KEY_MEMORY` keys and must cost little per key. A connection's
 publishes applied in one event have consecutive counters, consecutive first positions
 (a fixed step apart) and one expiry, so the entries are kept in log order as *blocks* of
-such keys, each a few machine integers in parallel arrays (first sequence number, queue
-id, connection id, first counter, first position, step, expiry, length), found through
-blocks of counters per queue and connection (:class:`_Run`); only the digest hash is
-kept per key. A key not in the clients' form is a block of its own, its string in a dict
-per queue. About 13 bytes per key when a connection's publishes arrive 5-30 to an event
-(64 when each was its own entry, 220 for strings in dicts).
+such keys, each a few machine integers in parallel arrays (first sequence number, first
+counter, first position, step, expiry, length) and a reference to the :class:`_Run` of
+its queue and connection, where the key is looked up by blocks of counters; only the
+digest hash is kept per key. A key not in the clients' form is a block of its own, its
+string in a dict per queue. Per key (tracemalloc, 240,000 keys of two connections): 12
+bytes when publishes arrive 5-30 to an event, 38 at 1-3, 80 when each is alone (67 for
+every key when each was its own entry).
 The node driver stores them as they come (:meth:`PublishKeys.take`), not with every batch.
 """
 
@@ -52,6 +53,9 @@ _CUT: Final = 4096
 _AUTO: Final = re.compile(r"[0-9a-f]{16}:[1-9a-f][0-9a-f]{0,14}")
 #: ``_bcounter`` of a block whose one entry's key is kept as a string.
 _STR: Final = -1
+#: A block's step between first positions is a signed 32-bit integer: a larger one
+#: starts a new block.
+_STEP: Final = 1 << 31
 
 
 def _auto(key: str) -> tuple[int, int] | None:
@@ -76,12 +80,14 @@ class _Run:
     takes from the front; only a re-send that overtook an older publish, or a key
     remembered again, lands in the middle (splitting a block)."""
 
-    __slots__ = ("starts", "seqs", "lens", "head", "end", "next_seq")
+    __slots__ = ("qid", "prefix", "starts", "seqs", "lens", "head", "end", "next_seq")
 
-    def __init__(self) -> None:
+    def __init__(self, qid: int, prefix: int) -> None:
+        self.qid = qid
+        self.prefix = prefix  # the connection id
         self.starts = array("q")
         self.seqs = array("q")
-        self.lens = array("q")
+        self.lens = array("i")
         self.head = 0
         # The counter and sequence number that would continue the last block (-1: none).
         self.end = self.next_seq = -1
@@ -146,7 +152,7 @@ class _Run:
         parts = [p for p in parts if p[2] > 0]
         starts[i : i + 1] = array("q", [p[0] for p in parts])
         seqs[i : i + 1] = array("q", [p[1] for p in parts])
-        lens[i : i + 1] = array("q", [p[2] for p in parts])
+        lens[i : i + 1] = array("i", [p[2] for p in parts])
 
     def drop(self, counter: int, seq: int) -> bool:
         """Forget ``counter`` if its newest entry is ``seq``. Returns: the run is empty."""
@@ -204,20 +210,20 @@ class PublishKeys:
         # Up to a million keys at a time, so each costs as little as it can. The
         # entries in log order, as blocks (the oldest first, from ``_bhead``; the
         # forgotten prefix is cut off now and then), each in parallel arrays of machine
-        # integers: its first entry's sequence number, queue id, connection id, first
-        # counter (or _STR: one entry whose key is in ``_strs``), first position, the
-        # step from one entry's first position to the next, expiry and length. The
+        # integers: its first entry's sequence number, first counter (or _STR: one entry
+        # whose queue id and key are in ``_strs``), first position, the step from one
+        # entry's first position to the next, expiry and length; and in a list, the
+        # _Run of its queue and connection (None for _STR), which holds both ids. The
         # entries of a block have consecutive sequence numbers and counters, one queue,
         # one connection and one expiry: a connection's publishes in one event are one
         # block. Forgetting the oldest entry shrinks the head block from the front.
         self._bseq = array("q")
-        self._bqid = array("q")
-        self._bprefix = array("Q")
+        self._bruns: list[_Run | None] = []
         self._bcounter = array("q")
         self._bfirst = array("q")
-        self._bstep = array("q")
+        self._bstep = array("i")
         self._bexpires = array("q")
-        self._blen = array("q")
+        self._blen = array("i")
         self._bhead = 0
         # The newest block's continuation: (the next entry's sequence number and counter,
         # its connection id, queue id and expiry, its first position: None while the
@@ -226,7 +232,8 @@ class PublishKeys:
         # Each remembered entry's hash (for the digest sum), in log order from _ehead.
         self._hashes = array("Q")
         self._ehead = 0
-        self._strs: dict[int, str] = {}  # seq -> key, for keys not in the clients' form
+        # seq -> (queue id, key), for keys not in the clients' form
+        self._strs: dict[int, tuple[int, str]] = {}
         # The lookup: client-form keys per queue id and connection id; other keys per
         # queue id, key -> the sequence number of its newest entry.
         self._runs: dict[int, dict[int, _Run]] = {}
@@ -348,12 +355,12 @@ class PublishKeys:
         if auto is True:
             auto = _auto(key)
         if not auto:
-            self._strs[seq] = key
+            self._strs[seq] = (qid, key)
             seqs = self._by_q.get(qid)
             if seqs is None:
                 seqs = self._by_q[qid] = {}
             seqs[key] = seq
-            self._block(seq, qid, 0, _STR, first, expires)
+            self._block(seq, None, _STR, first, expires)
             self._tail = None
             return
         prefix, counter = auto
@@ -362,9 +369,10 @@ class PublishKeys:
             runs = self._runs[qid] = {}
         run = runs.get(prefix)
         if run is None:
-            run = runs[prefix] = _Run()
+            run = runs[prefix] = _Run(qid, prefix)
         run.put(counter, seq)
-        # Extend the newest block if this entry continues it (its end kept in _tail).
+        # Extend the newest block if this entry continues it (its end kept in _tail;
+        # None once that block is forgotten).
         tail = self._tail
         if (
             tail is not None
@@ -373,28 +381,27 @@ class PublishKeys:
             and tail[2] == prefix
             and tail[3] == qid
             and tail[4] == expires
-            and (tail[5] is None or tail[5] == first)
         ):
             b = len(self._bseq) - 1
-            if b >= self._bhead:
-                n = self._blen[b]
-                if tail[5] is None:
-                    step = first - self._bfirst[b]
+            if tail[5] is None:
+                step = first - self._bfirst[b]
+                if -_STEP < step < _STEP:
                     self._bstep[b] = step
-                else:
-                    step = self._bstep[b]
-                self._blen[b] = n + 1
-                self._tail = (seq + 1, counter + 1, prefix, qid, expires, first + step)
+                    self._blen[b] = 2
+                    self._tail = (seq + 1, counter + 1, prefix, qid, expires, first + step)
+                    return
+            elif tail[5] == first:
+                self._blen[b] += 1
+                self._tail = (seq + 1, counter + 1, prefix, qid, expires, first + self._bstep[b])
                 return
-        self._block(seq, qid, prefix, counter, first, expires)
+        self._block(seq, run, counter, first, expires)
         self._tail = (seq + 1, counter + 1, prefix, qid, expires, None)
 
-    def _block(self, seq: int, qid: int, prefix: int, counter: int, first: int,
+    def _block(self, seq: int, run: _Run | None, counter: int, first: int,
                expires: int) -> None:
         """Start a block of one entry."""
         self._bseq.append(seq)
-        self._bqid.append(qid)
-        self._bprefix.append(prefix)
+        self._bruns.append(run)
         self._bcounter.append(counter)
         self._bfirst.append(first)
         self._bstep.append(0)
@@ -418,7 +425,6 @@ class PublishKeys:
         """Forget the oldest key (unless the same key was remembered again since)."""
         b = self._bhead
         seq = self._bseq[b]
-        qid = self._bqid[b]
         e = self._ehead
         self._sum = (self._sum - self._hashes[e]) & _MASK
         self._ehead = e + 1
@@ -426,20 +432,19 @@ class PublishKeys:
             del self._hashes[: self._ehead]  # amortised O(1) per key
             self._ehead = 0
         counter = self._bcounter[b]
-        if counter == _STR:
-            name = self._strs.pop(seq)
+        run = self._bruns[b]
+        if run is None:
+            qid, name = self._strs.pop(seq)
             seqs = self._by_q[qid]
             if seqs.get(name) == seq:
                 del seqs[name]
                 if not seqs:
                     del self._by_q[qid]
-        else:
-            runs = self._runs[qid]
-            prefix = self._bprefix[b]
-            if runs[prefix].drop(counter, seq):
-                del runs[prefix]
-                if not runs:
-                    del self._runs[qid]
+        elif run.drop(counter, seq):
+            runs = self._runs[run.qid]
+            del runs[run.prefix]
+            if not runs:
+                del self._runs[run.qid]
         n = self._blen[b]
         if n > 1:  # the head block loses its first entry
             self._bseq[b] = seq + 1
@@ -448,9 +453,11 @@ class PublishKeys:
             self._blen[b] = n - 1
             return
         self._bhead = b + 1
+        if self._bhead == len(self._bseq):
+            self._tail = None  # the newest block is gone
         if self._bhead >= _CUT and self._bhead * 2 >= len(self._bseq):
             n = self._bhead
-            del self._bseq[:n], self._bqid[:n], self._bprefix[:n], self._bcounter[:n]
+            del self._bseq[:n], self._bruns[:n], self._bcounter[:n]
             del self._bfirst[:n], self._bstep[:n], self._bexpires[:n], self._blen[:n]
             self._bhead = 0
 
@@ -467,13 +474,15 @@ class PublishKeys:
         h = self._bhead
         strs = self._strs
         out: list[KeyEntry] = []
-        for seq, qid, prefix, counter, first, step, expires, n in zip(
-            self._bseq[h:], self._bqid[h:], self._bprefix[h:], self._bcounter[h:],
+        for seq, run, counter, first, step, expires, n in zip(
+            self._bseq[h:], self._bruns[h:], self._bcounter[h:],
             self._bfirst[h:], self._bstep[h:], self._bexpires[h:], self._blen[h:],
         ):
-            if counter == _STR:
-                out.append((seq, qid, strs[seq], first, expires))
+            if run is None:
+                qid, key = strs[seq]
+                out.append((seq, qid, key, first, expires))
             else:
+                qid, prefix = run.qid, run.prefix
                 out.extend(
                     (seq + j, qid, _auto_key(prefix, counter + j), first + j * step, expires)
                     for j in range(n)
