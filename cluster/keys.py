@@ -360,7 +360,7 @@ class PublishKeys:
             if seqs is None:
                 seqs = self._by_q[qid] = {}
             seqs[key] = seq
-            self._block(seq, None, _STR, first, expires)
+            self._start_block(seq, None, _STR, first, expires)
             self._tail = None
             return
         prefix, counter = auto
@@ -394,10 +394,10 @@ class PublishKeys:
                 self._blen[b] += 1
                 self._tail = (seq + 1, counter + 1, prefix, qid, expires, first + self._bstep[b])
                 return
-        self._block(seq, run, counter, first, expires)
+        self._start_block(seq, run, counter, first, expires)
         self._tail = (seq + 1, counter + 1, prefix, qid, expires, None)
 
-    def _block(self, seq: int, run: _Run | None, counter: int, first: int,
+    def _start_block(self, seq: int, run: _Run | None, counter: int, first: int,
                expires: int) -> None:
         """Start a block of one entry."""
         self._bseq.append(seq)
